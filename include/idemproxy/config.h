@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/* The option table of SPEC §3: flags, IDEMPROXY_* environment variables and
+ * defaults (flag > env > default), value parsers, --help. Pure logic, no I/O
+ * but the help text. */
+#ifndef IDEMPROXY_CONFIG_H
+#define IDEMPROXY_CONFIG_H
+
+#include <stdio.h>
+#include <sys/socket.h>
+
+#include "idemproxy/common.h"
+
+#define CONFIG_MAX_LIST 32 /* entries of a list option (methods, scope headers) */
+
+enum config_on_store_error {
+    CONFIG_ON_STORE_ERROR_REJECT,
+    CONFIG_ON_STORE_ERROR_PASSTHROUGH,
+};
+
+enum config_log_format {
+    CONFIG_LOG_TEXT,
+    CONFIG_LOG_JSON,
+};
+
+enum config_log_level {
+    CONFIG_LOG_ERROR,
+    CONFIG_LOG_WARN,
+    CONFIG_LOG_INFO,
+    CONFIG_LOG_DEBUG,
+};
+
+struct config_addr {
+    char text[300]; /* as given: "127.0.0.1:8080", "[::1]:8080", "localhost:80" */
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+};
+
+struct config {
+    struct config_addr listen;       /* --listen, default 127.0.0.1:8080 */
+    struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
+    char *upstream;  /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
+    char *redis_url; /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
+    char *methods[CONFIG_MAX_LIST]; /* --methods, upper case, default POST,PUT,PATCH */
+    size_t nmethods;
+    char *key_header;    /* --key-header, default Idempotency-Key */
+    char *replay_header; /* --replay-header, default X-Idempotency-Replayed */
+    bool require_key;    /* --require-key */
+    char *scope_headers[CONFIG_MAX_LIST]; /* --scope-header (repeatable), default Authorization */
+    size_t nscope_headers;
+    char *key_prefix;       /* --key-prefix, default "idem:" */
+    uint64_t ttl_ms;        /* --ttl, default 86400 s */
+    uint64_t max_ttl_ms;    /* --max-ttl, default 604800 s */
+    char *ttl_header;       /* --ttl-header, default X-TTL; "" disables */
+    uint64_t lock_ttl_ms;   /* --lock-ttl, default 30 s */
+    bool no_cache[600];     /* --no-cache-status: no_cache[status] is true when not cached (default 5xx,429) */
+    size_t max_body_bytes;     /* --max-body, default 1 MiB */
+    size_t max_response_bytes; /* --max-response, default 4 MiB */
+    size_t memory_max_bytes;   /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms; /* --upstream-timeout, default 30 s */
+    uint64_t client_timeout_ms;   /* --client-timeout, default 30 s */
+    uint64_t shutdown_timeout_ms; /* --shutdown-timeout, default 10 s */
+    uint64_t store_timeout_ms;    /* --store-timeout, default 1 s */
+    uint64_t wait_ms;             /* --wait, default 0 */
+    enum config_on_store_error on_store_error; /* --on-store-error, default reject */
+    unsigned max_connections;                  /* --max-connections, default 4096 */
+    enum config_log_format log_format;         /* --log-format, default text */
+    enum config_log_level log_level;           /* --log-level, default info */
+    bool enabled;      /* IDEMPOTENCY_ENABLED, default true */
+    bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
+    bool show_version; /* --version was given */
+};
+
+/* Fills <cfg> from the defaults, then the environment <envp> (a NULL-terminated
+ * "NAME=value" array, as environ), then the flags <argv>[1..argc-1]; validates
+ * the result. Returns 0, or -EINVAL with one line naming the option written to
+ * <err> (e.g. "--ttl: '0' is not a positive number of seconds"). <cfg> must be
+ * zeroed; on any return the caller calls config_done(). With --help or
+ * --version it returns 0 with show_help/show_version set and skips the check
+ * for required options. */
+int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
+                size_t errlen);
+
+/* Frees what config_load() allocated. NULL-safe, idempotent. */
+void config_done(struct config *cfg);
+
+/* Writes the usage text: every option, its environment variable and default. */
+void config_print_help(FILE *f);
+
+/* Value parsers, used by config_load() and the tests. Each returns 0 with the
+ * value in <ret> (untouched on failure) or -EINVAL. */
+/* BYTES: a non-negative integer with an optional K, M or G suffix (powers of 1024). */
+int config_parse_bytes(const char *s, size_t *ret);
+/* S: positive seconds, may be fractional ("0.5"), as milliseconds (at least 1). */
+int config_parse_seconds(const char *s, uint64_t *ret);
+/* true/false/1/0/yes/no/on/off, case-insensitive. */
+int config_parse_bool(const char *s, bool *ret);
+/* HOST:PORT or [V6]:PORT; HOST may be a name that resolves. */
+int config_parse_addr(const char *s, struct config_addr *ret);
+/* A comma-separated list of statuses (100-599) and classes (4xx, 5xx); "" is
+ * an empty list. Fills ret[600]. */
+int config_parse_status_list(const char *s, bool ret[600]);
+
+/* True when <method> is one of cfg->methods (exact, upper case). */
+bool config_is_enforced(const struct config *cfg, struct span method);
+
+#endif

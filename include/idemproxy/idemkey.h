@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/* Idempotency-Key values (bare token or RFC 8941 sf-string), the scope hash of
+ * the client's credentials, and the store key <prefix><scope>:<key>. Pure functions. */
+#ifndef IDEMPROXY_IDEMKEY_H
+#define IDEMPROXY_IDEMKEY_H
+
+#include "idemproxy/common.h"
+
+#define IDEMKEY_MAX 255
+#define IDEMKEY_SCOPE_HEX 32 /* hex characters of a scope: the first 16 bytes of a SHA-256 */
+
+struct idemkey {
+    size_t len;
+    char buf[IDEMKEY_MAX]; /* not NUL-terminated */
+};
+
+/* Parses an Idempotency-Key value <v>: a bare token or an RFC 8941 sf-string.
+ * Returns 0 with the unquoted key in <ret>, or -EINVAL if it is empty, longer
+ * than IDEMKEY_MAX, has a byte outside 0x21-0x7E after unquoting, is an
+ * unterminated or badly escaped sf-string, or is bare and holds , " or \.
+ * <ret> is untouched on failure. */
+int idemkey_parse(struct span v, struct idemkey *ret);
+
+/* Writes into <ret> the 32 lowercase hex characters and a NUL of the scope of
+ * the <n> header values <values> (in --scope-header order). An absent header is
+ * a span with base == NULL and differs from an empty one. Each value is framed
+ * with its length, so no two different lists share a scope. */
+void idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1]);
+
+/* Builds the store key "<prefix><scope>:<key>" as a new NUL-terminated heap
+ * string in <ret> (the caller frees it). Returns 0 or -ENOMEM. */
+int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret);
+
+#endif

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/* A response as captured from the upstream, stored, and replayed: status,
+ * ordered headers (repeats kept) and body. Refcounted: the upstream thread
+ * builds it, then the store, the front end and replays share it read-only. */
+#ifndef IDEMPROXY_RECORD_H
+#define IDEMPROXY_RECORD_H
+
+#include "idemproxy/buf.h"
+#include "idemproxy/common.h"
+
+#define RECORD_MAX_HEADERS 256 /* a stored record never holds more */
+
+struct record_header {
+    char *name;  /* owned, NUL-terminated */
+    char *value; /* owned, NUL-terminated */
+};
+
+struct record {
+    int refs; /* atomic: record_ref()/record_unref() */
+    unsigned status;
+    bool too_large; /* the marker of a response over --max-response: no headers, no body */
+    struct record_header *headers; /* owned array of nheaders */
+    size_t nheaders, headers_cap;
+    struct buf body; /* owned */
+};
+
+/* Returns a new empty record (status 0, refs 1) whose body may grow to
+ * <max_body> bytes, or NULL on OOM. */
+struct record *record_new(size_t max_body);
+
+/* Adds a reference to <rec> and returns it. NULL-safe. */
+struct record *record_ref(struct record *rec);
+
+/* Drops a reference; the last one frees the record. NULL-safe. */
+void record_unref(struct record *rec);
+
+/* Appends the header <name>: <value> (copied). Returns 0, -E2BIG past
+ * RECORD_MAX_HEADERS, or -ENOMEM. */
+int record_add_header(struct record *rec, struct span name, struct span value);
+
+/* The value of the first header named <name> (case-insensitive), or NULL. */
+const char *record_header_get(const struct record *rec, const char *name);
+
+/* True when <name> is a hop-by-hop header (Connection, Keep-Alive,
+ * Proxy-Connection, Transfer-Encoding, TE, Trailer, Upgrade,
+ * Proxy-Authenticate, Proxy-Authorization) or Content-Length. Case-insensitive. */
+bool record_is_hop_by_hop(struct span name);
+
+/* True when <name> is listed, case-insensitively, in the comma-separated
+ * value <connection> of a Connection header (NULL: never). */
+bool record_is_connection_listed(const char *connection, struct span name);
+
+/* Removes from <rec> the hop-by-hop headers, every header named in its
+ * Connection headers, and Content-Length, keeping the order of the rest. */
+void record_filter_hop_by_hop(struct record *rec);
+
+/* Encodes status, flags and headers of <rec> (not the body) as a
+ * length-prefixed binary block appended to <ret>. Returns 0 or -ENOMEM/-E2BIG. */
+int record_encode_head(const struct record *rec, struct buf *ret);
+
+/* Decodes a record from the head block <head> (made by record_encode_head)
+ * and the body bytes <body> (copied). Returns 0 with a new record (refs 1) in
+ * <ret>, -EPROTO if <head> is malformed or truncated, or -ENOMEM. */
+int record_decode(struct span head, struct span body, struct record **ret);
+
+#endif

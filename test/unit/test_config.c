@@ -1,0 +1,3 @@
+#include "check.h"
+static void t(void) { CHECK(1); }
+TEST_MAIN(t)
