@@ -1,1 +1,192 @@
 /* SPDX-License-Identifier: MIT */
+/* Lifecycle: configuration, then the modules up in order, signals, drain on
+ * SIGTERM/SIGINT, and the modules down in reverse. The main thread only waits
+ * for signals; every other thread is started by a module. */
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "idemproxy/admin.h"
+#include "idemproxy/config.h"
+#include "idemproxy/front.h"
+#include "idemproxy/log.h"
+#include "idemproxy/pipeline.h"
+#include "idemproxy/store_redis.h"
+#include "idemproxy/upstream.h"
+#include "idemproxy/worker.h"
+
+#ifndef IDEMPROXY_VERSION
+#define IDEMPROXY_VERSION "0.1.0"
+#endif
+
+#define STORE_THREADS 8
+#define MIN_CAPTURE_BYTES (64u << 20)
+
+extern char **environ;
+
+struct app {
+    struct config cfg;
+    struct worker_pool *pool;
+    struct store *st;
+    struct upstream *up;
+    struct pipeline *pl;
+    struct front *front;
+    struct admin *admin;
+};
+
+/* Waits up to <ms> for a signal of <set>. Returns the signal, or 0. */
+static int wait_signal(const sigset_t *set, uint64_t ms)
+{
+    struct timespec ts = { .tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000 };
+    int sig = sigtimedwait(set, NULL, &ts);
+
+    return sig > 0 ? sig : 0;
+}
+
+/* Waits until no request is open, up to <deadline_ms>. A second signal ends
+ * the wait: the operator asked to stop at once. Returns true when drained. */
+static bool drain(struct app *app, const sigset_t *set, uint64_t deadline_ms, bool *ret_forced)
+{
+    while (front_requests(app->front) > 0) {
+        if (now_ms() >= deadline_ms)
+            return false;
+        if (wait_signal(set, 50)) {
+            *ret_forced = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+static void app_down(struct app *app)
+{
+    admin_stop(app->admin);
+    front_stop(app->front);
+    if (app->pl)
+        pipeline_stop(app->pl);
+    upstream_free(app->up);
+    worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
+    store_free(app->st);
+    pipeline_free(app->pl);
+}
+
+static int app_up(struct app *app)
+{
+    const struct config *cfg = &app->cfg;
+    size_t capture = cfg->max_response_bytes > MIN_CAPTURE_BYTES / 4 ? cfg->max_response_bytes * 4
+                                                                      : MIN_CAPTURE_BYTES;
+    struct upstream_options uo = {
+        .base_url = cfg->upstream,
+        .timeout_ms = cfg->upstream_timeout_ms,
+        .max_capture_bytes = capture,
+        .max_connections = cfg->max_connections,
+    };
+    int err;
+
+    err = worker_pool_new(STORE_THREADS, &app->pool);
+    if (err < 0) {
+        log_error("cannot start the store threads: %s", strerror(-err));
+        return err;
+    }
+    if (cfg->enabled) {
+        err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, &app->st);
+        if (err < 0) {
+            log_error("--redis %s: cannot use this URL: %s", cfg->redis_url, strerror(-err));
+            return err;
+        }
+    }
+    err = upstream_new(&uo, &app->up);
+    if (err < 0) {
+        log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
+                  strerror(-err));
+        return err;
+    }
+    err = pipeline_new(cfg, app->st, app->up, app->pool, &app->pl);
+    if (err < 0)
+        return err;
+    err = front_start(cfg, app->pl, &app->front);
+    if (err < 0) {
+        log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
+                  cfg->listen.text);
+        return err;
+    }
+    err = admin_start(cfg, app->st, &app->admin);
+    if (err < 0) {
+        log_error("--admin-listen %s: cannot listen there (address in use, or not this host's?)",
+                  cfg->admin_listen.text);
+        return err;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct app app = { 0 };
+    char err[512] = "";
+    sigset_t set;
+    bool forced = false;
+    int sig;
+
+    if (config_load(&app.cfg, argc, argv, environ, err, sizeof(err)) < 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        config_done(&app.cfg);
+        return 2;
+    }
+    if (app.cfg.show_help || app.cfg.show_version) {
+        if (app.cfg.show_help)
+            config_print_help(stdout);
+        else
+            printf("idemproxy %s\n", IDEMPROXY_VERSION);
+        config_done(&app.cfg);
+        return 0;
+    }
+    log_setup(app.cfg.log_level, app.cfg.log_format);
+
+    /* Signals are taken by the main thread alone: block them before any thread starts. */
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    if (app_up(&app) < 0) {
+        app_down(&app);
+        config_done(&app.cfg);
+        curl_global_cleanup();
+        return 1;
+    }
+    log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s%s",
+             IDEMPROXY_VERSION, app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,
+             app.cfg.enabled ? "redis " : "none",
+             app.cfg.enabled ? app.cfg.redis_url : " (IDEMPOTENCY_ENABLED=false)");
+
+    do
+        sig = wait_signal(&set, 1000);
+    while (!sig);
+    log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)",
+             strsignal(sig), front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
+    front_quiesce(app.front);
+    if (!drain(&app, &set, now_ms() + app.cfg.shutdown_timeout_ms, &forced) && !forced) {
+        /* Cut the upstream calls still running: their locks are released and
+         * their clients answered, which the store needs a moment for. */
+        log_warn("--shutdown-timeout reached with %u requests open: cancelling them",
+                 front_requests(app.front));
+        pipeline_detach_upstream(app.pl);
+        upstream_free(app.up);
+        app.up = NULL;
+        (void)drain(&app, &set, now_ms() + 2 * app.cfg.store_timeout_ms + 1000, &forced);
+    }
+    if (forced || front_requests(app.front) > 0) {
+        log_warn("exiting with %u requests open; their locks expire within --lock-ttl",
+                 front_requests(app.front));
+        _exit(0);
+    }
+    app_down(&app);
+    config_done(&app.cfg);
+    curl_global_cleanup();
+    log_info("stopped");
+    return 0;
+}

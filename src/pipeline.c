@@ -1,1 +1,702 @@
 /* SPDX-License-Identifier: MIT */
+/* The per-request idempotency state machine. pipeline_begin() and
+ * pipeline_body() run on the front end's thread; from pipeline_run() on, the
+ * request moves to store threads (acquire, complete, release) and the upstream
+ * thread (forwarding), one thread at a time, until its done callback hands it
+ * back. Held locks live in a refcounted lease that a heartbeat keeps alive. */
+#include "idemproxy/pipeline.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "idemproxy/config.h"
+#include "idemproxy/log.h"
+#include "idemproxy/problem.h"
+#include "idemproxy/record.h"
+#include "idemproxy/worker.h"
+
+#define FINISH_BACKOFF_MIN_MS 50
+#define FINISH_BACKOFF_MAX_MS 1000
+
+struct pipeline {
+    const struct config *cfg;
+    struct store *st;
+    struct worker_pool *pool;
+    pthread_mutex_t up_lock; /* guards <up> against pipeline_detach_upstream() */
+    struct upstream *up;     /* borrowed; NULL once detached */
+    atomic_uint inflight;
+    atomic_bool stopping;
+    atomic_ulong lock_lost;
+    atomic_ulong store_errors;
+};
+
+/* A held lock. The request, the heartbeat job and the finishing calls (complete
+ * or release, retried while the store fails) each hold a reference. */
+struct lease {
+    atomic_int refs;
+    struct pipeline *pl;
+    char *key; /* owned */
+    struct store_token tok;
+    atomic_bool active;               /* the heartbeat goes on while true */
+    _Atomic uint64_t valid_until_ms;  /* the lock cannot have lapsed before this */
+    uint64_t tick_sent_ms;            /* heartbeat chain only */
+    /* The finishing chain only: */
+    struct record *rec;               /* owned reference to complete with; NULL: release */
+    uint64_t ttl_ms;
+    uint64_t backoff_ms;
+    struct req *r;                    /* answered after the first attempt, then NULL */
+};
+
+static void forward(struct req *r);
+
+static struct lease *lease_ref(struct lease *l)
+{
+    atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
+    return l;
+}
+
+static void lease_unref(struct lease *l)
+{
+    if (!l || atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    record_unref(l->rec);
+    free(l->key);
+    free(l);
+}
+
+/* Hands <r> back to the front end with its answer. */
+static void req_finish(struct req *r)
+{
+    struct pipeline *pl = r->pl;
+
+    if (log_enabled(CONFIG_LOG_DEBUG))
+        log_write(CONFIG_LOG_DEBUG, "%.*s %.*s -> %u %s (%llu ms)", (int)r->method.len,
+                  r->method.base, (int)r->target.len, r->target.base,
+                  r->answer ? r->answer->status : 0, outcome_label(r->outcome),
+                  (unsigned long long)(now_ms() - r->start_ms));
+    r->done(r, r->done_ctx);
+    atomic_fetch_sub_explicit(&pl->inflight, 1, memory_order_release);
+}
+
+static void finish_job(void *ctx)
+{
+    req_finish(ctx);
+}
+
+/* Answers from a pool thread, so that a refusal inside pipeline_run() never
+ * calls back from inside it. */
+static void req_finish_later(struct req *r)
+{
+    if (worker_submit(r->pl->pool, finish_job, r) < 0)
+        req_finish(r); /* the pool is stopping: nobody is inside pipeline_run() then */
+}
+
+static void set_answer(struct req *r, struct record *rec, enum outcome o, const char *replayed)
+{
+    record_unref(r->answer);
+    r->answer = rec;
+    r->outcome = o;
+    r->replayed = replayed;
+}
+
+/* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
+ * the front end then drops the connection. */
+static void set_problem(struct req *r, enum problem p, enum outcome o, const char *detail)
+{
+    set_answer(r, problem_new(p, detail), o, NULL);
+}
+
+static const struct span *find_header(const struct req *r, struct span name, size_t *ret_count)
+{
+    const struct span *found = NULL;
+    size_t n = 0;
+
+    for (size_t i = 0; i < r->nheaders; i++) {
+        if (span_eq_nocase(r->headers[i].name, name)) {
+            if (!found)
+                found = &r->headers[i].value;
+            n++;
+        }
+    }
+    if (ret_count)
+        *ret_count = n;
+    return found;
+}
+
+/* Parses a decimal integer of 1-15 digits, nothing else. */
+static int parse_uint(struct span s, uint64_t *ret)
+{
+    uint64_t v = 0;
+
+    if (s.len == 0 || s.len > 15)
+        return -EINVAL;
+    for (size_t i = 0; i < s.len; i++) {
+        if (s.base[i] < '0' || s.base[i] > '9')
+            return -EINVAL;
+        v = v * 10 + (uint64_t)(s.base[i] - '0');
+    }
+    *ret = v;
+    return 0;
+}
+
+/* The TTL of the completed answer: the TTL header when it is a positive
+ * integer (capped at --max-ttl), else --ttl. */
+static uint64_t request_ttl_ms(const struct pipeline *pl, const struct req *r)
+{
+    const struct config *cfg = pl->cfg;
+    const struct span *v;
+    uint64_t s;
+
+    if (!cfg->ttl_header || !cfg->ttl_header[0])
+        return cfg->ttl_ms;
+    v = find_header(r, span_from_cstr(cfg->ttl_header), NULL);
+    if (!v || parse_uint(*v, &s) < 0 || s == 0)
+        return cfg->ttl_ms;
+    if (s > cfg->max_ttl_ms / 1000)
+        return cfg->max_ttl_ms;
+    return s * 1000;
+}
+
+/* Builds <prefix><scope>:<key>, the scope hashing the --scope-header values in
+ * order; several instances of one header count as their comma-joined list. */
+static int build_store_key(const struct pipeline *pl, struct req *r, const struct idemkey *k)
+{
+    const struct config *cfg = pl->cfg;
+    struct span values[CONFIG_MAX_LIST];
+    struct buf joined[CONFIG_MAX_LIST];
+    char scope[IDEMKEY_SCOPE_HEX + 1];
+    int err = 0;
+
+    for (size_t i = 0; i < cfg->nscope_headers; i++) {
+        struct span name = span_from_cstr(cfg->scope_headers[i]);
+        size_t n;
+
+        joined[i] = BUF_INIT(SIZE_MAX);
+        values[i] = (struct span){ NULL, 0 };
+        if (!find_header(r, name, &n))
+            continue;
+        if (n == 1) {
+            values[i] = *find_header(r, name, NULL);
+            continue;
+        }
+        for (size_t h = 0; h < r->nheaders && err == 0; h++) {
+            if (!span_eq_nocase(r->headers[h].name, name))
+                continue;
+            if (joined[i].len)
+                err = buf_append(&joined[i], ",", 1);
+            if (err == 0)
+                err = buf_append(&joined[i], r->headers[h].value.base, r->headers[h].value.len);
+        }
+        values[i] = buf_span(&joined[i]);
+        if (!values[i].base)
+            values[i].base = ""; /* present, though empty */
+    }
+    if (err == 0) {
+        idemkey_scope(values, cfg->nscope_headers, scope);
+        err = idemkey_store_key(span_from_cstr(cfg->key_prefix), scope, k, &r->store_key);
+    }
+    for (size_t i = 0; i < cfg->nscope_headers; i++)
+        buf_done(&joined[i]);
+    return err;
+}
+
+int pipeline_begin(struct pipeline *pl, struct req *r)
+{
+    const struct config *cfg = pl->cfg;
+    const struct span *v;
+    struct idemkey key;
+    uint64_t announced;
+    size_t n;
+
+    r->start_ms = now_ms();
+    r->outcome = OUTCOME_PASSTHROUGH;
+    if (cfg->enabled && config_is_enforced(cfg, r->method)) {
+        v = find_header(r, span_from_cstr(cfg->key_header), &n);
+        if (n == 0 && cfg->require_key) {
+            set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY,
+                        "This request must carry an Idempotency-Key header.");
+            return 1;
+        }
+        if (n > 1) {
+            set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY,
+                        "Send exactly one Idempotency-Key header.");
+            return 1;
+        }
+        if (n == 1) {
+            if (idemkey_parse(*v, &key) < 0) {
+                set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY,
+                            "An Idempotency-Key is 1-255 visible ASCII characters (0x21-0x7E), "
+                            "bare or as a quoted sf-string; a bare key may not hold , \" or \\.");
+                return 1;
+            }
+            if (build_store_key(pl, r, &key) < 0 ||
+                fingerprint_init(&r->fp, r->method, r->target) < 0) {
+                set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                            "Out of memory while reading the request.");
+                return 1;
+            }
+            r->enforced = true;
+            r->ttl_ms = request_ttl_ms(pl, r);
+        }
+    }
+    v = find_header(r, SPAN_LIT("Content-Length"), NULL);
+    if (v && parse_uint(*v, &announced) == 0 && announced > cfg->max_body_bytes) {
+        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
+                    "The request body is larger than this proxy accepts (--max-body).");
+        return 1;
+    }
+    return 0;
+}
+
+void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
+{
+    int err;
+
+    if (r->answer)
+        return; /* already refused: discard the rest */
+    err = buf_append(&r->body, p, n);
+    if (err == -E2BIG) {
+        buf_done(&r->body);
+        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
+                    "The request body is larger than this proxy accepts (--max-body).");
+        return;
+    }
+    if (err == 0 && r->enforced)
+        err = fingerprint_update(&r->fp, p, n);
+    if (err < 0) {
+        buf_done(&r->body);
+        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                    "Out of memory while reading the request.");
+        (void)pl;
+    }
+}
+
+/* ---- Leases: heartbeat, complete, release ---- */
+
+static void lease_tick(void *ctx);
+
+/* Schedules the next heartbeat; consumes the caller's reference. */
+static void lease_schedule_tick(struct lease *l)
+{
+    struct pipeline *pl = l->pl;
+    uint64_t every = pl->cfg->lock_ttl_ms / 3;
+
+    if (!atomic_load(&l->active) || atomic_load(&pl->stopping) ||
+        worker_submit_after(pl->pool, every ? every : 1, lease_tick, l) < 0)
+        lease_unref(l);
+}
+
+static void lock_lost(struct lease *l, const char *when)
+{
+    atomic_fetch_add_explicit(&l->pl->lock_lost, 1, memory_order_relaxed);
+    log_warn("lock_lost: key %s: another request holds it now (%s); nothing was overwritten",
+             l->key, when);
+}
+
+static void on_extended(void *ctx, int err, const struct store_result *res)
+{
+    struct lease *l = ctx;
+
+    (void)res;
+    if (err == 0) {
+        atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
+    } else if (err == -ESTALE) {
+        if (atomic_exchange(&l->active, false))
+            lock_lost(l, "heartbeat");
+    } else {
+        atomic_fetch_add_explicit(&l->pl->store_errors, 1, memory_order_relaxed);
+    }
+    lease_schedule_tick(l);
+}
+
+static void lease_tick(void *ctx)
+{
+    struct lease *l = ctx;
+    struct pipeline *pl = l->pl;
+
+    if (!atomic_load(&l->active) || atomic_load(&pl->stopping)) {
+        lease_unref(l);
+        return;
+    }
+    l->tick_sent_ms = now_ms();
+    if (store_extend(pl->st, span_from_cstr(l->key), &l->tok, pl->cfg->lock_ttl_ms, on_extended,
+                     l) < 0)
+        lease_schedule_tick(l);
+}
+
+static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
+{
+    struct pipeline *pl = r->pl;
+    struct lease *l = calloc(1, sizeof(*l));
+
+    if (!l)
+        return NULL;
+    l->key = strdup(r->store_key);
+    if (!l->key) {
+        free(l);
+        return NULL;
+    }
+    atomic_init(&l->refs, 1);
+    l->pl = pl;
+    l->tok = r->tok;
+    atomic_init(&l->active, true);
+    atomic_init(&l->valid_until_ms, acquired_at_ms + pl->cfg->lock_ttl_ms);
+    lease_schedule_tick(lease_ref(l));
+    return l;
+}
+
+static void lease_attempt(void *ctx);
+
+static void on_finished(void *ctx, int err, const struct store_result *res)
+{
+    struct lease *l = ctx;
+    struct pipeline *pl = l->pl;
+    struct req *r = l->r;
+
+    (void)res;
+    l->r = NULL;
+    if (err == -ESTALE)
+        lock_lost(l, l->rec ? "complete" : "release");
+    if (err < 0 && err != -ESTALE) {
+        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        if (!atomic_load(&pl->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
+            /* Retrying is safe: the call carries the token. The heartbeat keeps
+             * the lock alive meanwhile; the client need not wait for it. */
+            log_warn("store %s of key %s failed (%s); retrying in %llu ms",
+                     l->rec ? "complete" : "release", l->key, strerror(-err),
+                     (unsigned long long)l->backoff_ms);
+            if (r)
+                req_finish(r);
+            if (worker_submit_after(pl->pool, l->backoff_ms, lease_attempt, l) == 0) {
+                l->backoff_ms = l->backoff_ms * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS
+                                                                          : l->backoff_ms * 2;
+                return;
+            }
+            r = NULL;
+        }
+        log_error("store %s of key %s failed (%s); giving up: the lock expires within "
+                  "--lock-ttl", l->rec ? "complete" : "release", l->key, strerror(-err));
+    }
+    atomic_store(&l->active, false);
+    if (r)
+        req_finish(r);
+    lease_unref(l);
+}
+
+static void lease_attempt(void *ctx)
+{
+    struct lease *l = ctx;
+    struct pipeline *pl = l->pl;
+    int err;
+
+    if (l->rec)
+        err = store_complete(pl->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
+                             on_finished, l);
+    else
+        err = store_release(pl->st, span_from_cstr(l->key), &l->tok, on_finished, l);
+    if (err < 0)
+        on_finished(l, err, NULL);
+}
+
+/* Completes the lock of <r> with <rec> (a reference the lease takes over), or
+ * releases it when <rec> is NULL; <r> is answered once the first attempt
+ * has reported back. */
+static void lease_finish(struct req *r, struct record *rec)
+{
+    struct lease *l = r->lease;
+
+    r->lease = NULL; /* the request's reference now belongs to the finishing chain */
+    l->rec = rec;
+    l->ttl_ms = r->ttl_ms;
+    l->backoff_ms = FINISH_BACKOFF_MIN_MS;
+    l->r = r;
+    lease_attempt(l);
+}
+
+/* ---- The request path ---- */
+
+static bool is_cacheable(const struct config *cfg, unsigned status)
+{
+    return status < ARRAY_SIZE(cfg->no_cache) && !cfg->no_cache[status];
+}
+
+/* A stored answer needs the original Date: a replay carries it. */
+static void ensure_date(struct record *rec)
+{
+    char date[64];
+    struct tm tm;
+    time_t t = time(NULL);
+
+    if (record_header_get(rec, "Date"))
+        return;
+    gmtime_r(&t, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    (void)record_add_header(rec, SPAN_LIT("Date"), span_from_cstr(date));
+}
+
+static void on_upstream(void *ctx, int err, struct record *rec, uint64_t elapsed_ms)
+{
+    struct req *r = ctx;
+    const struct config *cfg = r->pl->cfg;
+    struct record *marker;
+
+    (void)elapsed_ms;
+    if (err < 0) {
+        enum problem p = err == -ETIMEDOUT ? PROBLEM_UPSTREAM_TIMEOUT
+                         : err == -E2BIG   ? PROBLEM_RESPONSE_TOO_LARGE
+                                           : PROBLEM_UPSTREAM_UNAVAILABLE;
+
+        log_warn("upstream %.*s %.*s failed: %s", (int)r->method.len, r->method.base,
+                 (int)r->target.len, r->target.base,
+                 err == -E2BIG ? "response larger than the proxy can hold" : strerror(-err));
+        set_problem(r, p, OUTCOME_UPSTREAM_ERROR, NULL);
+        if (!r->lease) {
+            req_finish(r);
+            return;
+        }
+        if (err != -E2BIG) {
+            lease_finish(r, NULL); /* nothing was stored: a retry may run */
+            return;
+        }
+        /* The upstream did answer: it must never run twice. */
+        r->replayed = "false";
+        marker = record_new(0);
+        if (marker) {
+            marker->too_large = true;
+            marker->status = 502;
+        }
+        lease_finish(r, marker);
+        return;
+    }
+    if (!r->lease) {
+        set_answer(r, rec, r->outcome, NULL); /* passthrough, or store_error */
+        req_finish(r);
+        return;
+    }
+    set_answer(r, rec, OUTCOME_EXECUTED, "false");
+    if (!is_cacheable(cfg, rec->status)) {
+        lease_finish(r, NULL);
+        return;
+    }
+    ensure_date(rec);
+    if (rec->body.len > cfg->max_response_bytes) {
+        marker = record_new(0);
+        if (marker) {
+            marker->too_large = true;
+            marker->status = rec->status;
+        }
+        lease_finish(r, marker); /* a NULL marker (OOM) releases instead */
+        return;
+    }
+    lease_finish(r, record_ref(rec));
+}
+
+static void forward(struct req *r)
+{
+    struct pipeline *pl = r->pl;
+    int err = -ECANCELED;
+
+    r->up_req = (struct upstream_request){
+        .method = r->method,
+        .target = r->target,
+        .headers = r->headers,
+        .nheaders = r->nheaders,
+        .body = buf_span(&r->body),
+        .client_ip = r->client_ip,
+        .proto = "http",
+    };
+    pthread_mutex_lock(&pl->up_lock);
+    if (pl->up)
+        err = upstream_submit(pl->up, &r->up_req, on_upstream, r);
+    pthread_mutex_unlock(&pl->up_lock);
+    if (err < 0)
+        on_upstream(r, err, NULL, 0);
+}
+
+static void on_confirmed(void *ctx, int err, const struct store_result *res)
+{
+    struct req *r = ctx;
+
+    (void)res;
+    if (err == 0) {
+        atomic_store(&r->lease->valid_until_ms, now_ms() + r->pl->cfg->lock_ttl_ms);
+        forward(r);
+        return;
+    }
+    if (err == -ESTALE) {
+        atomic_store(&r->lease->active, false);
+        lock_lost(r->lease, "before forwarding");
+        set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
+                    "This request stalled and its lock passed to another request.");
+    } else {
+        atomic_fetch_add_explicit(&r->pl->store_errors, 1, memory_order_relaxed);
+        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                    "The idempotency store could not confirm the lock.");
+    }
+    lease_unref(r->lease);
+    r->lease = NULL;
+    req_finish(r);
+}
+
+static void on_acquired(void *ctx, int err, const struct store_result *res)
+{
+    struct req *r = ctx;
+    struct pipeline *pl = r->pl;
+    uint64_t now = now_ms();
+
+    if (err == 0 && res->status == STORE_ACQUIRED) {
+        r->lease = lease_start(r, r->acquire_sent_ms);
+        if (!r->lease) {
+            set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
+            req_finish(r); /* the lock expires within --lock-ttl */
+            return;
+        }
+        /* A holder that stalled past half its lock TTL confirms the lock first. */
+        if (now - r->acquire_sent_ms > pl->cfg->lock_ttl_ms / 2) {
+            if (store_extend(pl->st, span_from_cstr(r->store_key), &r->tok, pl->cfg->lock_ttl_ms,
+                             on_confirmed, r) < 0)
+                on_confirmed(r, -ECONNRESET, NULL);
+            return;
+        }
+        forward(r);
+        return;
+    }
+    if (err == 0 && res->status == STORE_IN_FLIGHT) {
+        set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
+                    "A request with this Idempotency-Key is still being processed; retry later.");
+    } else if (err == 0 && res->status == STORE_MISMATCH) {
+        set_problem(r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH,
+                    "This Idempotency-Key was used with a different method, target or body.");
+    } else if (err == 0 && res->status == STORE_COMPLETED && res->rec->too_large) {
+        set_problem(r, PROBLEM_RESPONSE_TOO_LARGE, OUTCOME_REPLAYED,
+                    "The request was executed, but its response was larger than --max-response, "
+                    "so it cannot be replayed; it was not executed again.");
+    } else if (err == 0 && res->status == STORE_COMPLETED) {
+        set_answer(r, record_ref(res->rec), OUTCOME_REPLAYED, "true");
+    } else {
+        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        log_warn("store acquire of key %s failed: %s", r->store_key,
+                 err < 0 ? strerror(-err) : "unexpected answer");
+        if (pl->cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
+            r->outcome = OUTCOME_STORE_ERROR;
+            forward(r); /* unprotected, as configured */
+            return;
+        }
+        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                    "The idempotency store is not answering; retry later.");
+    }
+    req_finish(r);
+}
+
+void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *ctx)
+{
+    int err;
+
+    r->running = true;
+    r->done = done;
+    r->done_ctx = ctx;
+    atomic_fetch_add_explicit(&pl->inflight, 1, memory_order_relaxed);
+    if (!r->enforced) {
+        forward(r);
+        return;
+    }
+    err = fingerprint_final(&r->fp, r->digest);
+    if (err == 0)
+        err = store_token_new(&r->tok);
+    r->acquire_sent_ms = now_ms();
+    if (err == 0)
+        err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
+                            pl->cfg->lock_ttl_ms, on_acquired, r);
+    if (err < 0) {
+        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                    "The idempotency store is not answering; retry later.");
+        req_finish_later(r);
+    }
+}
+
+/* ---- Lifecycle ---- */
+
+int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up,
+                 struct worker_pool *pool, struct pipeline **ret)
+{
+    struct pipeline *pl = calloc(1, sizeof(*pl));
+
+    if (!pl)
+        return -ENOMEM;
+    pl->cfg = cfg;
+    pl->st = st;
+    pl->up = up;
+    pl->pool = pool;
+    pthread_mutex_init(&pl->up_lock, NULL);
+    *ret = pl;
+    return 0;
+}
+
+unsigned pipeline_inflight(const struct pipeline *pl)
+{
+    return atomic_load(&pl->inflight);
+}
+
+void pipeline_detach_upstream(struct pipeline *pl)
+{
+    pthread_mutex_lock(&pl->up_lock);
+    pl->up = NULL;
+    pthread_mutex_unlock(&pl->up_lock);
+}
+
+void pipeline_stop(struct pipeline *pl)
+{
+    atomic_store(&pl->stopping, true);
+}
+
+void pipeline_free(struct pipeline *pl)
+{
+    if (!pl)
+        return;
+    pthread_mutex_destroy(&pl->up_lock);
+    free(pl);
+}
+
+struct req *req_new(struct pipeline *pl)
+{
+    struct req *r = calloc(1, sizeof(*r));
+
+    if (!r)
+        return NULL;
+    r->pl = pl;
+    r->body = BUF_INIT(pl->cfg->max_body_bytes);
+    return r;
+}
+
+int req_add_header(struct req *r, struct span name, struct span value)
+{
+    if (r->nheaders == r->headers_cap) {
+        size_t cap = r->headers_cap ? r->headers_cap * 2 : 16;
+        struct upstream_header *h = realloc(r->headers, cap * sizeof(*h));
+
+        if (!h)
+            return -ENOMEM;
+        r->headers = h;
+        r->headers_cap = cap;
+    }
+    r->headers[r->nheaders++] = (struct upstream_header){ .name = name, .value = value };
+    return 0;
+}
+
+void req_free(struct req *r)
+{
+    if (!r)
+        return;
+    free(r->target_buf);
+    free(r->headers);
+    buf_done(&r->body);
+    fingerprint_done(&r->fp);
+    free(r->store_key);
+    lease_unref(r->lease);
+    record_unref(r->answer);
+    free(r);
+}

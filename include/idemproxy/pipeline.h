@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT */
+/* The per-request idempotency state machine (SPEC §1, §5): decides the
+ * outcome, drives the store and the upstream, keeps the lock alive, and is
+ * the only place that maps errors to outcomes. The front end feeds it a
+ * request in three steps and gets the answer back through a callback. */
+#ifndef IDEMPROXY_PIPELINE_H
+#define IDEMPROXY_PIPELINE_H
+
+#include "idemproxy/buf.h"
+#include "idemproxy/common.h"
+#include "idemproxy/fingerprint.h"
+#include "idemproxy/idemkey.h"
+#include "idemproxy/outcome.h"
+#include "idemproxy/store.h"
+#include "idemproxy/upstream.h"
+
+struct config;
+struct pipeline;
+struct record;
+struct req;
+struct worker_pool;
+
+/* Runs exactly once per pipeline_run(), never inside it, on a store or
+ * upstream thread, when <r>->answer is set. */
+typedef void req_done_fn(struct req *r, void *ctx);
+
+/* Everything request-scoped. The front end owns it: it fills the request part,
+ * then frees it with req_free() only after the answer was delivered (or the
+ * request was abandoned before pipeline_run()). */
+struct req {
+    /* Filled by the front end before pipeline_begin(); borrowed spans stay valid
+     * for the life of the request. */
+    struct span method;
+    struct span target; /* raw request target, exactly as received */
+    char *target_buf;   /* owned: the bytes of <target> */
+    struct upstream_header *headers; /* owned array; the spans borrow the front end's memory */
+    size_t nheaders, headers_cap;
+    char client_ip[64];
+    bool answered; /* the front end queued the answer */
+
+    /* Pipeline state. */
+    struct pipeline *pl;
+    struct buf body; /* owned, limited by --max-body */
+    bool enforced;   /* the idempotency rules apply (a valid key was given) */
+    bool running;    /* pipeline_run() was called */
+    struct fingerprint fp;
+    uint8_t digest[FINGERPRINT_LEN];
+    char *store_key;       /* owned: <prefix><scope>:<key> */
+    struct store_token tok;
+    struct lease *lease;   /* reference while the lock is held */
+    struct upstream_request up_req; /* what is forwarded: borrows from this request */
+    uint64_t ttl_ms;       /* how long a completed answer is kept */
+    uint64_t start_ms;
+    uint64_t acquire_sent_ms;
+    req_done_fn *done;
+    void *done_ctx;
+
+    /* The answer, set once by the pipeline. */
+    struct record *answer;  /* owned reference */
+    const char *replayed;   /* value of the replay header ("true"/"false"), or NULL for none */
+    enum outcome outcome;
+};
+
+/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off),
+ * <up> and <pool>: they must outlive it. Returns 0 or -ENOMEM. */
+int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up,
+                 struct worker_pool *pool, struct pipeline **ret);
+
+/* Returns a new request bound to <pl>, or NULL on OOM. */
+struct req *req_new(struct pipeline *pl);
+
+/* Adds a header of the request (borrowed spans). Returns 0 or -ENOMEM. */
+int req_add_header(struct req *r, struct span name, struct span value);
+
+/* Frees <r> and everything it owns. NULL-safe. Must not be called between
+ * pipeline_run() and its callback. */
+void req_free(struct req *r);
+
+/* Called once the request line and headers are in. Decides passthrough or
+ * enforcement and checks the key and the announced body size. Returns 0 to go
+ * on with the body, or 1 when the answer is already decided (a 400 or 413 in
+ * <r>->answer). */
+int pipeline_begin(struct pipeline *pl, struct req *r);
+
+/* Feeds <n> body bytes: buffered (once) and hashed. Past --max-body the body is
+ * dropped and a 413 answer set; later bytes are discarded. */
+void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
+
+/* Runs the request now that the body is complete (unless an answer was
+ * already set, in which case <done> is not used and the caller answers at
+ * once: check <r>->answer first). <done>(<r>, <ctx>) runs exactly once, from
+ * another thread, with the answer in <r>. */
+void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *ctx);
+
+/* Requests between pipeline_run() and their callback. */
+unsigned pipeline_inflight(const struct pipeline *pl);
+
+/* Makes every later forward fail with 502 instead of reaching <up>, so the
+ * upstream can be freed while requests still finish. Thread-safe. */
+void pipeline_detach_upstream(struct pipeline *pl);
+
+/* Stops lock heartbeats and store retries from touching the store; call
+ * before the worker pool and the store are freed. */
+void pipeline_stop(struct pipeline *pl);
+
+/* Frees <pl>. NULL-safe. */
+void pipeline_free(struct pipeline *pl);
+
+#endif
