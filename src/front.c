@@ -191,11 +191,11 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     f->d = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, f, MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
+        flags, 0, NULL, NULL, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, f, MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
         MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        timeout_s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-        1u, MHD_OPTION_END);
+        timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!f->d) {
         free(f);
         return -EADDRINUSE;
