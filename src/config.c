@@ -1,1 +1,928 @@
 /* SPDX-License-Identifier: MIT */
+/* The option table of SPEC §3. One static table drives the defaults, the
+ * environment, the flags and --help, so nothing is written twice. Runs once,
+ * in main, before any thread starts. */
+#include "idemproxy/config.h"
+
+#include <inttypes.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
+#define COUNT_MAX 1000000u
+#define WHY_MAX 256
+
+enum kind {
+    K_ADDR,       /* struct config_addr */
+    K_URL,        /* char *, the upstream URL */
+    K_REDIS,      /* char *, redis:// URL; "" means none */
+    K_STR,        /* char *, any text */
+    K_HEADER,     /* char *, a non-empty token */
+    K_HEADER_OPT, /* char *, a token or "" */
+    K_METHODS,    /* char *[CONFIG_MAX_LIST] + count, replaced as a whole */
+    K_HEADERS,    /* char *[CONFIG_MAX_LIST] + count, repeated flags accumulate */
+    K_BOOL,       /* bool */
+    K_SECONDS,    /* uint64_t ms, positive */
+    K_SECONDS0,   /* uint64_t ms, zero allowed */
+    K_BYTES,      /* size_t */
+    K_STATUS,     /* bool[600] */
+    K_CHOICE,     /* an enum: the index in <choices> */
+    K_COUNT,      /* unsigned, 1..COUNT_MAX */
+    K_ACTION,     /* bool set to true: --help, --version */
+};
+
+/* How a bad value of each kind is explained: "'<v>' is not <what> (<expect>)". */
+static const struct {
+    const char *what;
+    const char *expect;
+} kind_info[] = {
+    [K_ADDR] = { "an address", "use HOST:PORT or [IPv6]:PORT, a port from 1 to 65535 and a host "
+                               "that resolves" },
+    [K_URL] = { "an upstream URL", "use http:// or https://, with no query or fragment, e.g. "
+                                   "http://127.0.0.1:3000" },
+    [K_REDIS] = { "a Redis URL", "use redis://[:password@]host:port[/db]" },
+    [K_STR] = { "a string", "any text" },
+    [K_HEADER] = { "a header name", "use a non-empty token such as Idempotency-Key" },
+    [K_HEADER_OPT] = { "a header name", "use a token such as X-TTL, or \"\" to disable" },
+    [K_METHODS] = { "a method list", "use comma-separated methods, e.g. POST,PUT,PATCH" },
+    [K_HEADERS] = { "a header name", "use a token such as Authorization; a list is "
+                                     "comma-separated" },
+    [K_BOOL] = { "a boolean", "use true/false, 1/0, yes/no or on/off" },
+    [K_SECONDS] = { "a positive number of seconds", "e.g. 30 or 0.5" },
+    [K_SECONDS0] = { "a number of seconds", "0 or more, e.g. 0.5" },
+    [K_BYTES] = { "a size", "use BYTES, optionally K, M or G" },
+    [K_STATUS] = { "a status list", "use codes 100-599 and classes such as 4xx, comma-separated, "
+                                    "or \"\" to cache every status" },
+    [K_CHOICE] = { "a valid choice", NULL },
+    [K_COUNT] = { "a whole number", "use 1 to 1000000" },
+    [K_ACTION] = { "an action", "takes no value" },
+};
+
+struct opt {
+    const char *flag;   /* "--listen"; for an environment-only entry, the flag it feeds */
+    const char *env;    /* the environment variable, NULL: none */
+    const char *arg;    /* value placeholder in --help, NULL: a flag without value */
+    const char *def;    /* default, parsed like any value; NULL: none */
+    const char *help;
+    enum kind kind;
+    size_t off;   /* the field in struct config */
+    size_t off_n; /* K_METHODS, K_HEADERS: the entry count */
+    const char *const *choices; /* K_CHOICE, NULL-terminated, index = enum value */
+    bool env_only;              /* no flag of its own: IDEMPOTENCY_* */
+};
+
+static const char *const on_store_error_names[] = { "reject", "passthrough", NULL };
+static const char *const log_format_names[] = { "text", "json", NULL };
+static const char *const log_level_names[] = { "error", "warn", "info", "debug", NULL };
+
+/* K_CHOICE writes the index through an int. */
+_Static_assert(sizeof(enum config_on_store_error) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum config_log_format) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum config_log_level) == sizeof(int), "enum size");
+
+#define F(field) offsetof(struct config, field)
+
+/* Environment entries are read in this order, so IDEMPOTENCY_DEFAULT_TTL_SEC
+ * comes before IDEMPROXY_TTL, which then overrides it. */
+static const struct opt opts[] = {
+    { "--listen", "IDEMPROXY_LISTEN", "HOST:PORT", "127.0.0.1:8080",
+      "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, F(listen), 0, NULL, false },
+    { "--upstream", "IDEMPROXY_UPSTREAM", "URL", NULL,
+      "required: the API to protect, http:// or https://; a path prefix is prepended to every "
+      "target", K_URL, F(upstream), 0, NULL, false },
+    { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
+      "Redis store, redis://[:password@]host:port[/db]; none: in-process memory store", K_REDIS,
+      F(redis_url), 0, NULL, false },
+    { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
+      "address of /healthz, /readyz and /metrics", K_ADDR, F(admin_listen), 0, NULL, false },
+    { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
+      "comma-separated methods that need idempotency", K_METHODS, F(methods), F(nmethods), NULL,
+      false },
+    { "--key-header", "IDEMPROXY_KEY_HEADER", "NAME", "Idempotency-Key",
+      "request header carrying the key", K_HEADER, F(key_header), 0, NULL, false },
+    { "--replay-header", "IDEMPROXY_REPLAY_HEADER", "NAME", "X-Idempotency-Replayed",
+      "response header telling a replay (true) from an execution (false)", K_HEADER,
+      F(replay_header), 0, NULL, false },
+    { "--require-key", "IDEMPROXY_REQUIRE_KEY", NULL, "false",
+      "answer 400 to an enforced request without a key", K_BOOL, F(require_key), 0, NULL,
+      false },
+    { "--scope-header", "IDEMPROXY_SCOPE_HEADER", "NAME", "Authorization",
+      "header whose value scopes keys per client; repeatable (environment: comma-separated)",
+      K_HEADERS, F(scope_headers), F(nscope_headers), NULL, false },
+    { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR,
+      F(key_prefix), 0, NULL, false },
+    { "--ttl", "IDEMPOTENCY_DEFAULT_TTL_SEC", "S", NULL,
+      "seconds a completed response is kept, overridden by IDEMPROXY_TTL and --ttl", K_SECONDS,
+      F(ttl_ms), 0, NULL, true },
+    { "--ttl", "IDEMPROXY_TTL", "S", "86400", "seconds a completed response is kept", K_SECONDS,
+      F(ttl_ms), 0, NULL, false },
+    { "--max-ttl", "IDEMPROXY_MAX_TTL", "S", "604800", "cap on a TTL asked for by a request",
+      K_SECONDS, F(max_ttl_ms), 0, NULL, false },
+    { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
+      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, F(ttl_header), 0,
+      NULL, false },
+    { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30",
+      "seconds a lock lives without a heartbeat", K_SECONDS, F(lock_ttl_ms), 0, NULL, false },
+    { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,429",
+      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS,
+      F(no_cache), 0, NULL, false },
+    { "--max-body", "IDEMPROXY_MAX_BODY", "BYTES", "1M", "largest request body (413 above)",
+      K_BYTES, F(max_body_bytes), 0, NULL, false },
+    { "--max-response", "IDEMPROXY_MAX_RESPONSE", "BYTES", "4M",
+      "largest response stored for replay", K_BYTES, F(max_response_bytes), 0, NULL, false },
+    { "--memory-max-bytes", "IDEMPROXY_MEMORY_MAX_BYTES", "BYTES", "256M",
+      "budget of the memory store", K_BYTES, F(memory_max_bytes), 0, NULL, false },
+    { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
+      "bound on a whole upstream exchange (504 after)", K_SECONDS, F(upstream_timeout_ms), 0,
+      NULL, false },
+    { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
+      "a client idle this long is disconnected", K_SECONDS, F(client_timeout_ms), 0, NULL,
+      false },
+    { "--shutdown-timeout", "IDEMPROXY_SHUTDOWN_TIMEOUT", "S", "10",
+      "on SIGTERM, how long running requests may finish", K_SECONDS, F(shutdown_timeout_ms), 0,
+      NULL, false },
+    { "--store-timeout", "IDEMPROXY_STORE_TIMEOUT", "S", "1",
+      "bound on one store call (then store_unavailable)", K_SECONDS, F(store_timeout_ms), 0,
+      NULL, false },
+    { "--wait", "IDEMPROXY_WAIT", "S", "0",
+      "hold a duplicate of a running request this long for its replay; 0 answers 409 at once",
+      K_SECONDS0, F(wait_ms), 0, NULL, false },
+    { "--on-store-error", "IDEMPROXY_ON_STORE_ERROR", "reject|passthrough", "reject",
+      "when the store fails: answer 503, or proxy unprotected", K_CHOICE, F(on_store_error), 0,
+      on_store_error_names, false },
+    { "--max-connections", "IDEMPROXY_MAX_CONNECTIONS", "N", "4096",
+      "client connections served at once", K_COUNT, F(max_connections), 0, NULL, false },
+    { "--log-format", "IDEMPROXY_LOG_FORMAT", "json|text", "text", "log line format", K_CHOICE,
+      F(log_format), 0, log_format_names, false },
+    { "--log-level", "IDEMPROXY_LOG_LEVEL", "error|warn|info|debug", "info",
+      "most verbose level logged", K_CHOICE, F(log_level), 0, log_level_names, false },
+    { NULL, "IDEMPOTENCY_ENABLED", "BOOL", "true",
+      "false turns enforcement off: every request is passed through", K_BOOL, F(enabled), 0,
+      NULL, true },
+    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help),
+      0, NULL, false },
+    { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, F(show_version), 0,
+      NULL, false },
+};
+
+#undef F
+
+/* ---- value parsers ---- */
+
+int config_parse_bytes(const char *s, size_t *ret)
+{
+    size_t v = 0, mul = 1;
+    const char *p = s;
+
+    if (!s || *s < '0' || *s > '9')
+        return -EINVAL; /* no sign, no space, not empty */
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (SIZE_MAX - (size_t)(*p - '0')) / 10)
+            return -EINVAL;
+        v = v * 10 + (size_t)(*p - '0');
+    }
+    switch (*p) {
+    case '\0':
+        break;
+    case 'K':
+    case 'k':
+        mul = (size_t)1 << 10;
+        break;
+    case 'M':
+    case 'm':
+        mul = (size_t)1 << 20;
+        break;
+    case 'G':
+    case 'g':
+        mul = (size_t)1 << 30;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (*p && p[1] != '\0')
+        return -EINVAL;
+    if (v > SIZE_MAX / mul)
+        return -EINVAL;
+    *ret = v * mul;
+    return 0;
+}
+
+/* Decimal only: strtod() would also take "inf", "nan", "0x1p3" and "1e3". */
+static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
+{
+    uint64_t whole = 0, frac_ms = 0, ms;
+    unsigned frac_digits = 0;
+    bool digits = false, nonzero = false;
+    const char *p = s;
+
+    if (!s)
+        return -EINVAL;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        whole = whole * 10 + (uint64_t)(*p - '0');
+        if (whole > SECONDS_MAX)
+            return -EINVAL;
+        digits = true;
+        nonzero |= *p != '0';
+    }
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++) {
+            /* Keep four digits: three for milliseconds, one to round. */
+            if (frac_digits < 4) {
+                frac_ms = frac_ms * 10 + (uint64_t)(*p - '0');
+                frac_digits++;
+            }
+            digits = true;
+            nonzero |= *p != '0';
+        }
+    }
+    if (!digits || *p != '\0')
+        return -EINVAL;
+    for (; frac_digits < 4; frac_digits++)
+        frac_ms *= 10;
+    ms = whole * 1000 + (frac_ms + 5) / 10;
+    if (ms == 0 && nonzero)
+        ms = 1; /* a positive value never becomes zero */
+    if (ms == 0 && !allow_zero)
+        return -EINVAL;
+    *ret = ms;
+    return 0;
+}
+
+int config_parse_seconds(const char *s, uint64_t *ret)
+{
+    return parse_seconds(s, false, ret);
+}
+
+int config_parse_bool(const char *s, bool *ret)
+{
+    static const char *const yes[] = { "true", "1", "yes", "on" };
+    static const char *const no[] = { "false", "0", "no", "off" };
+
+    if (!s)
+        return -EINVAL;
+    for (size_t i = 0; i < ARRAY_SIZE(yes); i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *ret = true;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *ret = false;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int config_parse_addr(const char *s, struct config_addr *ret)
+{
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res = NULL;
+    char host[sizeof(ret->text)];
+    const char *colon, *port;
+    size_t hostlen, len;
+    unsigned long portnum = 0;
+    int r;
+
+    if (!s)
+        return -EINVAL;
+    len = strlen(s);
+    if (len == 0 || len >= sizeof(ret->text))
+        return -EINVAL;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+
+        if (!close || close[1] != ':')
+            return -EINVAL;
+        hostlen = (size_t)(close - s - 1);
+        memcpy(host, s + 1, hostlen);
+        colon = close + 1;
+        hints.ai_family = AF_INET6;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || memchr(s, ':', (size_t)(colon - s)))
+            return -EINVAL; /* an IPv6 address needs brackets */
+        hostlen = (size_t)(colon - s);
+        memcpy(host, s, hostlen);
+    }
+    host[hostlen] = '\0';
+    if (hostlen == 0)
+        return -EINVAL;
+    port = colon + 1;
+    if (*port == '\0' || strlen(port) > 5)
+        return -EINVAL;
+    for (const char *p = port; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+        portnum = portnum * 10 + (unsigned long)(*p - '0');
+    }
+    if (portnum < 1 || portnum > 65535)
+        return -EINVAL;
+
+    /* Numeric first: an address literal never waits for a resolver. */
+    hints.ai_flags |= AI_NUMERICHOST;
+    r = getaddrinfo(host, port, &hints, &res);
+    if (r == EAI_NONAME && s[0] != '[') {
+        hints.ai_flags &= ~AI_NUMERICHOST;
+        r = getaddrinfo(host, port, &hints, &res);
+    }
+    if (r != 0 || !res)
+        return -EINVAL;
+    if (res->ai_addrlen > sizeof(ret->sa)) {
+        freeaddrinfo(res);
+        return -EINVAL;
+    }
+    memset(ret, 0, sizeof(*ret));
+    memcpy(ret->text, s, len + 1);
+    memcpy(&ret->sa, res->ai_addr, res->ai_addrlen);
+    ret->sa_len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* Trims blanks around s[0..n). */
+static struct span trim(const char *s, size_t n)
+{
+    while (n > 0 && is_space(*s)) {
+        s++;
+        n--;
+    }
+    while (n > 0 && is_space(s[n - 1]))
+        n--;
+    return (struct span){ .base = s, .len = n };
+}
+
+int config_parse_status_list(const char *s, bool ret[600])
+{
+    bool set[600] = { false };
+    const char *p = s;
+
+    if (!s)
+        return -EINVAL;
+    if (trim(s, strlen(s)).len == 0)
+        goto out; /* "": cache every status */
+    for (;;) {
+        const char *end = strchr(p, ',');
+        struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
+
+        if (e.len != 3 || e.base[0] < '1' || e.base[0] > '5')
+            return -EINVAL;
+        if ((e.base[1] == 'x' || e.base[1] == 'X') && (e.base[2] == 'x' || e.base[2] == 'X')) {
+            int base = (e.base[0] - '0') * 100;
+
+            for (int i = base; i < base + 100; i++)
+                set[i] = true;
+        } else if (e.base[1] >= '0' && e.base[1] <= '9' && e.base[2] >= '0' && e.base[2] <= '9') {
+            set[(e.base[0] - '0') * 100 + (e.base[1] - '0') * 10 + (e.base[2] - '0')] = true;
+        } else {
+            return -EINVAL;
+        }
+        if (!end)
+            break;
+        p = end + 1;
+    }
+out:
+    memcpy(ret, set, sizeof(set));
+    return 0;
+}
+
+bool config_is_enforced(const struct config *cfg, struct span method)
+{
+    for (size_t i = 0; i < cfg->nmethods; i++) {
+        if (strlen(cfg->methods[i]) == method.len &&
+            memcmp(cfg->methods[i], method.base, method.len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* RFC 9110 tchar. */
+static bool is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static bool is_token(struct span s)
+{
+    if (s.len == 0)
+        return false;
+    for (size_t i = 0; i < s.len; i++) {
+        if (!is_tchar((unsigned char)s.base[i]))
+            return false;
+    }
+    return true;
+}
+
+static int parse_count(const char *s, unsigned *ret)
+{
+    unsigned long v = 0;
+
+    if (!s || !*s)
+        return -EINVAL;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+        v = v * 10 + (unsigned long)(*p - '0');
+        if (v > COUNT_MAX)
+            return -EINVAL;
+    }
+    if (v == 0)
+        return -EINVAL;
+    *ret = (unsigned)v;
+    return 0;
+}
+
+static int parse_choice(const char *const *choices, const char *s, int *ret)
+{
+    for (int i = 0; choices[i]; i++) {
+        if (strcmp(s, choices[i]) == 0) {
+            *ret = i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* ---- setters: each replaces the field's value ---- */
+
+static int replace_string(char **slot, const char *v, size_t n)
+{
+    char *copy = strndup(v, n);
+
+    if (!copy)
+        return -ENOMEM;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+static bool has_ctl(const char *s)
+{
+    for (; *s; s++) {
+        if ((unsigned char)*s <= 0x20 || (unsigned char)*s == 0x7f)
+            return true;
+    }
+    return false;
+}
+
+/* scheme://authority[/prefix], one trailing '/' dropped. The rest is curl's to judge. */
+static int set_upstream(char **slot, const char *v)
+{
+    size_t skip, len = strlen(v);
+    const char *authority;
+
+    if (strncasecmp(v, "http://", 7) == 0)
+        skip = 7;
+    else if (strncasecmp(v, "https://", 8) == 0)
+        skip = 8;
+    else
+        return -EINVAL;
+    authority = v + skip;
+    /* strchr() also matches the final NUL: an empty authority is refused too. */
+    if (strchr("/:", *authority) || strpbrk(v, "?#") || has_ctl(v))
+        return -EINVAL;
+    if (v[len - 1] == '/')
+        len--;
+    return replace_string(slot, v, len);
+}
+
+static int set_redis(char **slot, const char *v)
+{
+    if (*v == '\0') {
+        free(*slot); /* "" asks for no Redis, as if unset */
+        *slot = NULL;
+        return 0;
+    }
+    if (strncmp(v, "redis://", 8) != 0 || v[8] == '\0' || has_ctl(v))
+        return -EINVAL;
+    return replace_string(slot, v, strlen(v));
+}
+
+static void list_clear(char **list, size_t *n)
+{
+    for (size_t i = 0; i < *n; i++) {
+        free(list[i]);
+        list[i] = NULL;
+    }
+    *n = 0;
+}
+
+/* Parses the comma-separated tokens of <v> and replaces the list with them,
+ * or appends them when <append>. Nothing changes on failure. -E2BIG past
+ * CONFIG_MAX_LIST entries. */
+static int list_set(char **list, size_t *n, const char *v, bool append, bool upper)
+{
+    char *items[CONFIG_MAX_LIST] = { NULL };
+    size_t count = 0, base = append ? *n : 0;
+    const char *p = v;
+    int r;
+
+    for (;;) {
+        const char *end = strchr(p, ',');
+        struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
+
+        if (!is_token(e)) {
+            r = -EINVAL;
+            goto fail;
+        }
+        if (base + count == CONFIG_MAX_LIST) {
+            r = -E2BIG;
+            goto fail;
+        }
+        items[count] = strndup(e.base, e.len);
+        if (!items[count]) {
+            r = -ENOMEM;
+            goto fail;
+        }
+        if (upper) {
+            for (char *c = items[count]; *c; c++) {
+                if (*c >= 'a' && *c <= 'z')
+                    *c = (char)(*c - 'a' + 'A');
+            }
+        }
+        count++;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    if (!append)
+        list_clear(list, n);
+    memcpy(list + *n, items, count * sizeof(items[0]));
+    *n += count;
+    return 0;
+
+fail:
+    for (size_t i = 0; i < count; i++)
+        free(items[i]);
+    return r;
+}
+
+/* Sets the field of <o> from <v>. <append> asks a repeatable list to grow. */
+static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool append)
+{
+    void *field = (char *)cfg + o->off;
+    size_t *count = (size_t *)(void *)((char *)cfg + o->off_n);
+
+    switch (o->kind) {
+    case K_ADDR:
+        return config_parse_addr(v, field);
+    case K_URL:
+        return set_upstream(field, v);
+    case K_REDIS:
+        return set_redis(field, v);
+    case K_STR:
+        return replace_string(field, v, strlen(v));
+    case K_HEADER:
+        if (!is_token(span_from_cstr(v)))
+            return -EINVAL;
+        return replace_string(field, v, strlen(v));
+    case K_HEADER_OPT:
+        if (*v && !is_token(span_from_cstr(v)))
+            return -EINVAL;
+        return replace_string(field, v, strlen(v));
+    case K_METHODS:
+        return list_set(field, count, v, false, true);
+    case K_HEADERS:
+        return list_set(field, count, v, append, false);
+    case K_BOOL:
+        return config_parse_bool(v, field);
+    case K_SECONDS:
+        return parse_seconds(v, false, field);
+    case K_SECONDS0:
+        return parse_seconds(v, true, field);
+    case K_BYTES:
+        return config_parse_bytes(v, field);
+    case K_STATUS:
+        return config_parse_status_list(v, field);
+    case K_CHOICE:
+        return parse_choice(o->choices, v, field);
+    case K_COUNT:
+        return parse_count(v, field);
+    case K_ACTION:
+        *(bool *)field = true;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+/* ---- error lines ---- */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* A value as it may appear in the one error line: no control bytes, not too long. */
+static void quote_value(const char *v, char *out, size_t outlen)
+{
+    size_t i = 0, max = outlen > 4 ? outlen - 4 : 0;
+
+    for (; *v && i < max; v++)
+        out[i++] = ((unsigned char)*v < 0x20 || (unsigned char)*v == 0x7f) ? '?' : *v;
+    if (*v) {
+        memcpy(out + i, "...", 3);
+        i += 3;
+    }
+    out[i] = '\0';
+}
+
+/* "--ttl", "IDEMPROXY_TTL (--ttl)" or "IDEMPOTENCY_ENABLED": where a value came from. */
+static void source_name(const struct opt *o, bool from_env, char *out, size_t outlen)
+{
+    if (!from_env)
+        snprintf(out, outlen, "%s", o->flag);
+    else if (o->flag)
+        snprintf(out, outlen, "%s (%s)", o->env, o->flag);
+    else
+        snprintf(out, outlen, "%s", o->env);
+}
+
+static void choices_text(const char *const *choices, char *out, size_t outlen)
+{
+    size_t used = (size_t)snprintf(out, outlen, "use");
+
+    for (size_t i = 0; choices[i] && used < outlen; i++) {
+        const char *sep = i == 0 ? " " : choices[i + 1] ? ", " : " or ";
+
+        used += (size_t)snprintf(out + used, outlen - used, "%s%s", sep, choices[i]);
+    }
+}
+
+static void value_err(const struct opt *o, bool from_env, const char *v, int r, char *err,
+                      size_t errlen)
+{
+    char src[128], val[80], expect[128];
+
+    source_name(o, from_env, src, sizeof(src));
+    quote_value(v, val, sizeof(val));
+    if (o->kind == K_CHOICE)
+        choices_text(o->choices, expect, sizeof(expect));
+    else
+        snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
+    if (r == -ENOMEM)
+        set_err(err, errlen, "%s: out of memory", src);
+    else if (r == -E2BIG)
+        set_err(err, errlen, "%s: too many entries (at most %d)", src, CONFIG_MAX_LIST);
+    else
+        set_err(err, errlen, "%s: '%s' is not %s (%s)", src, val, kind_info[o->kind].what,
+                expect);
+}
+
+static int apply(struct config *cfg, const struct opt *o, bool from_env, const char *v,
+                 bool append, char *err, size_t errlen)
+{
+    int r = opt_set(cfg, o, v, append);
+
+    if (r < 0) {
+        value_err(o, from_env, v, r, err, errlen);
+        return r == -ENOMEM ? -ENOMEM : -EINVAL;
+    }
+    return 0;
+}
+
+/* ---- loading ---- */
+
+static const char *env_lookup(char *const envp[], const char *name)
+{
+    size_t n = strlen(name);
+
+    for (size_t i = 0; envp && envp[i]; i++) {
+        if (strncmp(envp[i], name, n) == 0 && envp[i][n] == '=')
+            return envp[i] + n + 1;
+    }
+    return NULL;
+}
+
+/* The table entry of flag <name> (the first <n> bytes), NULL if none. */
+static const struct opt *opt_find(const char *name, size_t n)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        if (o->flag && !o->env_only && strlen(o->flag) == n && memcmp(o->flag, name, n) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+/* --help and --version win over everything else, bad values included, so a
+ * broken environment can still print the help. Values are skipped, so that
+ * "--key-prefix -h" is not mistaken for it. */
+static bool scan_actions(struct config *cfg, int argc, char *const argv[])
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const struct opt *o;
+
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+            cfg->show_help = true;
+        else if (strcmp(a, "--version") == 0)
+            cfg->show_version = true;
+        else if (strncmp(a, "--", 2) == 0 && !strchr(a, '=') && (o = opt_find(a, strlen(a))) &&
+                 o->arg && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+            i++; /* the same rule as load_flags() */
+    }
+    return cfg->show_help || cfg->show_version;
+}
+
+static int load_flags(struct config *cfg, int argc, char *const argv[], char *err, size_t errlen)
+{
+    bool seen[ARRAY_SIZE(opts)] = { false };
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq, *v;
+        const struct opt *o;
+        size_t n;
+        int r;
+
+        if (a[0] != '-' || strcmp(a, "--") == 0) {
+            char val[80];
+
+            quote_value(a, val, sizeof(val));
+            set_err(err, errlen, "unexpected argument '%s' (options start with --, see --help)",
+                    val);
+            return -EINVAL;
+        }
+        eq = strchr(a, '=');
+        n = eq ? (size_t)(eq - a) : strlen(a);
+        o = strncmp(a, "--", 2) == 0 ? opt_find(a, n) : NULL;
+        if (!o) {
+            char val[80];
+
+            quote_value(a, val, sizeof(val));
+            if (eq)
+                val[n < sizeof(val) - 1 ? n : sizeof(val) - 1] = '\0';
+            set_err(err, errlen, "unknown option '%s' (see --help)", val);
+            return -EINVAL;
+        }
+        if (eq) {
+            v = eq + 1;
+            if (o->kind == K_ACTION) {
+                set_err(err, errlen, "%s: takes no value", o->flag);
+                return -EINVAL;
+            }
+        } else if (!o->arg) {
+            v = "true"; /* --require-key, --help */
+        } else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+            v = argv[++i];
+        } else {
+            char expect[128];
+
+            if (o->kind == K_CHOICE)
+                choices_text(o->choices, expect, sizeof(expect));
+            else
+                snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
+            set_err(err, errlen, "%s: missing value (%s %s: %s)", o->flag, o->flag, o->arg,
+                    expect);
+            return -EINVAL;
+        }
+        /* The first flag of a list replaces the environment's list; repeats append. */
+        r = apply(cfg, o, false, v, seen[o - opts], err, errlen);
+        if (r < 0)
+            return r;
+        seen[o - opts] = true;
+    }
+    return 0;
+}
+
+static void format_secs(uint64_t ms, char *out, size_t outlen)
+{
+    if (ms % 1000 == 0)
+        snprintf(out, outlen, "%" PRIu64 " s", ms / 1000);
+    else
+        snprintf(out, outlen, "%" PRIu64 ".%03" PRIu64 " s", ms / 1000, ms % 1000);
+}
+
+/* TEMPORARY: the memory store is not built yet, so a Redis URL is required.
+ * Delete this function and its call in config_load() when store_memory lands. */
+static int check_store_is_built(const struct config *cfg, char *err, size_t errlen)
+{
+    if (cfg->redis_url)
+        return 0;
+    set_err(err, errlen,
+            "--redis: required for now (redis://host:port); the memory store is not built yet");
+    return -EINVAL;
+}
+
+static int check(const struct config *cfg, char *err, size_t errlen)
+{
+    if (!cfg->upstream) {
+        set_err(err, errlen, "--upstream: required (the URL of the API to protect, e.g. "
+                             "--upstream http://127.0.0.1:3000)");
+        return -EINVAL;
+    }
+    if (cfg->ttl_ms > cfg->max_ttl_ms) {
+        char ttl[32], max[32];
+
+        format_secs(cfg->ttl_ms, ttl, sizeof(ttl));
+        format_secs(cfg->max_ttl_ms, max, sizeof(max));
+        set_err(err, errlen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
+        return -EINVAL;
+    }
+    return check_store_is_built(cfg, err, errlen);
+}
+
+int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
+                size_t errlen)
+{
+    int r;
+
+    set_err(err, errlen, "%s", "");
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        if (opts[i].def) {
+            r = apply(cfg, &opts[i], false, opts[i].def, false, err, errlen);
+            if (r < 0)
+                return r;
+        }
+    }
+    if (scan_actions(cfg, argc, argv))
+        return 0;
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const char *v = opts[i].env ? env_lookup(envp, opts[i].env) : NULL;
+
+        if (v) {
+            r = apply(cfg, &opts[i], true, v, false, err, errlen);
+            if (r < 0)
+                return r;
+        }
+    }
+    r = load_flags(cfg, argc, argv, err, errlen);
+    if (r < 0)
+        return r;
+    return check(cfg, err, errlen);
+}
+
+void config_done(struct config *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->upstream);
+    cfg->upstream = NULL;
+    free(cfg->redis_url);
+    cfg->redis_url = NULL;
+    free(cfg->key_header);
+    cfg->key_header = NULL;
+    free(cfg->replay_header);
+    cfg->replay_header = NULL;
+    free(cfg->key_prefix);
+    cfg->key_prefix = NULL;
+    free(cfg->ttl_header);
+    cfg->ttl_header = NULL;
+    list_clear(cfg->methods, &cfg->nmethods);
+    list_clear(cfg->scope_headers, &cfg->nscope_headers);
+}
+
+void config_print_help(FILE *f)
+{
+    fprintf(f, "Usage: idemproxy --upstream URL [options]\n\n"
+               "An HTTP reverse proxy that enforces the Idempotency-Key header.\n"
+               "Each option is also read from the environment variable shown; "
+               "a flag wins over the\nenvironment, which wins over the default. "
+               "Lists in the environment are comma-separated.\n"
+               "S is seconds (fractions allowed, e.g. 0.5); BYTES takes a K, M or G suffix.\n\n"
+               "Options:\n");
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        if (o->env_only)
+            continue;
+        fprintf(f, "  %s%s%s\n      %s\n", o->flag, o->arg ? " " : "", o->arg ? o->arg : "",
+                o->help);
+        if (o->env || o->def) {
+            fprintf(f, "      [");
+            if (o->env)
+                fprintf(f, "env %s%s", o->env, o->def ? ", " : "");
+            if (o->def)
+                fprintf(f, "default %s", o->def);
+            fprintf(f, "]\n");
+        }
+    }
+    fprintf(f, "\nEnvironment only:\n");
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        if (!o->env_only)
+            continue;
+        fprintf(f, "  %s=%s\n      %s\n", o->env, o->arg, o->help);
+        if (o->def)
+            fprintf(f, "      [default %s]\n", o->def);
+    }
+}

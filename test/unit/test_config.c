@@ -1,3 +1,870 @@
+/* SPDX-License-Identifier: MIT */
+/* The option table: defaults, flag > env > default, value parsers, error lines,
+ * --help; and the two log line formats. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
 #include "check.h"
-static void t(void) { CHECK(1); }
-TEST_MAIN(t)
+#include "idemproxy/config.h"
+#include "idemproxy/log.h"
+
+#define UPSTREAM "http://127.0.0.1:3000"
+#define REDIS "redis://127.0.0.1:6379"
+#define MAX_ARGS 32
+
+static char err[512];
+
+/* Loads argv "idemproxy" <args...> (NULL-terminated) with environment <env>. */
+static int load_v(struct config *cfg, char *const env[], bool base, va_list ap)
+{
+    char *argv[MAX_ARGS];
+    int argc = 0;
+    char *a;
+
+    argv[argc++] = "idemproxy";
+    if (base) {
+        argv[argc++] = "--upstream";
+        argv[argc++] = UPSTREAM;
+        argv[argc++] = "--redis";
+        argv[argc++] = REDIS;
+    }
+    while ((a = va_arg(ap, char *)) && argc < MAX_ARGS - 1)
+        argv[argc++] = a;
+    argv[argc] = NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    memset(err, 'X', sizeof(err));
+    err[sizeof(err) - 1] = '\0';
+    return config_load(cfg, argc, argv, env, err, sizeof(err));
+}
+
+/* With --upstream and --redis first, so the rest can be checked alone. */
+static int load(struct config *cfg, char *const env[], ...)
+{
+    va_list ap;
+    int r;
+
+    va_start(ap, env);
+    r = load_v(cfg, env, true, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Exactly the arguments given. */
+static int load_bare(struct config *cfg, char *const env[], ...)
+{
+    va_list ap;
+    int r;
+
+    va_start(ap, env);
+    r = load_v(cfg, env, false, ap);
+    va_end(ap);
+    return r;
+}
+
+#define ENV(...) ((char *[]){ __VA_ARGS__, NULL })
+#define NOENV ((char *[]){ NULL })
+
+static uint16_t addr_port(const struct config_addr *a)
+{
+    if (a->sa.ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)(const void *)&a->sa)->sin_port);
+    return ntohs(((const struct sockaddr_in6 *)(const void *)&a->sa)->sin6_port);
+}
+
+static void test_config_defaults(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, NULL), 0);
+    CHECK_EQ_STR(err, "");
+    CHECK_EQ_STR(c.listen.text, "127.0.0.1:8080");
+    CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
+    CHECK_EQ_INT(c.listen.sa_len, sizeof(struct sockaddr_in));
+    CHECK_EQ_INT(addr_port(&c.listen), 8080);
+    CHECK_EQ_STR(c.admin_listen.text, "127.0.0.1:9090");
+    CHECK_EQ_INT(addr_port(&c.admin_listen), 9090);
+    CHECK_EQ_STR(c.upstream, UPSTREAM);
+    CHECK_EQ_STR(c.redis_url, REDIS);
+    CHECK_EQ_INT(c.nmethods, 3);
+    CHECK_EQ_STR(c.methods[0], "POST");
+    CHECK_EQ_STR(c.methods[1], "PUT");
+    CHECK_EQ_STR(c.methods[2], "PATCH");
+    CHECK_EQ_STR(c.key_header, "Idempotency-Key");
+    CHECK_EQ_STR(c.replay_header, "X-Idempotency-Replayed");
+    CHECK(!c.require_key);
+    CHECK_EQ_INT(c.nscope_headers, 1);
+    CHECK_EQ_STR(c.scope_headers[0], "Authorization");
+    CHECK_EQ_STR(c.key_prefix, "idem:");
+    CHECK_EQ_INT(c.ttl_ms, 86400000);
+    CHECK_EQ_INT(c.max_ttl_ms, 604800000);
+    CHECK_EQ_STR(c.ttl_header, "X-TTL");
+    CHECK_EQ_INT(c.lock_ttl_ms, 30000);
+    CHECK(c.no_cache[500] && c.no_cache[503] && c.no_cache[599] && c.no_cache[429]);
+    CHECK(!c.no_cache[200] && !c.no_cache[404] && !c.no_cache[428] && !c.no_cache[499]);
+    CHECK_EQ_INT(c.max_body_bytes, 1024 * 1024);
+    CHECK_EQ_INT(c.max_response_bytes, 4 * 1024 * 1024);
+    CHECK_EQ_INT(c.memory_max_bytes, 256 * 1024 * 1024);
+    CHECK_EQ_INT(c.upstream_timeout_ms, 30000);
+    CHECK_EQ_INT(c.client_timeout_ms, 30000);
+    CHECK_EQ_INT(c.shutdown_timeout_ms, 10000);
+    CHECK_EQ_INT(c.store_timeout_ms, 1000);
+    CHECK_EQ_INT(c.wait_ms, 0);
+    CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_REJECT);
+    CHECK_EQ_INT(c.max_connections, 4096);
+    CHECK_EQ_INT(c.log_format, CONFIG_LOG_TEXT);
+    CHECK_EQ_INT(c.log_level, CONFIG_LOG_INFO);
+    CHECK(c.enabled);
+    CHECK(!c.show_help && !c.show_version);
+    config_done(&c);
+}
+
+static void test_config_flag_beats_env_beats_default(void)
+{
+    struct config c;
+    char *env[] = { "IDEMPROXY_MAX_BODY=2M", "IDEMPROXY_LOG_LEVEL=debug",
+                    "IDEMPROXY_LISTEN=127.0.0.1:7000", "IDEMPROXY_KEY_PREFIX=env:",
+                    "IDEMPROXY_REQUIRE_KEY=yes", "IDEMPROXY_LOG_FORMAT=json",
+                    "IDEMPROXY_ON_STORE_ERROR=passthrough", "IDEMPROXY_WAIT=2",
+                    "IDEMPROXY_NO_CACHE_STATUS=", "OTHER=1", "IDEMPROXY_TEST_REDIS_URL=x", NULL };
+
+    CHECK_EQ_INT(load(&c, env, "--max-body", "3K", "--listen", "127.0.0.1:7001", NULL), 0);
+    CHECK_EQ_INT(c.max_body_bytes, 3 * 1024);           /* flag */
+    CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
+    CHECK_EQ_INT(addr_port(&c.listen), 7001);            /* flag */
+    CHECK_EQ_INT(c.log_level, CONFIG_LOG_DEBUG);         /* env */
+    CHECK_EQ_INT(c.log_format, CONFIG_LOG_JSON);         /* env */
+    CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_PASSTHROUGH);
+    CHECK_EQ_STR(c.key_prefix, "env:");                  /* env */
+    CHECK(c.require_key);                                /* env */
+    CHECK_EQ_INT(c.wait_ms, 2000);                       /* env */
+    CHECK(!c.no_cache[500] && !c.no_cache[429]);         /* env "": cache everything */
+    CHECK_EQ_INT(c.max_response_bytes, 4 * 1024 * 1024); /* default */
+    config_done(&c);
+
+    /* The environment alone provides the required options. */
+    CHECK_EQ_INT(load_bare(&c, ENV("IDEMPROXY_UPSTREAM=https://api.example/v1/",
+                                   "IDEMPROXY_REDIS_URL=redis://h:1/2"),
+                           NULL),
+                 0);
+    CHECK_EQ_STR(c.upstream, "https://api.example/v1");
+    CHECK_EQ_STR(c.redis_url, "redis://h:1/2");
+    config_done(&c);
+}
+
+static void test_config_ttl_precedence(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 86400 * 1000ull);
+    config_done(&c);
+
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60"), NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 60000);
+    config_done(&c);
+
+    /* IDEMPROXY_TTL wins, whatever the order in the environment. */
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_TTL=120", "IDEMPOTENCY_DEFAULT_TTL_SEC=60"), NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 120000);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 120000);
+    config_done(&c);
+
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), "--ttl",
+                      "1.5", NULL),
+                 0);
+    CHECK_EQ_INT(c.ttl_ms, 1500);
+    config_done(&c);
+
+    /* The cap is checked on the result, not on each source. */
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_TTL=700000"), "--max-ttl", "800000", NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 700000000ull);
+    config_done(&c);
+}
+
+static void test_config_enabled(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_ENABLED=false"), NULL), 0);
+    CHECK(!c.enabled);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_ENABLED=Off"), NULL), 0);
+    CHECK(!c.enabled);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_ENABLED=1"), NULL), 0);
+    CHECK(c.enabled);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_ENABLED=nah"), NULL), -EINVAL);
+    CHECK(strstr(err, "IDEMPOTENCY_ENABLED: 'nah' is not a boolean") == err);
+    config_done(&c);
+    /* There is no flag for it. */
+    CHECK_EQ_INT(load(&c, NOENV, "--enabled", NULL), -EINVAL);
+    config_done(&c);
+}
+
+static void test_config_parse_bytes(void)
+{
+    static const struct {
+        const char *s;
+        size_t v;
+    } good[] = {
+        { "0", 0 },
+        { "1", 1 },
+        { "1K", 1024 },
+        { "1k", 1024 },
+        { "2M", 2 * 1024 * 1024 },
+        { "3G", 3ull * 1024 * 1024 * 1024 },
+        { "007", 7 },
+        { "18446744073709551615", SIZE_MAX },
+        { "17179869183G", 17179869183ull << 30 },
+    };
+    static const char *const bad[] = {
+        "", "abc", "-1", "+1", " 1", "1 ", "1KB", "1.5M", "K", "1T", "0x10",
+        "18446744073709551616", "17179869184G", "18014398509481984K", "99999999999999999999999",
+    };
+    size_t v;
+
+    for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
+        v = 12345;
+        CHECK_EQ_INT(config_parse_bytes(good[i].s, &v), 0);
+        CHECK_EQ_INT(v, good[i].v);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        v = 12345;
+        CHECK_EQ_INT(config_parse_bytes(bad[i], &v), -EINVAL);
+        CHECK_EQ_INT(v, 12345);
+        if (v != 12345 || config_parse_bytes(bad[i], &v) != -EINVAL)
+            fprintf(stderr, "  bad bytes value accepted: '%s'\n", bad[i]);
+    }
+}
+
+static void test_config_parse_seconds(void)
+{
+    static const struct {
+        const char *s;
+        uint64_t ms;
+    } good[] = {
+        { "30", 30000 },   { "0.5", 500 },         { ".5", 500 },          { "1.", 1000 },
+        { "1.25", 1250 },  { "1.2345", 1235 },     { "1.2344", 1234 },     { "1.9996", 2000 },
+        { "0.001", 1 },    { "0.0001", 1 },        { "0.0000001", 1 },     { "0.0015", 2 },
+        { "007", 7000 },   { "1000000000", 1000000000000ull },
+    };
+    static const char *const bad[] = {
+        "",     "0",     "0.0",  "00",  ".",     "-1",  "-0.5",  "+1",      "inf",       "nan",
+        "1e3",  "0x10",  " 1",   "1 ",  "1s",    "1..", "1.2.3", "1,5",     "1000000001", "NaN",
+        "99999999999999999999999",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
+        v = 777;
+        CHECK_EQ_INT(config_parse_seconds(good[i].s, &v), 0);
+        CHECK_EQ_INT(v, good[i].ms);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        v = 777;
+        CHECK_EQ_INT(config_parse_seconds(bad[i], &v), -EINVAL);
+        CHECK_EQ_INT(v, 777);
+    }
+}
+
+static void test_config_wait_allows_zero(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, "--wait", "0", NULL), 0);
+    CHECK_EQ_INT(c.wait_ms, 0);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--wait=0.25", NULL), 0);
+    CHECK_EQ_INT(c.wait_ms, 250);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--wait", "0.0001", NULL), 0);
+    CHECK_EQ_INT(c.wait_ms, 1);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--wait", "-1", NULL), -EINVAL);
+    CHECK(strstr(err, "--wait: '-1'") == err);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--wait", "nan", NULL), -EINVAL);
+    config_done(&c);
+}
+
+static void test_config_parse_bool(void)
+{
+    static const char *const yes[] = { "true", "TRUE", "True", "1", "yes", "Yes", "on", "ON" };
+    static const char *const no[] = { "false", "FALSE", "0", "no", "NO", "off", "Off" };
+    static const char *const bad[] = { "", "maybe", "2", "y", "n", "truee", " true", "t" };
+    bool b;
+
+    for (size_t i = 0; i < ARRAY_SIZE(yes); i++) {
+        b = false;
+        CHECK_EQ_INT(config_parse_bool(yes[i], &b), 0);
+        CHECK(b);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(no); i++) {
+        b = true;
+        CHECK_EQ_INT(config_parse_bool(no[i], &b), 0);
+        CHECK(!b);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        b = true;
+        CHECK_EQ_INT(config_parse_bool(bad[i], &b), -EINVAL);
+        CHECK(b);
+    }
+}
+
+static void test_config_parse_addr(void)
+{
+    static const char *const bad[] = {
+        "",           "127.0.0.1",       "127.0.0.1:",      "127.0.0.1:0",      "127.0.0.1:65536",
+        "1.2.3.4:99999", "127.0.0.1:abc", "127.0.0.1:-1",   "127.0.0.1:+80",    ":8080",
+        "::1:8080",   "[::1]8080",       "[::1]",           "[::1:8080",        "[]:8080",
+        "[127.0.0.1]:80", "[localhost]:80", "256.1.1.1:80", "127.0.0.1:80x",    "[::1]:0",
+    };
+    struct config_addr a, keep;
+    const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)&a.sa;
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)&a.sa;
+    char text[64];
+
+    CHECK_EQ_INT(config_parse_addr("127.0.0.1:8080", &a), 0);
+    CHECK_EQ_STR(a.text, "127.0.0.1:8080");
+    CHECK_EQ_INT(a.sa.ss_family, AF_INET);
+    CHECK_EQ_INT(a.sa_len, sizeof(struct sockaddr_in));
+    CHECK_EQ_INT(ntohs(in->sin_port), 8080);
+    CHECK_EQ_STR(inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)), "127.0.0.1");
+
+    CHECK_EQ_INT(config_parse_addr("0.0.0.0:65535", &a), 0);
+    CHECK_EQ_INT(ntohs(in->sin_port), 65535);
+
+    CHECK_EQ_INT(config_parse_addr("[::1]:9090", &a), 0);
+    CHECK_EQ_STR(a.text, "[::1]:9090");
+    CHECK_EQ_INT(a.sa.ss_family, AF_INET6);
+    CHECK_EQ_INT(a.sa_len, sizeof(struct sockaddr_in6));
+    CHECK_EQ_INT(ntohs(in6->sin6_port), 9090);
+    CHECK_EQ_STR(inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text)), "::1");
+
+    CHECK_EQ_INT(config_parse_addr("[::]:1", &a), 0);
+    CHECK_EQ_INT(a.sa.ss_family, AF_INET6);
+    CHECK_EQ_INT(ntohs(in6->sin6_port), 1);
+
+    /* A name resolves (localhost is in /etc/hosts). */
+    CHECK_EQ_INT(config_parse_addr("localhost:80", &a), 0);
+    CHECK_EQ_STR(a.text, "localhost:80");
+    CHECK(a.sa.ss_family == AF_INET || a.sa.ss_family == AF_INET6);
+    CHECK(a.sa_len > 0);
+
+    CHECK_EQ_INT(config_parse_addr("127.0.0.1:1", &keep), 0);
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        a = keep;
+        CHECK_EQ_INT(config_parse_addr(bad[i], &a), -EINVAL);
+        CHECK_EQ_MEM(&a, &keep, sizeof(a));
+    }
+    /* Longer than text[] holds. */
+    {
+        char big[400];
+
+        memset(big, 'a', sizeof(big));
+        memcpy(big + sizeof(big) - 4, ":80", 4);
+        a = keep;
+        CHECK_EQ_INT(config_parse_addr(big, &a), -EINVAL);
+        CHECK_EQ_MEM(&a, &keep, sizeof(a));
+    }
+}
+
+static void test_config_parse_status_list(void)
+{
+    static const char *const bad[] = {
+        "600", "99", "099", "abc", "5xx,,429", ",", "5xx,", "6xx", "0xx", "5x", "5xxx",
+        "1000", "42", "4x9", "-500", "500;502",
+    };
+    bool s[600], keep[600];
+
+    CHECK_EQ_INT(config_parse_status_list("5xx,429", s), 0);
+    for (int i = 0; i < 600; i++)
+        CHECK_EQ_INT(s[i], (i >= 500 && i <= 599) || i == 429);
+
+    memset(s, 1, sizeof(s));
+    CHECK_EQ_INT(config_parse_status_list("", s), 0);
+    for (int i = 0; i < 600; i++)
+        CHECK(!s[i]);
+
+    CHECK_EQ_INT(config_parse_status_list("4XX", s), 0);
+    for (int i = 0; i < 600; i++)
+        CHECK_EQ_INT(s[i], i >= 400 && i <= 499);
+
+    CHECK_EQ_INT(config_parse_status_list(" 500 , 502,100,599", s), 0);
+    CHECK(s[500] && s[502] && s[100] && s[599]);
+    CHECK(!s[501] && !s[200] && !s[429]);
+
+    for (int i = 0; i < 600; i++)
+        keep[i] = i % 3 == 0;
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        memcpy(s, keep, sizeof(s));
+        CHECK_EQ_INT(config_parse_status_list(bad[i], s), -EINVAL);
+        CHECK_EQ_MEM(s, keep, sizeof(s));
+    }
+}
+
+static void test_config_equals_form(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, "--max-body=2K", "--ttl=10", "--key-prefix=", "--ttl-header=",
+                      "--listen=[::1]:8081", "--no-cache-status=", "--log-level=error",
+                      "--max-connections=10", "--methods=post,delete", NULL),
+                 0);
+    CHECK_EQ_INT(c.max_body_bytes, 2048);
+    CHECK_EQ_INT(c.ttl_ms, 10000);
+    CHECK_EQ_STR(c.key_prefix, "");
+    CHECK_EQ_STR(c.ttl_header, "");
+    CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET6);
+    CHECK_EQ_INT(addr_port(&c.listen), 8081);
+    CHECK(!c.no_cache[500]);
+    CHECK_EQ_INT(c.log_level, CONFIG_LOG_ERROR);
+    CHECK_EQ_INT(c.max_connections, 10);
+    CHECK_EQ_INT(c.nmethods, 2);
+    CHECK_EQ_STR(c.methods[0], "POST");
+    CHECK_EQ_STR(c.methods[1], "DELETE");
+    config_done(&c);
+
+    /* The last of a repeated single-value flag wins. */
+    CHECK_EQ_INT(load(&c, NOENV, "--ttl", "10", "--ttl=20", NULL), 0);
+    CHECK_EQ_INT(c.ttl_ms, 20000);
+    config_done(&c);
+}
+
+static void test_config_require_key_forms(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, "--require-key", NULL), 0);
+    CHECK(c.require_key);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--require-key=true", NULL), 0);
+    CHECK(c.require_key);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_REQUIRE_KEY=true"), "--require-key=false", NULL), 0);
+    CHECK(!c.require_key);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_REQUIRE_KEY=on"), NULL), 0);
+    CHECK(c.require_key);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--require-key=maybe", NULL), -EINVAL);
+    CHECK(strstr(err, "--require-key: 'maybe' is not a boolean") == err);
+    config_done(&c);
+    /* A flag without value does not eat the next argument. */
+    CHECK_EQ_INT(load(&c, NOENV, "--require-key", "--ttl", "5", NULL), 0);
+    CHECK(c.require_key);
+    CHECK_EQ_INT(c.ttl_ms, 5000);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--require-key", "false", NULL), -EINVAL);
+    CHECK(strstr(err, "'false'") != NULL);
+    config_done(&c);
+}
+
+static void test_config_scope_headers(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "Authorization", "--scope-header=X-Tenant",
+                      NULL),
+                 0);
+    CHECK_EQ_INT(c.nscope_headers, 2);
+    CHECK_EQ_STR(c.scope_headers[0], "Authorization");
+    CHECK_EQ_STR(c.scope_headers[1], "X-Tenant");
+    config_done(&c);
+
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key, X-Org"), NULL), 0);
+    CHECK_EQ_INT(c.nscope_headers, 2);
+    CHECK_EQ_STR(c.scope_headers[0], "X-Api-Key");
+    CHECK_EQ_STR(c.scope_headers[1], "X-Org");
+    config_done(&c);
+
+    /* Flags replace the environment's list as a whole, then accumulate. */
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key,X-Org"), "--scope-header",
+                      "A", "--scope-header", "B", "--scope-header", "C", NULL),
+                 0);
+    CHECK_EQ_INT(c.nscope_headers, 3);
+    CHECK_EQ_STR(c.scope_headers[0], "A");
+    CHECK_EQ_STR(c.scope_headers[1], "B");
+    CHECK_EQ_STR(c.scope_headers[2], "C");
+    CHECK(c.scope_headers[3] == NULL);
+    config_done(&c);
+
+    CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "", NULL), -EINVAL);
+    CHECK(strstr(err, "--scope-header: '' is not a header name") == err);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=A,,B"), NULL), -EINVAL);
+    CHECK(strstr(err, "IDEMPROXY_SCOPE_HEADER (--scope-header):") == err);
+    config_done(&c);
+
+    /* At most CONFIG_MAX_LIST entries. */
+    {
+        char list[CONFIG_MAX_LIST * 4 + 8] = "", item[8];
+
+        for (int i = 0; i <= CONFIG_MAX_LIST; i++) {
+            snprintf(item, sizeof(item), "%sH%d", i ? "," : "", i);
+            strcat(list, item);
+        }
+        CHECK_EQ_INT(load(&c, NOENV, "--scope-header", list, NULL), -EINVAL);
+        CHECK(strstr(err, "--scope-header: too many") == err);
+        config_done(&c);
+        *strrchr(list, ',') = '\0';
+        CHECK_EQ_INT(load(&c, NOENV, "--scope-header", list, NULL), 0);
+        CHECK_EQ_INT(c.nscope_headers, CONFIG_MAX_LIST);
+        config_done(&c);
+    }
+}
+
+static void test_config_methods(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_METHODS=post, delete ,Patch"), NULL), 0);
+    CHECK_EQ_INT(c.nmethods, 3);
+    CHECK_EQ_STR(c.methods[0], "POST");
+    CHECK_EQ_STR(c.methods[1], "DELETE");
+    CHECK_EQ_STR(c.methods[2], "PATCH");
+    CHECK(config_is_enforced(&c, SPAN_LIT("DELETE")));
+    CHECK(config_is_enforced(&c, SPAN_LIT("POST")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("PUT")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("post")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("POS")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("POSTS")));
+    config_done(&c);
+
+    /* A flag replaces the environment's list. */
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_METHODS=post,delete"), "--methods", "PUT", NULL), 0);
+    CHECK_EQ_INT(c.nmethods, 1);
+    CHECK_EQ_STR(c.methods[0], "PUT");
+    CHECK(c.methods[1] == NULL);
+    config_done(&c);
+
+    CHECK_EQ_INT(load(&c, NOENV, NULL), 0);
+    CHECK(config_is_enforced(&c, SPAN_LIT("PATCH")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("GET")));
+    CHECK(!config_is_enforced(&c, SPAN_LIT("")));
+    config_done(&c);
+}
+
+static void test_config_upstream_normalized(void)
+{
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        { "http://127.0.0.1:3000/", "http://127.0.0.1:3000" },
+        { "http://127.0.0.1:3000", "http://127.0.0.1:3000" },
+        { "https://api.example/v1/", "https://api.example/v1" },
+        { "https://api.example/v1", "https://api.example/v1" },
+        { "HTTP://h//", "HTTP://h/" },
+    };
+    struct config c;
+
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        CHECK_EQ_INT(load(&c, NOENV, "--upstream", cases[i].in, NULL), 0);
+        CHECK_EQ_STR(c.upstream, cases[i].out);
+        config_done(&c);
+    }
+}
+
+static void test_config_errors_name_the_option(void)
+{
+    static const struct {
+        const char *args[3];
+        char *env;
+        const char *want; /* must start the message */
+        const char *also; /* must appear in it too */
+    } cases[] = {
+        { { "--foo" }, NULL, "unknown option '--foo' (see --help)", NULL },
+        { { "--foo=1" }, NULL, "unknown option '--foo'", NULL },
+        { { "-x" }, NULL, "unknown option '-x'", NULL },
+        { { "stray" }, NULL, "unexpected argument 'stray'", NULL },
+        { { "--ttl" }, NULL, "--ttl: missing value", "S" },
+        { { "--ttl", "--max-ttl", "5" }, NULL, "--ttl: missing value", NULL },
+        { { "--on-store-error" }, NULL, "--on-store-error: missing value", "passthrough" },
+        { { "--max-body", "abc" }, NULL,
+          "--max-body: 'abc' is not a size (use BYTES, optionally K, M or G)", NULL },
+        { { "--max-response", "99999999999999999999G" }, NULL, "--max-response:", NULL },
+        { { "--memory-max-bytes", "-1" }, NULL, "--memory-max-bytes:", NULL },
+        { { "--ttl", "0" }, NULL, "--ttl: '0' is not a positive number of seconds", NULL },
+        { { "--max-ttl", "-5" }, NULL, "--max-ttl:", NULL },
+        { { "--lock-ttl", "0" }, NULL, "--lock-ttl:", NULL },
+        { { "--upstream-timeout", "-1" }, NULL, "--upstream-timeout:", NULL },
+        { { "--client-timeout", "0" }, NULL, "--client-timeout:", NULL },
+        { { "--shutdown-timeout", "inf" }, NULL, "--shutdown-timeout:", NULL },
+        { { "--store-timeout", "nan" }, NULL, "--store-timeout:", NULL },
+        { { "--ttl", "700000" }, NULL, "--ttl: 700000 s is above --max-ttl (604800 s)", NULL },
+        { { "--max-ttl", "60" }, NULL, "--ttl:", "--max-ttl" },
+        { { "--on-store-error", "maybe" }, NULL, "--on-store-error: 'maybe'",
+          "reject or passthrough" },
+        { { "--log-format", "xml" }, NULL, "--log-format: 'xml'", "text or json" },
+        { { "--log-level", "trace" }, NULL, "--log-level: 'trace'", "error, warn, info or debug" },
+        { { "--listen", "nope" }, NULL, "--listen: 'nope' is not an address", "HOST:PORT" },
+        { { "--admin-listen", "127.0.0.1:0" }, NULL, "--admin-listen:", NULL },
+        { { "--upstream", "ftp://x" }, NULL, "--upstream: 'ftp://x'", "http://" },
+        { { "--upstream", "http://x/?a=1" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http://x/#f" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http://" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http://:3000" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http:///api" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http://a b" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "127.0.0.1:3000" }, NULL, "--upstream:", NULL },
+        { { "--redis", "http://x" }, NULL, "--redis: 'http://x'", "redis://" },
+        { { "--methods", "" }, NULL, "--methods: ''", "POST,PUT,PATCH" },
+        { { "--methods", "PO ST" }, NULL, "--methods:", NULL },
+        { { "--methods", "POST," }, NULL, "--methods:", NULL },
+        { { "--no-cache-status", "600" }, NULL, "--no-cache-status: '600'", NULL },
+        { { "--key-header", "" }, NULL, "--key-header: '' is not a header name", NULL },
+        { { "--key-header", "a b" }, NULL, "--key-header:", NULL },
+        { { "--replay-header", "X:Y" }, NULL, "--replay-header:", NULL },
+        { { "--ttl-header", "X TTL" }, NULL, "--ttl-header:", NULL },
+        { { "--max-connections", "0" }, NULL, "--max-connections:", NULL },
+        { { "--max-connections", "5000000" }, NULL, "--max-connections:", NULL },
+        { { "--wait", "x" }, NULL, "--wait:", NULL },
+        { { "--help=1" }, NULL, "--help:", NULL },
+        { { NULL }, "IDEMPROXY_TTL=abc", "IDEMPROXY_TTL (--ttl): 'abc' is not a positive", NULL },
+        { { NULL }, "IDEMPOTENCY_DEFAULT_TTL_SEC=0", "IDEMPOTENCY_DEFAULT_TTL_SEC (--ttl):",
+          NULL },
+        { { NULL }, "IDEMPROXY_MAX_BODY=1Q", "IDEMPROXY_MAX_BODY (--max-body):", NULL },
+        { { NULL }, "IDEMPROXY_METHODS=", "IDEMPROXY_METHODS (--methods):", NULL },
+        { { NULL }, "IDEMPROXY_LISTEN=x:1", "IDEMPROXY_LISTEN (--listen):", NULL },
+        { { NULL }, "IDEMPROXY_REDIS_URL=tcp://x", "IDEMPROXY_REDIS_URL (--redis):", NULL },
+        { { NULL }, "IDEMPROXY_LOG_LEVEL=loud", "IDEMPROXY_LOG_LEVEL (--log-level):", NULL },
+    };
+    struct config c;
+
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        char *env[] = { cases[i].env, NULL };
+        int r;
+
+        r = load(&c, env, cases[i].args[0], cases[i].args[1], cases[i].args[2], NULL);
+        CHECK_EQ_INT(r, -EINVAL);
+        CHECK(strstr(err, cases[i].want) == err);
+        CHECK(!cases[i].also || strstr(err, cases[i].also));
+        CHECK(strchr(err, '\n') == NULL);
+        if (r != -EINVAL || strstr(err, cases[i].want) != err ||
+            (cases[i].also && !strstr(err, cases[i].also)))
+            fprintf(stderr, "  case %zu: got %d \"%s\"\n", i, r, err);
+        config_done(&c);
+    }
+}
+
+static void test_config_required_options(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--redis", REDIS, NULL), -EINVAL);
+    CHECK_EQ_STR(err, "--upstream: required (the URL of the API to protect, e.g. --upstream "
+                      "http://127.0.0.1:3000)");
+    config_done(&c);
+
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, NULL), -EINVAL);
+    CHECK(strstr(err, "--redis: required for now") == err);
+    config_done(&c);
+
+    /* An empty Redis URL is no Redis URL. */
+    CHECK_EQ_INT(load(&c, NOENV, "--redis", "", NULL), -EINVAL);
+    CHECK(c.redis_url == NULL);
+    CHECK(strstr(err, "--redis: required for now") == err);
+    config_done(&c);
+}
+
+static void test_config_help_and_version(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--help", NULL), 0);
+    CHECK(c.show_help);
+    CHECK(!c.show_version);
+    config_done(&c);
+
+    /* Neither a bad environment, a bad flag nor a missing --upstream stops it. */
+    CHECK_EQ_INT(load_bare(&c, ENV("IDEMPROXY_TTL=abc"), "--bogus", "-h", NULL), 0);
+    CHECK(c.show_help);
+    config_done(&c);
+
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--version", NULL), 0);
+    CHECK(c.show_version);
+    CHECK(!c.show_help);
+    config_done(&c);
+
+    /* A value that merely looks like it is not the flag. */
+    CHECK_EQ_INT(load(&c, NOENV, "--key-prefix", "-h", NULL), 0);
+    CHECK(!c.show_help);
+    CHECK_EQ_STR(c.key_prefix, "-h");
+    config_done(&c);
+}
+
+static void test_config_print_help(void)
+{
+    static const char *const want[] = {
+        "idemproxy --upstream URL [options]",
+        "--listen HOST:PORT",
+        "IDEMPROXY_LISTEN",
+        "127.0.0.1:8080",
+        "--upstream URL",
+        "--redis URL",
+        "IDEMPROXY_REDIS_URL",
+        "--admin-listen HOST:PORT",
+        "--methods LIST",
+        "POST,PUT,PATCH",
+        "--key-header NAME",
+        "--replay-header NAME",
+        "--require-key\n",
+        "IDEMPROXY_REQUIRE_KEY",
+        "--scope-header NAME",
+        "IDEMPROXY_SCOPE_HEADER",
+        "--key-prefix STR",
+        "--ttl S",
+        "IDEMPROXY_TTL,",
+        "default 86400",
+        "--max-ttl S",
+        "--ttl-header NAME",
+        "--lock-ttl S",
+        "--no-cache-status LIST",
+        "default 5xx,429",
+        "--max-body BYTES",
+        "IDEMPROXY_MAX_BODY",
+        "default 1M",
+        "--max-response BYTES",
+        "--memory-max-bytes BYTES",
+        "--upstream-timeout S",
+        "--client-timeout S",
+        "--shutdown-timeout S",
+        "--store-timeout S",
+        "--wait S",
+        "--on-store-error reject|passthrough",
+        "--max-connections N",
+        "--log-format json|text",
+        "--log-level error|warn|info|debug",
+        "--help",
+        "--version",
+        "IDEMPOTENCY_ENABLED",
+        "IDEMPOTENCY_DEFAULT_TTL_SEC",
+    };
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    config_print_help(f);
+    fclose(f);
+    for (size_t i = 0; i < ARRAY_SIZE(want); i++) {
+        CHECK(strstr(text, want[i]) != NULL);
+        if (!strstr(text, want[i]))
+            fprintf(stderr, "  help lacks \"%s\"\n", want[i]);
+    }
+    free(text);
+}
+
+static void test_config_done_is_idempotent(void)
+{
+    struct config c;
+
+    config_done(NULL);
+    CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "A", "--scope-header", "B", NULL), 0);
+    config_done(&c);
+    CHECK(c.upstream == NULL && c.redis_url == NULL && c.key_header == NULL);
+    CHECK(c.replay_header == NULL && c.key_prefix == NULL && c.ttl_header == NULL);
+    CHECK(c.methods[0] == NULL && c.nmethods == 0);
+    CHECK(c.scope_headers[0] == NULL && c.scope_headers[1] == NULL && c.nscope_headers == 0);
+    config_done(&c);
+    CHECK(c.upstream == NULL);
+}
+
+/* Runs <fn> with fd 2 on a pipe and returns what it wrote (static buffer). */
+static const char *capture_stderr(void (*fn)(void))
+{
+    static char out[16384];
+    int fds[2], saved = dup(2);
+    ssize_t n;
+
+    out[0] = '\0';
+    if (saved < 0 || pipe(fds) != 0)
+        return out;
+    fflush(stderr);
+    dup2(fds[1], 2);
+    close(fds[1]);
+    fn();
+    dup2(saved, 2);
+    close(saved);
+    n = read(fds[0], out, sizeof(out) - 1);
+    close(fds[0]);
+    out[n > 0 ? n : 0] = '\0';
+    return out;
+}
+
+static void log_some(void)
+{
+    log_info("hidden");
+    log_warn("disk %d%% full\nsecond line", 93);
+    log_error("boom");
+}
+
+static void log_json_some(void)
+{
+    log_debug("hidden");
+    log_info("quote \" and \xff byte");
+}
+
+static void check_stamp(const char *s)
+{
+    /* 2026-11-21T10:00:00.123Z */
+    CHECK(strlen(s) >= 24);
+    CHECK(s[4] == '-' && s[7] == '-' && s[10] == 'T' && s[13] == ':' && s[16] == ':');
+    CHECK(s[19] == '.' && s[23] == 'Z');
+}
+
+static void test_log_text_and_json(void)
+{
+    const char *out, *line2;
+    json_t *j;
+    json_error_t jerr;
+
+    log_setup(CONFIG_LOG_WARN, CONFIG_LOG_TEXT);
+    CHECK(log_enabled(CONFIG_LOG_ERROR));
+    CHECK(log_enabled(CONFIG_LOG_WARN));
+    CHECK(!log_enabled(CONFIG_LOG_INFO));
+    CHECK(!log_enabled(CONFIG_LOG_DEBUG));
+    out = capture_stderr(log_some);
+    check_stamp(out);
+    CHECK(strncmp(out + 24, " warn disk 93% full second line\n", 32) == 0);
+    line2 = strchr(out, '\n');
+    CHECK(line2 != NULL);
+    if (line2) {
+        check_stamp(line2 + 1);
+        CHECK_EQ_STR(line2 + 25, " error boom\n");
+    }
+    CHECK(strstr(out, "hidden") == NULL);
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    out = capture_stderr(log_json_some);
+    CHECK(strstr(out, "hidden") == NULL);
+    CHECK(strncmp(out, "{\"time\":\"", 9) == 0);
+    CHECK(strchr(out, '\n') == out + strlen(out) - 1);
+    j = json_loads(out, 0, &jerr);
+    CHECK(j != NULL);
+    if (j) {
+        check_stamp(json_string_value(json_object_get(j, "time")));
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "level")), "info");
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "msg")), "quote \" and ? byte");
+        json_decref(j);
+    }
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+}
+
+TEST_MAIN(test_config_defaults, test_config_flag_beats_env_beats_default,
+          test_config_ttl_precedence, test_config_enabled, test_config_parse_bytes,
+          test_config_parse_seconds, test_config_wait_allows_zero, test_config_parse_bool,
+          test_config_parse_addr, test_config_parse_status_list, test_config_equals_form,
+          test_config_require_key_forms, test_config_scope_headers, test_config_methods,
+          test_config_upstream_normalized, test_config_errors_name_the_option,
+          test_config_required_options, test_config_help_and_version, test_config_print_help,
+          test_config_done_is_idempotent, test_log_text_and_json)
