@@ -1,1 +1,621 @@
 /* SPDX-License-Identifier: MIT */
+/* Forwarding to the upstream. Any thread builds a transfer (easy handle,
+ * header list, the record it fills) and queues it; one thread owns the multi
+ * handle, runs every transfer on it and calls back. The queue and the stopping
+ * flag are the only state the threads share. */
+#include "idemproxy/upstream.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <curl/curl.h>
+
+#include "idemproxy/buf.h"
+#include "idemproxy/record.h"
+
+#define UPSTREAM_POLL_MS 1000 /* idle wait; submissions and stop wake the loop at once */
+#define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
+
+struct xfer {
+    struct upstream *up;
+    CURL *easy;              /* owned */
+    struct curl_slist *hdrs; /* owned; curl reads it until the transfer ends */
+    struct record *rec;      /* owned until handed to <done> */
+    upstream_done_fn *done;
+    void *ctx;
+    uint64_t start_ms;
+    int err;           /* why a callback aborted the transfer, or 0 */
+    bool in_head;      /* between a status line and the blank line ending its header block */
+    bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
+    unsigned requests; /* times curl was about to send the request */
+    struct xfer *next, *prev; /* in the submit queue (next only) or the running list */
+};
+
+struct upstream {
+    CURLM *multi; /* owned; loop thread only, but for curl_multi_wakeup() */
+    pthread_t thread;
+    bool thread_started;
+    char *base_url; /* owned */
+    size_t base_len;
+    const char *prefix; /* in <base_url>: the path prefix, "" if none */
+    uint64_t timeout_ms;
+    size_t max_capture_bytes;
+
+    pthread_mutex_t lock; /* guards the queue and <stopping> */
+    struct xfer *queue_head, *queue_tail;
+    bool stopping;
+
+    struct xfer *running; /* loop thread only: transfers added to <multi> */
+};
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc;
+
+static void global_init(void)
+{
+    global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* Frees <x> and what it owns; the easy handle must be out of the multi. NULL-safe. */
+static void xfer_free(struct xfer *x)
+{
+    if (!x)
+        return;
+    curl_easy_cleanup(x->easy);
+    curl_slist_free_all(x->hdrs);
+    record_unref(x->rec);
+    free(x);
+}
+
+/* Hands the outcome to the callback and frees <x>. The easy handle goes
+ * first, so nothing reads the borrowed request once <done> may free it. */
+static void xfer_finish(struct xfer *x, int err)
+{
+    upstream_done_fn *done = x->done;
+    void *ctx = x->ctx;
+    struct record *rec = NULL;
+    uint64_t elapsed_ms = now_ms() - x->start_ms;
+
+    if (err == 0) {
+        long code = 0;
+
+        if (curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK || code < 100 ||
+            code > 999) {
+            err = -ECONNRESET;
+        } else {
+            rec = x->rec;
+            x->rec = NULL;
+            rec->status = (unsigned)code;
+            record_filter_hop_by_hop(rec);
+        }
+    }
+    xfer_free(x);
+    done(ctx, err, rec, elapsed_ms);
+}
+
+static int map_curl_error(const struct xfer *x, CURLcode cc)
+{
+    if (x->err)
+        return x->err; /* a callback aborted the transfer and said why */
+    switch (cc) {
+    case CURLE_OK:
+        return 0;
+    case CURLE_OPERATION_TIMEDOUT:
+        return -ETIMEDOUT;
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+        return -ECONNREFUSED; /* the request never left */
+    case CURLE_OUT_OF_MEMORY:
+        return -ENOMEM;
+    default:
+        return -ECONNRESET; /* recv/send error, empty reply, partial body, bad reply */
+    }
+}
+
+/* tchar of RFC 9110 section 5.6.2 */
+static bool is_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+        return true;
+    return c && strchr("!#$%&'*+-.^_`|~", c);
+}
+
+static bool is_ows(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* One raw response header line. A status line starts a new response: the
+ * headers of an interim 1xx answer must not reach the record. Lines after the
+ * final header block are trailers, dropped. */
+static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
+{
+    struct xfer *x = userdata;
+    size_t total = size * n, len = total;
+    const char *colon;
+    struct span name, value;
+    int r;
+
+    if (len > 0 && data[len - 1] == '\n') {
+        len--;
+        if (len > 0 && data[len - 1] == '\r')
+            len--;
+    }
+    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        if (x->rec->nheaders > 0) {
+            struct record *fresh = record_new(x->up->max_capture_bytes);
+
+            if (!fresh) {
+                x->err = -ENOMEM;
+                return 0;
+            }
+            record_unref(x->rec);
+            x->rec = fresh;
+        }
+        x->in_head = true;
+        return total;
+    }
+    if (len == 0) {
+        x->in_head = false;
+        return total;
+    }
+    if (!x->in_head)
+        return total;
+
+    colon = memchr(data, ':', len);
+    if (!colon || colon == data)
+        goto malformed; /* includes obs-fold, which starts with OWS */
+    name = (struct span){ .base = data, .len = (size_t)(colon - data) };
+    for (size_t i = 0; i < name.len; i++) {
+        if (!is_tchar((unsigned char)name.base[i]))
+            goto malformed;
+    }
+    value = (struct span){ .base = colon + 1, .len = len - name.len - 1 };
+    while (value.len > 0 && is_ows(value.base[0])) {
+        value.base++;
+        value.len--;
+    }
+    while (value.len > 0 && is_ows(value.base[value.len - 1])) {
+        value.len--;
+    }
+    for (size_t i = 0; i < value.len; i++) {
+        unsigned char c = (unsigned char)value.base[i];
+
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            goto malformed; /* a stray CR or NUL would split or cut the replayed header */
+    }
+    r = record_add_header(x->rec, name, value);
+    if (r < 0) {
+        x->err = r; /* -E2BIG: more headers than a record may keep */
+        return 0;
+    }
+    return total;
+
+malformed:
+    x->err = -ECONNRESET;
+    return 0;
+}
+
+static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
+{
+    struct xfer *x = userdata;
+    int r = buf_append(&x->rec->body, data, size * n);
+
+    if (r < 0) {
+        x->err = r; /* -E2BIG past the capture limit, or -ENOMEM */
+        return 0;
+    }
+    return size * n;
+}
+
+/* Runs before curl sends the request. A second call means curl is retrying it
+ * on a fresh connection after a reused one died: only a safe method may be
+ * sent twice, the proxy never re-sends anything else on its own. */
+static int prereq_cb(void *userdata, char *primary_ip, char *local_ip, int primary_port,
+                     int local_port)
+{
+    struct xfer *x = userdata;
+
+    (void)primary_ip;
+    (void)local_ip;
+    (void)primary_port;
+    (void)local_port;
+    if (++x->requests > 1 && !x->may_resend) {
+        x->err = -ECONNRESET;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+
+/* Appends "<name>: <value>", or "<name>;" for an empty value (curl's syntax:
+ * "<name>:" would remove the header instead). <scratch> is reused. */
+static int add_line(struct curl_slist **list, struct buf *scratch, struct span name,
+                    struct span value)
+{
+    struct curl_slist *l;
+
+    scratch->len = 0;
+    if (buf_append(scratch, name.base, name.len) < 0 ||
+        (value.len ? buf_append(scratch, ": ", 2) : buf_append(scratch, ";", 1)) < 0 ||
+        buf_append(scratch, value.base, value.len) < 0 || buf_append(scratch, "", 1) < 0)
+        return -ENOMEM;
+    l = curl_slist_append(*list, scratch->data);
+    if (!l)
+        return -ENOMEM;
+    *list = l;
+    return 0;
+}
+
+/* Appends a raw line such as "Expect:" that tells curl to leave a header out. */
+static int add_raw(struct curl_slist **list, const char *line)
+{
+    struct curl_slist *l = curl_slist_append(*list, line);
+
+    if (!l)
+        return -ENOMEM;
+    *list = l;
+    return 0;
+}
+
+/* Appends <s> to <b>, after ", " unless <b> is empty. */
+static int join(struct buf *b, struct span s)
+{
+    if (b->len > 0 && buf_append(b, ", ", 2) < 0)
+        return -ENOMEM;
+    return buf_append(b, s.base, s.len) < 0 ? -ENOMEM : 0;
+}
+
+/* Builds in <ret> the header list sent to the upstream (see upstream_submit()). */
+static int build_headers(const struct upstream_request *req, struct curl_slist **ret)
+{
+    static const struct span h_connection = SPAN_LIT("Connection"), h_expect = SPAN_LIT("Expect"),
+                             h_xff = SPAN_LIT("X-Forwarded-For"),
+                             h_xfp = SPAN_LIT("X-Forwarded-Proto"),
+                             h_xfh = SPAN_LIT("X-Forwarded-Host"), h_host = SPAN_LIT("Host"),
+                             h_accept = SPAN_LIT("Accept"), h_ctype = SPAN_LIT("Content-Type");
+    struct buf conn = BUF_INIT(UPSTREAM_SCRATCH_LIMIT), xff = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    struct buf line = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    struct curl_slist *list = NULL;
+    const struct span *host = NULL;
+    bool has_accept = false, has_ctype = false;
+    int r = -ENOMEM;
+
+    /* Every Connection header counts, as if they were one comma-separated list. */
+    for (size_t i = 0; i < req->nheaders; i++) {
+        if (span_eq_nocase(req->headers[i].name, h_connection) &&
+            join(&conn, req->headers[i].value) < 0)
+            goto out;
+    }
+    if (buf_append(&conn, "", 1) < 0)
+        goto out;
+
+    for (size_t i = 0; i < req->nheaders; i++) {
+        const struct upstream_header *h = &req->headers[i];
+
+        if (record_is_hop_by_hop(h->name) || record_is_connection_listed(conn.data, h->name) ||
+            span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
+            span_eq_nocase(h->name, h_xfh))
+            continue;
+        if (span_eq_nocase(h->name, h_xff)) {
+            if (h->value.len > 0 && join(&xff, h->value) < 0)
+                goto out;
+            continue; /* one merged X-Forwarded-For goes out below */
+        }
+        if (span_eq_nocase(h->name, h_host) && !host) {
+            host = &h->value;
+        }
+        has_accept = has_accept || span_eq_nocase(h->name, h_accept);
+        has_ctype = has_ctype || span_eq_nocase(h->name, h_ctype);
+        if (add_line(&list, &line, h->name, h->value) < 0)
+            goto out;
+    }
+
+    /* Keep curl from inventing headers the client did not send. */
+    if ((!has_accept && add_raw(&list, "Accept:") < 0) ||
+        (!has_ctype && add_raw(&list, "Content-Type:") < 0) || add_raw(&list, "Expect:") < 0)
+        goto out;
+
+    if (req->client_ip && join(&xff, span_from_cstr(req->client_ip)) < 0)
+        goto out;
+    if (xff.len > 0 && add_line(&list, &line, h_xff, buf_span(&xff)) < 0)
+        goto out;
+    if (add_line(&list, &line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
+        goto out;
+    if (host && add_line(&list, &line, h_xfh, *host) < 0)
+        goto out;
+
+    *ret = list;
+    list = NULL;
+    r = 0;
+out:
+    curl_slist_free_all(list);
+    buf_done(&conn);
+    buf_done(&xff);
+    buf_done(&line);
+    return r;
+}
+
+static bool span_is(struct span s, const char *lit)
+{
+    size_t n = strlen(lit);
+
+    return s.len == n && memcmp(s.base, lit, n) == 0; /* methods are case-sensitive */
+}
+
+/* Sets every option of <x>'s easy handle for <req>. */
+static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
+{
+    CURL *e = x->easy;
+    struct buf url = BUF_INIT(UPSTREAM_SCRATCH_LIMIT), method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    CURLcode cc = CURLE_OK;
+    long timeout = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
+    int r = -ENOMEM;
+    bool verbatim = req->target.len > 0 && req->target.base[0] == '/';
+
+    /* curl percent-encodes some bytes of a URL's path (8-bit ones): the
+     * request line takes the target as received instead, and the URL only
+     * says where to connect (and still has curl reject control bytes). */
+    for (size_t i = 0; verbatim && i < req->target.len; i++) {
+        unsigned char c = (unsigned char)req->target.base[i];
+
+        verbatim = c > 0x20 && c != 0x7f;
+    }
+
+#define SET(opt, val)                                                                              \
+    do {                                                                                           \
+        if (cc == CURLE_OK) {                                                                      \
+            cc = curl_easy_setopt(e, opt, val);                                                    \
+        }                                                                                          \
+    } while (0)
+
+    if (buf_append(&url, up->base_url, up->base_len) < 0 ||
+        buf_append(&url, req->target.base, req->target.len) < 0 || buf_append(&url, "", 1) < 0 ||
+        buf_append(&method, req->method.base, req->method.len) < 0 ||
+        buf_append(&method, "", 1) < 0)
+        goto out;
+    if (verbatim) {
+        size_t at = url.len - 1 - req->target.len - strlen(up->prefix);
+
+        SET(CURLOPT_REQUEST_TARGET, url.data + at); /* prefix and target, from the copy */
+    }
+
+    SET(CURLOPT_PRIVATE, x);
+    SET(CURLOPT_URL, url.data);
+    SET(CURLOPT_PATH_AS_IS, 1L);
+    SET(CURLOPT_NOSIGNAL, 1L);
+    SET(CURLOPT_PROXY, ""); /* never a proxy from http_proxy and friends */
+    SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    SET(CURLOPT_HTTP_CONTENT_DECODING, 0L); /* the body goes back byte for byte */
+    SET(CURLOPT_TCP_KEEPALIVE, 1L);
+    SET(CURLOPT_TIMEOUT_MS, timeout);
+    SET(CURLOPT_CONNECTTIMEOUT_MS, timeout);
+    SET(CURLOPT_HTTPHEADER, x->hdrs);
+    SET(CURLOPT_HEADERFUNCTION, header_cb);
+    SET(CURLOPT_HEADERDATA, x);
+    SET(CURLOPT_WRITEFUNCTION, write_cb);
+    SET(CURLOPT_WRITEDATA, x);
+    SET(CURLOPT_PREREQFUNCTION, prereq_cb);
+    SET(CURLOPT_PREREQDATA, x);
+
+    if (span_is(req->method, "HEAD")) {
+        SET(CURLOPT_NOBODY, 1L);
+    } else if (span_is(req->method, "GET") && req->body.len == 0) {
+        SET(CURLOPT_HTTPGET, 1L);
+    } else {
+        SET(CURLOPT_CUSTOMREQUEST, method.data);
+        if (req->body.len > 0 || span_is(req->method, "POST") || span_is(req->method, "PUT") ||
+            span_is(req->method, "PATCH")) {
+            /* Borrowed, not copied: the request outlives the transfer. An
+             * empty body still sends Content-Length: 0. */
+            SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
+            SET(CURLOPT_POSTFIELDS, req->body.base ? req->body.base : "");
+        }
+    }
+#undef SET
+    x->may_resend = span_is(req->method, "GET") || span_is(req->method, "HEAD") ||
+                    span_is(req->method, "OPTIONS") || span_is(req->method, "TRACE");
+    if (cc == CURLE_OK) {
+        r = 0;
+    }
+out:
+    buf_done(&url); /* curl copied the strings */
+    buf_done(&method);
+    return r;
+}
+
+int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
+                    void *ctx)
+{
+    struct xfer *x;
+    int r = -ENOMEM;
+
+    x = calloc(1, sizeof(*x));
+    if (!x)
+        goto fail;
+    x->up = up;
+    x->done = done;
+    x->ctx = ctx;
+    x->start_ms = now_ms();
+    x->rec = record_new(up->max_capture_bytes);
+    x->easy = curl_easy_init();
+    if (!x->rec || !x->easy)
+        goto fail;
+    r = build_headers(req, &x->hdrs);
+    if (r < 0)
+        goto fail;
+    r = setup_easy(up, x, req);
+    if (r < 0)
+        goto fail;
+
+    pthread_mutex_lock(&up->lock);
+    if (up->stopping) {
+        pthread_mutex_unlock(&up->lock);
+        r = -ECANCELED;
+        goto fail;
+    }
+    if (up->queue_tail) {
+        up->queue_tail->next = x;
+    } else {
+        up->queue_head = x;
+    }
+    up->queue_tail = x;
+    /* Under the lock, so upstream_free() cannot clean the multi handle up meanwhile. */
+    (void)curl_multi_wakeup(up->multi);
+    pthread_mutex_unlock(&up->lock);
+    return 0;
+
+fail:
+    xfer_free(x);
+    return r;
+}
+
+static void running_add(struct upstream *up, struct xfer *x)
+{
+    x->prev = NULL;
+    x->next = up->running;
+    if (up->running) {
+        up->running->prev = x;
+    }
+    up->running = x;
+}
+
+static void running_remove(struct upstream *up, struct xfer *x)
+{
+    if (x->prev) {
+        x->prev->next = x->next;
+    } else {
+        up->running = x->next;
+    }
+    if (x->next) {
+        x->next->prev = x->prev;
+    }
+    x->next = x->prev = NULL;
+}
+
+/* Reports every transfer curl has finished. */
+static void drain_done(struct upstream *up)
+{
+    CURLMsg *msg;
+    int left;
+
+    while ((msg = curl_multi_info_read(up->multi, &left))) {
+        struct xfer *x = NULL;
+        CURLcode cc = msg->data.result;
+
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        (void)curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+        (void)curl_multi_remove_handle(up->multi, x->easy); /* <msg> is invalid from here */
+        running_remove(up, x);
+        xfer_finish(x, map_curl_error(x, cc));
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    struct upstream *up = arg;
+    struct xfer *x;
+
+    for (;;) {
+        struct xfer *queue;
+        bool stopping;
+        int still;
+
+        pthread_mutex_lock(&up->lock);
+        queue = up->queue_head;
+        up->queue_head = up->queue_tail = NULL;
+        stopping = up->stopping;
+        pthread_mutex_unlock(&up->lock);
+
+        while ((x = queue)) {
+            queue = x->next;
+            x->next = NULL;
+            if (stopping) {
+                xfer_finish(x, -ECANCELED);
+            } else if (curl_multi_add_handle(up->multi, x->easy) != CURLM_OK) {
+                xfer_finish(x, -ENOMEM);
+            } else {
+                running_add(up, x);
+            }
+        }
+        if (stopping)
+            break;
+        (void)curl_multi_perform(up->multi, &still);
+        drain_done(up);
+        (void)curl_multi_poll(up->multi, NULL, 0, UPSTREAM_POLL_MS, NULL);
+    }
+
+    while ((x = up->running)) {
+        running_remove(up, x);
+        (void)curl_multi_remove_handle(up->multi, x->easy);
+        xfer_finish(x, -ECANCELED);
+    }
+    return NULL;
+}
+
+int upstream_new(const struct upstream_options *opt, struct upstream **ret)
+{
+    struct upstream *up;
+    int r = -ENOMEM;
+
+    if (!opt || !opt->base_url)
+        return -EINVAL;
+    pthread_once(&global_once, global_init);
+    if (global_rc != CURLE_OK)
+        return -ENOMEM;
+
+    up = calloc(1, sizeof(*up));
+    if (!up)
+        return -ENOMEM;
+    pthread_mutex_init(&up->lock, NULL);
+    up->timeout_ms = opt->timeout_ms;
+    up->max_capture_bytes = opt->max_capture_bytes;
+    up->base_len = strlen(opt->base_url);
+    while (up->base_len > 0 && opt->base_url[up->base_len - 1] == '/') {
+        up->base_len--; /* the target brings its own '/' */
+    }
+    up->base_url = strndup(opt->base_url, up->base_len);
+    up->multi = curl_multi_init();
+    if (!up->base_url || !up->multi)
+        goto fail;
+    up->prefix = strstr(up->base_url, "://");
+    up->prefix = up->prefix ? up->prefix + 3 : up->base_url;
+    up->prefix += strcspn(up->prefix, "/"); /* past the authority */
+    if (opt->max_connections > 0) {
+        long n = (long)opt->max_connections;
+
+        if (curl_multi_setopt(up->multi, CURLMOPT_MAX_HOST_CONNECTIONS, n) != CURLM_OK ||
+            curl_multi_setopt(up->multi, CURLMOPT_MAXCONNECTS, n) != CURLM_OK)
+            goto fail;
+    }
+    r = -pthread_create(&up->thread, NULL, loop_main, up);
+    if (r < 0)
+        goto fail;
+    up->thread_started = true;
+    *ret = up;
+    return 0;
+
+fail:
+    upstream_free(up);
+    return r;
+}
+
+void upstream_free(struct upstream *up)
+{
+    if (!up)
+        return;
+    if (up->thread_started) {
+        pthread_mutex_lock(&up->lock);
+        up->stopping = true;
+        (void)curl_multi_wakeup(up->multi);
+        pthread_mutex_unlock(&up->lock);
+        pthread_join(up->thread, NULL); /* the loop finished every transfer */
+    }
+    curl_multi_cleanup(up->multi);
+    pthread_mutex_destroy(&up->lock);
+    free(up->base_url);
+    free(up);
+}
