@@ -1,1 +1,19 @@
--- acquire
+-- ACQUIRE: KEYS[1] the idempotency key; ARGV[1] fingerprint (hex), ARGV[2]
+-- fencing token, ARGV[3] lock TTL (ms). The key is one hash: state (L locked,
+-- C completed), fp, token, and once completed head and body.
+-- Returns {"acquired"}, {"mismatch"}, {"in_flight"} or {"completed", head, body}.
+local h = redis.call('HMGET', KEYS[1], 'state', 'fp')
+local state, fp = h[1], h[2]
+if not state then
+    redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return {'acquired'}
+end
+if fp ~= ARGV[1] then
+    return {'mismatch'}
+end
+if state == 'L' then
+    return {'in_flight'}
+end
+local r = redis.call('HMGET', KEYS[1], 'head', 'body')
+return {'completed', r[1], r[2]}

@@ -1,1 +1,15 @@
--- complete
+-- COMPLETE: KEYS[1] the idempotency key; ARGV[1] token, ARGV[2] record head,
+-- ARGV[3] body, ARGV[4] TTL (ms). Stores the response if ARGV[1] holds the
+-- lock; a retry that finds its own response stored is "ok" too. token and fp
+-- stay, so duplicates are still compared with the fingerprint.
+-- Returns "ok" or "stale".
+local h = redis.call('HMGET', KEYS[1], 'state', 'token')
+if not h[1] or h[2] ~= ARGV[1] then
+    return 'stale'
+end
+if h[1] == 'C' then
+    return 'ok'
+end
+redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 'ok'

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The Redis store: one hash per idempotency key, each state change one Lua
- * script (lua/*.lua, embedded at build time) run with EVALSHA, reloaded on
+ * script (lua/<op>.lua, embedded at build time) run with EVALSHA, reloaded on
  * NOSCRIPT. One blocking hiredis connection per worker thread, reconnected
  * with backoff. */
 #ifndef IDEMPROXY_STORE_REDIS_H

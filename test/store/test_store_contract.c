@@ -1,3 +1,1186 @@
+/* SPDX-License-Identifier: MIT */
+/* The store contract: one behaviour suite that every store implementation
+ * must pass, run as `test_store_contract <kind>` (kinds: see store_kinds[]).
+ * The Redis kind needs IDEMPROXY_TEST_REDIS_URL (scripts/test starts a
+ * redis-server and exports it), and that Redis to itself while it runs: it
+ * pauses and kills clients and counts keys with DBSIZE. Also here: Redis-only
+ * behaviour (script cache loss, one key per idempotency key, connection
+ * failures), the redis:// URL parser, and the worker pool the stores run on. */
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "check.h"
-static void t(void) { CHECK(1); }
-TEST_MAIN(t)
+#include "idemproxy/record.h"
+#include "idemproxy/store.h"
+#include "idemproxy/store_redis.h"
+#include "idemproxy/worker.h"
+
+#define CALL_TIMEOUT_MS 5000
+#define POOL_THREADS 4
+
+struct store_kind {
+    const char *name;
+    /* Makes a fresh, empty-for-our-keys store running on <pool>. */
+    int (*make)(struct worker_pool *pool, struct store **ret);
+};
+
+static const struct store_kind *kind;
+static struct worker_pool *pool;
+static const char *redis_url;
+static atomic_int accepted, callbacks; /* every accepted call must call back exactly once */
+
+/* ---- helpers ---- */
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static const char *key_make(char *buf, size_t size, const char *name)
+{
+    static atomic_uint seq;
+
+    snprintf(buf, size, "test:%ld:%u:%s", (long)getpid(), atomic_fetch_add(&seq, 1), name);
+    return buf;
+}
+
+static struct store_token token(void)
+{
+    struct store_token t = { .hex = { 0 } };
+
+    CHECK_EQ_INT(store_token_new(&t), 0);
+    return t;
+}
+
+static const uint8_t fp_a[FINGERPRINT_LEN] = { 0xaa, 1, 2, 3 };
+static const uint8_t fp_b[FINGERPRINT_LEN] = { 0xbb, 1, 2, 3 };
+
+/* One store call in progress: its callback's arguments, kept for the test. */
+struct call {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t caller;
+    bool done;
+    bool same_thread; /* called back on the caller's thread: maybe from inside the call */
+    bool bad_res;     /* err and res disagree with the callback contract */
+    int err;
+    int status;         /* -1: no result */
+    struct record *rec; /* own reference */
+};
+
+/* What a call gave: <ret> is the call's return, the rest its callback's. */
+struct res {
+    int ret;
+    int err;
+    int status;
+    struct record *rec; /* owned by the test */
+};
+
+static struct call *call_new(void)
+{
+    struct call *c = calloc(1, sizeof(*c));
+    pthread_condattr_t attr;
+
+    if (!c)
+        abort();
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&c->mu, NULL);
+    c->caller = pthread_self();
+    c->status = -1;
+    return c;
+}
+
+static void call_free(struct call *c)
+{
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void call_done(void *ctx, int err, const struct store_result *res)
+{
+    struct call *c = ctx;
+
+    atomic_fetch_add(&callbacks, 1);
+    pthread_mutex_lock(&c->mu);
+    c->err = err;
+    c->status = res ? (int)res->status : -1;
+    c->rec = res ? record_ref(res->rec) : NULL;
+    c->bad_res = (err == 0) != (res != NULL) ||
+                 (res && (res->status == STORE_COMPLETED) != (res->rec != NULL));
+    c->same_thread = pthread_equal(pthread_self(), c->caller);
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Waits for the callback of the call that returned <ret>. */
+static struct res call_finish(struct call *c, int ret)
+{
+    struct res r = { .ret = ret, .err = 0, .status = -1, .rec = NULL };
+    uint64_t due = now_ms() + CALL_TIMEOUT_MS;
+    struct timespec ts = { .tv_sec = (time_t)(due / 1000),
+                           .tv_nsec = (long)(due % 1000) * 1000000L };
+    bool done;
+
+    if (ret != 0) {
+        call_free(c); /* refused: no callback may come */
+        return r;
+    }
+    atomic_fetch_add(&accepted, 1);
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0)
+        ;
+    done = c->done;
+    pthread_mutex_unlock(&c->mu);
+    CHECK(done);
+    if (!done) {
+        r.err = -ETIME; /* c is leaked: its callback may still come */
+        return r;
+    }
+    CHECK(!c->same_thread);
+    CHECK(!c->bad_res);
+    r.err = c->err;
+    r.status = c->status;
+    r.rec = c->rec;
+    call_free(c);
+    return r;
+}
+
+static struct res acquire(struct store *st, const char *key, const uint8_t *fp,
+                          const struct store_token *tok, uint64_t lock_ttl_ms)
+{
+    struct call *c = call_new();
+
+    return call_finish(c,
+                       store_acquire(st, span_from_cstr(key), fp, tok, lock_ttl_ms, call_done, c));
+}
+
+static struct res complete(struct store *st, const char *key, const struct store_token *tok,
+                           struct record *rec, uint64_t ttl_ms)
+{
+    struct call *c = call_new();
+
+    return call_finish(c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, call_done, c));
+}
+
+static struct res release(struct store *st, const char *key, const struct store_token *tok)
+{
+    struct call *c = call_new();
+
+    return call_finish(c, store_release(st, span_from_cstr(key), tok, call_done, c));
+}
+
+static struct res extend(struct store *st, const char *key, const struct store_token *tok,
+                         uint64_t lock_ttl_ms)
+{
+    struct call *c = call_new();
+
+    return call_finish(c, store_extend(st, span_from_cstr(key), tok, lock_ttl_ms, call_done, c));
+}
+
+/* Checks that a call was accepted and called back with <err> and <status>
+ * (-1 for none), and drops the result's record. */
+#define CHECK_RES(expr, want_err, want_status)                                                     \
+    do {                                                                                           \
+        struct res r_ = (expr);                                                                    \
+        CHECK_EQ_INT(r_.ret, 0);                                                                   \
+        CHECK_EQ_INT(r_.err, (want_err));                                                          \
+        CHECK_EQ_INT(r_.status, (want_status));                                                    \
+        record_unref(r_.rec);                                                                      \
+    } while (0)
+
+static struct store *store_open(void)
+{
+    struct store *st = NULL;
+
+    CHECK_EQ_INT(kind->make(pool, &st), 0);
+    if (!st) {
+        fprintf(stderr, "cannot create a %s store\n", kind->name);
+        exit(1);
+    }
+    return st;
+}
+
+/* Frees <st> and checks that every accepted call has called back once. */
+static void store_close(struct store *st)
+{
+    store_free(st);
+    CHECK_EQ_INT(atomic_load(&callbacks), atomic_load(&accepted));
+}
+
+static struct record *sample_record(unsigned status, const char *tag)
+{
+    struct record *rec = record_new(4096);
+    char body[300];
+
+    if (!rec)
+        abort();
+    rec->status = status;
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("application/x")), 0);
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Set-Cookie"), SPAN_LIT("a=1")), 0);
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("X-Empty"), SPAN_LIT("")), 0);
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Set-Cookie"), SPAN_LIT("b=2; Path=/")), 0);
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("X-Tag"), span_from_cstr(tag)), 0);
+    for (size_t i = 0; i < sizeof(body); i++)
+        body[i] = (char)(i * 7); /* every byte value, NULs included */
+    CHECK_EQ_INT(buf_append(&rec->body, body, sizeof(body)), 0);
+    CHECK_EQ_INT(buf_append(&rec->body, tag, strlen(tag)), 0);
+    return rec;
+}
+
+static bool record_equal(const struct record *a, const struct record *b)
+{
+    if (!a || !b || a->status != b->status || a->too_large != b->too_large ||
+        a->nheaders != b->nheaders || a->body.len != b->body.len)
+        return false;
+    for (size_t i = 0; i < a->nheaders; i++) {
+        if (strcmp(a->headers[i].name, b->headers[i].name) != 0 ||
+            strcmp(a->headers[i].value, b->headers[i].value) != 0)
+            return false;
+    }
+    return a->body.len == 0 || memcmp(a->body.data, b->body.data, a->body.len) == 0;
+}
+
+/* ---- the contract, for every kind ---- */
+
+static void test_acquire_new_then_in_flight_then_mismatch(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    char key[128];
+
+    key_make(key, sizeof(key), "states");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_IN_FLIGHT);
+    CHECK_RES(acquire(st, key, fp_b, &t3, 10000), 0, STORE_MISMATCH);
+    /* The holder's own token does not make a second acquire succeed either. */
+    CHECK_RES(acquire(st, key, fp_b, &t1, 10000), 0, STORE_MISMATCH);
+    /* Another key is independent. */
+    key_make(key, sizeof(key), "states-other");
+    CHECK_RES(acquire(st, key, fp_b, &t3, 10000), 0, STORE_ACQUIRED);
+    store_close(st);
+}
+
+static void test_complete_then_acquire_replays_the_record(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    struct record *rec = sample_record(201, "first"), *retry = sample_record(200, "retry");
+    struct res r;
+    char key[128];
+
+    key_make(key, sizeof(key), "replay");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t1, rec, 10000), 0, STORE_OK);
+
+    r = acquire(st, key, fp_a, &t2, 10000);
+    CHECK_EQ_INT(r.err, 0);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(r.rec != rec);
+    CHECK(record_equal(r.rec, rec));
+    if (r.rec) {
+        CHECK_EQ_INT(r.rec->nheaders, 5);
+        CHECK_EQ_STR(r.rec->headers[1].name, "Set-Cookie");
+        CHECK_EQ_STR(r.rec->headers[3].value, "b=2; Path=/");
+        CHECK_EQ_STR(r.rec->headers[2].value, "");
+    }
+    record_unref(r.rec);
+
+    /* Known with another fingerprint, now that it is completed. */
+    CHECK_RES(acquire(st, key, fp_b, &t3, 10000), 0, STORE_MISMATCH);
+    /* A retried complete under the same token finds its own result, which
+     * stays: the first stored answer is the one every duplicate gets. */
+    CHECK_RES(complete(st, key, &t1, rec, 10000), 0, STORE_OK);
+    CHECK_RES(complete(st, key, &t1, retry, 10000), 0, STORE_OK);
+    r = acquire(st, key, fp_a, &t3, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, rec));
+    record_unref(r.rec);
+    record_unref(rec);
+    record_unref(retry);
+    store_close(st);
+}
+
+static void test_complete_keeps_too_large_marker_and_empty_body(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    struct record *marker = record_new(0), *empty = record_new(0);
+    struct res r;
+    char key[128];
+
+    if (!marker || !empty)
+        abort();
+    marker->too_large = true;
+    marker->status = 200;
+    key_make(key, sizeof(key), "marker");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t1, marker, 10000), 0, STORE_OK);
+    r = acquire(st, key, fp_a, &t2, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(r.rec && r.rec->too_large);
+    CHECK(record_equal(r.rec, marker));
+    record_unref(r.rec);
+
+    empty->status = 204;
+    key_make(key, sizeof(key), "empty");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t1, empty, 10000), 0, STORE_OK);
+    r = acquire(st, key, fp_a, &t2, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(r.rec && !r.rec->too_large && r.rec->nheaders == 0 && r.rec->body.len == 0);
+    CHECK(record_equal(r.rec, empty));
+    record_unref(r.rec);
+    record_unref(marker);
+    record_unref(empty);
+    store_close(st);
+}
+
+static void test_stale_token_changes_nothing(void)
+{
+    struct store *st = store_open();
+    struct store_token holder = token(), other = token(), t3 = token();
+    struct record *mine = sample_record(200, "holder"), *theirs = sample_record(500, "stale");
+    struct res r;
+    char key[128];
+
+    key_make(key, sizeof(key), "stale");
+    CHECK_RES(acquire(st, key, fp_a, &holder, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &other, theirs, 10000), -ESTALE, -1);
+    CHECK_RES(release(st, key, &other), -ESTALE, -1);
+    CHECK_RES(extend(st, key, &other, 10000), -ESTALE, -1);
+    /* Still locked by the holder. */
+    CHECK_RES(acquire(st, key, fp_a, &t3, 10000), 0, STORE_IN_FLIGHT);
+
+    CHECK_RES(complete(st, key, &holder, mine, 10000), 0, STORE_OK);
+    CHECK_RES(complete(st, key, &other, theirs, 10000), -ESTALE, -1);
+    CHECK_RES(release(st, key, &other), -ESTALE, -1);
+    /* A completed key is not a lock any more: not even its holder releases or extends it. */
+    CHECK_RES(release(st, key, &holder), -ESTALE, -1);
+    CHECK_RES(extend(st, key, &holder, 10000), -ESTALE, -1);
+    r = acquire(st, key, fp_a, &t3, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, mine));
+    record_unref(r.rec);
+
+    /* A key that does not exist: complete and extend are stale, release is done. */
+    key_make(key, sizeof(key), "stale-absent");
+    CHECK_RES(complete(st, key, &holder, mine, 10000), -ESTALE, -1);
+    CHECK_RES(extend(st, key, &holder, 10000), -ESTALE, -1);
+    CHECK_RES(release(st, key, &holder), 0, STORE_OK);
+    CHECK_RES(acquire(st, key, fp_b, &t3, 10000), 0, STORE_ACQUIRED); /* nothing was created */
+    record_unref(mine);
+    record_unref(theirs);
+    store_close(st);
+}
+
+static void test_release_frees_the_key(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    char key[128];
+
+    key_make(key, sizeof(key), "release");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK); /* a retry: already gone */
+    /* Forgotten entirely: even another fingerprint acquires it. */
+    CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_ACQUIRED);
+    store_close(st);
+}
+
+static void test_lock_expires_after_its_ttl(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = sample_record(200, "late");
+    struct res r;
+    char key[128];
+
+    key_make(key, sizeof(key), "lock-ttl");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 200), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire(st, key, fp_a, &t2, 200), 0, STORE_IN_FLIGHT);
+    sleep_ms(400);
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_ACQUIRED);
+    /* The first holder lost its lock: nothing it does counts. */
+    CHECK_RES(complete(st, key, &t1, rec, 10000), -ESTALE, -1);
+    CHECK_RES(extend(st, key, &t1, 10000), -ESTALE, -1);
+    CHECK_RES(release(st, key, &t1), -ESTALE, -1);
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_IN_FLIGHT);
+    CHECK_RES(complete(st, key, &t2, rec, 10000), 0, STORE_OK);
+    r = acquire(st, key, fp_a, &t1, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, rec));
+    record_unref(r.rec);
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_extend_keeps_the_lock_past_its_ttl(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    char key[128];
+
+    key_make(key, sizeof(key), "extend");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 400), 0, STORE_ACQUIRED);
+    sleep_ms(150);
+    CHECK_RES(extend(st, key, &t1, 1000), 0, STORE_OK); /* now due at about 1150 ms */
+    sleep_ms(400);                                      /* 550 ms: past the first TTL */
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_IN_FLIGHT);
+    sleep_ms(800); /* 1350 ms: past the extended TTL */
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_ACQUIRED);
+    store_close(st);
+}
+
+static void test_completed_record_expires_after_its_ttl(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = sample_record(200, "ttl");
+    char key[128];
+
+    key_make(key, sizeof(key), "done-ttl");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t1, rec, 300), 0, STORE_OK);
+    CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
+    sleep_ms(500);
+    CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_ACQUIRED);
+    record_unref(rec);
+    store_close(st);
+}
+
+#define RACERS 24
+
+struct racer {
+    struct store *st;
+    const char *key;
+    struct call *call;
+    int ret;
+};
+
+/* Starts an acquire from its own thread; the checks are made on the main
+ * thread (CHECK is not thread-safe). */
+static void *racer_main(void *arg)
+{
+    struct racer *ra = arg;
+    struct store_token t;
+
+    ra->ret = store_token_new(&t);
+    if (ra->ret == 0) {
+        ra->call = call_new();
+        ra->ret = store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t, 10000, call_done,
+                                ra->call);
+    }
+    return NULL;
+}
+
+static void test_concurrent_acquires_have_one_winner(void)
+{
+    struct store *st = store_open();
+    struct racer racers[RACERS];
+    pthread_t tids[RACERS];
+    int acquired = 0, in_flight = 0;
+    char key[128];
+
+    key_make(key, sizeof(key), "race");
+    for (int i = 0; i < RACERS; i++) {
+        racers[i] = (struct racer){ .st = st, .key = key };
+        CHECK_EQ_INT(pthread_create(&tids[i], NULL, racer_main, &racers[i]), 0);
+    }
+    for (int i = 0; i < RACERS; i++) {
+        struct res r;
+
+        pthread_join(tids[i], NULL);
+        CHECK(racers[i].call != NULL);
+        if (!racers[i].call)
+            continue;
+        r = call_finish(racers[i].call, racers[i].ret);
+        CHECK_EQ_INT(r.ret, 0);
+        CHECK_EQ_INT(r.err, 0);
+        acquired += r.status == STORE_ACQUIRED;
+        in_flight += r.status == STORE_IN_FLIGHT;
+    }
+    CHECK_EQ_INT(acquired, 1);
+    CHECK_EQ_INT(in_flight, RACERS - 1);
+    store_close(st);
+}
+
+static void count_done(void *ctx, int err, const struct store_result *res)
+{
+    (void)err;
+    (void)res;
+    sleep_ms(2); /* callbacks still running while store_free() is called */
+    atomic_fetch_add((atomic_int *)ctx, 1);
+    atomic_fetch_add(&callbacks, 1);
+}
+
+static void test_free_waits_for_every_callback(void)
+{
+    struct store *st = store_open();
+    atomic_int done = 0;
+    int n = 0;
+    char key[128];
+
+    for (int i = 0; i < 40; i++) {
+        struct store_token t = token();
+
+        key_make(key, sizeof(key), "free");
+        if (store_acquire(st, span_from_cstr(key), fp_a, &t, 10000, count_done, &done) == 0)
+            n++;
+    }
+    atomic_fetch_add(&accepted, n);
+    CHECK_EQ_INT(n, 40);
+    store_close(st);
+    CHECK_EQ_INT(atomic_load(&done), n);
+}
+
+static void test_ready_after_a_successful_call(void)
+{
+    struct store *st = store_open();
+    struct store_token t = token();
+    char key[128];
+
+    key_make(key, sizeof(key), "ready");
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    CHECK(store_is_ready(st));
+    store_close(st);
+}
+
+/* ---- Redis only ---- */
+
+static void url_free(struct store_redis_url *u)
+{
+    free(u->password);
+    u->password = NULL;
+}
+
+/* A connection of the test's own, to look at what the store wrote, on
+ * database <db>. */
+static redisContext *admin_connect(unsigned db)
+{
+    struct store_redis_url u = { .port = 0 };
+    struct timeval tv = { .tv_sec = 5 };
+    redisContext *c;
+    redisReply *r;
+
+    if (store_redis_parse_url(redis_url, &u) < 0) {
+        fprintf(stderr, "IDEMPROXY_TEST_REDIS_URL is not a redis:// URL: %s\n", redis_url);
+        exit(1);
+    }
+    c = redisConnectWithTimeout(u.host, (int)u.port, tv);
+    if (!c || c->err) {
+        fprintf(stderr, "cannot connect to %s\n", redis_url);
+        exit(1);
+    }
+    redisSetTimeout(c, tv);
+    if (u.password) {
+        r = redisCommand(c, "AUTH %s", u.password);
+        CHECK(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+    }
+    r = redisCommand(c, "SELECT %u", db);
+    CHECK(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    url_free(&u);
+    return c;
+}
+
+static long long admin_int(redisContext *c, const char *cmd, const char *key)
+{
+    redisReply *r = key ? redisCommand(c, "%s %s", cmd, key) : redisCommand(c, cmd);
+    long long v = -1;
+
+    CHECK(r && r->type == REDIS_REPLY_INTEGER);
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+static bool admin_ok(redisContext *c, const char *cmd)
+{
+    redisReply *r = redisCommand(c, cmd);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+
+    if (!ok)
+        fprintf(stderr, "%s: %s\n", cmd, r && r->str ? r->str : c->errstr);
+    freeReplyObject(r);
+    return ok;
+}
+
+static unsigned base_db(void)
+{
+    struct store_redis_url u = { .port = 0 };
+    unsigned db = 0;
+
+    if (store_redis_parse_url(redis_url, &u) == 0)
+        db = u.db;
+    url_free(&u);
+    return db;
+}
+
+/* The test URL with its database replaced by <db>. */
+static void url_with_db(char *buf, size_t size, unsigned db)
+{
+    struct store_redis_url u = { .port = 0 };
+    char pw[768] = "";
+
+    CHECK_EQ_INT(store_redis_parse_url(redis_url, &u), 0);
+    if (u.password) {
+        char *o = pw;
+
+        *o++ = ':';
+        for (const unsigned char *p = (const unsigned char *)u.password; *p; p++) {
+            if (o - pw > 700)
+                abort(); /* no test Redis has such a password */
+            o += sprintf(o, "%%%02X", *p);
+        }
+        *o++ = '@';
+        *o = '\0';
+    }
+    snprintf(buf, size, "redis://%s%s%s%s:%u/%u", pw, strchr(u.host, ':') ? "[" : "", u.host,
+             strchr(u.host, ':') ? "]" : "", u.port, db);
+    url_free(&u);
+}
+
+static int make_redis(struct worker_pool *p, struct store **ret)
+{
+    return store_redis_new(redis_url, p, 1000, ret);
+}
+
+static void test_redis_parse_url(void)
+{
+    struct store_redis_url u = { .port = 1, .db = 7 };
+
+    CHECK_EQ_INT(store_redis_parse_url("redis://localhost", &u), 0);
+    CHECK_EQ_STR(u.host, "localhost");
+    CHECK_EQ_INT(u.port, 6379);
+    CHECK_EQ_INT(u.db, 0);
+    CHECK(u.password == NULL);
+
+    CHECK_EQ_INT(store_redis_parse_url("redis://127.0.0.1:6380/3", &u), 0);
+    CHECK_EQ_STR(u.host, "127.0.0.1");
+    CHECK_EQ_INT(u.port, 6380);
+    CHECK_EQ_INT(u.db, 3);
+    CHECK(u.password == NULL);
+
+    CHECK_EQ_INT(store_redis_parse_url("redis://:s3cret@h:1/", &u), 0);
+    CHECK_EQ_STR(u.host, "h");
+    CHECK_EQ_INT(u.port, 1);
+    CHECK_EQ_INT(u.db, 0);
+    CHECK_EQ_STR(u.password, "s3cret");
+    url_free(&u);
+
+    CHECK_EQ_INT(store_redis_parse_url("REDIS://user:p%40ss:w/rd@[::1]:7000/15", &u), 0);
+    CHECK_EQ_STR(u.host, "::1");
+    CHECK_EQ_INT(u.port, 7000);
+    CHECK_EQ_INT(u.db, 15);
+    CHECK_EQ_STR(u.password, "p@ss:w/rd"); /* the user ignored */
+    url_free(&u);
+
+    CHECK_EQ_INT(store_redis_parse_url("redis://onlypass@h", &u), 0); /* as redis-cli reads it */
+    CHECK_EQ_STR(u.password, "onlypass");
+    url_free(&u);
+    CHECK_EQ_INT(store_redis_parse_url("redis://user:@h", &u), 0);
+    CHECK(u.password == NULL);
+
+    u = (struct store_redis_url){ .port = 42, .db = 9 };
+    static const char *const bad[] = {
+        NULL, "", "redis://", "redis:///0", "redis://:pw@", "redis://:pw@:6379",
+        "rediss://h", "http://h:6379", "unix:///tmp/redis.sock", "h:6379", "redis:/h",
+        "redis://h:", "redis://h:0", "redis://h:65536", "redis://h:99999999999", "redis://h:6x",
+        "redis://h:-1", "redis://h/x", "redis://h/-1", "redis://h/2147483648", "redis://h/1/2",
+        "redis://h?db=1", "redis://h#x", "redis://h h", "redis://[::1", "redis://[::1]x",
+        "redis://[zz]", "redis://:%zz@h", "redis://:%4@h", "redis://:%00@h",
+    };
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        int r = store_redis_parse_url(bad[i], &u);
+
+        if (r != -EINVAL)
+            fprintf(stderr, "accepted: %s\n", bad[i] ? bad[i] : "(null)");
+        CHECK_EQ_INT(r, -EINVAL);
+    }
+    CHECK_EQ_INT(u.port, 42); /* untouched on failure */
+    CHECK_EQ_INT(u.db, 9);
+    CHECK(u.password == NULL);
+}
+
+static void test_redis_refuses_bad_arguments(void)
+{
+    struct store *st = NULL, *st0 = store_open();
+    struct store_token t = token(), bad_tok = { .hex = "short" };
+    struct record *rec = sample_record(200, "x");
+    int before = atomic_load(&callbacks);
+
+    CHECK_EQ_INT(store_redis_new("http://nope", pool, 1000, &st), -EINVAL);
+    CHECK_EQ_INT(store_redis_new(redis_url, pool, 0, &st), -EINVAL);
+    CHECK(st == NULL);
+    CHECK_EQ_INT(acquire(st0, "", fp_a, &t, 1000).ret, -EINVAL);
+    CHECK_EQ_INT(acquire(st0, "k", fp_a, &t, 0).ret, -EINVAL);
+    CHECK_EQ_INT(acquire(st0, "k", fp_a, &bad_tok, 1000).ret, -EINVAL);
+    CHECK_EQ_INT(complete(st0, "k", &t, rec, 0).ret, -EINVAL);
+    CHECK_EQ_INT(extend(st0, "k", &t, 0).ret, -EINVAL);
+    CHECK_EQ_INT(complete(st0, "k", &t, NULL, 1000).ret, -EINVAL);
+    CHECK_EQ_INT(atomic_load(&callbacks), before); /* refused calls never call back */
+    record_unref(rec);
+    store_close(st0);
+}
+
+static void test_redis_script_flush_reloads_scripts(void)
+{
+    struct store *st = store_open();
+    redisContext *admin = admin_connect(base_db());
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = sample_record(200, "flush");
+    struct res r;
+    char key[128];
+
+    key_make(key, sizeof(key), "flush");
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK_RES(extend(st, key, &t1, 10000), 0, STORE_OK);
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK_RES(complete(st, key, &t1, rec, 10000), 0, STORE_OK);
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    r = acquire(st, key, fp_a, &t2, 10000);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, rec));
+    record_unref(r.rec);
+    key_make(key, sizeof(key), "flush-release");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    /* Every pool thread's connection meets the empty cache at least once. */
+    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    for (int i = 0; i < 4 * POOL_THREADS; i++)
+        CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    CHECK(store_is_ready(st));
+    record_unref(rec);
+    redisFree(admin);
+    store_close(st);
+}
+
+static void test_redis_one_key_per_idempotency_key(void)
+{
+    /* A database of its own, so that no other test's keys (which expire)
+     * change DBSIZE; it also checks that SELECT works. */
+    unsigned db = base_db() == 15 ? 14 : base_db() + 1;
+    redisContext *admin = admin_connect(db), *base = admin_connect(base_db());
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = sample_record(200, "onekey");
+    struct store *st = NULL;
+    long long before;
+    char url[1200], key[128], key2[128];
+    redisReply *r;
+
+    url_with_db(url, sizeof(url), db);
+    CHECK_EQ_INT(store_redis_new(url, pool, 1000, &st), 0);
+    if (!st)
+        return;
+    key_make(key, sizeof(key), "onekey");
+    key_make(key2, sizeof(key2), "onekey-release");
+    before = admin_int(admin, "DBSIZE", NULL);
+
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(admin_int(admin, "EXISTS", key), 1);
+    CHECK_EQ_INT(admin_int(base, "EXISTS", key), 0); /* in the URL's database only */
+    r = redisCommand(admin, "TYPE %s", key);
+    CHECK(r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "hash") == 0);
+    freeReplyObject(r);
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 3); /* state, fp, token */
+    r = redisCommand(admin, "HMGET %s state token fp", key);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 3);
+    if (r && r->elements == 3) {
+        CHECK_EQ_STR(r->element[0]->str, "L");
+        CHECK_EQ_STR(r->element[1]->str, t1.hex);
+        CHECK_EQ_INT(r->element[2]->len, FINGERPRINT_HEX);
+    }
+    freeReplyObject(r);
+    CHECK(admin_int(admin, "PTTL", key) > 5000);
+
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_IN_FLIGHT);
+    CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
+    CHECK_RES(complete(st, key, &t1, rec, 60000), 0, STORE_OK);
+    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 5); /* + head, body */
+    r = redisCommand(admin, "HGET %s body", key);
+    CHECK(r && r->type == REDIS_REPLY_STRING && r->len == rec->body.len &&
+          memcmp(r->str, rec->body.data, r->len) == 0); /* the raw body, not encoded */
+    freeReplyObject(r);
+    CHECK(admin_int(admin, "PTTL", key) > 30000);
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_COMPLETED);
+    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+
+    CHECK_RES(acquire(st, key2, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(extend(st, key2, &t1, 10000), 0, STORE_OK);
+    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 2);
+    CHECK_RES(release(st, key2, &t1), 0, STORE_OK);
+    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(admin_int(admin, "EXISTS", key2), 0);
+
+    CHECK_EQ_INT(admin_int(admin, "DEL", key), 1); /* leave the database as found */
+    record_unref(rec);
+    store_close(st);
+    redisFree(admin);
+    redisFree(base);
+}
+
+static void test_redis_bad_stored_data_is_eproto(void)
+{
+    struct store *st = store_open();
+    redisContext *admin = admin_connect(base_db());
+    struct store_token t = token();
+    char fp_hex[FINGERPRINT_HEX + 1], key[128];
+    redisReply *r;
+
+    fingerprint_hex(fp_a, fp_hex);
+    key_make(key, sizeof(key), "corrupt");
+    r = redisCommand(admin, "HSET %s state C fp %s token %s head garbage body x", key, fp_hex,
+                     t.hex);
+    freeReplyObject(r);
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), -EPROTO, -1);
+    CHECK_RES(acquire(st, key, fp_b, &t, 10000), 0, STORE_MISMATCH); /* still a usable key */
+
+    key_make(key, sizeof(key), "wrongtype");
+    r = redisCommand(admin, "SET %s plain", key);
+    freeReplyObject(r);
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), -EPROTO, -1);
+    CHECK_RES(release(st, key, &t), -EPROTO, -1);
+    redisFree(admin);
+    store_close(st);
+}
+
+/* A TCP socket bound on 127.0.0.1 but not listening: connecting to <ret_port>
+ * is refused until the test calls listen() on it. */
+static int bound_socket(unsigned *ret_port)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    CHECK_EQ_INT(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *ret_port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void test_redis_down_fails_fast_with_backoff(void)
+{
+    struct worker_pool *one = NULL;
+    struct store *st = NULL;
+    struct store_token t = token();
+    unsigned port;
+    int fd = bound_socket(&port), conn;
+    char url[64];
+    uint64_t start;
+
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u", port);
+    CHECK_EQ_INT(worker_pool_new(1, &one), 0);
+    /* Starts without Redis. */
+    CHECK_EQ_INT(store_redis_new(url, one, 200, &st), 0);
+    if (!st)
+        return;
+    CHECK(!store_is_ready(st));
+    sleep_ms(60); /* past the backoff of the first PING's failed connect */
+    CHECK_RES(acquire(st, "k", fp_a, &t, 1000), -ECONNREFUSED, -1); /* tries, fails: 100 ms */
+    /* Something listens now, but inside the backoff nothing even tries. */
+    CHECK_EQ_INT(listen(fd, 16), 0);
+    start = now_ms();
+    for (int i = 0; i < 10; i++)
+        CHECK_RES(release(st, "k", &t), -ECONNREFUSED, -1);
+    CHECK(now_ms() - start < 50);
+    conn = accept(fd, NULL, NULL);
+    CHECK(conn < 0 && errno == EAGAIN); /* no connection attempt was made */
+    CHECK(!store_is_ready(st));
+    sleep_ms(150);
+    /* After the backoff it connects; this listener never answers: a timeout. */
+    CHECK_RES(release(st, "k", &t), -ETIMEDOUT, -1);
+    conn = accept(fd, NULL, NULL);
+    CHECK(conn >= 0);
+    if (conn >= 0)
+        close(conn);
+    CHECK(!store_is_ready(st));
+    store_close(st);
+    worker_pool_free(one);
+    close(fd);
+}
+
+static void test_redis_timeout_frees_the_connection(void)
+{
+    struct worker_pool *one = NULL;
+    struct store *st = NULL;
+    redisContext *admin = admin_connect(base_db());
+    struct store_token t1 = token(), t2 = token();
+    char key[128];
+    uint64_t start, took;
+    int waited;
+
+    /* One thread: the calls after the pause must use the connection that timed out. */
+    CHECK_EQ_INT(worker_pool_new(1, &one), 0);
+    CHECK_EQ_INT(store_redis_new(redis_url, one, 200, &st), 0);
+    if (!st)
+        return;
+    key_make(key, sizeof(key), "timeout");
+    CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK(admin_ok(admin, "CLIENT PAUSE 700 ALL"));
+    start = now_ms();
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), -ETIMEDOUT, -1);
+    took = now_ms() - start;
+    CHECK(took >= 150 && took < 1000);
+    CHECK(!store_is_ready(st));
+    sleep_ms(900); /* the pause is over; the late reply sits in the old socket */
+    /* A reused connection would read that stale reply ({"in_flight"}) here. */
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_ACQUIRED);
+    CHECK(store_is_ready(st));
+
+    /* A killed connection (as after a Redis restart) is replaced by the next call. */
+    CHECK(admin_int(admin, "CLIENT KILL TYPE normal SKIPME yes", NULL) >= 1);
+    {
+        struct res r = release(st, key, &t2);
+
+        CHECK(r.err == -ECONNRESET || r.err == 0); /* the periodic PING may take the hit */
+        record_unref(r.rec);
+    }
+    CHECK_RES(release(st, key, &t2), 0, STORE_OK); /* done now, or a retry of what was done */
+    CHECK_RES(acquire(st, key, fp_b, &t1, 10000), 0, STORE_ACQUIRED);
+    /* Readiness follows the periodic PING without traffic. */
+    for (waited = 0; !store_is_ready(st) && waited < 3000; waited += 50)
+        sleep_ms(50);
+    CHECK(store_is_ready(st));
+    redisFree(admin);
+    store_close(st);
+    worker_pool_free(one);
+}
+
+static void test_redis_ready_without_traffic(void)
+{
+    struct store *st = store_open();
+    int waited;
+
+    for (waited = 0; !store_is_ready(st) && waited < 3000; waited += 20)
+        sleep_ms(20);
+    CHECK(store_is_ready(st));
+    store_close(st);
+}
+
+/* ---- the worker pool ---- */
+
+struct trace {
+    pthread_mutex_t mu;
+    int order[16];
+    uint64_t at[16];
+    int index[16];
+    int n;
+};
+
+struct traced_job {
+    struct trace *tr;
+    int id;
+    struct worker_pool *p; /* set: try to submit from the job, expecting -ECANCELED */
+    int submit_ret;
+};
+
+static void traced_run(void *arg)
+{
+    struct traced_job *j = arg;
+    struct trace *tr = j->tr;
+
+    if (j->p)
+        j->submit_ret = worker_submit(j->p, traced_run, j);
+    pthread_mutex_lock(&tr->mu);
+    tr->order[tr->n] = j->id;
+    tr->at[tr->n] = now_ms();
+    tr->index[tr->n] = worker_current_index();
+    tr->n++;
+    pthread_mutex_unlock(&tr->mu);
+}
+
+static void test_worker_runs_fifo_on_its_threads(void)
+{
+    struct worker_pool *p = (struct worker_pool *)&p, *keep = p;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job jobs[8];
+
+    CHECK_EQ_INT(worker_pool_new(0, &p), -EINVAL);
+    CHECK(p == keep); /* untouched on failure */
+    CHECK_EQ_INT(worker_pool_new(1, &p), 0);
+    CHECK_EQ_INT(worker_pool_size(p), 1);
+    CHECK_EQ_INT(worker_current_index(), -1);
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (struct traced_job){ .tr = &tr, .id = i };
+        CHECK_EQ_INT(worker_submit(p, traced_run, &jobs[i]), 0);
+    }
+    worker_pool_free(p);
+    CHECK_EQ_INT(tr.n, 8);
+    for (int i = 0; i < tr.n; i++) {
+        CHECK_EQ_INT(tr.order[i], i);
+        CHECK_EQ_INT(tr.index[i], 0);
+    }
+}
+
+static void test_worker_runs_delayed_jobs_in_due_order_not_early(void)
+{
+    static const unsigned delays[] = { 180, 60, 0, 240, 120 };
+    struct worker_pool *p = NULL;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job jobs[ARRAY_SIZE(delays)];
+    uint64_t start;
+    int waited;
+
+    CHECK_EQ_INT(worker_pool_new(3, &p), 0);
+    if (!p)
+        return;
+    CHECK_EQ_INT(worker_pool_size(p), 3);
+    start = now_ms();
+    for (size_t i = 0; i < ARRAY_SIZE(delays); i++) {
+        jobs[i] = (struct traced_job){ .tr = &tr, .id = (int)delays[i] };
+        CHECK_EQ_INT(worker_submit_after(p, delays[i], traced_run, &jobs[i]), 0);
+    }
+    for (waited = 0; waited < 2000; waited += 10) {
+        pthread_mutex_lock(&tr.mu);
+        int n = tr.n;
+        pthread_mutex_unlock(&tr.mu);
+        if (n == (int)ARRAY_SIZE(delays))
+            break;
+        sleep_ms(10);
+    }
+    CHECK_EQ_INT(tr.n, ARRAY_SIZE(delays));
+    for (int i = 0; i < tr.n; i++) {
+        CHECK(i == 0 || tr.order[i] > tr.order[i - 1]);
+        CHECK(tr.at[i] >= start + (uint64_t)tr.order[i]); /* never early */
+        CHECK(tr.at[i] < start + (uint64_t)tr.order[i] + 500);
+        CHECK(tr.index[i] >= 0 && tr.index[i] < 3);
+    }
+    worker_pool_free(p);
+}
+
+static void test_worker_free_runs_pending_delayed_jobs(void)
+{
+    struct worker_pool *p = NULL;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job late, later, now;
+    uint64_t start;
+
+    CHECK_EQ_INT(worker_pool_new(2, &p), 0);
+    if (!p)
+        return;
+    later = (struct traced_job){ .tr = &tr, .id = 2, .submit_ret = 1 };
+    late = (struct traced_job){ .tr = &tr, .id = 1, .p = p, .submit_ret = 1 };
+    now = (struct traced_job){ .tr = &tr, .id = 0 };
+    CHECK_EQ_INT(worker_submit_after(p, 20000, traced_run, &later), 0);
+    CHECK_EQ_INT(worker_submit_after(p, 10000, traced_run, &late), 0);
+    CHECK_EQ_INT(worker_submit(p, traced_run, &now), 0);
+    start = now_ms();
+    worker_pool_free(p);
+    CHECK(now_ms() - start < 1000); /* run at once, not waited for */
+    CHECK_EQ_INT(tr.n, 3);
+    CHECK_EQ_INT(tr.order[0], 0);
+    /* The two delayed ones were taken in due order (with two threads they may
+     * finish in either order), and a job run at shutdown cannot queue more. */
+    CHECK_EQ_INT(late.submit_ret, -ECANCELED);
+}
+
+/* ---- main ---- */
+
+struct test {
+    const char *name;
+    check_test_fn *fn;
+};
+
+#define TEST(fn) { #fn, fn }
+
+static const struct test contract_tests[] = {
+    TEST(test_acquire_new_then_in_flight_then_mismatch),
+    TEST(test_complete_then_acquire_replays_the_record),
+    TEST(test_complete_keeps_too_large_marker_and_empty_body),
+    TEST(test_stale_token_changes_nothing),
+    TEST(test_release_frees_the_key),
+    TEST(test_lock_expires_after_its_ttl),
+    TEST(test_extend_keeps_the_lock_past_its_ttl),
+    TEST(test_completed_record_expires_after_its_ttl),
+    TEST(test_concurrent_acquires_have_one_winner),
+    TEST(test_free_waits_for_every_callback),
+    TEST(test_ready_after_a_successful_call),
+    TEST(test_worker_runs_fifo_on_its_threads),
+    TEST(test_worker_runs_delayed_jobs_in_due_order_not_early),
+    TEST(test_worker_free_runs_pending_delayed_jobs),
+};
+
+static const struct test redis_tests[] = {
+    TEST(test_redis_parse_url),
+    TEST(test_redis_refuses_bad_arguments),
+    TEST(test_redis_script_flush_reloads_scripts),
+    TEST(test_redis_one_key_per_idempotency_key),
+    TEST(test_redis_bad_stored_data_is_eproto),
+    TEST(test_redis_down_fails_fast_with_backoff),
+    TEST(test_redis_timeout_frees_the_connection),
+    TEST(test_redis_ready_without_traffic),
+};
+
+/* A new kind adds a factory here and, if it has any, its own tests below. */
+static const struct store_kind store_kinds[] = {
+    { "redis", make_redis },
+};
+
+int main(int argc, char **argv)
+{
+    const char *names[ARRAY_SIZE(contract_tests) + ARRAY_SIZE(redis_tests)];
+    check_test_fn *fns[ARRAY_SIZE(names)];
+    size_t n = 0;
+    int ret;
+
+    for (size_t i = 0; argc == 2 && i < ARRAY_SIZE(store_kinds); i++) {
+        if (strcmp(argv[1], store_kinds[i].name) == 0)
+            kind = &store_kinds[i];
+    }
+    if (!kind) {
+        fprintf(stderr, "usage: %s redis\n", argv[0]);
+        return 2;
+    }
+    if (strcmp(kind->name, "redis") == 0) {
+        redis_url = getenv("IDEMPROXY_TEST_REDIS_URL");
+        if (!redis_url || !*redis_url) {
+            fprintf(stderr, "%s: IDEMPROXY_TEST_REDIS_URL is not set: the redis store suite "
+                            "needs a running Redis (scripts/test starts one and sets it)\n",
+                    argv[0]);
+            return 1;
+        }
+    }
+    /* A write to a connection Redis has closed must fail, not kill us (the
+     * program does the same in main). */
+    signal(SIGPIPE, SIG_IGN);
+    if (worker_pool_new(POOL_THREADS, &pool) < 0) {
+        fprintf(stderr, "cannot start the worker pool\n");
+        return 1;
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(contract_tests); i++) {
+        names[n] = contract_tests[i].name;
+        fns[n++] = contract_tests[i].fn;
+    }
+    for (size_t i = 0; redis_url && i < ARRAY_SIZE(redis_tests); i++) {
+        names[n] = redis_tests[i].name;
+        fns[n++] = redis_tests[i].fn;
+    }
+    ret = check_run(names, fns, n);
+    worker_pool_free(pool);
+    return ret;
+}
