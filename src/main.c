@@ -142,6 +142,13 @@ int main(int argc, char **argv)
         config_done(&app.cfg);
         return 0;
     }
+    if (app.cfg.wait_ms > 0) {
+        /* TEMPORARY until --wait is built: refused rather than silently ignored. */
+        fprintf(stderr, "idemproxy: --wait: holding duplicates is not built yet; use 0 (a "
+                        "duplicate of a running request gets 409 at once)\n");
+        config_done(&app.cfg);
+        return 2;
+    }
     log_setup(app.cfg.log_level, app.cfg.log_format);
 
     /* Signals are taken by the main thread alone: block them before any thread starts. */

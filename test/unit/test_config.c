@@ -672,6 +672,16 @@ static void test_config_required_options(void)
     CHECK(c.redis_url == NULL);
     CHECK(strstr(err, "--redis: required for now") == err);
     config_done(&c);
+
+    /* With enforcement off no store is contacted, so none is required. */
+    {
+        char *const env[] = { "IDEMPOTENCY_ENABLED=false", NULL };
+
+        CHECK_EQ_INT(load_bare(&c, env, "--upstream", UPSTREAM, NULL), 0);
+        CHECK(!c.enabled);
+        CHECK(c.redis_url == NULL);
+        config_done(&c);
+    }
 }
 
 static void test_config_help_and_version(void)
