@@ -1,1 +1,134 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <openssl/evp.h>
+
+#include "idemproxy/idemkey.h"
+
+static bool key_byte_ok(unsigned char c)
+{
+    return c >= 0x21 && c <= 0x7e;
+}
+
+/* An RFC 8941 sf-string: <v> starts with '"' and must end with the one
+ * unescaped '"' that closes it. Only \" and \\ are escapes. */
+static int parse_quoted(struct span v, struct idemkey *k)
+{
+    size_t i = 1;
+
+    for (;;) {
+        unsigned char c;
+
+        if (i == v.len)
+            return -EINVAL; /* unterminated */
+        c = (unsigned char)v.base[i++];
+        if (c == '"')
+            break;
+        if (c == '\\') {
+            if (i == v.len || (v.base[i] != '"' && v.base[i] != '\\'))
+                return -EINVAL; /* dangling or unknown escape */
+            c = (unsigned char)v.base[i++];
+        }
+        if (!key_byte_ok(c) || k->len == IDEMKEY_MAX)
+            return -EINVAL;
+        k->buf[k->len++] = (char)c;
+    }
+    if (i != v.len)
+        return -EINVAL; /* bytes after the closing quote */
+    return 0;
+}
+
+static int parse_bare(struct span v, struct idemkey *k)
+{
+    for (size_t i = 0; i < v.len; i++) {
+        unsigned char c = (unsigned char)v.base[i];
+
+        /* A bare comma usually means two key headers were merged. */
+        if (!key_byte_ok(c) || c == ',' || c == '"' || c == '\\' || k->len == IDEMKEY_MAX)
+            return -EINVAL;
+        k->buf[k->len++] = (char)c;
+    }
+    return 0;
+}
+
+int idemkey_parse(struct span v, struct idemkey *ret)
+{
+    struct idemkey k = { .len = 0 };
+    int r;
+
+    if (v.len == 0 || !v.base)
+        return -EINVAL;
+    r = v.base[0] == '"' ? parse_quoted(v, &k) : parse_bare(v, &k);
+    if (r < 0)
+        return r;
+    if (k.len == 0)
+        return -EINVAL; /* "" */
+    *ret = k;
+    return 0;
+}
+
+static void hex_encode(const unsigned char *p, size_t n, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hex[p[i] >> 4];
+        out[2 * i + 1] = hex[p[i] & 0xf];
+    }
+    out[2 * n] = '\0';
+}
+
+void idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+
+    for (size_t i = 0; ok && i < n; i++) {
+        uint8_t present = values[i].base != NULL;
+        uint8_t len[8];
+
+        ok = EVP_DigestUpdate(ctx, &present, 1) == 1;
+        if (!ok || !present)
+            continue;
+        for (int j = 0; j < 8; j++)
+            len[j] = (uint8_t)((uint64_t)values[i].len >> (56 - 8 * j));
+        ok = EVP_DigestUpdate(ctx, len, sizeof(len)) == 1;
+        if (ok && values[i].len > 0)
+            ok = EVP_DigestUpdate(ctx, values[i].base, values[i].len) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= IDEMKEY_SCOPE_HEX / 2;
+    EVP_MD_CTX_free(ctx);
+    if (!ok) {
+        /* Only a failed allocation gets here. There is no scope that would be
+         * safe to return instead (a shared one lets clients replay each
+         * other's responses), and the signature cannot report it. */
+        fputs("idemproxy: SHA-256 of the scope failed\n", stderr);
+        abort();
+    }
+    hex_encode(md, IDEMKEY_SCOPE_HEX / 2, ret);
+}
+
+int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret)
+{
+    size_t slen = strlen(scope);
+    char *s = malloc(prefix.len + slen + 1 + k->len + 1), *p;
+
+    if (!s)
+        return -ENOMEM;
+    p = s;
+    if (prefix.len) {
+        memcpy(p, prefix.base, prefix.len);
+        p += prefix.len;
+    }
+    memcpy(p, scope, slen);
+    p += slen;
+    *p++ = ':';
+    memcpy(p, k->buf, k->len);
+    p += k->len;
+    *p = '\0';
+    *ret = s;
+    return 0;
+}

@@ -1,1 +1,70 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdlib.h>
+
+#include <jansson.h>
+
+#include "idemproxy/problem.h"
+#include "idemproxy/record.h"
+
+struct problem_desc {
+    unsigned status;
+    const char *code, *title, *type;
+};
+
+static const struct problem_desc problems[] = {
+#define X(id, status, code, title, type) [PROBLEM_##id] = { status, code, title, type },
+    PROBLEM_LIST(X)
+#undef X
+};
+
+static char *problem_json(const struct problem_desc *d, const char *detail)
+{
+    json_t *obj;
+    char *s;
+
+    /* json_pack() refuses a detail that is not UTF-8: fall back to the title. */
+    obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
+                    (int)d->status, "detail", detail ? detail : d->title, "code", d->code);
+    if (!obj && detail)
+        obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title,
+                        "status", (int)d->status, "detail", d->title, "code", d->code);
+    if (!obj)
+        return NULL;
+    s = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    return s;
+}
+
+struct record *problem_new(enum problem p, const char *detail)
+{
+    const struct problem_desc *d;
+    struct record *rec = NULL;
+    char *body;
+    size_t len;
+
+    if ((unsigned)p >= ARRAY_SIZE(problems))
+        return NULL;
+    d = &problems[p];
+    body = problem_json(d, detail);
+    if (!body)
+        return NULL;
+    len = strlen(body);
+    rec = record_new(len);
+    if (!rec)
+        goto fail;
+    rec->status = d->status;
+    if (record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("application/problem+json")) < 0)
+        goto fail;
+    if ((d->status == 409 || d->status == 503) &&
+        record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)
+        goto fail;
+    if (buf_append(&rec->body, body, len) < 0)
+        goto fail;
+    free(body);
+    return rec;
+
+fail:
+    record_unref(rec);
+    free(body);
+    return NULL;
+}

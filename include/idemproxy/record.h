@@ -5,6 +5,8 @@
 #ifndef IDEMPROXY_RECORD_H
 #define IDEMPROXY_RECORD_H
 
+#include <stdatomic.h>
+
 #include "idemproxy/buf.h"
 #include "idemproxy/common.h"
 
@@ -16,7 +18,7 @@ struct record_header {
 };
 
 struct record {
-    int refs; /* atomic: record_ref()/record_unref() */
+    atomic_int refs; /* record_ref()/record_unref() only */
     unsigned status;
     bool too_large; /* the marker of a response over --max-response: no headers, no body */
     struct record_header *headers; /* owned array of nheaders */
