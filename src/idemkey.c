@@ -79,7 +79,7 @@ static void hex_encode(const unsigned char *p, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-void idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1])
+int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1])
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
@@ -101,14 +101,10 @@ void idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_H
     }
     ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= IDEMKEY_SCOPE_HEX / 2;
     EVP_MD_CTX_free(ctx);
-    if (!ok) {
-        /* Only a failed allocation gets here. There is no scope that would be
-         * safe to return instead (a shared one lets clients replay each
-         * other's responses), and the signature cannot report it. */
-        fputs("idemproxy: SHA-256 of the scope failed\n", stderr);
-        abort();
-    }
+    if (!ok)
+        return -ENOMEM; /* a failed allocation: no scope is safe to use instead */
     hex_encode(md, IDEMKEY_SCOPE_HEX / 2, ret);
+    return 0;
 }
 
 int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret)

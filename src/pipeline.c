@@ -194,8 +194,9 @@ static int build_store_key(const struct pipeline *pl, struct req *r, const struc
         if (!values[i].base)
             values[i].base = ""; /* present, though empty */
     }
+    if (err == 0)
+        err = idemkey_scope(values, cfg->nscope_headers, scope);
     if (err == 0) {
-        idemkey_scope(values, cfg->nscope_headers, scope);
         err = idemkey_store_key(span_from_cstr(cfg->key_prefix), scope, k, &r->store_key);
     }
     for (size_t i = 0; i < cfg->nscope_headers; i++)

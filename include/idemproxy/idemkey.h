@@ -24,8 +24,9 @@ int idemkey_parse(struct span v, struct idemkey *ret);
 /* Writes into <ret> the 32 lowercase hex characters and a NUL of the scope of
  * the <n> header values <values> (in --scope-header order). An absent header is
  * a span with base == NULL and differs from an empty one. Each value is framed
- * with its length, so no two different lists share a scope. */
-void idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1]);
+ * with its length, so no two different lists share a scope. Returns 0, or
+ * -ENOMEM when the hash cannot be computed (<ret> untouched). */
+int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1]);
 
 /* Builds the store key "<prefix><scope>:<key>" as a new NUL-terminated heap
  * string in <ret> (the caller frees it). Returns 0 or -ENOMEM. */

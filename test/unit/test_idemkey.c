@@ -146,15 +146,15 @@ static void test_idemkey_scope_known_answers(void)
     struct span two[] = { SPAN_LIT("ab"), SPAN_LIT("c") };
 
     /* Expected values: SHA-256 of the framing, computed independently in Python. */
-    idemkey_scope(&one, 1, s);
+    CHECK_EQ_INT(idemkey_scope(&one, 1, s), 0);
     CHECK_EQ_STR(s, "a06dc034dfb0dc0941e25c3ef79d166e");
-    idemkey_scope(NULL, 0, s);
+    CHECK_EQ_INT(idemkey_scope(NULL, 0, s), 0);
     CHECK_EQ_STR(s, "e3b0c44298fc1c149afbf4c8996fb924");
-    idemkey_scope(&absent, 1, s);
+    CHECK_EQ_INT(idemkey_scope(&absent, 1, s), 0);
     CHECK_EQ_STR(s, "6e340b9cffb37a989ca544e6bb780a2c");
-    idemkey_scope(&empty, 1, s);
+    CHECK_EQ_INT(idemkey_scope(&empty, 1, s), 0);
     CHECK_EQ_STR(s, "a536aa3cede6ea3c1f3e0357c3c60e0f");
-    idemkey_scope(two, 2, s);
+    CHECK_EQ_INT(idemkey_scope(two, 2, s), 0);
     CHECK_EQ_STR(s, "dd6ebd20e120d352082cdd552622abb7");
     CHECK_EQ_INT(strlen(s), IDEMKEY_SCOPE_HEX);
 }
@@ -170,24 +170,24 @@ static void test_idemkey_scope_separates_lists(void)
     struct span absent_x[] = { { NULL, 0 }, SPAN_LIT("x") };
     struct span alice = SPAN_LIT("Bearer alice"), bob = SPAN_LIT("Bearer bob");
 
-    idemkey_scope(&absent, 1, a);
-    idemkey_scope(&empty, 1, b);
+    CHECK_EQ_INT(idemkey_scope(&absent, 1, a), 0);
+    CHECK_EQ_INT(idemkey_scope(&empty, 1, b), 0);
     CHECK(strcmp(a, b) != 0); /* absent differs from empty */
-    idemkey_scope(ab_c, 2, a);
-    idemkey_scope(a_bc, 2, b);
+    CHECK_EQ_INT(idemkey_scope(ab_c, 2, a), 0);
+    CHECK_EQ_INT(idemkey_scope(a_bc, 2, b), 0);
     CHECK(strcmp(a, b) != 0);
-    idemkey_scope(&abc, 1, b);
+    CHECK_EQ_INT(idemkey_scope(&abc, 1, b), 0);
     CHECK(strcmp(a, b) != 0);
-    idemkey_scope(x_absent, 2, a);
-    idemkey_scope(absent_x, 2, b);
+    CHECK_EQ_INT(idemkey_scope(x_absent, 2, a), 0);
+    CHECK_EQ_INT(idemkey_scope(absent_x, 2, b), 0);
     CHECK(strcmp(a, b) != 0); /* order matters */
-    idemkey_scope(&alice, 1, a);
-    idemkey_scope(&bob, 1, b);
+    CHECK_EQ_INT(idemkey_scope(&alice, 1, a), 0);
+    CHECK_EQ_INT(idemkey_scope(&bob, 1, b), 0);
     CHECK(strcmp(a, b) != 0);
-    idemkey_scope(&alice, 1, b);
+    CHECK_EQ_INT(idemkey_scope(&alice, 1, b), 0);
     CHECK_EQ_STR(a, b); /* deterministic */
-    idemkey_scope(NULL, 0, a);
-    idemkey_scope(&absent, 1, b);
+    CHECK_EQ_INT(idemkey_scope(NULL, 0, a), 0);
+    CHECK_EQ_INT(idemkey_scope(&absent, 1, b), 0);
     CHECK(strcmp(a, b) != 0); /* no headers configured vs one absent */
     for (size_t i = 0; i < IDEMKEY_SCOPE_HEX; i++)
         CHECK((a[i] >= '0' && a[i] <= '9') || (a[i] >= 'a' && a[i] <= 'f'));
