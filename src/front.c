@@ -23,7 +23,36 @@ struct front {
     struct pipeline *pl;
     struct MHD_Daemon *d;
     atomic_uint requests;
+    atomic_uint connections; /* open client sockets, for --max-connections */
 };
+
+/* Beyond --max-connections a new connection is closed at once: MHD itself
+ * would leave it waiting in the listen backlog (it stops accepting at its
+ * limit when suspend/resume is on), which a client sees as a hang. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    struct front *f = cls;
+
+    (void)addr;
+    (void)addrlen;
+    if (atomic_load_explicit(&f->connections, memory_order_relaxed) < f->cfg->max_connections)
+        return MHD_YES;
+    log_debug("refused a connection: --max-connections (%u) reached", f->cfg->max_connections);
+    return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct front *f = cls;
+
+    (void)conn;
+    (void)socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add_explicit(&f->connections, 1, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&f->connections, 1, memory_order_relaxed);
+}
 
 /* Runs first for every request, with the target exactly as received (the
  * access handler only gets it percent-decoded and split). */
@@ -191,10 +220,12 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     f->d = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, f, MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
-        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
+        /* one above ours, so on_accept() refuses before MHD stops accepting */
+        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
         timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!f->d) {
         free(f);

@@ -4,6 +4,7 @@
  * for signals; every other thread is started by a module. */
 #include <curl/curl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -58,6 +59,22 @@ static bool drain(struct app *app, const sigset_t *set, uint64_t deadline_ms, bo
         }
     }
     return true;
+}
+
+/* Each client connection and each upstream connection is a descriptor: raise
+ * the soft limit as far as allowed, and say so when --max-connections cannot fit. */
+static void raise_fd_limit(const struct config *cfg)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 2 * (rlim_t)cfg->max_connections + 64)
+        log_warn("--max-connections %u: only %llu file descriptors are allowed (ulimit -n); "
+                 "connections past that fail to be accepted", cfg->max_connections,
+                 (unsigned long long)rl.rlim_cur);
 }
 
 static void app_down(struct app *app)
@@ -152,6 +169,7 @@ int main(int argc, char **argv)
     log_setup(app.cfg.log_level, app.cfg.log_format);
 
     /* Signals are taken by the main thread alone: block them before any thread starts. */
+    raise_fd_limit(&app.cfg);
     signal(SIGPIPE, SIG_IGN);
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
