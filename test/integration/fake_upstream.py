@@ -1,0 +1,234 @@
+"""A fake upstream API for the integration tests: a real HTTP/1.1 server
+(keep-alive, one daemon thread per connection) running in a thread of the
+test process, counting hits per path.
+
+Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
+  /echo                 any method: 201, JSON {seq, method, target, headers, body}
+                        with two Set-Cookie headers and a Date unique to seq
+  /status/N             answers status N (JSON body with seq)
+  /slow?ms=N            sleeps N ms, then 200 JSON with seq
+  /big?bytes=N          200 with an N-byte body
+  /chunked              200 with a chunked body
+  /reset                reads the request, then resets the connection unanswered
+  /connection-header    200 with Connection: close, X-Private, Keep-Alive headers
+  anything else         200 JSON {"unknown": path}
+"""
+import email.utils
+import json
+import socket
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+DATE_BASE = 978307200  # 2001-01-01: no real clock will produce these dates
+
+
+def fake_date(seq):
+    return email.utils.formatdate(DATE_BASE + seq, usegmt=True)
+
+
+def big_body(n):
+    pattern = b"0123456789abcdefghijklmnopqrstuvwxyz"
+    return (pattern * (n // len(pattern) + 1))[:n]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-upstream"
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def handle(self):
+        try:
+            super().handle()
+        except (ConnectionError, OSError):
+            pass
+
+    # -- request body --------------------------------------------------------
+    def _read_body(self):
+        te = self.headers.get("Transfer-Encoding", "")
+        if "chunked" in te.lower():
+            out = b""
+            while True:
+                line = self.rfile.readline(65537)
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline(65537)
+        n = int(self.headers.get("Content-Length", "0") or "0")
+        return self.rfile.read(n) if n > 0 else b""
+
+    # -- answers -------------------------------------------------------------
+    def _answer(self, status, headers, body):
+        if status in (204, 304):
+            body = None  # no content, no Content-Length
+        self.send_response_only(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        if body is not None:
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+        self.wfile.flush()
+
+    def _json(self, status, obj, seq, extra=()):
+        body = json.dumps(obj).encode()
+        headers = [("Content-Type", "application/json"), ("X-Seq", str(seq))]
+        headers += list(extra)
+        headers.append(("Date", fake_date(seq)))
+        self._answer(status, headers, body)
+
+    def _dispatch(self):
+        srv = self.server
+        body = self._read_body()
+        split = urlsplit(self.path)
+        path = split.path
+        if path.startswith("/api/"):
+            path = path[4:]
+        query = parse_qs(split.query)
+        seq = srv.record(path, self.command, self.path, self.headers.items(), body)
+
+        if path == "/echo":
+            obj = {
+                "seq": seq,
+                "method": self.command,
+                "target": self.path,
+                "headers": [[k, v] for k, v in self.headers.items()],
+                "body": body.decode("latin-1"),
+            }
+            self._json(201, obj, seq, extra=[
+                ("Set-Cookie", "a=1; Path=/"),
+                ("X-Upstream", "echo"),
+                ("Set-Cookie", "b=2; Path=/"),
+            ])
+        elif path.startswith("/status/"):
+            status = int(path[len("/status/"):])
+            self._json(status, {"seq": seq, "status": status}, seq)
+        elif path == "/slow":
+            ms = int(query.get("ms", ["1000"])[0])
+            time.sleep(ms / 1000.0)
+            self._json(200, {"seq": seq, "slept_ms": ms}, seq)
+        elif path == "/big":
+            n = int(query.get("bytes", ["1024"])[0])
+            self._answer(200, [("Content-Type", "application/octet-stream"),
+                               ("X-Seq", str(seq)), ("Date", fake_date(seq))], big_body(n))
+        elif path == "/chunked":
+            self.send_response_only(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Date", fake_date(seq))
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b"hello ", b"chunked ", b"world %d" % seq):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        elif path == "/reset":
+            # RST instead of an answer.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
+        elif path == "/connection-header":
+            self._json(200, {"seq": seq}, seq, extra=[
+                ("Connection", "close, X-Private"),
+                ("X-Private", "secret"),
+                ("Keep-Alive", "timeout=5"),
+                ("X-Public", "yes"),
+            ])
+            self.close_connection = True
+        else:
+            self._json(200, {"seq": seq, "unknown": path, "target": self.path,
+                             "method": self.command}, seq)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
+
+
+class FakeUpstream(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 256
+    allow_reuse_address = True
+
+    def __init__(self, port=0):
+        super().__init__(("127.0.0.1", port), _Handler)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._hits = {}
+        self.requests = []  # (method, target, [(name, value)], body)
+        self._thread = None
+        self._conns = set()
+        self.connections = 0  # accepted connections, to check keep-alive reuse
+
+    def process_request(self, request, client_address):
+        with self._lock:
+            self._conns.add(request)
+            self.connections += 1
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self._lock:
+            self._conns.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request, client_address):  # quiet
+        pass
+
+    @property
+    def port(self):
+        return self.server_address[1]
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def record(self, path, method, target, headers, body):
+        with self._lock:
+            self._seq += 1
+            self._hits[path] = self._hits.get(path, 0) + 1
+            self.requests.append((method, target, list(headers), body))
+            return self._seq
+
+    def hits(self, path=None):
+        with self._lock:
+            if path is None:
+                return sum(self._hits.values())
+            return self._hits.get(path, 0)
+
+    def reset(self):
+        with self._lock:
+            self._hits.clear()
+            self.requests.clear()
+
+    def start(self):
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(5)
+            self._thread = None
+        self.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:  # also end kept-alive connections: the upstream is gone
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    import sys
+    srv = FakeUpstream(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    print(srv.url, flush=True)
+    srv.serve_forever()

@@ -1,0 +1,134 @@
+"""store_error: Redis down, back, script cache flushed (SPEC §1, §5 Store)."""
+import socket
+import threading
+import time
+
+from conftest import (REPLAY, assert_problem, hone, new_key, redis_record,
+                      wait_for)
+
+
+def readyz(p):
+    return p.admin_request("GET", "/readyz")[0]
+
+
+def healthz(p):
+    return p.admin_request("GET", "/healthz")[0]
+
+
+def test_store_down_and_back(proxy, upstream, rdb, redis_server):
+    p = proxy()
+    assert readyz(p) == 200
+    redis_server.stop()
+    key = new_key()
+    t0 = time.monotonic()
+    resp = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+    assert time.monotonic() - t0 < 3.0, "store_unavailable must come within --store-timeout"
+    assert_problem(resp, 503, "store_unavailable")
+    assert upstream.hits() == 0
+    wait_for(lambda: readyz(p) == 503, timeout=5, what="/readyz 503")
+    assert healthz(p) == 200
+    # Passthrough needs no store.
+    st, h, _ = p.request("GET", "/echo")
+    assert st == 201 and hone(h, REPLAY) is None
+    st, h, _ = p.request("POST", "/echo", body=b"no key")
+    assert st == 201 and hone(h, REPLAY) is None
+    assert upstream.hits("/echo") == 2
+
+    redis_server.start()  # same port, empty store; the proxy is not restarted
+
+    def post_works():
+        st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+        if st == 503:
+            return False
+        assert st == 201 and hone(h, REPLAY) == "false"
+        return True
+
+    wait_for(post_works, timeout=10, interval=0.2, what="POST to work after Redis is back")
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
+    c = redis_server.client()
+    assert redis_record(c, key)["state"] == b"C"
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "true"
+    assert upstream.hits("/echo") == 3
+
+
+
+def test_script_flush(proxy, upstream, rdb):
+    p = proxy()
+    k1 = new_key()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k1)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    rdb.script_flush()
+    # Every kind of script after a flush: acquire (new key), replay, complete.
+    k2 = new_key()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k2)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    assert redis_record(rdb, k2)["state"] == b"C"
+    rdb.script_flush()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k1)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "true"
+    rdb.script_flush()
+    k3 = new_key()
+    st, h, _ = p.request("POST", "/status/500", [("Idempotency-Key", k3)], b"x")  # release
+    assert st == 500 and hone(h, REPLAY) == "false"
+    assert redis_record(rdb, k3) is None
+    assert upstream.hits("/echo") == 2
+
+
+def test_on_store_error_passthrough(proxy, upstream, rdb, redis_server):
+    p = proxy("--on-store-error", "passthrough")
+    redis_server.stop()
+    key = new_key()
+    for n in (1, 2):
+        st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+        assert st == 201 and hone(h, REPLAY) is None
+        assert upstream.hits("/echo") == n
+
+
+def test_proxy_starts_with_redis_down(proxy, upstream, rdb, redis_server):
+    redis_server.stop()
+    p = proxy()  # ready = /healthz 200
+    assert readyz(p) == 503
+    key = new_key()
+    assert_problem(p.request("POST", "/echo", [("Idempotency-Key", key)], b"x"), 503,
+                   "store_unavailable")
+    redis_server.start()
+    wait_for(lambda: readyz(p) == 200, timeout=10, interval=0.2, what="/readyz 200")
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+
+
+def test_store_error_answer_is_fast_with_unroutable_redis(proxy, upstream, rdb):
+    """A store that does not answer at all (accepts, never replies): --store-timeout bounds it."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        lsock.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                c, _ = lsock.accept()
+                held.append(c)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        p = proxy("--store-timeout", "0.5",
+                  redis_url="redis://127.0.0.1:%d" % lsock.getsockname()[1])
+        t0 = time.monotonic()
+        resp = p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")
+        assert time.monotonic() - t0 < 3.0
+        assert_problem(resp, 503, "store_unavailable")
+        assert upstream.hits() == 0
+        assert p.stop() == 0, p.stderr()
+    finally:
+        stop.set()
+        t.join(2)
+        for c in held:
+            c.close()
+        lsock.close()
