@@ -83,3 +83,20 @@ def test_sigterm_shutdown_timeout_releases_lock(proxy, upstream, rdb):
     p.stop()
 
 
+
+
+def test_second_signal_exits_at_once(proxy, upstream, rdb):
+    p = proxy()
+    first = start_slow(p, rdb, new_key(), 4000)
+    p.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert p.proc.poll() is None, "the first signal waits for the running request"
+    t0 = time.monotonic()
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(5) == 0, p.stderr()
+    assert time.monotonic() - t0 < 1.5, "a second signal did not stop the drain"
+    try:
+        first(timeout=5)
+    except OSError:
+        pass  # its connection was dropped: the operator asked to stop at once
+    p.stop()

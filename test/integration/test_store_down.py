@@ -5,6 +5,7 @@ import time
 
 from conftest import (REPLAY, assert_problem, hone, new_key, redis_record,
                       wait_for)
+from test_in_flight import start_slow
 
 
 def readyz(p):
@@ -132,3 +133,18 @@ def test_store_error_answer_is_fast_with_unroutable_redis(proxy, upstream, rdb):
         for c in held:
             c.close()
         lsock.close()
+
+
+def test_store_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
+    """Redis dies while the upstream runs: the client still gets the upstream's
+    answer, and completing the key is retried in the background."""
+    p = proxy("--lock-ttl", "2")
+    key = new_key()
+    first = start_slow(p, rdb, key, 1000)
+    redis_server.stop()
+    t0 = time.monotonic()
+    st, h, body = first()
+    assert st == 200 and hone(h, REPLAY) == "false", (st, body[:200])
+    assert time.monotonic() - t0 < 2.5, "the client waited on the store retries"
+    assert upstream.hits("/slow") == 1
+    wait_for(lambda: "retrying" in p.stderr(), timeout=3, what="a background retry of complete")
