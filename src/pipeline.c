@@ -20,6 +20,7 @@
 
 #define FINISH_BACKOFF_MIN_MS 50
 #define FINISH_BACKOFF_MAX_MS 1000
+#define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
 struct pipeline {
     const struct config *cfg;
@@ -41,6 +42,7 @@ struct lease {
     char *key; /* owned */
     struct store_token tok;
     atomic_bool active;               /* the heartbeat goes on while true */
+    atomic_bool lost;                 /* lock_lost was counted: once per lease */
     _Atomic uint64_t valid_until_ms;  /* the lock cannot have lapsed before this */
     uint64_t tick_sent_ms;            /* heartbeat chain only */
     /* The finishing chain only: */
@@ -246,7 +248,7 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     v = find_header(r, SPAN_LIT("Content-Length"), NULL);
     if (v && parse_uint(*v, &announced) == 0 && announced > cfg->max_body_bytes) {
         set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
-                    "The request body is larger than this proxy accepts (--max-body).");
+                    TOO_LARGE_DETAIL);
         return 1;
     }
     return 0;
@@ -256,13 +258,14 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
 {
     int err;
 
+    (void)pl; /* the request carries everything this step needs */
     if (r->answer)
         return; /* already refused: discard the rest */
     err = buf_append(&r->body, p, n);
     if (err == -E2BIG) {
         buf_done(&r->body);
         set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
-                    "The request body is larger than this proxy accepts (--max-body).");
+                    TOO_LARGE_DETAIL);
         return;
     }
     if (err == 0 && r->enforced)
@@ -271,7 +274,6 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
         buf_done(&r->body);
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "Out of memory while reading the request.");
-        (void)pl;
     }
 }
 
@@ -292,6 +294,8 @@ static void lease_schedule_tick(struct lease *l)
 
 static void lock_lost(struct lease *l, const char *when)
 {
+    if (atomic_exchange(&l->lost, true))
+        return;
     atomic_fetch_add_explicit(&l->pl->lock_lost, 1, memory_order_relaxed);
     log_warn("lock_lost: key %s: another request holds it now (%s); nothing was overwritten",
              l->key, when);
@@ -305,8 +309,8 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
     if (err == 0) {
         atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
     } else if (err == -ESTALE) {
-        if (atomic_exchange(&l->active, false))
-            lock_lost(l, "heartbeat");
+        atomic_store(&l->active, false);
+        lock_lost(l, "heartbeat");
     } else {
         atomic_fetch_add_explicit(&l->pl->store_errors, 1, memory_order_relaxed);
     }
