@@ -16,8 +16,8 @@ struct admin {
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *body)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(body), (void *)(uintptr_t)body, MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        strlen(body), (void *)(uintptr_t)body, MHD_RESPMEM_PERSISTENT);
     enum MHD_Result ret;
 
     if (!resp)
@@ -30,9 +30,8 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct admin *a = cls;
 

@@ -63,14 +63,14 @@ static const struct {
 };
 
 struct opt {
-    const char *flag;   /* "--listen"; for an environment-only entry, the flag it feeds */
-    const char *env;    /* the environment variable, NULL: none */
-    const char *arg;    /* value placeholder in --help, NULL: a flag without value */
-    const char *def;    /* default, parsed like any value; NULL: none */
+    const char *flag; /* "--listen"; for an environment-only entry, the flag it feeds */
+    const char *env;  /* the environment variable, NULL: none */
+    const char *arg;  /* value placeholder in --help, NULL: a flag without value */
+    const char *def;  /* default, parsed like any value; NULL: none */
     const char *help;
     enum kind kind;
-    size_t off;   /* the field in struct config */
-    size_t off_n; /* K_METHODS, K_HEADERS: the entry count */
+    size_t off;                 /* the field in struct config */
+    size_t off_n;               /* K_METHODS, K_HEADERS: the entry count */
     const char *const *choices; /* K_CHOICE, NULL-terminated, index = enum value */
     bool env_only;              /* no flag of its own: IDEMPOTENCY_* */
 };
@@ -93,7 +93,8 @@ static const struct opt opts[] = {
       "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, F(listen), 0, NULL, false },
     { "--upstream", "IDEMPROXY_UPSTREAM", "URL", NULL,
       "required: the API to protect, http:// or https://; a path prefix is prepended to every "
-      "target", K_URL, F(upstream), 0, NULL, false },
+      "target",
+      K_URL, F(upstream), 0, NULL, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
       "Redis store, redis://[:password@]host:port[/db]; none: in-process memory store", K_REDIS,
       F(redis_url), 0, NULL, false },
@@ -108,8 +109,7 @@ static const struct opt opts[] = {
       "response header telling a replay (true) from an execution (false)", K_HEADER,
       F(replay_header), 0, NULL, false },
     { "--require-key", "IDEMPROXY_REQUIRE_KEY", NULL, "false",
-      "answer 400 to an enforced request without a key", K_BOOL, F(require_key), 0, NULL,
-      false },
+      "answer 400 to an enforced request without a key", K_BOOL, F(require_key), 0, NULL, false },
     { "--scope-header", "IDEMPROXY_SCOPE_HEADER", "NAME", "Authorization",
       "header whose value scopes keys per client; repeatable (environment: comma-separated)",
       K_HEADERS, F(scope_headers), F(nscope_headers), NULL, false },
@@ -123,13 +123,13 @@ static const struct opt opts[] = {
     { "--max-ttl", "IDEMPROXY_MAX_TTL", "S", "604800", "cap on a TTL asked for by a request",
       K_SECONDS, F(max_ttl_ms), 0, NULL, false },
     { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
-      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, F(ttl_header), 0,
-      NULL, false },
-    { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30",
-      "seconds a lock lives without a heartbeat", K_SECONDS, F(lock_ttl_ms), 0, NULL, false },
+      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, F(ttl_header), 0, NULL,
+      false },
+    { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30", "seconds a lock lives without a heartbeat",
+      K_SECONDS, F(lock_ttl_ms), 0, NULL, false },
     { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,429",
-      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS,
-      F(no_cache), 0, NULL, false },
+      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS, F(no_cache),
+      0, NULL, false },
     { "--max-body", "IDEMPROXY_MAX_BODY", "BYTES", "1M", "largest request body (413 above)",
       K_BYTES, F(max_body_bytes), 0, NULL, false },
     { "--max-response", "IDEMPROXY_MAX_RESPONSE", "BYTES", "4M",
@@ -137,17 +137,16 @@ static const struct opt opts[] = {
     { "--memory-max-bytes", "IDEMPROXY_MEMORY_MAX_BYTES", "BYTES", "256M",
       "budget of the memory store", K_BYTES, F(memory_max_bytes), 0, NULL, false },
     { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
-      "bound on a whole upstream exchange (504 after)", K_SECONDS, F(upstream_timeout_ms), 0,
-      NULL, false },
-    { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
-      "a client idle this long is disconnected", K_SECONDS, F(client_timeout_ms), 0, NULL,
+      "bound on a whole upstream exchange (504 after)", K_SECONDS, F(upstream_timeout_ms), 0, NULL,
       false },
+    { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
+      "a client idle this long is disconnected", K_SECONDS, F(client_timeout_ms), 0, NULL, false },
     { "--shutdown-timeout", "IDEMPROXY_SHUTDOWN_TIMEOUT", "S", "10",
       "on SIGTERM, how long running requests may finish", K_SECONDS, F(shutdown_timeout_ms), 0,
       NULL, false },
     { "--store-timeout", "IDEMPROXY_STORE_TIMEOUT", "S", "1",
-      "bound on one store call (then store_unavailable)", K_SECONDS, F(store_timeout_ms), 0,
-      NULL, false },
+      "bound on one store call (then store_unavailable)", K_SECONDS, F(store_timeout_ms), 0, NULL,
+      false },
     { "--wait", "IDEMPROXY_WAIT", "S", "0",
       "hold a duplicate of a running request this long for its replay; 0 answers 409 at once",
       K_SECONDS0, F(wait_ms), 0, NULL, false },
@@ -161,10 +160,10 @@ static const struct opt opts[] = {
     { "--log-level", "IDEMPROXY_LOG_LEVEL", "error|warn|info|debug", "info",
       "most verbose level logged", K_CHOICE, F(log_level), 0, log_level_names, false },
     { NULL, "IDEMPOTENCY_ENABLED", "BOOL", "true",
-      "false turns enforcement off: every request is passed through", K_BOOL, F(enabled), 0,
-      NULL, true },
-    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help),
-      0, NULL, false },
+      "false turns enforcement off: every request is passed through", K_BOOL, F(enabled), 0, NULL,
+      true },
+    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help), 0,
+      NULL, false },
     { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, F(show_version), 0,
       NULL, false },
 };
@@ -252,10 +251,7 @@ static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
     return 0;
 }
 
-int config_parse_seconds(const char *s, uint64_t *ret)
-{
-    return parse_seconds(s, false, ret);
-}
+int config_parse_seconds(const char *s, uint64_t *ret) { return parse_seconds(s, false, ret); }
 
 int config_parse_bool(const char *s, bool *ret)
 {
@@ -343,10 +339,7 @@ int config_parse_addr(const char *s, struct config_addr *ret)
     return 0;
 }
 
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t';
-}
+static bool is_space(char c) { return c == ' ' || c == '\t'; }
 
 /* Trims blanks around s[0..n). */
 static struct span trim(const char *s, size_t n)
@@ -682,12 +675,11 @@ static void value_err(const struct opt *o, bool from_env, const char *v, int r, 
     else if (r == -E2BIG)
         set_err(err, errlen, "%s: too many entries (at most %d)", src, CONFIG_MAX_LIST);
     else
-        set_err(err, errlen, "%s: '%s' is not %s (%s)", src, val, kind_info[o->kind].what,
-                expect);
+        set_err(err, errlen, "%s: '%s' is not %s (%s)", src, val, kind_info[o->kind].what, expect);
 }
 
-static int apply(struct config *cfg, const struct opt *o, bool from_env, const char *v,
-                 bool append, char *err, size_t errlen)
+static int apply(struct config *cfg, const struct opt *o, bool from_env, const char *v, bool append,
+                 char *err, size_t errlen)
 {
     int r = opt_set(cfg, o, v, append);
 
@@ -790,8 +782,7 @@ static int load_flags(struct config *cfg, int argc, char *const argv[], char *er
                 choices_text(o->choices, expect, sizeof(expect));
             else
                 snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
-            set_err(err, errlen, "%s: missing value (%s %s: %s)", o->flag, o->flag, o->arg,
-                    expect);
+            set_err(err, errlen, "%s: missing value (%s %s: %s)", o->flag, o->flag, o->arg, expect);
             return -EINVAL;
         }
         /* The first flag of a list replaces the environment's list; repeats append. */
@@ -826,8 +817,9 @@ static int check_store_is_built(const struct config *cfg, char *err, size_t errl
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
     if (!cfg->upstream) {
-        set_err(err, errlen, "--upstream: required (the URL of the API to protect, e.g. "
-                             "--upstream http://127.0.0.1:3000)");
+        set_err(err, errlen,
+                "--upstream: required (the URL of the API to protect, e.g. "
+                "--upstream http://127.0.0.1:3000)");
         return -EINVAL;
     }
     if (cfg->ttl_ms > cfg->max_ttl_ms) {

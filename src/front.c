@@ -115,10 +115,7 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t len)
                   (socklen_t)len);
 }
 
-static void record_unref_cb(void *cls)
-{
-    record_unref(cls);
-}
+static void record_unref_cb(void *cls) { record_unref(cls); }
 
 /* Queues the answer of <r>. The response borrows the record's body (no copy)
  * and holds a reference on it until MHD is done with it. */
@@ -131,8 +128,8 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
     r->answered = true;
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
-    resp = MHD_create_response_from_buffer_with_free_callback_cls(
-        rec->body.len, rec->body.data, record_unref_cb, record_ref(rec));
+    resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
+                                                                  record_unref_cb, record_ref(rec));
     if (!resp) {
         record_unref(rec);
         return MHD_NO;
@@ -157,9 +154,8 @@ static void on_done(struct req *r, void *ctx)
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct front *f = cls;
     struct req *r = *con_cls;
@@ -219,14 +215,14 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
     f->pl = pl;
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    f->d = MHD_start_daemon(
-        flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-        MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
-        MHD_OPTION_URI_LOG_CALLBACK, on_uri, f, MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
-        /* one above ours, so on_accept() refuses before MHD stops accepting */
-        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
-        timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    f->d = MHD_start_daemon(flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER,
+                            on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, f, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, f, MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
+                            /* one above ours, so on_accept() refuses before MHD stops accepting */
+                            MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1,
+                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!f->d) {
         free(f);
         return -EADDRINUSE;
@@ -243,10 +239,7 @@ void front_quiesce(struct front *f)
         close(s);
 }
 
-unsigned front_requests(const struct front *f)
-{
-    return atomic_load(&f->requests);
-}
+unsigned front_requests(const struct front *f) { return atomic_load(&f->requests); }
 
 void front_stop(struct front *f)
 {

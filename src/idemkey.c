@@ -6,10 +6,7 @@
 
 #include "idemproxy/idemkey.h"
 
-static bool key_byte_ok(unsigned char c)
-{
-    return c >= 0x21 && c <= 0x7e;
-}
+static bool key_byte_ok(unsigned char c) { return c >= 0x21 && c <= 0x7e; }
 
 /* An RFC 8941 sf-string: <v> starts with '"' and must end with the one
  * unescaped '"' that closes it. Only \" and \\ are escapes. */

@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#define LOG_MSG_MAX 2048 /* longer messages are cut and end with "..." */
+#define LOG_MSG_MAX 2048                     /* longer messages are cut and end with "..." */
 #define LOG_LINE_MAX (LOG_MSG_MAX * 6 + 128) /* JSON escapes a byte into at most \u00XX */
 
 /* Set once before threads start; atomics keep a late log_setup() well defined. */

@@ -4,9 +4,9 @@
  * for signals; every other thread is started by a module. */
 #include <curl/curl.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "idemproxy/admin.h"
@@ -73,8 +73,8 @@ static void raise_fd_limit(const struct config *cfg)
     (void)setrlimit(RLIMIT_NOFILE, &rl);
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 2 * (rlim_t)cfg->max_connections + 64)
         log_warn("--max-connections %u: only %llu file descriptors are allowed (ulimit -n); "
-                 "connections past that fail to be accepted", cfg->max_connections,
-                 (unsigned long long)rl.rlim_cur);
+                 "connections past that fail to be accepted",
+                 cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
 static void app_down(struct app *app)
@@ -93,7 +93,7 @@ static int app_up(struct app *app)
 {
     const struct config *cfg = &app->cfg;
     size_t capture = cfg->max_response_bytes > MIN_CAPTURE_BYTES / 4 ? cfg->max_response_bytes * 4
-                                                                      : MIN_CAPTURE_BYTES;
+                                                                     : MIN_CAPTURE_BYTES;
     struct upstream_options uo = {
         .base_url = cfg->upstream,
         .timeout_ms = cfg->upstream_timeout_ms,
@@ -191,8 +191,8 @@ int main(int argc, char **argv)
     do
         sig = wait_signal(&set, 1000);
     while (!sig);
-    log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)",
-             strsignal(sig), front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
+    log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),
+             front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
     front_quiesce(app.front);
     if (!drain(&app, &set, now_ms() + app.cfg.shutdown_timeout_ms, &forced) && !forced) {
         /* Cut the upstream calls still running: their locks are released and

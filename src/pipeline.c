@@ -41,15 +41,15 @@ struct lease {
     struct pipeline *pl;
     char *key; /* owned */
     struct store_token tok;
-    atomic_bool active;               /* the heartbeat goes on while true */
-    atomic_bool lost;                 /* lock_lost was counted: once per lease */
-    _Atomic uint64_t valid_until_ms;  /* the lock cannot have lapsed before this */
-    uint64_t tick_sent_ms;            /* heartbeat chain only */
+    atomic_bool active;              /* the heartbeat goes on while true */
+    atomic_bool lost;                /* lock_lost was counted: once per lease */
+    _Atomic uint64_t valid_until_ms; /* the lock cannot have lapsed before this */
+    uint64_t tick_sent_ms;           /* heartbeat chain only */
     /* The finishing chain only: */
-    struct record *rec;               /* owned reference to complete with; NULL: release */
+    struct record *rec; /* owned reference to complete with; NULL: release */
     uint64_t ttl_ms;
     uint64_t backoff_ms;
-    struct req *r;                    /* answered after the first attempt, then NULL */
+    struct req *r; /* answered after the first attempt, then NULL */
 };
 
 static void forward(struct req *r);
@@ -83,10 +83,7 @@ static void req_finish(struct req *r)
     atomic_fetch_sub_explicit(&pl->inflight, 1, memory_order_release);
 }
 
-static void finish_job(void *ctx)
-{
-    req_finish(ctx);
-}
+static void finish_job(void *ctx) { req_finish(ctx); }
 
 /* Answers from a pool thread, so that a refusal inside pipeline_run() never
  * calls back from inside it. */
@@ -247,8 +244,7 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     }
     v = find_header(r, SPAN_LIT("Content-Length"), NULL);
     if (v && parse_uint(*v, &announced) == 0 && announced > cfg->max_body_bytes) {
-        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
-                    TOO_LARGE_DETAIL);
+        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
         return 1;
     }
     return 0;
@@ -264,8 +260,7 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
     err = buf_append(&r->body, p, n);
     if (err == -E2BIG) {
         buf_done(&r->body);
-        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
-                    TOO_LARGE_DETAIL);
+        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
         return;
     }
     if (err == 0 && r->enforced)
@@ -383,7 +378,8 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
             r = NULL;
         }
         log_error("store %s of key %s failed (%s); giving up: the lock expires within "
-                  "--lock-ttl", l->rec ? "complete" : "release", l->key, strerror(-err));
+                  "--lock-ttl",
+                  l->rec ? "complete" : "release", l->key, strerror(-err));
     }
     atomic_store(&l->active, false);
     if (r)
@@ -641,10 +637,7 @@ int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up
     return 0;
 }
 
-unsigned pipeline_inflight(const struct pipeline *pl)
-{
-    return atomic_load(&pl->inflight);
-}
+unsigned pipeline_inflight(const struct pipeline *pl) { return atomic_load(&pl->inflight); }
 
 void pipeline_detach_upstream(struct pipeline *pl)
 {
@@ -653,10 +646,7 @@ void pipeline_detach_upstream(struct pipeline *pl)
     pthread_mutex_unlock(&pl->up_lock);
 }
 
-void pipeline_stop(struct pipeline *pl)
-{
-    atomic_store(&pl->stopping, true);
-}
+void pipeline_stop(struct pipeline *pl) { atomic_store(&pl->stopping, true); }
 
 void pipeline_free(struct pipeline *pl)
 {

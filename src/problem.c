@@ -26,8 +26,8 @@ static char *problem_json(const struct problem_desc *d, const char *detail)
     obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
                     (int)d->status, "detail", detail ? detail : d->title, "code", d->code);
     if (!obj && detail)
-        obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title,
-                        "status", (int)d->status, "detail", d->title, "code", d->code);
+        obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
+                        (int)d->status, "detail", d->title, "code", d->code);
     if (!obj)
         return NULL;
     s = json_dumps(obj, JSON_COMPACT);

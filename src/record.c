@@ -95,10 +95,16 @@ const char *record_header_get(const struct record *rec, const char *name)
 }
 
 static const struct span hop_by_hop[] = {
-    SPAN_LIT("Connection"),         SPAN_LIT("Keep-Alive"),     SPAN_LIT("Proxy-Connection"),
-    SPAN_LIT("Transfer-Encoding"),  SPAN_LIT("TE"),             SPAN_LIT("Trailer"),
-    SPAN_LIT("Upgrade"),            SPAN_LIT("Proxy-Authenticate"),
-    SPAN_LIT("Proxy-Authorization"), SPAN_LIT("Content-Length"),
+    SPAN_LIT("Connection"),
+    SPAN_LIT("Keep-Alive"),
+    SPAN_LIT("Proxy-Connection"),
+    SPAN_LIT("Transfer-Encoding"),
+    SPAN_LIT("TE"),
+    SPAN_LIT("Trailer"),
+    SPAN_LIT("Upgrade"),
+    SPAN_LIT("Proxy-Authenticate"),
+    SPAN_LIT("Proxy-Authorization"),
+    SPAN_LIT("Content-Length"),
 };
 
 bool record_is_hop_by_hop(struct span name)
@@ -110,10 +116,7 @@ bool record_is_hop_by_hop(struct span name)
     return false;
 }
 
-static bool is_ows(char c)
-{
-    return c == ' ' || c == '\t';
-}
+static bool is_ows(char c) { return c == ' ' || c == '\t'; }
 
 bool record_is_connection_listed(const char *connection, struct span name)
 {
@@ -173,10 +176,7 @@ void record_filter_hop_by_hop(struct record *rec)
     rec->nheaders = kept;
 }
 
-static int put_u8(struct buf *b, uint8_t v)
-{
-    return buf_append(b, &v, 1);
-}
+static int put_u8(struct buf *b, uint8_t v) { return buf_append(b, &v, 1); }
 
 static int put_u16(struct buf *b, uint16_t v)
 {

@@ -42,7 +42,7 @@ struct pinger {
 
 struct store_redis {
     struct store base;
-    struct worker_pool *pool; /* borrowed */
+    struct worker_pool *pool;   /* borrowed */
     struct store_redis_url url; /* owns url.password */
     struct timeval timeout;
     struct redis_conn *conns; /* owned array, one per pool thread, used by that thread only */
@@ -50,7 +50,7 @@ struct store_redis {
     atomic_bool ready;
     pthread_mutex_t mu; /* guards inflight */
     pthread_cond_t idle;
-    unsigned inflight; /* accepted operations that have not called back yet */
+    unsigned inflight;     /* accepted operations that have not called back yet */
     struct pinger *pinger; /* see struct pinger for who owns it */
 };
 
@@ -532,8 +532,7 @@ static void op_run(void *arg)
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
-                  const struct store_token *tok, store_done_fn *done, void *ctx,
-                  struct op **ret)
+                  const struct store_token *tok, store_done_fn *done, void *ctx, struct op **ret)
 {
     struct op *op;
 
@@ -573,14 +572,11 @@ static int op_submit(struct op *op)
     return err;
 }
 
-static struct store_redis *to_redis(struct store *st)
-{
-    return (struct store_redis *)st;
-}
+static struct store_redis *to_redis(struct store *st) { return (struct store_redis *)st; }
 
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                         const struct store_token *tok, uint64_t lock_ttl_ms,
-                         store_done_fn *done, void *ctx)
+                         const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
+                         void *ctx)
 {
     struct op *op;
     int err;
@@ -644,10 +640,7 @@ static int redis_extend(struct store *base, struct span key, const struct store_
     return op_submit(op);
 }
 
-static bool redis_is_ready(struct store *base)
-{
-    return atomic_load(&to_redis(base)->ready);
-}
+static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(base)->ready); }
 
 /* ---- readiness ---- */
 

@@ -52,10 +52,7 @@ struct upstream {
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static CURLcode global_rc;
 
-static void global_init(void)
-{
-    global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
+static void global_init(void) { global_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 /* Frees <x> and what it owns; the easy handle must be out of the multi. NULL-safe. */
 static void xfer_free(struct xfer *x)
@@ -123,10 +120,7 @@ static bool is_tchar(unsigned char c)
     return c && strchr("!#$%&'*+-.^_`|~", c);
 }
 
-static bool is_ows(char c)
-{
-    return c == ' ' || c == '\t';
-}
+static bool is_ows(char c) { return c == ' ' || c == '\t'; }
 
 /* One raw response header line. A status line starts a new response: the
  * headers of an interim 1xx answer must not reach the record. Lines after the

@@ -239,7 +239,8 @@ static int submit(struct worker_pool *p, bool delayed, uint64_t delay_ms, worker
     if (!j)
         return -ENOMEM;
     now = now_ms();
-    *j = (struct job){ .fn = fn, .ctx = ctx,
+    *j = (struct job){ .fn = fn,
+                       .ctx = ctx,
                        .due_ms = delay_ms > UINT64_MAX - now ? UINT64_MAX : now + delay_ms };
     pthread_mutex_lock(&p->mu);
     if (p->stopping) {
@@ -273,15 +274,9 @@ int worker_submit_after(struct worker_pool *p, uint64_t delay_ms, worker_fn *fn,
     return submit(p, true, delay_ms, fn, ctx);
 }
 
-int worker_current_index(void)
-{
-    return current_index;
-}
+int worker_current_index(void) { return current_index; }
 
-unsigned worker_pool_size(const struct worker_pool *p)
-{
-    return p->nthreads;
-}
+unsigned worker_pool_size(const struct worker_pool *p) { return p->nthreads; }
 
 void worker_pool_free(struct worker_pool *p)
 {

@@ -38,34 +38,35 @@ struct config_addr {
 struct config {
     struct config_addr listen;       /* --listen, default 127.0.0.1:8080 */
     struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
-    char *upstream;  /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
-    char *redis_url; /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
+    char *upstream; /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
+    char *redis_url;                /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
     char *methods[CONFIG_MAX_LIST]; /* --methods, upper case, default POST,PUT,PATCH */
     size_t nmethods;
-    char *key_header;    /* --key-header, default Idempotency-Key */
-    char *replay_header; /* --replay-header, default X-Idempotency-Replayed */
-    bool require_key;    /* --require-key */
+    char *key_header;                     /* --key-header, default Idempotency-Key */
+    char *replay_header;                  /* --replay-header, default X-Idempotency-Replayed */
+    bool require_key;                     /* --require-key */
     char *scope_headers[CONFIG_MAX_LIST]; /* --scope-header (repeatable), default Authorization */
     size_t nscope_headers;
-    char *key_prefix;       /* --key-prefix, default "idem:" */
-    uint64_t ttl_ms;        /* --ttl, default 86400 s */
-    uint64_t max_ttl_ms;    /* --max-ttl, default 604800 s */
-    char *ttl_header;       /* --ttl-header, default X-TTL; "" disables */
-    uint64_t lock_ttl_ms;   /* --lock-ttl, default 30 s */
-    bool no_cache[600];     /* --no-cache-status: no_cache[status] is true when not cached (default 5xx,429) */
-    size_t max_body_bytes;     /* --max-body, default 1 MiB */
-    size_t max_response_bytes; /* --max-response, default 4 MiB */
-    size_t memory_max_bytes;   /* --memory-max-bytes, default 256 MiB */
-    uint64_t upstream_timeout_ms; /* --upstream-timeout, default 30 s */
-    uint64_t client_timeout_ms;   /* --client-timeout, default 30 s */
-    uint64_t shutdown_timeout_ms; /* --shutdown-timeout, default 10 s */
-    uint64_t store_timeout_ms;    /* --store-timeout, default 1 s */
-    uint64_t wait_ms;             /* --wait, default 0 */
+    char *key_prefix;      /* --key-prefix, default "idem:" */
+    uint64_t ttl_ms;       /* --ttl, default 86400 s */
+    uint64_t max_ttl_ms;   /* --max-ttl, default 604800 s */
+    char *ttl_header;      /* --ttl-header, default X-TTL; "" disables */
+    uint64_t lock_ttl_ms;  /* --lock-ttl, default 30 s */
+    bool no_cache[600];    /* --no-cache-status: no_cache[status] is true when not cached (default
+                              5xx,429) */
+    size_t max_body_bytes; /* --max-body, default 1 MiB */
+    size_t max_response_bytes;                 /* --max-response, default 4 MiB */
+    size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms;              /* --upstream-timeout, default 30 s */
+    uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
+    uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
+    uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */
+    uint64_t wait_ms;                          /* --wait, default 0 */
     enum config_on_store_error on_store_error; /* --on-store-error, default reject */
     unsigned max_connections;                  /* --max-connections, default 4096 */
     enum config_log_format log_format;         /* --log-format, default text */
     enum config_log_level log_level;           /* --log-level, default info */
-    bool enabled;      /* IDEMPOTENCY_ENABLED, default true */
+    bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
     bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
     bool show_version; /* --version was given */
 };

@@ -25,24 +25,25 @@ enum outcome {
         _OUTCOME_MAX
 };
 
-#define PROBLEM_DRAFT "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header"
+#define PROBLEM_DRAFT                                                                              \
+    "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header"
 
 /* id, status, code, title, type */
 #define PROBLEM_LIST(X)                                                                            \
-    X(KEY_IN_USE, 409, "idempotency_key_in_use", "A request with this Idempotency-Key is in progress", \
-      PROBLEM_DRAFT "#section-2.6")                                                                \
+    X(KEY_IN_USE, 409, "idempotency_key_in_use",                                                   \
+      "A request with this Idempotency-Key is in progress", PROBLEM_DRAFT "#section-2.6")          \
     X(KEY_MISMATCH, 422, "idempotency_key_mismatch",                                               \
       "Idempotency-Key reused with a different request", PROBLEM_DRAFT "#section-2.2")             \
-    X(KEY_MISSING, 400, "idempotency_key_missing", "Idempotency-Key header is required",         \
+    X(KEY_MISSING, 400, "idempotency_key_missing", "Idempotency-Key header is required",           \
       PROBLEM_DRAFT "#section-2.1")                                                                \
-    X(KEY_INVALID, 400, "idempotency_key_invalid", "Idempotency-Key header is invalid",          \
+    X(KEY_INVALID, 400, "idempotency_key_invalid", "Idempotency-Key header is invalid",            \
       PROBLEM_DRAFT "#section-2.1")                                                                \
-    X(PAYLOAD_TOO_LARGE, 413, "payload_too_large", "Request body too large", "about:blank")       \
+    X(PAYLOAD_TOO_LARGE, 413, "payload_too_large", "Request body too large", "about:blank")        \
     X(STORE_UNAVAILABLE, 503, "store_unavailable", "Idempotency store unavailable", "about:blank") \
-    X(UPSTREAM_UNAVAILABLE, 502, "upstream_unavailable", "Upstream unavailable", "about:blank")   \
-    X(UPSTREAM_TIMEOUT, 504, "upstream_timeout", "Upstream timed out", "about:blank")             \
-    X(RESPONSE_TOO_LARGE, 502, "response_too_large",                                               \
-      "Original response was too large to keep", "about:blank")
+    X(UPSTREAM_UNAVAILABLE, 502, "upstream_unavailable", "Upstream unavailable", "about:blank")    \
+    X(UPSTREAM_TIMEOUT, 504, "upstream_timeout", "Upstream timed out", "about:blank")              \
+    X(RESPONSE_TOO_LARGE, 502, "response_too_large", "Original response was too large to keep",    \
+      "about:blank")
 
 enum problem {
 #define X(id, status, code, title, type) PROBLEM_##id,

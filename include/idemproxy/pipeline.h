@@ -31,8 +31,8 @@ struct req {
     /* Filled by the front end before pipeline_begin(); borrowed spans stay valid
      * for the life of the request. */
     struct span method;
-    struct span target; /* raw request target, exactly as received */
-    char *target_buf;   /* owned: the bytes of <target> */
+    struct span target;              /* raw request target, exactly as received */
+    char *target_buf;                /* owned: the bytes of <target> */
     struct upstream_header *headers; /* owned array; the spans borrow the front end's memory */
     size_t nheaders, headers_cap;
     char client_ip[64];
@@ -45,19 +45,19 @@ struct req {
     bool running;    /* pipeline_run() was called */
     struct fingerprint fp;
     uint8_t digest[FINGERPRINT_LEN];
-    char *store_key;       /* owned: <prefix><scope>:<key> */
+    char *store_key; /* owned: <prefix><scope>:<key> */
     struct store_token tok;
-    struct lease *lease;   /* reference while the lock is held */
+    struct lease *lease;            /* reference while the lock is held */
     struct upstream_request up_req; /* what is forwarded: borrows from this request */
-    uint64_t ttl_ms;       /* how long a completed answer is kept */
+    uint64_t ttl_ms;                /* how long a completed answer is kept */
     uint64_t start_ms;
     uint64_t acquire_sent_ms;
     req_done_fn *done;
     void *done_ctx;
 
     /* The answer, set once by the pipeline. */
-    struct record *answer;  /* owned reference */
-    const char *replayed;   /* value of the replay header ("true"/"false"), or NULL for none */
+    struct record *answer; /* owned reference */
+    const char *replayed;  /* value of the replay header ("true"/"false"), or NULL for none */
     enum outcome outcome;
 };
 

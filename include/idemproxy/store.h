@@ -21,7 +21,8 @@ enum store_status {
     STORE_ACQUIRED,  /* acquire: the lock is ours, under the token given */
     STORE_IN_FLIGHT, /* acquire: locked by another request with the same fingerprint */
     STORE_MISMATCH,  /* acquire: the key is known with another fingerprint */
-    STORE_COMPLETED, /* acquire: completed earlier with this fingerprint; res->rec is the response */
+    STORE_COMPLETED, /* acquire: completed earlier with this fingerprint; res->rec is the response
+                      */
     STORE_OK,        /* complete, release, extend: done (also when a retry finds its own result) */
 };
 
@@ -63,9 +64,9 @@ int store_token_new(struct store_token *ret);
 /* Starts ACQUIRE of <key> (copied) for the fingerprint <fp> under the token
  * <tok> (copied), locking it for <lock_ttl_ms>. Returns 0 when accepted: <done>
  * then runs exactly once. Returns a negative errno when refused: <done> never runs. */
-static inline int store_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                                const struct store_token *tok, uint64_t lock_ttl_ms,
-                                store_done_fn *done, void *ctx)
+static inline int store_acquire(struct store *st, struct span key,
+                                const uint8_t fp[FINGERPRINT_LEN], const struct store_token *tok,
+                                uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
 {
     return st->ops->acquire(st, key, fp, tok, lock_ttl_ms, done, ctx);
 }
@@ -97,10 +98,7 @@ static inline int store_extend(struct store *st, struct span key, const struct s
 }
 
 /* True while the store answers (for /readyz). Cheap, any thread. */
-static inline bool store_is_ready(struct store *st)
-{
-    return st->ops->is_ready(st);
-}
+static inline bool store_is_ready(struct store *st) { return st->ops->is_ready(st); }
 
 /* Frees <st>: every accepted operation has reported back before it returns. NULL-safe. */
 static inline void store_free(struct store *st)

@@ -12,9 +12,9 @@ struct worker_pool;
 
 struct store_redis_url {
     char host[256];
-    unsigned port;    /* default 6379 */
-    char *password;   /* owned, NULL: none */
-    unsigned db;      /* default 0 */
+    unsigned port;  /* default 6379 */
+    char *password; /* owned, NULL: none */
+    unsigned db;    /* default 0 */
 };
 
 /* Parses redis://[:password@]host[:port][/db] (also redis://user:password@…,

@@ -36,10 +36,10 @@ struct upstream_request {
 typedef void upstream_done_fn(void *ctx, int err, struct record *rec, uint64_t elapsed_ms);
 
 struct upstream_options {
-    const char *base_url;      /* scheme://host[:port][/prefix], no trailing '/' */
-    uint64_t timeout_ms;       /* bounds the whole exchange */
-    size_t max_capture_bytes;  /* a response body past this fails with -E2BIG */
-    unsigned max_connections;  /* kept-alive connections to the upstream */
+    const char *base_url;     /* scheme://host[:port][/prefix], no trailing '/' */
+    uint64_t timeout_ms;      /* bounds the whole exchange */
+    size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
+    unsigned max_connections; /* kept-alive connections to the upstream */
 };
 
 /* Starts the upstream thread. Returns 0 with it in <ret>, or a negative errno. */

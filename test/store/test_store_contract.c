@@ -483,8 +483,8 @@ static void *racer_main(void *arg)
     ra->ret = store_token_new(&t);
     if (ra->ret == 0) {
         ra->call = call_new();
-        ra->ret = store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t, 10000, call_done,
-                                ra->call);
+        ra->ret =
+            store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t, 10000, call_done, ra->call);
     }
     return NULL;
 }
@@ -701,12 +701,36 @@ static void test_redis_parse_url(void)
 
     u = (struct store_redis_url){ .port = 42, .db = 9 };
     static const char *const bad[] = {
-        NULL, "", "redis://", "redis:///0", "redis://:pw@", "redis://:pw@:6379",
-        "rediss://h", "http://h:6379", "unix:///tmp/redis.sock", "h:6379", "redis:/h",
-        "redis://h:", "redis://h:0", "redis://h:65536", "redis://h:99999999999", "redis://h:6x",
-        "redis://h:-1", "redis://h/x", "redis://h/-1", "redis://h/2147483648", "redis://h/1/2",
-        "redis://h?db=1", "redis://h#x", "redis://h h", "redis://[::1", "redis://[::1]x",
-        "redis://[zz]", "redis://:%zz@h", "redis://:%4@h", "redis://:%00@h",
+        NULL,
+        "",
+        "redis://",
+        "redis:///0",
+        "redis://:pw@",
+        "redis://:pw@:6379",
+        "rediss://h",
+        "http://h:6379",
+        "unix:///tmp/redis.sock",
+        "h:6379",
+        "redis:/h",
+        "redis://h:",
+        "redis://h:0",
+        "redis://h:65536",
+        "redis://h:99999999999",
+        "redis://h:6x",
+        "redis://h:-1",
+        "redis://h/x",
+        "redis://h/-1",
+        "redis://h/2147483648",
+        "redis://h/1/2",
+        "redis://h?db=1",
+        "redis://h#x",
+        "redis://h h",
+        "redis://[::1",
+        "redis://[::1]x",
+        "redis://[zz]",
+        "redis://:%zz@h",
+        "redis://:%4@h",
+        "redis://:%00@h",
     };
     for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
         int r = store_redis_parse_url(bad[i], &u);
@@ -1106,7 +1130,10 @@ struct test {
     check_test_fn *fn;
 };
 
-#define TEST(fn) { #fn, fn }
+#define TEST(fn)                                                                                   \
+    {                                                                                              \
+#fn, fn                                                                                    \
+    }
 
 static const struct test contract_tests[] = {
     TEST(test_acquire_new_then_in_flight_then_mismatch),
@@ -1159,8 +1186,9 @@ int main(int argc, char **argv)
     if (strcmp(kind->name, "redis") == 0) {
         redis_url = getenv("IDEMPROXY_TEST_REDIS_URL");
         if (!redis_url || !*redis_url) {
-            fprintf(stderr, "%s: IDEMPROXY_TEST_REDIS_URL is not set: the redis store suite "
-                            "needs a running Redis (scripts/test starts one and sets it)\n",
+            fprintf(stderr,
+                    "%s: IDEMPROXY_TEST_REDIS_URL is not set: the redis store suite "
+                    "needs a running Redis (scripts/test starts one and sets it)\n",
                     argv[0]);
             return 1;
         }

@@ -125,18 +125,25 @@ static void test_config_defaults(void)
 static void test_config_flag_beats_env_beats_default(void)
 {
     struct config c;
-    char *env[] = { "IDEMPROXY_MAX_BODY=2M", "IDEMPROXY_LOG_LEVEL=debug",
-                    "IDEMPROXY_LISTEN=127.0.0.1:7000", "IDEMPROXY_KEY_PREFIX=env:",
-                    "IDEMPROXY_REQUIRE_KEY=yes", "IDEMPROXY_LOG_FORMAT=json",
-                    "IDEMPROXY_ON_STORE_ERROR=passthrough", "IDEMPROXY_WAIT=2",
-                    "IDEMPROXY_NO_CACHE_STATUS=", "OTHER=1", "IDEMPROXY_TEST_REDIS_URL=x", NULL };
+    char *env[] = { "IDEMPROXY_MAX_BODY=2M",
+                    "IDEMPROXY_LOG_LEVEL=debug",
+                    "IDEMPROXY_LISTEN=127.0.0.1:7000",
+                    "IDEMPROXY_KEY_PREFIX=env:",
+                    "IDEMPROXY_REQUIRE_KEY=yes",
+                    "IDEMPROXY_LOG_FORMAT=json",
+                    "IDEMPROXY_ON_STORE_ERROR=passthrough",
+                    "IDEMPROXY_WAIT=2",
+                    "IDEMPROXY_NO_CACHE_STATUS=",
+                    "OTHER=1",
+                    "IDEMPROXY_TEST_REDIS_URL=x",
+                    NULL };
 
     CHECK_EQ_INT(load(&c, env, "--max-body", "3K", "--listen", "127.0.0.1:7001", NULL), 0);
-    CHECK_EQ_INT(c.max_body_bytes, 3 * 1024);           /* flag */
+    CHECK_EQ_INT(c.max_body_bytes, 3 * 1024); /* flag */
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
-    CHECK_EQ_INT(addr_port(&c.listen), 7001);            /* flag */
-    CHECK_EQ_INT(c.log_level, CONFIG_LOG_DEBUG);         /* env */
-    CHECK_EQ_INT(c.log_format, CONFIG_LOG_JSON);         /* env */
+    CHECK_EQ_INT(addr_port(&c.listen), 7001);    /* flag */
+    CHECK_EQ_INT(c.log_level, CONFIG_LOG_DEBUG); /* env */
+    CHECK_EQ_INT(c.log_format, CONFIG_LOG_JSON); /* env */
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_PASSTHROUGH);
     CHECK_EQ_STR(c.key_prefix, "env:");                  /* env */
     CHECK(c.require_key);                                /* env */
@@ -146,8 +153,9 @@ static void test_config_flag_beats_env_beats_default(void)
     config_done(&c);
 
     /* The environment alone provides the required options. */
-    CHECK_EQ_INT(load_bare(&c, ENV("IDEMPROXY_UPSTREAM=https://api.example/v1/",
-                                   "IDEMPROXY_REDIS_URL=redis://h:1/2"),
+    CHECK_EQ_INT(load_bare(&c,
+                           ENV("IDEMPROXY_UPSTREAM=https://api.example/v1/",
+                               "IDEMPROXY_REDIS_URL=redis://h:1/2"),
                            NULL),
                  0);
     CHECK_EQ_STR(c.upstream, "https://api.example/v1");
@@ -175,9 +183,9 @@ static void test_config_ttl_precedence(void)
     CHECK_EQ_INT(c.ttl_ms, 120000);
     config_done(&c);
 
-    CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), "--ttl",
-                      "1.5", NULL),
-                 0);
+    CHECK_EQ_INT(
+        load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), "--ttl", "1.5", NULL),
+        0);
     CHECK_EQ_INT(c.ttl_ms, 1500);
     config_done(&c);
 
@@ -225,8 +233,21 @@ static void test_config_parse_bytes(void)
         { "17179869183G", 17179869183ull << 30 },
     };
     static const char *const bad[] = {
-        "", "abc", "-1", "+1", " 1", "1 ", "1KB", "1.5M", "K", "1T", "0x10",
-        "18446744073709551616", "17179869184G", "18014398509481984K", "99999999999999999999999",
+        "",
+        "abc",
+        "-1",
+        "+1",
+        " 1",
+        "1 ",
+        "1KB",
+        "1.5M",
+        "K",
+        "1T",
+        "0x10",
+        "18446744073709551616",
+        "17179869184G",
+        "18014398509481984K",
+        "99999999999999999999999",
     };
     size_t v;
 
@@ -250,15 +271,18 @@ static void test_config_parse_seconds(void)
         const char *s;
         uint64_t ms;
     } good[] = {
-        { "30", 30000 },   { "0.5", 500 },         { ".5", 500 },          { "1.", 1000 },
-        { "1.25", 1250 },  { "1.2345", 1235 },     { "1.2344", 1234 },     { "1.9996", 2000 },
-        { "0.001", 1 },    { "0.0001", 1 },        { "0.0000001", 1 },     { "0.0015", 2 },
-        { "007", 7000 },   { "1000000000", 1000000000000ull },
+        { "30", 30000 },    { "0.5", 500 },
+        { ".5", 500 },      { "1.", 1000 },
+        { "1.25", 1250 },   { "1.2345", 1235 },
+        { "1.2344", 1234 }, { "1.9996", 2000 },
+        { "0.001", 1 },     { "0.0001", 1 },
+        { "0.0000001", 1 }, { "0.0015", 2 },
+        { "007", 7000 },    { "1000000000", 1000000000000ull },
     };
     static const char *const bad[] = {
-        "",     "0",     "0.0",  "00",  ".",     "-1",  "-0.5",  "+1",      "inf",       "nan",
-        "1e3",  "0x10",  " 1",   "1 ",  "1s",    "1..", "1.2.3", "1,5",     "1000000001", "NaN",
-        "99999999999999999999999",
+        "",   "0",   "0.0",   "00",  ".",          "-1",  "-0.5",
+        "+1", "inf", "nan",   "1e3", "0x10",       " 1",  "1 ",
+        "1s", "1..", "1.2.3", "1,5", "1000000001", "NaN", "99999999999999999999999",
     };
     uint64_t v;
 
@@ -321,10 +345,26 @@ static void test_config_parse_bool(void)
 static void test_config_parse_addr(void)
 {
     static const char *const bad[] = {
-        "",           "127.0.0.1",       "127.0.0.1:",      "127.0.0.1:0",      "127.0.0.1:65536",
-        "1.2.3.4:99999", "127.0.0.1:abc", "127.0.0.1:-1",   "127.0.0.1:+80",    ":8080",
-        "::1:8080",   "[::1]8080",       "[::1]",           "[::1:8080",        "[]:8080",
-        "[127.0.0.1]:80", "[localhost]:80", "256.1.1.1:80", "127.0.0.1:80x",    "[::1]:0",
+        "",
+        "127.0.0.1",
+        "127.0.0.1:",
+        "127.0.0.1:0",
+        "127.0.0.1:65536",
+        "1.2.3.4:99999",
+        "127.0.0.1:abc",
+        "127.0.0.1:-1",
+        "127.0.0.1:+80",
+        ":8080",
+        "::1:8080",
+        "[::1]8080",
+        "[::1]",
+        "[::1:8080",
+        "[]:8080",
+        "[127.0.0.1]:80",
+        "[localhost]:80",
+        "256.1.1.1:80",
+        "127.0.0.1:80x",
+        "[::1]:0",
     };
     struct config_addr a, keep;
     const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)&a.sa;
@@ -379,8 +419,8 @@ static void test_config_parse_addr(void)
 static void test_config_parse_status_list(void)
 {
     static const char *const bad[] = {
-        "600", "99", "099", "abc", "5xx,,429", ",", "5xx,", "6xx", "0xx", "5x", "5xxx",
-        "1000", "42", "4x9", "-500", "500;502",
+        "600", "99", "099",  "abc",  "5xx,,429", ",",   "5xx,", "6xx",
+        "0xx", "5x", "5xxx", "1000", "42",       "4x9", "-500", "500;502",
     };
     bool s[600], keep[600];
 
@@ -471,9 +511,8 @@ static void test_config_scope_headers(void)
 {
     struct config c;
 
-    CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "Authorization", "--scope-header=X-Tenant",
-                      NULL),
-                 0);
+    CHECK_EQ_INT(
+        load(&c, NOENV, "--scope-header", "Authorization", "--scope-header=X-Tenant", NULL), 0);
     CHECK_EQ_INT(c.nscope_headers, 2);
     CHECK_EQ_STR(c.scope_headers[0], "Authorization");
     CHECK_EQ_STR(c.scope_headers[1], "X-Tenant");
@@ -486,8 +525,8 @@ static void test_config_scope_headers(void)
     config_done(&c);
 
     /* Flags replace the environment's list as a whole, then accumulate. */
-    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key,X-Org"), "--scope-header",
-                      "A", "--scope-header", "B", "--scope-header", "C", NULL),
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key,X-Org"), "--scope-header", "A",
+                      "--scope-header", "B", "--scope-header", "C", NULL),
                  0);
     CHECK_EQ_INT(c.nscope_headers, 3);
     CHECK_EQ_STR(c.scope_headers[0], "A");
@@ -587,8 +626,10 @@ static void test_config_errors_name_the_option(void)
         { { "--ttl" }, NULL, "--ttl: missing value", "S" },
         { { "--ttl", "--max-ttl", "5" }, NULL, "--ttl: missing value", NULL },
         { { "--on-store-error" }, NULL, "--on-store-error: missing value", "passthrough" },
-        { { "--max-body", "abc" }, NULL,
-          "--max-body: 'abc' is not a size (use BYTES, optionally K, M or G)", NULL },
+        { { "--max-body", "abc" },
+          NULL,
+          "--max-body: 'abc' is not a size (use BYTES, optionally K, M or G)",
+          NULL },
         { { "--max-response", "99999999999999999999G" }, NULL, "--max-response:", NULL },
         { { "--memory-max-bytes", "-1" }, NULL, "--memory-max-bytes:", NULL },
         { { "--ttl", "0" }, NULL, "--ttl: '0' is not a positive number of seconds", NULL },
@@ -600,7 +641,9 @@ static void test_config_errors_name_the_option(void)
         { { "--store-timeout", "nan" }, NULL, "--store-timeout:", NULL },
         { { "--ttl", "700000" }, NULL, "--ttl: 700000 s is above --max-ttl (604800 s)", NULL },
         { { "--max-ttl", "60" }, NULL, "--ttl:", "--max-ttl" },
-        { { "--on-store-error", "maybe" }, NULL, "--on-store-error: 'maybe'",
+        { { "--on-store-error", "maybe" },
+          NULL,
+          "--on-store-error: 'maybe'",
           "reject or passthrough" },
         { { "--log-format", "xml" }, NULL, "--log-format: 'xml'", "text or json" },
         { { "--log-level", "trace" }, NULL, "--log-level: 'trace'", "error, warn, info or debug" },
@@ -628,8 +671,7 @@ static void test_config_errors_name_the_option(void)
         { { "--wait", "x" }, NULL, "--wait:", NULL },
         { { "--help=1" }, NULL, "--help:", NULL },
         { { NULL }, "IDEMPROXY_TTL=abc", "IDEMPROXY_TTL (--ttl): 'abc' is not a positive", NULL },
-        { { NULL }, "IDEMPOTENCY_DEFAULT_TTL_SEC=0", "IDEMPOTENCY_DEFAULT_TTL_SEC (--ttl):",
-          NULL },
+        { { NULL }, "IDEMPOTENCY_DEFAULT_TTL_SEC=0", "IDEMPOTENCY_DEFAULT_TTL_SEC (--ttl):", NULL },
         { { NULL }, "IDEMPROXY_MAX_BODY=1Q", "IDEMPROXY_MAX_BODY (--max-body):", NULL },
         { { NULL }, "IDEMPROXY_METHODS=", "IDEMPROXY_METHODS (--methods):", NULL },
         { { NULL }, "IDEMPROXY_LISTEN=x:1", "IDEMPROXY_LISTEN (--listen):", NULL },

@@ -68,16 +68,16 @@ static void test_idemkey_rejects_empty(void)
 
 static void test_idemkey_rejects_bad_sf_strings(void)
 {
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"")), -EINVAL);          /* lone quote */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"abc")), -EINVAL);       /* unterminated */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\\"")), -EINVAL);     /* "a\" : escaped close */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\x\"")), -EINVAL);    /* unknown escape */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\n\"")), -EINVAL);    /* unknown escape */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\")), -EINVAL);       /* dangling backslash */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\"b\"")), -EINVAL);    /* inner unescaped quote */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\"x")), -EINVAL);      /* bytes after the close */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"")), -EINVAL);           /* lone quote */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"abc")), -EINVAL);        /* unterminated */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\\"")), -EINVAL);      /* "a\" : escaped close */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\x\"")), -EINVAL);     /* unknown escape */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\n\"")), -EINVAL);     /* unknown escape */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\\")), -EINVAL);        /* dangling backslash */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\"b\"")), -EINVAL);     /* inner unescaped quote */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\"x")), -EINVAL);       /* bytes after the close */
     CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\", \"b\"")), -EINVAL); /* two merged keys */
-    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a b\"")), -EINVAL);     /* space after unquoting */
+    CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a b\"")), -EINVAL);      /* space after unquoting */
     CHECK_EQ_INT(expect_invalid(SPAN_LIT("\" a\"")), -EINVAL);
     CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"a\tb\"")), -EINVAL);
     CHECK_EQ_INT(expect_invalid(SPAN_LIT("\"caf\xc3\xa9\"")), -EINVAL); /* obs-text */

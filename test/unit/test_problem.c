@@ -66,17 +66,16 @@ static void test_problem_mismatch_422(void)
 {
     check_problem(PROBLEM_KEY_MISMATCH, "different body", 422, "idempotency_key_mismatch",
                   DRAFT "#section-2.2", "different body", false);
-    check_problem(PROBLEM_KEY_MISMATCH, NULL, 422, "idempotency_key_mismatch",
-                  DRAFT "#section-2.2", NULL, false);
+    check_problem(PROBLEM_KEY_MISMATCH, NULL, 422, "idempotency_key_mismatch", DRAFT "#section-2.2",
+                  NULL, false);
 }
 
 static void test_problem_key_errors_400(void)
 {
-    check_problem(PROBLEM_KEY_MISSING, NULL, 400, "idempotency_key_missing",
-                  DRAFT "#section-2.1", NULL, false);
-    check_problem(PROBLEM_KEY_INVALID, "key longer than 255 bytes", 400,
-                  "idempotency_key_invalid", DRAFT "#section-2.1", "key longer than 255 bytes",
-                  false);
+    check_problem(PROBLEM_KEY_MISSING, NULL, 400, "idempotency_key_missing", DRAFT "#section-2.1",
+                  NULL, false);
+    check_problem(PROBLEM_KEY_INVALID, "key longer than 255 bytes", 400, "idempotency_key_invalid",
+                  DRAFT "#section-2.1", "key longer than 255 bytes", false);
 }
 
 static void test_problem_payload_too_large_413(void)
@@ -91,8 +90,8 @@ static void test_problem_store_unavailable_503(void)
 {
     check_problem(PROBLEM_STORE_UNAVAILABLE, NULL, 503, "store_unavailable", "about:blank", NULL,
                   true);
-    check_problem(PROBLEM_STORE_UNAVAILABLE, "redis down", 503, "store_unavailable",
-                  "about:blank", "redis down", true);
+    check_problem(PROBLEM_STORE_UNAVAILABLE, "redis down", 503, "store_unavailable", "about:blank",
+                  "redis down", true);
 }
 
 static void test_problem_upstream_and_marker(void)
@@ -101,8 +100,8 @@ static void test_problem_upstream_and_marker(void)
                   NULL, false);
     check_problem(PROBLEM_UPSTREAM_TIMEOUT, NULL, 504, "upstream_timeout", "about:blank", NULL,
                   false);
-    check_problem(PROBLEM_RESPONSE_TOO_LARGE, NULL, 502, "response_too_large", "about:blank",
-                  NULL, false);
+    check_problem(PROBLEM_RESPONSE_TOO_LARGE, NULL, 502, "response_too_large", "about:blank", NULL,
+                  false);
 }
 
 static void test_problem_detail_is_escaped(void)
@@ -119,7 +118,7 @@ static void test_problem_detail_is_escaped(void)
 static void test_problem_out_of_range(void)
 {
     CHECK(problem_new(_PROBLEM_MAX, NULL) == NULL);
-    CHECK(problem_new((enum problem)-1, NULL) == NULL);
+    CHECK(problem_new((enum problem) - 1, NULL) == NULL);
 }
 
 static void test_problem_tables(void)

@@ -6,8 +6,8 @@
 
 #define S(s) span_from_cstr(s)
 
-static struct record *make(unsigned status, const char *const *hdrs, size_t nhdrs,
-                           const void *body, size_t body_len)
+static struct record *make(unsigned status, const char *const *hdrs, size_t nhdrs, const void *body,
+                           size_t body_len)
 {
     struct record *rec = record_new(1 << 20);
 
@@ -123,8 +123,8 @@ static void test_record_add_header_caps(void)
 
 static void test_record_header_get(void)
 {
-    static const char *const h[] = { "Set-Cookie", "a=1", "Content-Type", "text/plain",
-                                     "set-cookie", "b=2" };
+    static const char *const h[] = { "Set-Cookie", "a=1",        "Content-Type",
+                                     "text/plain", "set-cookie", "b=2" };
     struct record *rec = make(200, h, ARRAY_SIZE(h), "", 0);
 
     CHECK_EQ_STR(record_header_get(rec, "content-type"), "text/plain");
@@ -136,13 +136,14 @@ static void test_record_header_get(void)
 
 static void test_record_hop_by_hop_table(void)
 {
-    static const char *const hop[] = { "Connection", "keep-alive", "PROXY-CONNECTION",
-                                       "Transfer-Encoding", "te", "Trailer", "Upgrade",
-                                       "Proxy-Authenticate", "proxy-authorization",
-                                       "Content-Length" };
-    static const char *const e2e[] = { "Content-Type", "Set-Cookie", "Date", "Trailers",
-                                       "T", "TEE", "Connections", "Content-Len", "Location",
-                                       "" };
+    static const char *const hop[] = {
+        "Connection", "keep-alive", "PROXY-CONNECTION",   "Transfer-Encoding",   "te",
+        "Trailer",    "Upgrade",    "Proxy-Authenticate", "proxy-authorization", "Content-Length"
+    };
+    static const char *const e2e[] = {
+        "Content-Type", "Set-Cookie",  "Date",        "Trailers", "T",
+        "TEE",          "Connections", "Content-Len", "Location", ""
+    };
 
     for (size_t i = 0; i < ARRAY_SIZE(hop); i++)
         CHECK(record_is_hop_by_hop(S(hop[i])));
@@ -168,21 +169,42 @@ static void test_record_connection_listed(void)
 static void test_record_filter_hop_by_hop(void)
 {
     static const char *const h[] = {
-        "Date", "Mon, 01 Jan 2024 00:00:00 GMT",
-        "Connection", "close, X-Secret",
-        "Set-Cookie", "a=1",
-        "Transfer-Encoding", "chunked",
-        "x-secret", "s",
-        "Content-Length", "12",
-        "Set-Cookie", "b=2",
-        "Keep-Alive", "timeout=5",
-        "connection", "X-Other",
-        "X-Other", "o",
-        "Proxy-Connection", "keep-alive",
-        "Content-Type", "application/json",
-        "TE", "trailers", "Trailer", "X", "Upgrade", "h2c",
-        "Proxy-Authenticate", "Basic", "Proxy-Authorization", "Basic x",
-        "X-Kept", "1",
+        "Date",
+        "Mon, 01 Jan 2024 00:00:00 GMT",
+        "Connection",
+        "close, X-Secret",
+        "Set-Cookie",
+        "a=1",
+        "Transfer-Encoding",
+        "chunked",
+        "x-secret",
+        "s",
+        "Content-Length",
+        "12",
+        "Set-Cookie",
+        "b=2",
+        "Keep-Alive",
+        "timeout=5",
+        "connection",
+        "X-Other",
+        "X-Other",
+        "o",
+        "Proxy-Connection",
+        "keep-alive",
+        "Content-Type",
+        "application/json",
+        "TE",
+        "trailers",
+        "Trailer",
+        "X",
+        "Upgrade",
+        "h2c",
+        "Proxy-Authenticate",
+        "Basic",
+        "Proxy-Authorization",
+        "Basic x",
+        "X-Kept",
+        "1",
     };
     struct record *rec = make(201, h, ARRAY_SIZE(h), "body", 4);
 
@@ -214,9 +236,10 @@ static void test_record_filter_hop_by_hop(void)
 
 static void test_record_round_trips(void)
 {
-    static const char *const h[] = { "Set-Cookie", "a=1; Path=/", "Content-Type",
-                                     "application/json", "Set-Cookie", "b=2",
-                                     "X-Empty", "" };
+    static const char *const h[] = { "Set-Cookie",   "a=1; Path=/",
+                                     "Content-Type", "application/json",
+                                     "Set-Cookie",   "b=2",
+                                     "X-Empty",      "" };
     static const char bin[] = { 0, 1, 2, '\0', (char)0xff, '\r', '\n', 0 };
     struct record *rec;
 
@@ -251,8 +274,8 @@ static void test_record_round_trips(void)
 static void test_record_encoding_is_exact(void)
 {
     static const char *const h[] = { "A", "bc" };
-    static const unsigned char want[] = { 'I', 'D', 'R', '1', 0x01, 0xf5, 0x00, 0, 0, 0, 1,
-                                          0, 0, 0, 1, 'A', 0, 0, 0, 2, 'b', 'c' };
+    static const unsigned char want[] = { 'I', 'D', 'R', '1', 0x01, 0xf5, 0x00, 0, 0, 0,   1,
+                                          0,   0,   0,   1,   'A',  0,    0,    0, 2, 'b', 'c' };
     struct record *rec = make(501, h, 2, "zz", 2);
     struct buf head = BUF_INIT(1024);
 
@@ -293,16 +316,15 @@ static void expect_eproto(const void *head, size_t len, int line)
 
 static void test_record_decode_rejects_malformed(void)
 {
-    static const unsigned char good[] = { 'I', 'D', 'R', '1', 0x00, 0xc8, 0x00, 0, 0, 0, 2,
-                                          0, 0, 0, 1, 'A', 0, 0, 0, 2, 'b', 'c',
-                                          0, 0, 0, 1, 'D', 0, 0, 0, 0 };
+    static const unsigned char good[] = { 'I', 'D', 'R', '1', 0x00, 0xc8, 0x00, 0, 0, 0,   2,
+                                          0,   0,   0,   1,   'A',  0,    0,    0, 2, 'b', 'c',
+                                          0,   0,   0,   1,   'D',  0,    0,    0, 0 };
     unsigned char m[sizeof(good) + 8];
     struct record *out = NULL;
 
     /* The reference block is valid. */
-    CHECK_EQ_INT(record_decode((struct span){ (const char *)good, sizeof(good) }, SPAN_LIT("b"),
-                               &out),
-                 0);
+    CHECK_EQ_INT(
+        record_decode((struct span){ (const char *)good, sizeof(good) }, SPAN_LIT("b"), &out), 0);
     CHECK(out && out->nheaders == 2 && out->status == 200);
     if (out && out->nheaders == 2) {
         CHECK_EQ_STR(out->headers[0].value, "bc");
@@ -335,8 +357,7 @@ static void test_record_decode_rejects_malformed(void)
     m[4] = 0, m[5] = 0;
     EXPECT_EPROTO(m, sizeof(good));
     m[6] = 1; /* ...but the too-large marker may carry it */
-    CHECK_EQ_INT(record_decode((struct span){ (const char *)m, sizeof(good) }, SPAN_LIT(""),
-                               &out),
+    CHECK_EQ_INT(record_decode((struct span){ (const char *)m, sizeof(good) }, SPAN_LIT(""), &out),
                  0);
     CHECK(out && out->too_large && out->status == 0);
     record_unref(out);
