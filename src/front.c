@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "idemproxy/config.h"
@@ -22,6 +23,7 @@ struct front {
     const struct config *cfg;
     struct pipeline *pl;
     struct MHD_Daemon *d;
+    int quiesced_fd; /* the listening socket after front_quiesce(), -1 before */
     atomic_uint requests;
     atomic_uint connections; /* open client sockets, for --max-connections */
 };
@@ -213,6 +215,7 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
         return -ENOMEM;
     f->cfg = cfg;
     f->pl = pl;
+    f->quiesced_fd = -1;
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     f->d = MHD_start_daemon(flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER,
@@ -235,8 +238,13 @@ void front_quiesce(struct front *f)
 {
     MHD_socket s = MHD_quiesce_daemon(f->d);
 
-    if (s != MHD_INVALID_SOCKET)
-        close(s);
+    /* MHD's thread may still hold the socket in its epoll set, so it is closed
+     * only after MHD_stop_daemon(); shutdown() makes the kernel refuse new
+     * connections now. */
+    if (s == MHD_INVALID_SOCKET)
+        return;
+    (void)shutdown(s, SHUT_RDWR);
+    f->quiesced_fd = s;
 }
 
 unsigned front_requests(const struct front *f) { return atomic_load(&f->requests); }
@@ -246,5 +254,7 @@ void front_stop(struct front *f)
     if (!f)
         return;
     MHD_stop_daemon(f->d);
+    if (f->quiesced_fd >= 0)
+        close(f->quiesced_fd);
     free(f);
 }
