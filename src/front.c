@@ -172,7 +172,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (!r->method.base) {
         r->method = span_from_cstr(method);
-        if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, r) < 0)
+        /* MHD counts the header whose copy failed too: a request is never
+         * forwarded with some of its headers missing. */
+        if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, r) !=
+            (int)r->nheaders)
             return MHD_NO;
         client_ip(conn, r->client_ip, sizeof(r->client_ip));
         if (pipeline_begin(f->pl, r))
