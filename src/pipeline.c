@@ -171,14 +171,16 @@ static int build_store_key(const struct pipeline *pl, struct req *r, const struc
 
     for (size_t i = 0; i < cfg->nscope_headers; i++) {
         struct span name = span_from_cstr(cfg->scope_headers[i]);
+        const struct span *first;
         size_t n;
 
         joined[i] = BUF_INIT(SIZE_MAX);
         values[i] = (struct span){ NULL, 0 };
-        if (!find_header(r, name, &n))
+        first = find_header(r, name, &n);
+        if (!first)
             continue;
         if (n == 1) {
-            values[i] = *find_header(r, name, NULL);
+            values[i] = *first;
             continue;
         }
         for (size_t h = 0; h < r->nheaders && err == 0; h++) {
