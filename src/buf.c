@@ -30,6 +30,24 @@ int buf_append(struct buf *b, const void *p, size_t n)
     return 0;
 }
 
+int buf_reserve(struct buf *b, size_t n)
+{
+    size_t cap;
+    char *data;
+
+    if (b->len > b->limit)
+        return 0;
+    cap = n > b->limit - b->len ? b->limit : b->len + n;
+    if (cap <= b->cap)
+        return 0;
+    data = realloc(b->data, cap);
+    if (!data)
+        return -ENOMEM;
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
 void buf_done(struct buf *b)
 {
     if (!b)

@@ -802,15 +802,30 @@ static void format_secs(uint64_t ms, char *out, size_t outlen)
         snprintf(out, outlen, "%" PRIu64 ".%03" PRIu64 " s", ms / 1000, ms % 1000);
 }
 
-/* TEMPORARY: the memory store is not built yet, so a Redis URL is required.
- * Delete this function and its call in config_load() when store_memory lands. */
-/* TEMPORARY, until the memory store is built: without enforcement no store is needed. */
-static int check_store_is_built(const struct config *cfg, char *err, size_t errlen)
+static void format_bytes(size_t n, char *out, size_t outlen)
 {
-    if (cfg->redis_url || !cfg->enabled)
+    if (n >= (1u << 20) && n % (1u << 20) == 0)
+        snprintf(out, outlen, "%zu MiB", n >> 20);
+    else if (n >= 1024 && n % 1024 == 0)
+        snprintf(out, outlen, "%zu KiB", n >> 10);
+    else
+        snprintf(out, outlen, "%zu bytes", n);
+}
+
+/* The memory store must hold at least two responses of the largest size it
+ * stores, or a request could be executed and then have nowhere to go. */
+static int check_memory_budget(const struct config *cfg, char *err, size_t errlen)
+{
+    char have[32], resp[32];
+
+    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= cfg->max_response_bytes)
         return 0;
+    format_bytes(cfg->memory_max_bytes, have, sizeof(have));
+    format_bytes(cfg->max_response_bytes, resp, sizeof(resp));
     set_err(err, errlen,
-            "--redis: required for now (redis://host:port); the memory store is not built yet");
+            "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
+            "or lower --max-response",
+            have, resp);
     return -EINVAL;
 }
 
@@ -830,7 +845,7 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         set_err(err, errlen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
-    return check_store_is_built(cfg, err, errlen);
+    return check_memory_budget(cfg, err, errlen);
 }
 
 int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,

@@ -14,6 +14,7 @@
 #include "idemproxy/front.h"
 #include "idemproxy/log.h"
 #include "idemproxy/pipeline.h"
+#include "idemproxy/store_memory.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/upstream.h"
 #include "idemproxy/worker.h"
@@ -24,6 +25,7 @@
 
 #define STORE_THREADS 8
 #define MIN_CAPTURE_BYTES (64u << 20)
+#define REAP_INTERVAL_MS 1000 /* the memory store reclaims expired records this often */
 
 extern char **environ;
 
@@ -77,6 +79,30 @@ static void raise_fd_limit(const struct config *cfg)
                  cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
+/* The store in use, for the start-up line. The Redis URL is shown without
+ * its password. */
+static const char *store_desc(const struct config *cfg, char *out, size_t outlen)
+{
+    struct store_redis_url u;
+
+    if (!cfg->enabled)
+        return "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)";
+    if (!cfg->redis_url) {
+        bool mib = cfg->memory_max_bytes >= (1u << 20);
+
+        snprintf(out, outlen,
+                 "memory (%zu %s budget; forgotten on restart; use --redis to share one store "
+                 "between instances)",
+                 cfg->memory_max_bytes >> (mib ? 20 : 10), mib ? "MiB" : "KiB");
+        return out;
+    }
+    if (store_redis_parse_url(cfg->redis_url, &u) < 0)
+        return "redis";
+    snprintf(out, outlen, "redis %s:%u/%u", u.host, u.port, u.db);
+    free(u.password);
+    return out;
+}
+
 static void app_down(struct app *app)
 {
     admin_stop(app->admin);
@@ -107,10 +133,16 @@ static int app_up(struct app *app)
         log_error("cannot start the store threads: %s", strerror(-err));
         return err;
     }
-    if (cfg->enabled) {
+    if (cfg->enabled && cfg->redis_url) {
         err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, &app->st);
         if (err < 0) {
             log_error("--redis %s: cannot use this URL: %s", cfg->redis_url, strerror(-err));
+            return err;
+        }
+    } else if (cfg->enabled) {
+        err = store_memory_new(cfg->memory_max_bytes, REAP_INTERVAL_MS, app->pool, &app->st);
+        if (err < 0) {
+            log_error("cannot create the memory store: %s", strerror(-err));
             return err;
         }
     }
@@ -144,6 +176,7 @@ int main(int argc, char **argv)
     char err[512] = "";
     sigset_t set;
     bool forced = false;
+    char storedesc[320];
     int sig;
 
     if (config_load(&app.cfg, argc, argv, environ, err, sizeof(err)) < 0) {
@@ -183,10 +216,9 @@ int main(int argc, char **argv)
         curl_global_cleanup();
         return 1;
     }
-    log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s%s",
-             IDEMPROXY_VERSION, app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,
-             app.cfg.enabled ? "redis " : "none",
-             app.cfg.enabled ? app.cfg.redis_url : " (IDEMPOTENCY_ENABLED=false)");
+    log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
+             app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,
+             store_desc(&app.cfg, storedesc, sizeof(storedesc)));
 
     do
         sig = wait_signal(&set, 1000);

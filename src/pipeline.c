@@ -359,6 +359,23 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
     struct req *r = l->r;
 
     (void)res;
+    if (err == -E2BIG && l->rec && !l->rec->too_large) {
+        /* The store can never hold this response (larger than its whole
+         * budget): keep the marker instead, so it is still never run twice. */
+        struct record *marker = record_new(0);
+
+        if (marker) {
+            log_warn("key %s: the response (%zu bytes) is larger than the store can hold; "
+                     "duplicates get 502 response_too_large",
+                     l->key, l->rec->body.len);
+            marker->too_large = true;
+            marker->status = l->rec->status;
+            record_unref(l->rec);
+            l->rec = marker;
+            lease_attempt(l);
+            return;
+        }
+    }
     l->r = NULL;
     if (err == -ESTALE)
         lock_lost(l, l->rec ? "complete" : "release");
@@ -589,7 +606,9 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
             return;
         }
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    "The idempotency store is not answering; retry later.");
+                    err == -ENOSPC
+                        ? "The idempotency store is full of requests in flight; retry later."
+                        : "The idempotency store is not answering; retry later.");
     }
     req_finish(r);
 }
@@ -616,7 +635,9 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
     if (err < 0) {
         atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    "The idempotency store is not answering; retry later.");
+                    err == -ENOSPC
+                        ? "The idempotency store is full of requests in flight; retry later."
+                        : "The idempotency store is not answering; retry later.");
         req_finish_later(r);
     }
 }

@@ -43,6 +43,20 @@ void record_unref(struct record *rec)
     free(rec);
 }
 
+size_t record_mem_bytes(const struct record *rec)
+{
+    size_t n = sizeof(*rec) + RECORD_MALLOC_OVERHEAD;
+
+    if (rec->headers)
+        n += rec->headers_cap * sizeof(*rec->headers) + RECORD_MALLOC_OVERHEAD;
+    for (size_t i = 0; i < rec->nheaders; i++)
+        n += strlen(rec->headers[i].name) + strlen(rec->headers[i].value) + 2 +
+             2 * RECORD_MALLOC_OVERHEAD;
+    if (rec->body.data)
+        n += rec->body.cap + RECORD_MALLOC_OVERHEAD;
+    return n;
+}
+
 static char *dup_span(struct span s)
 {
     char *p = malloc(s.len + 1);

@@ -196,7 +196,18 @@ malformed:
 static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
 {
     struct xfer *x = userdata;
-    int r = buf_append(&x->rec->body, data, size * n);
+    curl_off_t expect = -1;
+    int r;
+
+    /* A body of announced length gets its whole buffer at once: no realloc
+     * while it arrives, and a stored record holds no spare capacity. */
+    if (x->rec->body.cap == 0 &&
+        curl_easy_getinfo(x->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expect) == CURLE_OK &&
+        expect > 0 && buf_reserve(&x->rec->body, (size_t)expect) < 0) {
+        x->err = -ENOMEM;
+        return 0;
+    }
+    r = buf_append(&x->rec->body, data, size * n);
 
     if (r < 0) {
         x->err = r; /* -E2BIG past the capture limit, or -ENOMEM */

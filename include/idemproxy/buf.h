@@ -17,6 +17,11 @@ struct buf {
  * <b>->limit (nothing is appended), or -ENOMEM. */
 int buf_append(struct buf *b, const void *p, size_t n);
 
+/* Makes room for <n> more bytes in one allocation (capped at <b>->limit), so
+ * that a body of known length is not reallocated while it grows. Returns 0 or
+ * -ENOMEM; a request past the limit reserves up to the limit. */
+int buf_reserve(struct buf *b, size_t n);
+
 /* Frees the data of <b> and leaves it empty with its limit. NULL-safe. */
 void buf_done(struct buf *b);
 

@@ -56,6 +56,13 @@ bool record_is_connection_listed(const char *connection, struct span name);
  * Connection headers, and Content-Length, keeping the order of the rest. */
 void record_filter_hop_by_hop(struct record *rec);
 
+/* The heap bytes <rec> holds (struct, header array and strings, body
+ * capacity), each allocation counted with RECORD_MALLOC_OVERHEAD: what a
+ * store keeping it pays. */
+size_t record_mem_bytes(const struct record *rec);
+
+#define RECORD_MALLOC_OVERHEAD 16 /* glibc: an 8-byte chunk header, 16-byte alignment */
+
 /* Encodes status, flags and headers of <rec> (not the body) as a
  * length-prefixed binary block appended to <ret>. Returns 0 or -ENOMEM/-E2BIG. */
 int record_encode_head(const struct record *rec, struct buf *ret);

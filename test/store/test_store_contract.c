@@ -5,7 +5,8 @@
  * redis-server and exports it), and that Redis to itself while it runs: it
  * pauses and kills clients and counts keys with DBSIZE. Also here: Redis-only
  * behaviour (script cache loss, one key per idempotency key, connection
- * failures), the redis:// URL parser, and the worker pool the stores run on. */
+ * failures), the redis:// URL parser, the memory store's budget (eviction,
+ * background reclaim, accounting), and the worker pool the stores run on. */
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -19,6 +20,7 @@
 #include "check.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
+#include "idemproxy/store_memory.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/worker.h"
 
@@ -290,7 +292,10 @@ static void test_complete_then_acquire_replays_the_record(void)
     r = acquire(st, key, fp_a, &t2, 10000);
     CHECK_EQ_INT(r.err, 0);
     CHECK_EQ_INT(r.status, STORE_COMPLETED);
-    CHECK(r.rec != rec);
+    /* Redis hands back a record read back from it; the memory store may share
+     * the stored one (records are read-only once stored). */
+    if (strcmp(kind->name, "redis") == 0)
+        CHECK(r.rec != rec);
     CHECK(record_equal(r.rec, rec));
     if (r.rec) {
         CHECK_EQ_INT(r.rec->nheaders, 5);
@@ -558,6 +563,325 @@ static void test_ready_after_a_successful_call(void)
     key_make(key, sizeof(key), "ready");
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
     CHECK(store_is_ready(st));
+    store_close(st);
+}
+
+/* ---- memory only ---- */
+
+#define MEM_REAP_MS 100
+
+static int make_memory(struct worker_pool *p, struct store **ret)
+{
+    return store_memory_new(64u << 20, MEM_REAP_MS, p, ret);
+}
+
+static struct store *memory_open(size_t max_bytes)
+{
+    struct store *st = NULL;
+
+    CHECK_EQ_INT(store_memory_new(max_bytes, MEM_REAP_MS, pool, &st), 0);
+    if (!st)
+        exit(1);
+    return st;
+}
+
+static struct store_memory_stats mem_stats(struct store *st)
+{
+    struct store_memory_stats s;
+
+    store_memory_stats(st, &s);
+    return s;
+}
+
+/* A 1 KiB record, sized as the upstream makes it: the buffer holds the body exactly. */
+static struct record *kib_record(void)
+{
+    struct record *rec = record_new(1024);
+    char body[1024];
+
+    if (!rec)
+        abort();
+    rec->status = 201;
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("application/json")), 0);
+    CHECK_EQ_INT(
+        record_add_header(rec, SPAN_LIT("Date"), SPAN_LIT("Sat, 21 Nov 2026 10:00:00 GMT")), 0);
+    memset(body, 'x', sizeof(body));
+    CHECK_EQ_INT(buf_reserve(&rec->body, sizeof(body)), 0);
+    CHECK_EQ_INT(buf_append(&rec->body, body, sizeof(body)), 0);
+    return rec;
+}
+
+/* Acquires and completes <key> with <rec>. */
+static void store_one(struct store *st, const char *key, struct record *rec, uint64_t ttl_ms)
+{
+    struct store_token t = token();
+
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t, rec, ttl_ms), 0, STORE_OK);
+}
+
+static void test_memory_rejects_bad_arguments(void)
+{
+    struct store *st = NULL;
+
+    CHECK_EQ_INT(store_memory_new(0, MEM_REAP_MS, pool, &st), -EINVAL);
+    CHECK_EQ_INT(store_memory_new(1 << 20, 0, pool, &st), -EINVAL);
+    CHECK_EQ_INT(store_memory_new(1 << 20, MEM_REAP_MS, NULL, &st), -EINVAL);
+    CHECK(st == NULL);
+    st = memory_open(1 << 20);
+    CHECK(store_is_memory(st));
+    CHECK_EQ_INT(mem_stats(st).max_bytes, 1 << 20);
+    store_close(st);
+}
+
+static void test_memory_counts_keys_headers_and_bodies(void)
+{
+    struct store *st = memory_open(64u << 20);
+    struct record *rec = kib_record();
+    struct store_token t = token();
+    struct store_memory_stats s;
+    size_t per_lock, per_record = record_mem_bytes(rec);
+    char key[128];
+
+    key_make(key, sizeof(key), "acct-lock");
+    per_lock = store_memory_entry_bytes(strlen(key));
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    s = mem_stats(st);
+    CHECK_EQ_INT(s.bytes, per_lock);
+    CHECK_EQ_INT(s.entries, 1);
+    CHECK_EQ_INT(s.locks, 1);
+    CHECK_RES(complete(st, key, &t, rec, 10000), 0, STORE_OK);
+    s = mem_stats(st);
+    CHECK_EQ_INT(s.bytes, per_lock + per_record);
+    CHECK_EQ_INT(s.locks, 0);
+    /* A 1 KiB body with two headers: the body plus a few hundred bytes. */
+    CHECK(per_record > 1024 + 2 * 16 && per_record < 1024 + 600);
+    CHECK(per_lock > strlen(key) && per_lock < strlen(key) + 300);
+
+    /* Known keys cost nothing more; a released lock gives its bytes back. */
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_COMPLETED);
+    key_make(key, sizeof(key), "acct-released");
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(release(st, key, &t), 0, STORE_OK);
+    CHECK_EQ_INT(mem_stats(st).bytes, per_lock + per_record);
+    CHECK_EQ_INT(mem_stats(st).entries, 1);
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_memory_evicts_oldest_completed_first(void)
+{
+    char key[128], keys[40][128];
+    struct record *rec = kib_record();
+    size_t per = record_mem_bytes(rec) +
+                 store_memory_entry_bytes(strlen(key_make(key, sizeof(key), "evict-probe")));
+    struct store *st = memory_open(10 * per + per / 2); /* room for ten */
+    struct store_token t = token();
+    struct store_memory_stats s;
+
+    for (int i = 0; i < 40; i++) {
+        key_make(keys[i], sizeof(keys[i]), "evict-probe");
+        store_one(st, keys[i], rec, 60000);
+        s = mem_stats(st);
+        CHECK(s.bytes <= s.max_bytes);
+    }
+    s = mem_stats(st);
+    CHECK_EQ_INT(s.evictions, 30);
+    CHECK_EQ_INT(s.entries, 10);
+    /* The ten newest are kept, the thirty oldest are gone. */
+    for (int i = 30; i < 40; i++)
+        CHECK_RES(acquire(st, keys[i], fp_a, &t, 10000), 0, STORE_COMPLETED);
+    CHECK_RES(acquire(st, keys[0], fp_b, &t, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire(st, keys[29], fp_b, &t, 10000), 0, STORE_ACQUIRED);
+    record_unref(rec);
+    store_close(st);
+}
+
+#define LOCK_TRIES 24
+
+static void test_memory_never_evicts_a_lock(void)
+{
+    char key[128], locks[LOCK_TRIES][128];
+    struct record *rec = kib_record();
+    size_t lock = store_memory_entry_bytes(strlen(key_make(key, sizeof(key), "lock-probe")));
+    size_t per_record = record_mem_bytes(rec);
+    struct store *st = memory_open(per_record + 5 * lock + lock / 2);
+    struct store_token held[LOCK_TRIES], t = token();
+    struct store_memory_stats s;
+    int granted = 0, freed = 0;
+
+    key_make(key, sizeof(key), "lock-probe");
+    store_one(st, key, rec, 60000);
+    for (int i = 0; i < LOCK_TRIES; i++) {
+        struct res r;
+
+        held[i] = token();
+        key_make(locks[i], sizeof(locks[i]), "lock-probe");
+        r = acquire(st, locks[i], fp_a, &held[i], 60000);
+        CHECK_EQ_INT(r.ret, 0);
+        if (r.err == 0 && r.status == STORE_ACQUIRED) {
+            CHECK_EQ_INT(i, granted); /* once refused, refused until something is freed */
+            granted++;
+        } else {
+            CHECK_EQ_INT(r.err, -ENOSPC);
+        }
+    }
+    s = mem_stats(st);
+    /* The record made way for locks; once only locks are left, acquires are refused. */
+    CHECK_EQ_INT(s.evictions, 1);
+    CHECK_EQ_INT(s.locks, granted);
+    CHECK_EQ_INT(s.entries, granted);
+    CHECK(granted > 5 && granted < LOCK_TRIES);
+    CHECK(s.bytes <= s.max_bytes);
+    /* Every lock granted is still held. */
+    for (int i = 0; i < granted; i++)
+        CHECK_RES(acquire(st, locks[i], fp_a, &t, 10000), 0, STORE_IN_FLIGHT);
+    /* A full store still answers for the keys it knows, and still fences. */
+    CHECK_RES(acquire(st, locks[0], fp_b, &t, 10000), 0, STORE_MISMATCH);
+    CHECK_RES(complete(st, locks[0], &t, rec, 60000), -ESTALE, -1);
+    /* A holder's complete needs room too: refused while only locks are held... */
+    CHECK_RES(complete(st, locks[0], &held[0], rec, 60000), -ENOSPC, -1);
+    CHECK_RES(acquire(st, locks[0], fp_a, &t, 10000), 0, STORE_IN_FLIGHT);
+    /* ...and done once releases make room. */
+    for (int i = granted - 1; i > 0 && (size_t)freed * lock < per_record; i--, freed++)
+        CHECK_RES(release(st, locks[i], &held[i]), 0, STORE_OK);
+    CHECK_RES(complete(st, locks[0], &held[0], rec, 60000), 0, STORE_OK);
+    CHECK_RES(acquire(st, locks[0], fp_a, &t, 10000), 0, STORE_COMPLETED);
+    /* That record is evictable again: new locks take its place before any is refused. */
+    for (int i = 0; i < LOCK_TRIES && mem_stats(st).evictions == 1; i++) {
+        struct store_token nt = token();
+
+        key_make(key, sizeof(key), "lock-probe");
+        CHECK_RES(acquire(st, key, fp_a, &nt, 60000), 0, STORE_ACQUIRED);
+    }
+    CHECK_EQ_INT(mem_stats(st).evictions, 2);
+    CHECK_RES(acquire(st, locks[0], fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_memory_record_over_the_budget_is_e2big(void)
+{
+    struct store *st = memory_open(4096);
+    struct record *rec = record_new(8192);
+    struct store_token t = token();
+    char body[5000] = { 0 }, key[128];
+
+    if (!rec)
+        abort();
+    rec->status = 200;
+    CHECK_EQ_INT(buf_append(&rec->body, body, sizeof(body)), 0);
+    key_make(key, sizeof(key), "huge");
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t, rec, 10000), -E2BIG, -1);
+    CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_IN_FLIGHT); /* still its lock */
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_memory_reclaims_expired_without_being_asked(void)
+{
+    struct store *st = memory_open(64u << 20);
+    struct record *rec = kib_record();
+    struct store_token t;
+    struct store_memory_stats s;
+    char key[128];
+
+    for (int i = 0; i < 50; i++) {
+        key_make(key, sizeof(key), "reap");
+        store_one(st, key, rec, 150);
+        t = token();
+        key_make(key, sizeof(key), "reap-lock");
+        CHECK_RES(acquire(st, key, fp_a, &t, 150), 0, STORE_ACQUIRED);
+    }
+    CHECK_EQ_INT(mem_stats(st).entries, 100);
+    sleep_ms(150 + 3 * MEM_REAP_MS);
+    s = mem_stats(st);
+    CHECK_EQ_INT(s.entries, 0);
+    CHECK_EQ_INT(s.locks, 0);
+    CHECK_EQ_INT(s.bytes, 0);
+    CHECK_EQ_INT(s.expired, 100);
+    CHECK_EQ_INT(s.evictions, 0);
+    record_unref(rec);
+    store_close(st);
+}
+
+#define STRESS_THREADS 8
+#define STRESS_OPS 1500
+#define STRESS_KEYS 48
+
+struct stresser {
+    struct store *st;
+    struct record *rec;
+    unsigned seed;
+    int bad; /* answers outside the contract */
+};
+
+/* Each thread runs its own random walk over shared keys on a small budget:
+ * acquires, completes, releases, extends, with evictions and expiry. */
+static void *stress_main(void *arg)
+{
+    struct stresser *s = arg;
+
+    for (int i = 0; i < STRESS_OPS; i++) {
+        char key[64];
+        struct store_token t;
+        struct res r;
+        unsigned k = (unsigned)rand_r(&s->seed) % STRESS_KEYS;
+
+        snprintf(key, sizeof(key), "stress:%ld:%u", (long)getpid(), k);
+        if (store_token_new(&t) < 0)
+            abort();
+        r = acquire(s->st, key, k % 2 ? fp_a : fp_b, &t, 1 + (unsigned)rand_r(&s->seed) % 50);
+        record_unref(r.rec);
+        if (r.err == -ENOSPC)
+            continue;
+        if (r.err != 0 || r.status < 0)
+            s->bad++;
+        if (r.status != STORE_ACQUIRED)
+            continue;
+        switch (rand_r(&s->seed) % 3) {
+        case 0:
+            r = complete(s->st, key, &t, s->rec, 1 + (unsigned)rand_r(&s->seed) % 80);
+            break;
+        case 1:
+            r = release(s->st, key, &t);
+            break;
+        default:
+            r = extend(s->st, key, &t, 20);
+            break;
+        }
+        if (r.err != 0 && r.err != -ESTALE && r.err != -ENOSPC)
+            s->bad++;
+    }
+    return NULL;
+}
+
+static void test_memory_stress_keeps_its_accounts(void)
+{
+    struct record *rec = kib_record();
+    struct store *st = memory_open(12 * record_mem_bytes(rec));
+    struct stresser ss[STRESS_THREADS];
+    pthread_t tids[STRESS_THREADS];
+    struct store_memory_stats s;
+
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        ss[i] = (struct stresser){ .st = st, .rec = rec, .seed = (unsigned)i * 7919u + 1 };
+        CHECK_EQ_INT(pthread_create(&tids[i], NULL, stress_main, &ss[i]), 0);
+    }
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        pthread_join(tids[i], NULL);
+        CHECK_EQ_INT(ss[i].bad, 0);
+    }
+    s = mem_stats(st);
+    CHECK(s.bytes <= s.max_bytes);
+    CHECK(s.evictions > 0);
+    /* Everything expires within 80 ms: then nothing may be left counted. */
+    sleep_ms(100 + 3 * MEM_REAP_MS);
+    s = mem_stats(st);
+    CHECK_EQ_INT(s.entries, 0);
+    CHECK_EQ_INT(s.bytes, 0);
+    record_unref(rec);
     store_close(st);
 }
 
@@ -1152,6 +1476,16 @@ static const struct test contract_tests[] = {
     TEST(test_worker_free_runs_pending_delayed_jobs),
 };
 
+static const struct test memory_tests[] = {
+    TEST(test_memory_rejects_bad_arguments),
+    TEST(test_memory_counts_keys_headers_and_bodies),
+    TEST(test_memory_evicts_oldest_completed_first),
+    TEST(test_memory_never_evicts_a_lock),
+    TEST(test_memory_record_over_the_budget_is_e2big),
+    TEST(test_memory_reclaims_expired_without_being_asked),
+    TEST(test_memory_stress_keeps_its_accounts),
+};
+
 static const struct test redis_tests[] = {
     TEST(test_redis_parse_url),
     TEST(test_redis_refuses_bad_arguments),
@@ -1166,11 +1500,13 @@ static const struct test redis_tests[] = {
 /* A new kind adds a factory here and, if it has any, its own tests below. */
 static const struct store_kind store_kinds[] = {
     { "redis", make_redis },
+    { "memory", make_memory },
 };
 
 int main(int argc, char **argv)
 {
-    const char *names[ARRAY_SIZE(contract_tests) + ARRAY_SIZE(redis_tests)];
+    const char
+        *names[ARRAY_SIZE(contract_tests) + ARRAY_SIZE(memory_tests) + ARRAY_SIZE(redis_tests)];
     check_test_fn *fns[ARRAY_SIZE(names)];
     size_t n = 0;
     int ret;
@@ -1180,7 +1516,7 @@ int main(int argc, char **argv)
             kind = &store_kinds[i];
     }
     if (!kind) {
-        fprintf(stderr, "usage: %s redis\n", argv[0]);
+        fprintf(stderr, "usage: %s redis|memory\n", argv[0]);
         return 2;
     }
     if (strcmp(kind->name, "redis") == 0) {
@@ -1203,6 +1539,10 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < ARRAY_SIZE(contract_tests); i++) {
         names[n] = contract_tests[i].name;
         fns[n++] = contract_tests[i].fn;
+    }
+    for (size_t i = 0; strcmp(kind->name, "memory") == 0 && i < ARRAY_SIZE(memory_tests); i++) {
+        names[n] = memory_tests[i].name;
+        fns[n++] = memory_tests[i].fn;
     }
     for (size_t i = 0; redis_url && i < ARRAY_SIZE(redis_tests); i++) {
         names[n] = redis_tests[i].name;

@@ -705,25 +705,46 @@ static void test_config_required_options(void)
                       "http://127.0.0.1:3000)");
     config_done(&c);
 
-    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, NULL), -EINVAL);
-    CHECK(strstr(err, "--redis: required for now") == err);
+    /* Without a Redis URL the memory store is used. */
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, NULL), 0);
+    CHECK(c.enabled);
+    CHECK(c.redis_url == NULL);
     config_done(&c);
 
     /* An empty Redis URL is no Redis URL. */
-    CHECK_EQ_INT(load(&c, NOENV, "--redis", "", NULL), -EINVAL);
+    CHECK_EQ_INT(load_bare(&c, ENV("IDEMPROXY_REDIS_URL="), "--upstream", UPSTREAM, NULL), 0);
     CHECK(c.redis_url == NULL);
-    CHECK(strstr(err, "--redis: required for now") == err);
     config_done(&c);
+}
 
-    /* With enforcement off no store is contacted, so none is required. */
-    {
-        char *const env[] = { "IDEMPOTENCY_ENABLED=false", NULL };
+static void test_config_memory_budget_holds_two_responses(void)
+{
+    struct config c;
 
-        CHECK_EQ_INT(load_bare(&c, env, "--upstream", UPSTREAM, NULL), 0);
-        CHECK(!c.enabled);
-        CHECK(c.redis_url == NULL);
-        config_done(&c);
-    }
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--memory-max-bytes", "8M",
+                           "--max-response", "4M", NULL),
+                 0);
+    config_done(&c);
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--memory-max-bytes", "7M", NULL),
+                 -EINVAL);
+    CHECK_EQ_STR(err, "--memory-max-bytes: 7 MiB cannot hold two responses of --max-response (4 "
+                      "MiB); raise it or lower --max-response");
+    config_done(&c);
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--memory-max-bytes", "64K",
+                           "--max-response", "40000", NULL),
+                 -EINVAL);
+    CHECK_EQ_STR(err, "--memory-max-bytes: 64 KiB cannot hold two responses of --max-response "
+                      "(40000 bytes); raise it or lower --max-response");
+    config_done(&c);
+    /* The budget is not used with Redis or without enforcement: no check then. */
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--redis", REDIS,
+                           "--memory-max-bytes", "1K", NULL),
+                 0);
+    config_done(&c);
+    CHECK_EQ_INT(load_bare(&c, ENV("IDEMPOTENCY_ENABLED=false"), "--upstream", UPSTREAM,
+                           "--memory-max-bytes", "1K", NULL),
+                 0);
+    config_done(&c);
 }
 
 static void test_config_help_and_version(void)
@@ -912,11 +933,11 @@ static void test_log_text_and_json(void)
     log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
 }
 
-TEST_MAIN(test_config_defaults, test_config_flag_beats_env_beats_default,
-          test_config_ttl_precedence, test_config_enabled, test_config_parse_bytes,
-          test_config_parse_seconds, test_config_wait_allows_zero, test_config_parse_bool,
-          test_config_parse_addr, test_config_parse_status_list, test_config_equals_form,
-          test_config_require_key_forms, test_config_scope_headers, test_config_methods,
-          test_config_upstream_normalized, test_config_errors_name_the_option,
+TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
+          test_config_flag_beats_env_beats_default, test_config_ttl_precedence, test_config_enabled,
+          test_config_parse_bytes, test_config_parse_seconds, test_config_wait_allows_zero,
+          test_config_parse_bool, test_config_parse_addr, test_config_parse_status_list,
+          test_config_equals_form, test_config_require_key_forms, test_config_scope_headers,
+          test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
           test_config_required_options, test_config_help_and_version, test_config_print_help,
           test_config_done_is_idempotent, test_log_text_and_json)

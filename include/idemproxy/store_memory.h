@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* The memory store: the state machine, TTLs and fencing of the Redis store,
+ * in process. Records live in a hash table split into shards, each with its
+ * own lock, so requests on different keys rarely wait for each other. A
+ * budget bounds the bytes held; expired records are reclaimed in the
+ * background, and when the budget is reached the oldest completed records are
+ * evicted. Everything is forgotten when the process exits. */
+#ifndef IDEMPROXY_STORE_MEMORY_H
+#define IDEMPROXY_STORE_MEMORY_H
+
+#include "idemproxy/store.h"
+
+struct worker_pool;
+
+/* The bytes one lock of a key of <key_len> bytes costs in the budget. */
+size_t store_memory_entry_bytes(size_t key_len);
+
+struct store_memory_stats {
+    size_t bytes;       /* counted against the budget: keys, locks, records */
+    size_t max_bytes;   /* the budget */
+    size_t entries;     /* keys held: locks and completed records */
+    size_t locks;       /* of which locked (in flight) */
+    uint64_t evictions; /* completed records evicted to make room, since start */
+    uint64_t expired;   /* expired entries reclaimed, since start */
+};
+
+/* Creates a memory store holding at most <max_bytes> (keys, headers and
+ * bodies, with allocation overhead), running its calls and callbacks on
+ * <pool> (borrowed: it must outlive the store), and reclaiming expired
+ * entries every <reap_interval_ms>. Returns 0 with the store in <ret>,
+ * -EINVAL, -ENOMEM or -EIO (no random seed).
+ *
+ * Besides the errors of store.h, its operations report -ENOSPC when the
+ * budget is full and nothing can be evicted (every byte is held by locks),
+ * and complete() reports -E2BIG for a record larger than the whole budget. */
+int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_pool *pool,
+                     struct store **ret);
+
+/* True when <st> is a memory store. */
+bool store_is_memory(const struct store *st);
+
+/* Fills <ret> with the current figures of the memory store <st>. Any thread. */
+void store_memory_stats(struct store *st, struct store_memory_stats *ret);
+
+#endif

@@ -1,0 +1,868 @@
+/* SPDX-License-Identifier: MIT */
+/* The memory store. Every operation is a job on the worker pool that takes
+ * one shard lock, does what the matching Lua script does on Redis, and calls
+ * back on that thread. The budget is one atomic counter: space is reserved
+ * before a shard lock is taken, and eviction (which takes one other shard
+ * lock at a time, under evict_mu) runs only while no shard lock is held, so
+ * locks never nest across shards. */
+#include "idemproxy/store_memory.h"
+
+#include <assert.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "idemproxy/record.h"
+#include "idemproxy/worker.h"
+
+#define NSHARDS 64 /* a power of two; the shard is the hash's top bits */
+#define SHARD_BITS 6
+#define FIRST_BUCKETS 64
+#define NO_COMPLETED UINT64_MAX
+#define SWEEP_WHEN_FULL_EVERY_MS 100
+
+enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED };
+
+/* One idempotency key: a lock or a completed record. Owned by its shard. */
+struct mentry {
+    struct mentry *next;          /* hash chain */
+    struct mentry *older, *newer; /* completed only: the shard's completion order */
+    uint64_t hash;
+    uint64_t expires_ms;    /* now_ms() clock; expired when now >= expires_ms */
+    uint64_t completed_seq; /* completed only: the store-wide completion order */
+    size_t bytes;           /* counted in the budget for this entry */
+    struct record *rec;     /* completed only: one reference */
+    enum mstate state;
+    struct store_token tok;
+    uint8_t fp[FINGERPRINT_LEN];
+    size_t key_len;
+    char key[];
+};
+
+struct shard {
+    alignas(64) pthread_mutex_t mu; /* guards everything below but <oldest_seq> */
+    struct mentry **buckets;        /* owned array of nbuckets chains */
+    size_t nbuckets, count, locks;
+    struct mentry *oldest, *newest; /* completed entries, oldest first */
+    _Atomic uint64_t oldest_seq;    /* completed_seq of <oldest>, NO_COMPLETED: none */
+};
+
+struct store_memory;
+
+/* The periodic reclaim job's state: owned by the job while queued, by the
+ * store otherwise (the pattern of the Redis store's pinger). */
+struct reaper {
+    pthread_mutex_t mu;      /* held while a sweep runs: store free waits for it */
+    struct store_memory *st; /* NULL once the store is being freed */
+    bool queued;
+};
+
+struct store_memory {
+    struct store base;
+    struct worker_pool *pool; /* borrowed */
+    size_t max_bytes;
+    uint64_t reap_interval_ms;
+    uint64_t seed[2];   /* the hash key: keys come from clients */
+    atomic_size_t used; /* bytes counted against max_bytes, reservations included */
+    atomic_uint_fast64_t evictions, expired;
+    _Atomic uint64_t last_sweep_ms;
+    _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
+    pthread_mutex_t evict_mu; /* one evicting thread at a time; taken before a shard lock */
+    pthread_mutex_t mu;       /* guards inflight */
+    pthread_cond_t idle;
+    unsigned inflight;
+    struct reaper *reaper;
+    struct shard shards[NSHARDS];
+};
+
+enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND };
+
+/* One accepted operation, owned by its job. */
+struct mop {
+    struct store_memory *st;
+    enum mop_kind kind;
+    store_done_fn *done;
+    void *ctx;
+    struct store_token tok;
+    uint8_t fp[FINGERPRINT_LEN]; /* acquire */
+    uint64_t ttl_ms;             /* acquire, complete, extend */
+    struct record *rec;          /* complete: own reference, handed to the entry */
+    size_t key_len;
+    char key[];
+};
+
+/* ---- hashing: SipHash-2-4 with a random key, so clients cannot pick colliding keys ---- */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = ROTL(v1, 13);                                                                         \
+        v1 ^= v0;                                                                                  \
+        v0 = ROTL(v0, 32);                                                                         \
+        v2 += v3;                                                                                  \
+        v3 = ROTL(v3, 16);                                                                         \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = ROTL(v3, 21);                                                                         \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = ROTL(v1, 17);                                                                         \
+        v1 ^= v2;                                                                                  \
+        v2 = ROTL(v2, 32);                                                                         \
+    } while (0)
+
+static uint64_t load_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t siphash(const uint64_t k[2], const char *data, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+    uint64_t b = (uint64_t)len << 56, m;
+    size_t i;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        m = load_le64(p + i);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t j = 0; i + j < len; j++)
+        b |= (uint64_t)p[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* ---- the budget ---- */
+
+size_t store_memory_entry_bytes(size_t key_len)
+{
+    return sizeof(struct mentry) + key_len + RECORD_MALLOC_OVERHEAD;
+}
+
+static void budget_give_back(struct store_memory *st, size_t n)
+{
+    if (n)
+        atomic_fetch_sub_explicit(&st->used, n, memory_order_relaxed);
+}
+
+/* ---- one shard (its lock held by the caller) ---- */
+
+static struct shard *shard_of(struct store_memory *st, uint64_t hash)
+{
+    return &st->shards[hash >> (64 - SHARD_BITS)];
+}
+
+static struct mentry **shard_slot(struct shard *sh, uint64_t hash, struct span key)
+{
+    struct mentry **pp = &sh->buckets[hash & (sh->nbuckets - 1)];
+
+    for (; *pp; pp = &(*pp)->next) {
+        struct mentry *e = *pp;
+
+        if (e->hash == hash && e->key_len == key.len && memcmp(e->key, key.base, key.len) == 0)
+            break;
+    }
+    return pp;
+}
+
+static void shard_update_oldest(struct shard *sh)
+{
+    atomic_store_explicit(&sh->oldest_seq, sh->oldest ? sh->oldest->completed_seq : NO_COMPLETED,
+                          memory_order_relaxed);
+}
+
+static void shard_link_completed(struct shard *sh, struct mentry *e)
+{
+    e->newer = NULL;
+    e->older = sh->newest;
+    if (sh->newest)
+        sh->newest->newer = e;
+    else
+        sh->oldest = e;
+    sh->newest = e;
+    shard_update_oldest(sh);
+}
+
+static void shard_unlink_completed(struct shard *sh, struct mentry *e)
+{
+    if (e->older)
+        e->older->newer = e->newer;
+    else
+        sh->oldest = e->newer;
+    if (e->newer)
+        e->newer->older = e->older;
+    else
+        sh->newest = e->older;
+    e->older = e->newer = NULL;
+    shard_update_oldest(sh);
+}
+
+/* Unlinks the entry at <pp> and frees it; returns the bytes it held. */
+static size_t shard_remove(struct shard *sh, struct mentry **pp)
+{
+    struct mentry *e = *pp;
+    size_t bytes = e->bytes;
+
+    *pp = e->next;
+    sh->count--;
+    if (e->state == MSTATE_COMPLETED)
+        shard_unlink_completed(sh, e);
+    else
+        sh->locks--;
+    record_unref(e->rec);
+    free(e);
+    return bytes;
+}
+
+/* Doubles the table past one entry per bucket. Failing to grow only makes
+ * chains longer. */
+static void shard_maybe_grow(struct shard *sh)
+{
+    size_t n = sh->nbuckets * 2;
+    struct mentry **nb;
+
+    if (sh->count < sh->nbuckets)
+        return;
+    nb = calloc(n, sizeof(*nb));
+    if (!nb)
+        return;
+    for (size_t i = 0; i < sh->nbuckets; i++) {
+        struct mentry *e = sh->buckets[i], *next;
+
+        for (; e; e = next) {
+            next = e->next;
+            e->next = nb[e->hash & (n - 1)];
+            nb[e->hash & (n - 1)] = e;
+        }
+    }
+    free(sh->buckets);
+    sh->buckets = nb;
+    sh->nbuckets = n;
+}
+
+/* Removes the expired entries of <sh>. Returns the bytes freed. */
+static size_t shard_sweep(struct shard *sh, uint64_t now, uint64_t *ret_count)
+{
+    size_t freed = 0;
+
+    for (size_t i = 0; i < sh->nbuckets; i++) {
+        struct mentry **pp = &sh->buckets[i];
+
+        while (*pp) {
+            if (now >= (*pp)->expires_ms) {
+                freed += shard_remove(sh, pp);
+                (*ret_count)++;
+            } else {
+                pp = &(*pp)->next;
+            }
+        }
+    }
+    return freed;
+}
+
+/* ---- reclaiming and evicting (no shard lock held by the caller) ---- */
+
+static void sweep_all(struct store_memory *st)
+{
+    uint64_t now = now_ms(), n = 0;
+
+    atomic_store_explicit(&st->last_sweep_ms, now, memory_order_relaxed);
+    for (size_t i = 0; i < NSHARDS; i++) {
+        struct shard *sh = &st->shards[i];
+        size_t freed;
+
+        pthread_mutex_lock(&sh->mu);
+        freed = shard_sweep(sh, now, &n);
+        pthread_mutex_unlock(&sh->mu);
+        budget_give_back(st, freed);
+    }
+    if (n)
+        atomic_fetch_add_explicit(&st->expired, n, memory_order_relaxed);
+}
+
+/* Evicts the completed record that completed first, store-wide. Returns
+ * false when there is none. */
+static bool evict_oldest(struct store_memory *st)
+{
+    for (;;) {
+        uint64_t best = NO_COMPLETED;
+        struct shard *victim = NULL;
+        bool evicted = false;
+        size_t freed = 0;
+
+        for (size_t i = 0; i < NSHARDS; i++) {
+            uint64_t t = atomic_load_explicit(&st->shards[i].oldest_seq, memory_order_relaxed);
+
+            if (t < best) {
+                best = t;
+                victim = &st->shards[i];
+            }
+        }
+        if (!victim)
+            return false;
+        pthread_mutex_lock(&victim->mu);
+        if (victim->oldest) {
+            struct mentry *e = victim->oldest;
+
+            freed = shard_remove(victim,
+                                 shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
+            evicted = true;
+        }
+        pthread_mutex_unlock(&victim->mu);
+        if (evicted) {
+            budget_give_back(st, freed);
+            atomic_fetch_add_explicit(&st->evictions, 1, memory_order_relaxed);
+            return true;
+        }
+        /* Its oldest went meanwhile (completed key released, expired): look again. */
+    }
+}
+
+/* Takes <n> bytes of the budget if they are free. */
+static bool budget_try(struct store_memory *st, size_t n)
+{
+    size_t cur = atomic_load_explicit(&st->used, memory_order_relaxed);
+
+    while (n <= st->max_bytes && cur <= st->max_bytes - n) {
+        if (atomic_compare_exchange_weak_explicit(&st->used, &cur, cur + n, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return true;
+    }
+    return false;
+}
+
+/* Reserves <n> bytes of the budget, reclaiming expired entries and then
+ * evicting the oldest completed records as needed. The caller holds no shard
+ * lock. Returns 0, -E2BIG when <n> exceeds the whole budget, or -ENOSPC when
+ * nothing more can go. */
+static int budget_reserve(struct store_memory *st, size_t n)
+{
+    bool swept = false;
+
+    if (n > st->max_bytes)
+        return -E2BIG;
+    while (!budget_try(st, n)) {
+        pthread_mutex_lock(&st->evict_mu);
+        if (atomic_load_explicit(&st->used, memory_order_relaxed) > st->max_bytes - n) {
+            /* Expired entries go before live ones; a full sweep at most every
+             * SWEEP_WHEN_FULL_EVERY_MS, so a full store does not scan per request. */
+            if (!swept &&
+                now_ms() - atomic_load_explicit(&st->last_sweep_ms, memory_order_relaxed) >=
+                    SWEEP_WHEN_FULL_EVERY_MS) {
+                sweep_all(st);
+                swept = true;
+            } else if (!evict_oldest(st)) {
+                pthread_mutex_unlock(&st->evict_mu);
+                return -ENOSPC;
+            }
+        }
+        pthread_mutex_unlock(&st->evict_mu);
+    }
+    return 0;
+}
+
+/* ---- the operations (the Lua scripts' logic) ---- */
+
+static bool tok_eq(const struct store_token *a, const struct store_token *b)
+{
+    return memcmp(a->hex, b->hex, STORE_TOKEN_HEX) == 0;
+}
+
+/* Looks <key> up in its locked shard, dropping it if it has expired. */
+static struct mentry **lookup_live(struct store_memory *st, struct shard *sh, uint64_t hash,
+                                   struct span key, uint64_t now)
+{
+    struct mentry **pp = shard_slot(sh, hash, key);
+
+    if (*pp && now >= (*pp)->expires_ms) {
+        budget_give_back(st, shard_remove(sh, pp));
+        atomic_fetch_add_explicit(&st->expired, 1, memory_order_relaxed);
+    }
+    return pp;
+}
+
+/* Answers an acquire of a key that is already held by <e>. */
+static void answer_known(const struct mentry *e, const struct mop *op, struct store_result *res)
+{
+    if (memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0) {
+        res->status = STORE_MISMATCH;
+    } else if (e->state == MSTATE_LOCKED) {
+        res->status = STORE_IN_FLIGHT;
+    } else {
+        res->status = STORE_COMPLETED;
+        res->rec = record_ref(e->rec);
+    }
+}
+
+static int do_acquire(struct store_memory *st, struct mop *op, struct store_result *res)
+{
+    struct span key = { op->key, op->key_len };
+    uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
+    struct shard *sh = shard_of(st, hash);
+    size_t need = store_memory_entry_bytes(op->key_len);
+    bool reserved = budget_try(st, need);
+    struct mentry **pp, *e;
+    int err;
+
+    pthread_mutex_lock(&sh->mu);
+    now = now_ms();
+    pp = lookup_live(st, sh, hash, key, now);
+    if (!*pp && !reserved) {
+        /* Full: evict without holding this lock (evicting takes other shard
+         * locks), then look again. A known key never evicts anything. */
+        pthread_mutex_unlock(&sh->mu);
+        err = budget_reserve(st, need);
+        if (err < 0)
+            return err;
+        reserved = true;
+        pthread_mutex_lock(&sh->mu);
+        now = now_ms();
+        pp = lookup_live(st, sh, hash, key, now);
+    }
+    if (*pp) {
+        answer_known(*pp, op, res);
+        pthread_mutex_unlock(&sh->mu);
+        if (reserved)
+            budget_give_back(st, need);
+        return 0;
+    }
+    e = calloc(1, sizeof(*e) + op->key_len);
+    if (!e) {
+        pthread_mutex_unlock(&sh->mu);
+        budget_give_back(st, need);
+        return -ENOMEM;
+    }
+    e->hash = hash;
+    e->expires_ms = now + op->ttl_ms;
+    e->bytes = need;
+    e->state = MSTATE_LOCKED;
+    e->tok = op->tok;
+    memcpy(e->fp, op->fp, FINGERPRINT_LEN);
+    e->key_len = op->key_len;
+    memcpy(e->key, op->key, op->key_len);
+    *pp = e;
+    sh->count++;
+    sh->locks++;
+    shard_maybe_grow(sh);
+    pthread_mutex_unlock(&sh->mu);
+    res->status = STORE_ACQUIRED;
+    return 0;
+}
+
+/* The state of <key> for the holder of <tok>: -ESTALE, or 0 with <ret_done>
+ * true when its own record is already stored. Takes the shard lock. */
+static int holder_check(struct store_memory *st, struct mop *op, bool *ret_done)
+{
+    struct span key = { op->key, op->key_len };
+    uint64_t hash = siphash(st->seed, op->key, op->key_len);
+    struct shard *sh = shard_of(st, hash);
+    struct mentry *e;
+    int err = 0;
+
+    pthread_mutex_lock(&sh->mu);
+    e = *lookup_live(st, sh, hash, key, now_ms());
+    if (!e || !tok_eq(&e->tok, &op->tok))
+        err = -ESTALE;
+    else
+        *ret_done = e->state == MSTATE_COMPLETED;
+    pthread_mutex_unlock(&sh->mu);
+    return err;
+}
+
+static int do_complete(struct store_memory *st, struct mop *op, struct store_result *res)
+{
+    struct span key = { op->key, op->key_len };
+    uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
+    struct shard *sh = shard_of(st, hash);
+    size_t need = record_mem_bytes(op->rec);
+    struct mentry *e;
+    bool done = false;
+    int err;
+
+    err = budget_reserve(st, need);
+    if (err < 0) {
+        /* A stale holder hears that it is stale, not that the store is full. */
+        int held = holder_check(st, op, &done);
+
+        if (held < 0)
+            return held;
+        if (done) {
+            res->status = STORE_OK;
+            return 0;
+        }
+        return err;
+    }
+    pthread_mutex_lock(&sh->mu);
+    now = now_ms();
+    e = *lookup_live(st, sh, hash, key, now);
+    if (!e || !tok_eq(&e->tok, &op->tok)) {
+        err = -ESTALE;
+    } else if (e->state == MSTATE_LOCKED) {
+        e->state = MSTATE_COMPLETED;
+        e->rec = op->rec; /* the operation's reference moves to the entry */
+        op->rec = NULL;
+        e->bytes += need;
+        need = 0;
+        e->expires_ms = now + op->ttl_ms;
+        e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
+        sh->locks--;
+        shard_link_completed(sh, e);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    budget_give_back(st, need);
+    if (err == 0)
+        res->status = STORE_OK;
+    return err;
+}
+
+static int do_release_or_extend(struct store_memory *st, struct mop *op, struct store_result *res)
+{
+    struct span key = { op->key, op->key_len };
+    uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
+    struct shard *sh = shard_of(st, hash);
+    struct mentry **pp, *e;
+    size_t freed = 0;
+    int err = 0;
+
+    pthread_mutex_lock(&sh->mu);
+    now = now_ms();
+    pp = lookup_live(st, sh, hash, key, now);
+    e = *pp;
+    if (!e && op->kind == MOP_RELEASE)
+        ; /* a key already gone is released */
+    else if (!e || e->state != MSTATE_LOCKED || !tok_eq(&e->tok, &op->tok))
+        err = -ESTALE;
+    else if (op->kind == MOP_RELEASE)
+        freed = shard_remove(sh, pp);
+    else
+        e->expires_ms = now + op->ttl_ms;
+    pthread_mutex_unlock(&sh->mu);
+    budget_give_back(st, freed);
+    if (err == 0)
+        res->status = STORE_OK;
+    return err;
+}
+
+/* ---- jobs ---- */
+
+static void op_finished(struct store_memory *st)
+{
+    pthread_mutex_lock(&st->mu);
+    assert(st->inflight > 0);
+    if (--st->inflight == 0)
+        pthread_cond_broadcast(&st->idle);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void mop_free(struct mop *op)
+{
+    if (!op)
+        return;
+    record_unref(op->rec);
+    free(op);
+}
+
+static void mop_run(void *arg)
+{
+    struct mop *op = arg;
+    struct store_memory *st = op->st;
+    struct store_result res = { .rec = NULL };
+    int err;
+
+    switch (op->kind) {
+    case MOP_ACQUIRE:
+        err = do_acquire(st, op, &res);
+        break;
+    case MOP_COMPLETE:
+        err = do_complete(st, op, &res);
+        break;
+    default:
+        err = do_release_or_extend(st, op, &res);
+        break;
+    }
+    /* Done with the record: the caller may rely on holding the last reference
+     * but the store's. */
+    record_unref(op->rec);
+    op->rec = NULL;
+    op->done(op->ctx, err, err == 0 ? &res : NULL);
+    record_unref(res.rec);
+    mop_free(op);
+    op_finished(st);
+}
+
+static int mop_new(struct store_memory *st, enum mop_kind kind, struct span key,
+                   const struct store_token *tok, store_done_fn *done, void *ctx, struct mop **ret)
+{
+    struct mop *op;
+
+    if (!key.base || key.len == 0 || !tok || !done)
+        return -EINVAL;
+    if (strnlen(tok->hex, sizeof(tok->hex)) != STORE_TOKEN_HEX)
+        return -EINVAL;
+    op = calloc(1, sizeof(*op) + key.len);
+    if (!op)
+        return -ENOMEM;
+    op->st = st;
+    op->kind = kind;
+    op->done = done;
+    op->ctx = ctx;
+    op->tok = *tok;
+    op->key_len = key.len;
+    memcpy(op->key, key.base, key.len);
+    *ret = op;
+    return 0;
+}
+
+/* Hands <op> to the pool. On failure <op> is freed and nothing calls back. */
+static int mop_submit(struct mop *op)
+{
+    struct store_memory *st = op->st;
+    int err;
+
+    pthread_mutex_lock(&st->mu);
+    st->inflight++;
+    pthread_mutex_unlock(&st->mu);
+    err = worker_submit(st->pool, mop_run, op);
+    if (err < 0) {
+        mop_free(op);
+        op_finished(st);
+    }
+    return err;
+}
+
+static struct store_memory *to_memory(struct store *st) { return (struct store_memory *)st; }
+
+static int memory_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
+                          const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
+                          void *ctx)
+{
+    struct mop *op;
+    int err;
+
+    if (!fp || lock_ttl_ms == 0)
+        return -EINVAL;
+    err = mop_new(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx, &op);
+    if (err < 0)
+        return err;
+    memcpy(op->fp, fp, FINGERPRINT_LEN);
+    op->ttl_ms = lock_ttl_ms;
+    return mop_submit(op);
+}
+
+static int memory_complete(struct store *base, struct span key, const struct store_token *tok,
+                           struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    struct mop *op;
+    int err;
+
+    if (!rec || ttl_ms == 0)
+        return -EINVAL;
+    err = mop_new(to_memory(base), MOP_COMPLETE, key, tok, done, ctx, &op);
+    if (err < 0)
+        return err;
+    op->rec = record_ref(rec);
+    op->ttl_ms = ttl_ms;
+    return mop_submit(op);
+}
+
+static int memory_release(struct store *base, struct span key, const struct store_token *tok,
+                          store_done_fn *done, void *ctx)
+{
+    struct mop *op;
+    int err;
+
+    err = mop_new(to_memory(base), MOP_RELEASE, key, tok, done, ctx, &op);
+    if (err < 0)
+        return err;
+    return mop_submit(op);
+}
+
+static int memory_extend(struct store *base, struct span key, const struct store_token *tok,
+                         uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
+{
+    struct mop *op;
+    int err;
+
+    if (lock_ttl_ms == 0)
+        return -EINVAL;
+    err = mop_new(to_memory(base), MOP_EXTEND, key, tok, done, ctx, &op);
+    if (err < 0)
+        return err;
+    op->ttl_ms = lock_ttl_ms;
+    return mop_submit(op);
+}
+
+static bool memory_is_ready(struct store *base)
+{
+    (void)base;
+    return true; /* in process: it answers while the process runs */
+}
+
+/* ---- the reclaim job ---- */
+
+static void reaper_destroy(struct reaper *rp)
+{
+    if (!rp)
+        return;
+    pthread_mutex_destroy(&rp->mu);
+    free(rp);
+}
+
+static void reap_run(void *arg)
+{
+    struct reaper *rp = arg;
+    struct store_memory *st;
+
+    pthread_mutex_lock(&rp->mu);
+    st = rp->st;
+    if (!st) {
+        pthread_mutex_unlock(&rp->mu);
+        reaper_destroy(rp); /* the store is gone and left it to this job */
+        return;
+    }
+    sweep_all(st);
+    rp->queued = worker_submit_after(st->pool, st->reap_interval_ms, reap_run, rp) == 0;
+    pthread_mutex_unlock(&rp->mu);
+}
+
+static void memory_free(struct store *base)
+{
+    struct store_memory *st = to_memory(base);
+
+    if (st->reaper) {
+        struct reaper *rp = st->reaper;
+        bool queued;
+
+        pthread_mutex_lock(&rp->mu); /* waits for a sweep in progress */
+        rp->st = NULL;
+        queued = rp->queued;
+        pthread_mutex_unlock(&rp->mu);
+        if (!queued)
+            reaper_destroy(rp);
+    }
+    pthread_mutex_lock(&st->mu);
+    while (st->inflight > 0)
+        pthread_cond_wait(&st->idle, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+
+    for (size_t i = 0; i < NSHARDS; i++) {
+        struct shard *sh = &st->shards[i];
+
+        for (size_t b = 0; sh->buckets && b < sh->nbuckets; b++) {
+            while (sh->buckets[b])
+                (void)shard_remove(sh, &sh->buckets[b]);
+        }
+        free(sh->buckets);
+        pthread_mutex_destroy(&sh->mu);
+    }
+    pthread_mutex_destroy(&st->evict_mu);
+    pthread_cond_destroy(&st->idle);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+static const struct store_ops memory_ops = {
+    .name = "memory",
+    .acquire = memory_acquire,
+    .complete = memory_complete,
+    .release = memory_release,
+    .extend = memory_extend,
+    .is_ready = memory_is_ready,
+    .free = memory_free,
+};
+
+bool store_is_memory(const struct store *st) { return st && st->ops == &memory_ops; }
+
+void store_memory_stats(struct store *base, struct store_memory_stats *ret)
+{
+    struct store_memory *st = to_memory(base);
+    struct store_memory_stats s = { .max_bytes = st->max_bytes };
+
+    assert(store_is_memory(base));
+    for (size_t i = 0; i < NSHARDS; i++) {
+        pthread_mutex_lock(&st->shards[i].mu);
+        s.entries += st->shards[i].count;
+        s.locks += st->shards[i].locks;
+        pthread_mutex_unlock(&st->shards[i].mu);
+    }
+    s.bytes = atomic_load_explicit(&st->used, memory_order_relaxed);
+    s.evictions = atomic_load_explicit(&st->evictions, memory_order_relaxed);
+    s.expired = atomic_load_explicit(&st->expired, memory_order_relaxed);
+    *ret = s;
+}
+
+int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_pool *pool,
+                     struct store **ret)
+{
+    struct store_memory *st;
+    struct reaper *rp;
+
+    if (!pool || max_bytes == 0 || reap_interval_ms == 0)
+        return -EINVAL;
+    st = calloc(1, sizeof(*st));
+    if (!st)
+        return -ENOMEM;
+    st->base.ops = &memory_ops;
+    st->pool = pool;
+    st->max_bytes = max_bytes;
+    st->reap_interval_ms = reap_interval_ms;
+    atomic_init(&st->used, 0);
+    atomic_init(&st->evictions, 0);
+    atomic_init(&st->expired, 0);
+    atomic_init(&st->last_sweep_ms, 0);
+    atomic_init(&st->seq, 0);
+    pthread_mutex_init(&st->evict_mu, NULL);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->idle, NULL);
+    for (size_t i = 0; i < NSHARDS; i++) {
+        pthread_mutex_init(&st->shards[i].mu, NULL);
+        atomic_init(&st->shards[i].oldest_seq, NO_COMPLETED);
+    }
+    for (size_t i = 0; i < NSHARDS; i++) {
+        struct shard *sh = &st->shards[i];
+
+        sh->nbuckets = FIRST_BUCKETS;
+        sh->buckets = calloc(FIRST_BUCKETS, sizeof(*sh->buckets));
+        if (!sh->buckets) {
+            memory_free(&st->base);
+            return -ENOMEM;
+        }
+    }
+    if (RAND_bytes((unsigned char *)st->seed, (int)sizeof(st->seed)) != 1) {
+        memory_free(&st->base);
+        return -EIO;
+    }
+    rp = calloc(1, sizeof(*rp));
+    if (!rp) {
+        memory_free(&st->base);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&rp->mu, NULL);
+    rp->st = st;
+    st->reaper = rp;
+    pthread_mutex_lock(&rp->mu);
+    rp->queued = worker_submit_after(pool, reap_interval_ms, reap_run, rp) == 0;
+    pthread_mutex_unlock(&rp->mu);
+    *ret = &st->base;
+    return 0;
+}
