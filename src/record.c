@@ -76,7 +76,7 @@ int record_add_header(struct record *rec, struct span name, struct span value)
     if (rec->nheaders >= RECORD_MAX_HEADERS)
         return -E2BIG;
     if (rec->nheaders == rec->headers_cap) {
-        size_t cap = rec->headers_cap ? rec->headers_cap * 2 : 16;
+        size_t cap = rec->headers_cap ? rec->headers_cap * 2 : 8;
         struct record_header *hs;
 
         if (cap > RECORD_MAX_HEADERS)

@@ -127,6 +127,30 @@ static void test_buf_done_resets_and_is_null_safe(void)
     buf_done(&b);
 }
 
-TEST_MAIN(test_buf_starts_empty, test_buf_appends_and_grows, test_buf_keeps_binary_bytes,
-          test_buf_refuses_past_limit, test_buf_limit_zero_refuses_everything,
-          test_buf_huge_append_does_not_overflow, test_buf_done_resets_and_is_null_safe)
+static void test_buf_reserve_allocates_once_up_to_the_limit(void)
+{
+    struct buf b = BUF_INIT(100);
+    char *data;
+
+    CHECK_EQ_INT(buf_reserve(&b, 40), 0);
+    CHECK_EQ_INT(b.cap, 40);
+    CHECK_EQ_INT(b.len, 0);
+    data = b.data;
+    CHECK_EQ_INT(buf_append(&b, "0123456789012345678901234567890123456789", 40), 0);
+    CHECK(b.data == data); /* no realloc while the reserved bytes arrive */
+    CHECK_EQ_INT(b.cap, 40);
+    CHECK_EQ_INT(buf_reserve(&b, 10), 0); /* room for 10 more */
+    CHECK_EQ_INT(b.cap, 50);
+    CHECK_EQ_INT(buf_reserve(&b, 5), 0); /* already there: nothing changes */
+    CHECK_EQ_INT(b.cap, 50);
+    CHECK_EQ_INT(buf_reserve(&b, SIZE_MAX), 0); /* capped at the limit, no overflow */
+    CHECK_EQ_INT(b.cap, 100);
+    CHECK_EQ_INT(b.len, 40);
+    CHECK_EQ_INT(buf_append(&b, "x", 61), -E2BIG); /* the limit still holds */
+    buf_done(&b);
+}
+
+TEST_MAIN(test_buf_reserve_allocates_once_up_to_the_limit, test_buf_starts_empty,
+          test_buf_appends_and_grows, test_buf_keeps_binary_bytes, test_buf_refuses_past_limit,
+          test_buf_limit_zero_refuses_everything, test_buf_huge_append_does_not_overflow,
+          test_buf_done_resets_and_is_null_safe)

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "check.h"
 #include "idemproxy/record.h"
@@ -455,8 +456,32 @@ static void test_record_decode_survives_corruption(void)
     record_unref(rec);
 }
 
-TEST_MAIN(test_record_new_is_empty, test_record_refcount, test_record_add_header_copies,
-          test_record_add_header_caps, test_record_header_get, test_record_hop_by_hop_table,
-          test_record_connection_listed, test_record_filter_hop_by_hop, test_record_round_trips,
-          test_record_encoding_is_exact, test_record_decode_rejects_malformed,
-          test_record_decode_header_count_limit, test_record_decode_survives_corruption)
+static void test_record_mem_bytes_counts_every_allocation(void)
+{
+    struct record *rec = record_new(4096);
+    size_t empty, with_header, with_body;
+
+    if (!rec)
+        abort();
+    empty = record_mem_bytes(rec);
+    CHECK_EQ_INT(empty, sizeof(*rec) + RECORD_MALLOC_OVERHEAD);
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("text/plain")), 0);
+    with_header = record_mem_bytes(rec);
+    /* The header array (its capacity), then name and value with their NULs. */
+    CHECK_EQ_INT(with_header, empty + rec->headers_cap * sizeof(*rec->headers) +
+                                  RECORD_MALLOC_OVERHEAD + 12 + 10 + 2 +
+                                  2 * RECORD_MALLOC_OVERHEAD);
+    CHECK_EQ_INT(buf_append(&rec->body, "hello", 5), 0);
+    with_body = record_mem_bytes(rec);
+    /* The body's capacity, not its length: spare room costs memory too. */
+    CHECK(rec->body.cap >= 5);
+    CHECK_EQ_INT(with_body, with_header + rec->body.cap + RECORD_MALLOC_OVERHEAD);
+    record_unref(rec);
+}
+
+TEST_MAIN(test_record_mem_bytes_counts_every_allocation, test_record_new_is_empty,
+          test_record_refcount, test_record_add_header_copies, test_record_add_header_caps,
+          test_record_header_get, test_record_hop_by_hop_table, test_record_connection_listed,
+          test_record_filter_hop_by_hop, test_record_round_trips, test_record_encoding_is_exact,
+          test_record_decode_rejects_malformed, test_record_decode_header_count_limit,
+          test_record_decode_survives_corruption)
