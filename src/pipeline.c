@@ -289,6 +289,14 @@ static void lease_schedule_tick(struct lease *l)
         lease_unref(l);
 }
 
+/* A store error <err> in words an operator can act on. */
+static const char *store_strerror(int err)
+{
+    if (err == -ENOSPC)
+        return "the memory store is full and holds only locks in flight (--memory-max-bytes)";
+    return strerror(-err);
+}
+
 static void lock_lost(struct lease *l, const char *when)
 {
     if (atomic_exchange(&l->lost, true))
@@ -385,7 +393,7 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
             log_warn("store %s of key %s failed (%s); retrying in %llu ms",
-                     l->rec ? "complete" : "release", l->key, strerror(-err),
+                     l->rec ? "complete" : "release", l->key, store_strerror(err),
                      (unsigned long long)l->backoff_ms);
             if (r)
                 req_finish(r);
@@ -398,7 +406,7 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
         }
         log_error("store %s of key %s failed (%s); giving up: the lock expires within "
                   "--lock-ttl",
-                  l->rec ? "complete" : "release", l->key, strerror(-err));
+                  l->rec ? "complete" : "release", l->key, store_strerror(err));
     }
     atomic_store(&l->active, false);
     if (r)
@@ -599,7 +607,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
     } else {
         atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
         log_warn("store acquire of key %s failed: %s", r->store_key,
-                 err < 0 ? strerror(-err) : "unexpected answer");
+                 err < 0 ? store_strerror(err) : "unexpected answer");
         if (pl->cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
             r->outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
