@@ -79,6 +79,16 @@ static void raise_fd_limit(const struct config *cfg)
                  cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
+/* <n> bytes in MiB or KiB (rounded down), for log lines. */
+static const char *size_text(size_t n, char *out, size_t outlen)
+{
+    if (n >= (1u << 20))
+        snprintf(out, outlen, "%zu MiB", n >> 20);
+    else
+        snprintf(out, outlen, "%zu KiB", n >> 10);
+    return out;
+}
+
 /* The store in use, for the start-up line. The Redis URL is shown without
  * its password. */
 static const char *store_desc(const struct config *cfg, char *out, size_t outlen)
@@ -88,12 +98,12 @@ static const char *store_desc(const struct config *cfg, char *out, size_t outlen
     if (!cfg->enabled)
         return "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)";
     if (!cfg->redis_url) {
-        bool mib = cfg->memory_max_bytes >= (1u << 20);
+        char budget[32];
 
         snprintf(out, outlen,
-                 "memory (%zu %s budget; forgotten on restart; use --redis to share one store "
+                 "memory (%s budget; forgotten on restart; use --redis to share one store "
                  "between instances)",
-                 cfg->memory_max_bytes >> (mib ? 20 : 10), mib ? "MiB" : "KiB");
+                 size_text(cfg->memory_max_bytes, budget, sizeof(budget)));
         return out;
     }
     if (store_redis_parse_url(cfg->redis_url, &u) < 0)
@@ -101,6 +111,33 @@ static const char *store_desc(const struct config *cfg, char *out, size_t outlen
     snprintf(out, outlen, "redis %s:%u/%u", u.host, u.port, u.db);
     free(u.password);
     return out;
+}
+
+struct memory_watch {
+    uint64_t evictions;    /* at the last warning */
+    uint64_t warned_at_ms; /* 0: never */
+};
+
+/* An eviction shortens a record's life below --ttl: a retry of that key runs
+ * again. The operator hears of it, at most once a minute. */
+static void watch_memory_store(struct app *app, struct memory_watch *w)
+{
+    struct store_memory_stats s;
+    uint64_t now = now_ms();
+    char budget[32];
+
+    if (!store_is_memory(app->st) || (w->warned_at_ms && now - w->warned_at_ms < 60000))
+        return;
+    store_memory_stats(app->st, &s);
+    if (s.evictions == w->evictions)
+        return;
+    log_warn("memory store full: %llu completed records evicted before their --ttl ran out "
+             "(%llu since start); a retry of an evicted key runs again. Raise "
+             "--memory-max-bytes (now %s) or lower --ttl",
+             (unsigned long long)(s.evictions - w->evictions), (unsigned long long)s.evictions,
+             size_text(s.max_bytes, budget, sizeof(budget)));
+    w->evictions = s.evictions;
+    w->warned_at_ms = now;
 }
 
 static void app_down(struct app *app)
@@ -177,6 +214,7 @@ int main(int argc, char **argv)
     sigset_t set;
     bool forced = false;
     char storedesc[320];
+    struct memory_watch watch = { 0 };
     int sig;
 
     if (config_load(&app.cfg, argc, argv, environ, err, sizeof(err)) < 0) {
@@ -220,9 +258,10 @@ int main(int argc, char **argv)
              app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,
              store_desc(&app.cfg, storedesc, sizeof(storedesc)));
 
-    do
+    do {
         sig = wait_signal(&set, 1000);
-    while (!sig);
+        watch_memory_store(&app, &watch);
+    } while (!sig);
     log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),
              front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
     front_quiesce(app.front);
