@@ -20,8 +20,9 @@ ensure_packages() {
         { echo "apt-get install ${missing[*]} failed" >&2; return 1; }
 }
 
+# curl: the demo of scripts/run prints curl commands, and the integration suite runs them.
 BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcurl4-openssl-dev
-    libhiredis-dev libjansson-dev libssl-dev)
+    libhiredis-dev libjansson-dev libssl-dev curl)
 
 # build DIR [meson options...] configures DIR once and builds it.
 build() {
@@ -37,4 +38,15 @@ build() {
 # free_port prints a TCP port that is free on 127.0.0.1 right now.
 free_port() {
     "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# port_is_free PORT succeeds when a server could listen on 127.0.0.1:PORT now.
+port_is_free() {
+    "$PY" - "$1" <<'PYEOF' 2>/dev/null
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no obstacle
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(1)
+PYEOF
 }
