@@ -4,7 +4,13 @@
  * back on that thread. The budget is one atomic counter: space is reserved
  * before a shard lock is taken, and eviction (which takes one other shard
  * lock at a time, under evict_mu) runs only while no shard lock is held, so
- * locks never nest across shards. */
+ * locks never nest across shards.
+ *
+ * Locks may hold at most half the budget. The other half is what the answers
+ * of running requests are stored in: completed records can always be evicted
+ * to make room for one, so a complete never waits for a lock to expire, and
+ * a store full of locks cannot deadlock. A record larger than half the
+ * budget is refused (-E2BIG) for the same reason. */
 #include "idemproxy/store_memory.h"
 
 #include <assert.h>
@@ -64,8 +70,9 @@ struct store_memory {
     struct worker_pool *pool; /* borrowed */
     size_t max_bytes;
     uint64_t reap_interval_ms;
-    uint64_t seed[2];   /* the hash key: keys come from clients */
-    atomic_size_t used; /* bytes counted against max_bytes, reservations included */
+    uint64_t seed[2];         /* the hash key: keys come from clients */
+    atomic_size_t used;       /* bytes counted against max_bytes, reservations included */
+    atomic_size_t lock_bytes; /* of which held by locks: at most max_bytes / 2 */
     atomic_uint_fast64_t evictions, expired;
     _Atomic uint64_t last_sweep_ms;
     _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
@@ -217,18 +224,21 @@ static void shard_unlink_completed(struct shard *sh, struct mentry *e)
     shard_update_oldest(sh);
 }
 
-/* Unlinks the entry at <pp> and frees it; returns the bytes it held. */
-static size_t shard_remove(struct shard *sh, struct mentry **pp)
+/* Unlinks the entry at <pp> of <sh> (a shard of <st>) and frees it; returns
+ * the bytes it held, for the caller to give back to the budget. */
+static size_t shard_remove(struct store_memory *st, struct shard *sh, struct mentry **pp)
 {
     struct mentry *e = *pp;
     size_t bytes = e->bytes;
 
     *pp = e->next;
     sh->count--;
-    if (e->state == MSTATE_COMPLETED)
+    if (e->state == MSTATE_COMPLETED) {
         shard_unlink_completed(sh, e);
-    else
+    } else {
         sh->locks--;
+        atomic_fetch_sub_explicit(&st->lock_bytes, bytes, memory_order_relaxed);
+    }
     record_unref(e->rec);
     free(e);
     return bytes;
@@ -261,7 +271,8 @@ static void shard_maybe_grow(struct shard *sh)
 }
 
 /* Removes the expired entries of <sh>. Returns the bytes freed. */
-static size_t shard_sweep(struct shard *sh, uint64_t now, uint64_t *ret_count)
+static size_t shard_sweep(struct store_memory *st, struct shard *sh, uint64_t now,
+                          uint64_t *ret_count)
 {
     size_t freed = 0;
 
@@ -270,7 +281,7 @@ static size_t shard_sweep(struct shard *sh, uint64_t now, uint64_t *ret_count)
 
         while (*pp) {
             if (now >= (*pp)->expires_ms) {
-                freed += shard_remove(sh, pp);
+                freed += shard_remove(st, sh, pp);
                 (*ret_count)++;
             } else {
                 pp = &(*pp)->next;
@@ -292,7 +303,7 @@ static void sweep_all(struct store_memory *st)
         size_t freed;
 
         pthread_mutex_lock(&sh->mu);
-        freed = shard_sweep(sh, now, &n);
+        freed = shard_sweep(st, sh, now, &n);
         pthread_mutex_unlock(&sh->mu);
         budget_give_back(st, freed);
     }
@@ -324,7 +335,7 @@ static bool evict_oldest(struct store_memory *st)
         if (victim->oldest) {
             struct mentry *e = victim->oldest;
 
-            freed = shard_remove(victim,
+            freed = shard_remove(st, victim,
                                  shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
             evicted = true;
         }
@@ -351,15 +362,28 @@ static bool budget_try(struct store_memory *st, size_t n)
     return false;
 }
 
+/* Counts <n> more bytes of locks if they stay within half the budget. */
+static bool lock_bytes_try(struct store_memory *st, size_t n)
+{
+    size_t cur = atomic_load_explicit(&st->lock_bytes, memory_order_relaxed);
+
+    while (cur + n <= st->max_bytes / 2) {
+        if (atomic_compare_exchange_weak_explicit(&st->lock_bytes, &cur, cur + n,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return true;
+    }
+    return false;
+}
+
 /* Reserves <n> bytes of the budget, reclaiming expired entries and then
  * evicting the oldest completed records as needed. The caller holds no shard
- * lock. Returns 0, -E2BIG when <n> exceeds the whole budget, or -ENOSPC when
+ * lock. Returns 0, -E2BIG when <n> exceeds half the budget, or -ENOSPC when
  * nothing more can go. */
 static int budget_reserve(struct store_memory *st, size_t n)
 {
     bool swept = false;
 
-    if (n > st->max_bytes)
+    if (n > st->max_bytes / 2)
         return -E2BIG;
     while (!budget_try(st, n)) {
         pthread_mutex_lock(&st->evict_mu);
@@ -395,7 +419,7 @@ static struct mentry **lookup_live(struct store_memory *st, struct shard *sh, ui
     struct mentry **pp = shard_slot(sh, hash, key);
 
     if (*pp && now >= (*pp)->expires_ms) {
-        budget_give_back(st, shard_remove(sh, pp));
+        budget_give_back(st, shard_remove(st, sh, pp));
         atomic_fetch_add_explicit(&st->expired, 1, memory_order_relaxed);
     }
     return pp;
@@ -446,9 +470,16 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
             budget_give_back(st, need);
         return 0;
     }
+    /* Locks stay within half the budget: see the top of this file. */
+    if (!lock_bytes_try(st, need)) {
+        pthread_mutex_unlock(&sh->mu);
+        budget_give_back(st, need);
+        return -ENOSPC;
+    }
     e = calloc(1, sizeof(*e) + op->key_len);
     if (!e) {
         pthread_mutex_unlock(&sh->mu);
+        atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
         budget_give_back(st, need);
         return -ENOMEM;
     }
@@ -518,6 +549,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     if (!e || !tok_eq(&e->tok, &op->tok)) {
         err = -ESTALE;
     } else if (e->state == MSTATE_LOCKED) {
+        atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
         e->state = MSTATE_COMPLETED;
         e->rec = op->rec; /* the operation's reference moves to the entry */
         op->rec = NULL;
@@ -553,7 +585,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
     else if (!e || e->state != MSTATE_LOCKED || !tok_eq(&e->tok, &op->tok))
         err = -ESTALE;
     else if (op->kind == MOP_RELEASE)
-        freed = shard_remove(sh, pp);
+        freed = shard_remove(st, sh, pp);
     else
         e->expires_ms = now + op->ttl_ms;
     pthread_mutex_unlock(&sh->mu);
@@ -770,7 +802,7 @@ static void memory_free(struct store *base)
 
         for (size_t b = 0; sh->buckets && b < sh->nbuckets; b++) {
             while (sh->buckets[b])
-                (void)shard_remove(sh, &sh->buckets[b]);
+                (void)shard_remove(st, sh, &sh->buckets[b]);
         }
         free(sh->buckets);
         pthread_mutex_destroy(&sh->mu);
@@ -806,6 +838,7 @@ void store_memory_stats(struct store *base, struct store_memory_stats *ret)
         pthread_mutex_unlock(&st->shards[i].mu);
     }
     s.bytes = atomic_load_explicit(&st->used, memory_order_relaxed);
+    s.lock_bytes = atomic_load_explicit(&st->lock_bytes, memory_order_relaxed);
     s.evictions = atomic_load_explicit(&st->evictions, memory_order_relaxed);
     s.expired = atomic_load_explicit(&st->expired, memory_order_relaxed);
     *ret = s;
@@ -827,6 +860,7 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     st->max_bytes = max_bytes;
     st->reap_interval_ms = reap_interval_ms;
     atomic_init(&st->used, 0);
+    atomic_init(&st->lock_bytes, 0);
     atomic_init(&st->evictions, 0);
     atomic_init(&st->expired, 0);
     atomic_init(&st->last_sweep_ms, 0);

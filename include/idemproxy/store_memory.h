@@ -17,6 +17,7 @@ size_t store_memory_entry_bytes(size_t key_len);
 
 struct store_memory_stats {
     size_t bytes;       /* counted against the budget: keys, locks, records */
+    size_t lock_bytes;  /* of which held by locks (at most half the budget) */
     size_t max_bytes;   /* the budget */
     size_t entries;     /* keys held: locks and completed records */
     size_t locks;       /* of which locked (in flight) */
@@ -30,9 +31,12 @@ struct store_memory_stats {
  * entries every <reap_interval_ms>. Returns 0 with the store in <ret>,
  * -EINVAL, -ENOMEM or -EIO (no random seed).
  *
- * Besides the errors of store.h, its operations report -ENOSPC when the
- * budget is full and nothing can be evicted (every byte is held by locks),
- * and complete() reports -E2BIG for a record larger than the whole budget. */
+ * Locks may hold at most half the budget, so that the answers of running
+ * requests always find room (completed records are evicted for them).
+ * Besides the errors of store.h, acquire() reports -ENOSPC when locks hold
+ * half the budget (or nothing is left to evict), complete() -ENOSPC while
+ * other stores in progress hold the room, and -E2BIG for a record larger
+ * than half the budget. */
 int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_pool *pool,
                      struct store **ret);
 
