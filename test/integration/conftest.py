@@ -1,6 +1,24 @@
 """Fixtures for the idemproxy integration suite: a real redis-server, a fake
 upstream (fake_upstream.py) and a factory that starts the proxy binary.
 
+One behaviour suite, two stores: the `proxy` factory runs the proxy on the
+store of the `store` fixture, parametrised "redis" and "memory", so every test
+that starts a proxy runs on both (ids `test_executed[redis]`,
+`test_executed[memory]`). A test narrows that with one decorator:
+
+  @redis_only          the behaviour exists or is observable only with Redis
+                       (PTTL values, hash edits, Redis down, several proxies
+                       sharing one Redis); the test name must say "redis"
+  @memory_only         a property of the memory store (eviction, restart);
+                       the test name must say "memory"
+  @store_independent   the test does not depend on the store (CLI, forwarding):
+                       it runs once, on the memory store, the default
+
+The names are checked at collection. State is checked through the helpers
+assert_locked / assert_completed / assert_free / assert_nothing_stored /
+wait_completed, which probe behaviour on both stores (a duplicate gets 409, is
+replayed, or executes) and, on Redis, also read the hash.
+
 Run: IDEMPROXY_BIN=build/src/idemproxy /usr/bin/python3 -m pytest -q test/integration
 """
 import http.client
@@ -153,6 +171,138 @@ def redis_record(r, key, prefix="idem:"):
     return {k.decode(): v for k, v in h.items()}
 
 
+def redis_state(r, key, prefix="idem:"):
+    """The state field of the single store key for <key> on Redis: "L", "C" or None."""
+    rec = redis_record(r, key, prefix)
+    if rec is None:
+        return None
+    return rec.get("state", b"?").decode()
+
+
+# --------------------------------------------------------------------------- store probes
+# The state of a key, checked by behaviour (the same on both stores) and, when the
+# proxy runs on Redis, also by reading the hash, which is the stronger check.
+# req is the original request, as the arguments of Proxy.request:
+# (method, path, headers, body), its headers carrying the key.
+
+def keyed(key, method="POST", path="/echo", body=b"x", header="Idempotency-Key", extra=()):
+    """A request tuple for Proxy.request carrying <key>."""
+    return (method, path, [(header, key)] + list(extra), body)
+
+
+def _upstream_hits(p, upstream):
+    up = upstream or p.upstream
+    assert up is not None, "pass upstream= (the proxy does not use the upstream fixture)"
+    return up, up.hits()
+
+
+def assert_locked(p, key, req, upstream=None, prefix="idem:"):
+    """In flight: on Redis the hash is a lock; on both stores a duplicate of req
+    gets 409 idempotency_key_in_use at once and the upstream is not called."""
+    if p.store == "redis":
+        assert redis_state(p.rdb, key, prefix) == "L", redis_record(p.rdb, key, prefix)
+    up, before = _upstream_hits(p, upstream)
+    resp = p.request(*req)
+    assert_problem(resp, 409, "idempotency_key_in_use", "2.6")
+    assert up.hits() == before, "a duplicate of a request in flight reached the upstream"
+    return resp
+
+
+def assert_completed(p, key, req, body=None, upstream=None, prefix="idem:",
+                     replay_header=REPLAY):
+    """Completed: on Redis the hash is a completed record; on both stores a
+    duplicate of req is replayed (replay header true, upstream not called), with
+    <body> when given. Returns the replayed answer."""
+    if p.store == "redis":
+        assert redis_state(p.rdb, key, prefix) == "C", redis_record(p.rdb, key, prefix)
+    up, before = _upstream_hits(p, upstream)
+    st, h, b = p.request(*req)
+    assert hone(h, replay_header) == "true", (st, h, b[:300])
+    assert up.hits() == before, "a replay reached the upstream"
+    if body is not None:
+        assert b == body
+    return st, h, b
+
+
+def assert_free(p, key, req=None, upstream=None, prefix="idem:", replay_header=REPLAY):
+    """Nothing stored for <key> (never locked, or the lock was released): on Redis
+    there is no store key; on both stores a request with the key executes (replay
+    header false, the upstream is called). req defaults to a POST /echo with the
+    key. The probe uses the key: it is completed afterwards. Returns the answer."""
+    if p.store == "redis":
+        assert redis_keys(p.rdb, key, prefix) == [], redis_keys(p.rdb, key, prefix)
+    req = req or keyed(key, body=b"probe")
+    up, before = _upstream_hits(p, upstream)
+    st, h, b = p.request(*req)
+    if st in (502, 504) and hone(h, replay_header) is None:
+        # The upstream was called and failed (e.g. a timeout): a problem, without
+        # the replay header.
+        obj = json.loads(b)
+        assert obj["code"] in ("upstream_unavailable", "upstream_timeout"), obj
+    else:
+        assert hone(h, replay_header) == "false", (st, h, b[:300])
+    assert up.hits() == before + 1, "the request with a free key did not reach the upstream"
+    return st, h, b
+
+
+def assert_nothing_stored(p):
+    """Nothing at all was written to the store. Only Redis can be inspected
+    (dbsize); on the memory store the caller's behavioural checks must do."""
+    if p.store == "redis":
+        assert p.rdb.dbsize() == 0, [k for k in p.rdb.scan_iter(count=1000)]
+
+
+def wait_completed(p, key, req, timeout=10.0, upstream=None, prefix="idem:"):
+    """Waits until the request running for <key> has completed, polling with
+    duplicates of req (409 while it runs); then checks it as assert_completed.
+    Returns the replayed answer."""
+    if p.store == "redis":
+        wait_for(lambda: redis_state(p.rdb, key, prefix) == "C", timeout=timeout,
+                 what="%s to complete in Redis" % key)
+    up = upstream or p.upstream
+
+    def done():
+        before = up.hits()
+        st, h, b = p.request(*req)
+        if st == 409 and json.loads(b).get("code") == "idempotency_key_in_use":
+            return None
+        assert hone(h, REPLAY) == "true", (st, h, b[:300])
+        assert up.hits() == before, "a replay reached the upstream"
+        return st, h, b
+
+    return wait_for(done, timeout=timeout, interval=0.1, what="%s to complete" % key)
+
+
+def start_request(p, req, key, upstream=None, timeout=30.0):
+    """Sends req in a thread and waits until the upstream has received it (so the
+    key is locked: the lock is taken before forwarding). Returns in_thread's getter."""
+    up = upstream or p.upstream
+    headers = dict((k.lower(), v) for k, v in req[2])
+    name = "Idempotency-Key"
+    before = up.received(name, headers[name.lower()])
+    get = in_thread(p.request, *req, timeout=timeout)
+    wait_for(lambda: up.received(name, headers[name.lower()]) > before, timeout=10,
+             what="the upstream to receive the request of %s" % key)
+    if p.store == "redis":
+        assert redis_state(p.rdb, key) == "L", redis_record(p.rdb, key)
+    return get
+
+
+def start_slow(p, key, ms, body=b"slow", path=None):
+    """Starts a keyed POST to /slow?ms=<ms> in a thread; returns once the upstream
+    has it (the key is locked). Returns a getter of the answer."""
+    path = path or "/slow?ms=%d" % ms
+    return start_request(p, ("POST", path, [("Idempotency-Key", key)], body), key)
+
+
+def start_held(p, key, hold_id=None, body=b"held", upstream=None):
+    """Starts a keyed POST to /hold?id=<hold_id> (default: the key), which the
+    upstream answers only after upstream.release(hold_id). Returns a getter."""
+    hold_id = hold_id or key
+    return start_request(p, ("POST", "/hold?id=%s" % hold_id, [("Idempotency-Key", key)], body),
+                         key, upstream=upstream)
+
+
 def metrics_value(text, name, labels=None):
     """Sum of the samples of metric <name> (with the given label subset)."""
     total, found = 0.0, False
@@ -287,7 +437,10 @@ def run_binary(args, env=None, timeout=10):
 
 
 class Proxy:
-    def __init__(self, args, env, logdir, name):
+    def __init__(self, args, env, logdir, name, store=None, rdb=None, upstream=None):
+        self.store = store  # "redis" or "memory"
+        self.rdb = rdb  # client of the suite's Redis (for Redis-side checks)
+        self.upstream = upstream  # the FakeUpstream it forwards to, if the fixture's
         self.port = free_port()
         self.admin_port = free_port()
         while self.admin_port == self.port:
@@ -310,7 +463,7 @@ class Proxy:
         return "http://127.0.0.1:%d" % self.admin_port
 
     def start(self, ready_timeout=10.0):
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=err,
                                          stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + ready_timeout
@@ -358,6 +511,21 @@ class Proxy:
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
+    def kill(self):
+        """SIGKILL (a crash): nothing is completed or released. Returns -9."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self.returncode = self.proc.returncode
+        self.proc = None
+        return self.returncode
+
+    def restart(self, ready_timeout=10.0):
+        """SIGTERM (must exit 0), then the same command line again, same ports."""
+        rc = self.stop()
+        assert rc == 0, "exit status %s on SIGTERM:\n%s" % (rc, self.stderr())
+        return self.start(ready_timeout)
+
     def stop(self, timeout=15.0):
         """SIGTERM, then waits. Returns the exit status (-9 if it had to be killed)."""
         if self.proc is None:
@@ -377,6 +545,60 @@ class Proxy:
         return self.returncode
 
 
+STORES = ("redis", "memory")
+
+
+@pytest.fixture(params=STORES)
+def store(request):
+    """The store the proxy factory uses by default: "redis" or "memory"."""
+    return request.param
+
+
+def redis_only(fn):
+    """Runs the test on the Redis store only; its name must say "redis" (why)."""
+    return pytest.mark.parametrize("store", ["redis"])(fn)
+
+
+def memory_only(fn):
+    """Runs the test on the memory store only; its name must say "memory" (why)."""
+    return pytest.mark.parametrize("store", ["memory"])(fn)
+
+
+def store_independent(fn):
+    """The test does not depend on the store: it runs once, on the memory store
+    (the default store)."""
+    return pytest.mark.store_independent(pytest.mark.parametrize("store", ["memory"])(fn))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "store_independent: the test runs once, on the "
+                            "memory store, because it does not depend on the store")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that runs on one store only says why in its name."""
+    bad = set()
+    for item in items:
+        if "store" not in getattr(item, "fixturenames", ()):
+            continue
+        for m in item.iter_markers("parametrize"):
+            names = m.args[0]
+            names = [n.strip() for n in names.split(",")] if isinstance(names, str) else names
+            if list(names) != ["store"]:
+                continue
+            values = sorted(set(m.args[1]))
+            name = item.originalname or item.name
+            if values == ["redis"] and "redis" not in name:
+                bad.add("%s: runs on Redis only, its name must say redis" % item.nodeid)
+            elif (values == ["memory"] and "memory" not in name
+                  and item.get_closest_marker("store_independent") is None):
+                bad.add("%s: runs on the memory store only, its name must say memory "
+                        "(or mark it @store_independent)" % item.nodeid)
+    if bad:
+        raise pytest.UsageError("\n".join(sorted(bad)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -388,25 +610,36 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def proxy(request, upstream, redis_server, rdb, tmp_path):
-    """proxy(*extra_args, env=None, upstream_url=None, redis_url=None, memory=False,
-    start=True): starts idemproxy against the upstream and redis fixtures.
-    upstream_url=False omits --upstream; memory=True omits --redis."""
+def proxy(request, store, upstream, redis_server, rdb, tmp_path):
+    """proxy(*extra_args, env=None, upstream_url=None, redis_url=None, store=None,
+    redis_arg=None, start=True): starts idemproxy against the upstream fixture, on
+    the store of the `store` fixture unless store= says otherwise.
+    upstream_url=False omits --upstream. On "redis", --redis is the suite's Redis
+    (or redis_url); on "memory" there is no --redis. redis_arg=False omits --redis
+    even on Redis (the URL then comes from env)."""
     started = []
     request.node._idem_proxies = started
+    default_store = store
 
-    def factory(*extra, env=None, upstream_url=None, redis_url=None, memory=False, start=True):
+    def factory(*extra, env=None, upstream_url=None, redis_url=None, store=None,
+                redis_arg=None, start=True):
+        kind = store or ("redis" if redis_url else default_store)
+        assert kind in STORES, kind
+        if redis_arg is None:
+            redis_arg = kind == "redis"
         args = [] if upstream_url is False else ["--upstream", upstream_url or upstream.url]
-        if not memory:
+        if redis_arg:
             args += ["--redis", redis_url or redis_server.url]
         args += list(extra)
-        p = Proxy(args, env, str(tmp_path), "proxy%d" % len(started))
+        p = Proxy(args, env, str(tmp_path), "proxy%d" % len(started), store=kind, rdb=rdb,
+                  upstream=upstream if upstream_url in (None, False) else None)
         started.append(p)
         if start:
             p.start()
         return p
 
     yield factory
+    upstream.release_all()  # a /hold left waiting would hold the drain
     bad = []
     for p in started:
         if p.proc is None:
@@ -417,6 +650,10 @@ def proxy(request, upstream, redis_server, rdb, tmp_path):
     if bad:
         pytest.fail("\n".join("idemproxy %s exited with %s on SIGTERM (expected 0):\n%s"
                               % (p.name, rc, p.stderr()) for p, rc in bad))
+    # A proxy on the memory store never writes to Redis.
+    if started and all(p.store == "memory" for p in started) and redis_server.running():
+        assert rdb.dbsize() == 0, "a memory-store proxy wrote to Redis: %r" % (
+            [k for k in rdb.scan_iter(count=1000)],)
 
 
 def in_thread(fn, *args, **kwargs):

@@ -7,6 +7,8 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
                         with two Set-Cookie headers and a Date unique to seq
   /status/N             answers status N (JSON body with seq)
   /slow?ms=N            sleeps N ms, then 200 JSON with seq
+  /hold?id=NAME         blocks until the test calls release(NAME) or release_all()
+                        (at most HOLD_MAX seconds), then 200 JSON with seq
   /big?bytes=N          200 with an N-byte body
   /chunked              200 with a chunked body
   /reset                reads the request, then resets the connection unanswered
@@ -23,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 DATE_BASE = 978307200  # 2001-01-01: no real clock will produce these dates
+HOLD_MAX = 60.0  # a /hold the test forgot to release still ends
 
 
 def fake_date(seq):
@@ -37,6 +40,9 @@ def big_body(n):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fake-upstream"
+    # Headers and body go out in separate writes: with Nagle on, the body would
+    # wait for the delayed ACK of a kept-alive connection (40 ms per answer).
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # quiet
         pass
@@ -115,6 +121,9 @@ class _Handler(BaseHTTPRequestHandler):
             ms = int(query.get("ms", ["1000"])[0])
             time.sleep(ms / 1000.0)
             self._json(200, {"seq": seq, "slept_ms": ms}, seq)
+        elif path == "/hold":
+            released = srv.hold_event(query.get("id", [""])[0]).wait(HOLD_MAX)
+            self._json(200, {"seq": seq, "released": released}, seq)
         elif path == "/big":
             n = int(query.get("bytes", ["1024"])[0])
             self._answer(200, [("Content-Type", "application/octet-stream"),
@@ -165,6 +174,7 @@ class FakeUpstream(ThreadingHTTPServer):
         self._thread = None
         self._conns = set()
         self.connections = 0  # accepted connections, to check keep-alive reuse
+        self._holds = {}  # /hold id -> threading.Event
 
     def process_request(self, request, client_address):
         with self._lock:
@@ -201,6 +211,30 @@ class FakeUpstream(ThreadingHTTPServer):
                 return sum(self._hits.values())
             return self._hits.get(path, 0)
 
+    def received(self, name, value):
+        """How many requests arrived carrying header <name> (any case) with <value>."""
+        name = name.lower()
+        with self._lock:
+            return sum(1 for _, _, headers, _ in self.requests
+                       if any(k.lower() == name and v == value for k, v in headers))
+
+    def hold_event(self, hold_id):
+        with self._lock:
+            ev = self._holds.get(hold_id)
+            if ev is None:
+                ev = self._holds[hold_id] = threading.Event()
+            return ev
+
+    def release(self, hold_id):
+        """Lets the /hold?id=<hold_id> requests (now and later) answer."""
+        self.hold_event(hold_id).set()
+
+    def release_all(self):
+        with self._lock:
+            events = list(self._holds.values())
+        for ev in events:
+            ev.set()
+
     def reset(self):
         with self._lock:
             self._hits.clear()
@@ -213,6 +247,7 @@ class FakeUpstream(ThreadingHTTPServer):
         return self
 
     def stop(self):
+        self.release_all()
         if self._thread is not None:
             self.shutdown()
             self._thread.join(5)

@@ -1,35 +1,38 @@
 """Lock heartbeat, fencing of a stale holder, client disconnect (SPEC §1, §5)."""
+import json
 import socket
 import time
 
-from conftest import (REPLAY, hone, new_key, redis_keys, redis_record,
-                      wait_for)
-from test_in_flight import start_slow
+from conftest import (REPLAY, assert_completed, assert_locked, hone, new_key, redis_keys,
+                      redis_only, start_held, start_slow, wait_completed, wait_for)
 
 
 def test_heartbeat_keeps_lock(proxy, upstream, rdb):
+    """A request running far past --lock-ttl keeps its lock."""
     p = proxy("--lock-ttl", "1")
     key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")
     t0 = time.monotonic()
-    first = start_slow(p, rdb, key, 3000)
-    for at in (1.5, 2.2):
+    first = start_held(p, key)
+    for at in (1.5, 2.2, 3.0):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
-        keys = redis_keys(rdb, key)
-        assert len(keys) == 1, "lock lost at %.1fs" % at
-        assert redis_record(rdb, key)["state"] == b"L"
-        pttl = rdb.pttl(keys[0])
-        assert 0 < pttl <= 1000, pttl
-    st, h, _ = first()
+        assert_locked(p, key, req)  # lock lost at <at> s otherwise
+        if p.store == "redis":
+            pttl = rdb.pttl(redis_keys(rdb, key)[0])
+            assert 0 < pttl <= 1000, pttl
+    upstream.release(key)
+    st, h, body = first()
     assert st == 200 and hone(h, REPLAY) == "false"
-    assert redis_record(rdb, key)["state"] == b"C"
-    assert upstream.hits("/slow") == 1
+    assert_completed(p, key, req, body=body)
+    assert upstream.hits("/hold") == 1
     assert "lock_lost" not in p.stderr()
 
 
-def test_stale_holder_does_not_overwrite(proxy, upstream, rdb):
+@redis_only
+def test_stale_holder_does_not_overwrite_redis_hash_edit(proxy, upstream, rdb):
     p = proxy("--lock-ttl", "1")
     key = new_key()
-    first = start_slow(p, rdb, key, 2500)
+    first = start_slow(p, key, 2500)
     skey = redis_keys(rdb, key)[0]
     own = rdb.hget(skey, "token")
     assert own and len(own) >= 16
@@ -54,11 +57,12 @@ def test_stale_holder_does_not_overwrite(proxy, upstream, rdb):
     assert upstream.hits("/slow") == 1
 
 
-def test_stale_holder_after_delete(proxy, upstream, rdb):
+@redis_only
+def test_stale_holder_after_delete_redis_hash_edit(proxy, upstream, rdb):
     """The lock vanished (expired) and nobody took it: complete must not recreate it."""
     p = proxy("--lock-ttl", "1")
     key = new_key()
-    first = start_slow(p, rdb, key, 1500)
+    first = start_slow(p, key, 1500)
     skey = redis_keys(rdb, key)[0]
     rdb.delete(skey)
     rdb.hset(skey, mapping={"state": "L", "token": "someone-else-0123456789", "fp": "x"})
@@ -69,7 +73,35 @@ def test_stale_holder_after_delete(proxy, upstream, rdb):
     assert rdb.hget(skey, "token") == b"someone-else-0123456789"
 
 
-def test_client_disconnect_does_not_cancel(proxy, upstream, rdb):
+@redis_only
+def test_lock_of_killed_proxy_expires_shared_redis(proxy, upstream, rdb):
+    """A proxy that dies holding a lock stops its heartbeat: another proxy on the
+    same Redis sees the key in flight, then free within --lock-ttl."""
+    p1 = proxy("--lock-ttl", "2")
+    p2 = proxy("--lock-ttl", "2")
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")
+    start_held(p1, key)
+    assert p1.kill() == -9
+    t_kill = time.monotonic()
+    assert_locked(p2, key, req)
+    upstream.release(key)  # the dead proxy's upstream call ends; nobody completes it
+
+    def executed():
+        st, h, body = p2.request(*req)
+        if st == 409:
+            assert json.loads(body)["code"] == "idempotency_key_in_use"
+            return None
+        assert st == 200 and hone(h, REPLAY) == "false", (st, body[:200])
+        return True
+
+    wait_for(executed, timeout=8, interval=0.1, what="the dead proxy's lock to expire")
+    assert time.monotonic() - t_kill < 6, "the lock outlived --lock-ttl by far"
+    assert upstream.hits("/hold") == 2
+    assert_completed(p2, key, req)
+
+
+def test_client_disconnect_does_not_cancel(proxy, upstream):
     p = proxy()
     key = new_key()
     body = b"gone"
@@ -79,25 +111,24 @@ def test_client_disconnect_does_not_cancel(proxy, upstream, rdb):
     s.sendall(req)
     s.close()
     t0 = time.monotonic()
-    wait_for(lambda: (redis_record(rdb, key) or {}).get("state") == b"C", timeout=4,
-             what="the abandoned request to complete")
+    wait_completed(p, key, ("POST", "/slow?ms=800", [("Idempotency-Key", key)], body),
+                   timeout=6)
     assert time.monotonic() - t0 >= 0.5
-    st, h, rbody = p.request("POST", "/slow?ms=800", [("Idempotency-Key", key)], body)
-    assert st == 200 and hone(h, REPLAY) == "true"
     assert upstream.hits("/slow") == 1
 
 
-def test_client_disconnect_during_upstream_wait(proxy, upstream, rdb):
+def test_client_disconnect_during_upstream_wait(proxy, upstream):
     """Disconnect after the lock is taken and the upstream call runs."""
     p = proxy()
     key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"z")
     s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
-    s.sendall(b"POST /slow?ms=1000 HTTP/1.1\r\nHost: t\r\nIdempotency-Key: " + key.encode() +
-              b"\r\nContent-Length: 1\r\n\r\nz")
-    wait_for(lambda: upstream.hits("/slow") == 1, timeout=5, what="the upstream call")
+    s.sendall(b"POST /hold?id=" + key.encode() + b" HTTP/1.1\r\nHost: t\r\nIdempotency-Key: " +
+              key.encode() + b"\r\nContent-Length: 1\r\n\r\nz")
+    wait_for(lambda: upstream.hits("/hold") == 1, timeout=5, what="the upstream call")
     s.close()
-    wait_for(lambda: (redis_record(rdb, key) or {}).get("state") == b"C", timeout=4,
-             what="the abandoned request to complete")
-    st, h, _ = p.request("POST", "/slow?ms=1000", [("Idempotency-Key", key)], b"z")
-    assert st == 200 and hone(h, REPLAY) == "true"
-    assert upstream.hits("/slow") == 1
+    time.sleep(0.2)  # let the proxy notice the disconnect
+    assert_locked(p, key, req)  # still running for the gone client
+    upstream.release(key)
+    wait_completed(p, key, req, timeout=6)
+    assert upstream.hits("/hold") == 1

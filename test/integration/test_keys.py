@@ -1,15 +1,16 @@
 """missing_key, invalid_key (SPEC §1, §5 Keys)."""
 import pytest
 
-from conftest import REPLAY, assert_problem, hone, new_key
+from conftest import (REPLAY, assert_free, assert_nothing_stored, assert_problem, hone, new_key,
+                      store_independent)
 
 
-def test_missing_key_with_require_key(proxy, upstream, rdb):
+def test_missing_key_with_require_key(proxy, upstream):
     p = proxy("--require-key")
     for method in ("POST", "PUT", "PATCH"):
         assert_problem(p.request(method, "/echo", body=b"x"), 400, "idempotency_key_missing", "2.1")
     assert upstream.hits() == 0
-    assert rdb.dbsize() == 0
+    assert_nothing_stored(p)
     # Not enforced methods still pass.
     st, h, _ = p.request("GET", "/echo")
     assert st == 201 and hone(h, REPLAY) is None
@@ -18,18 +19,19 @@ def test_missing_key_with_require_key(proxy, upstream, rdb):
     assert st == 201 and hone(h, REPLAY) == "false"
 
 
+@store_independent
 def test_require_key_from_env(proxy, upstream):
     p = proxy(env={"IDEMPROXY_REQUIRE_KEY": "yes"})
     assert_problem(p.request("POST", "/echo", body=b"x"), 400, "idempotency_key_missing", "2.1")
     assert upstream.hits() == 0
 
 
-def test_missing_key_without_require_key_is_passthrough(proxy, upstream, rdb):
+def test_missing_key_without_require_key_is_passthrough(proxy, upstream):
     p = proxy()
     st, h, _ = p.request("POST", "/echo", body=b"x")
     assert st == 201 and hone(h, REPLAY) is None
     assert upstream.hits("/echo") == 1
-    assert rdb.dbsize() == 0
+    assert_nothing_stored(p)
 
 
 INVALID = [
@@ -60,12 +62,12 @@ def keyed_post(key_lines, body=b"payload", path=b"/echo"):
 
 
 @pytest.mark.parametrize("value", INVALID)
-def test_invalid_key(proxy, upstream, rdb, value):
+def test_invalid_key(proxy, upstream, value):
     p = proxy()
     resp = p.raw(keyed_post([b"Idempotency-Key: " + value]))
     assert_problem(resp, 400, "idempotency_key_invalid", "2.1")
     assert upstream.hits() == 0
-    assert rdb.dbsize() == 0
+    assert_nothing_stored(p)
 
 
 @pytest.mark.parametrize("lines", [
@@ -74,12 +76,15 @@ def test_invalid_key(proxy, upstream, rdb, value):
     pytest.param([b"Idempotency-Key: k1", b"idempotency-key: k2"], id="name-case"),
     pytest.param([b'IDEMPOTENCY-KEY: "k1"', b"idempotency-key: k1"], id="quoted-and-bare"),
 ])
-def test_two_key_headers(proxy, upstream, rdb, lines):
+def test_two_key_headers(proxy, upstream, lines):
     p = proxy()
     resp = p.raw(keyed_post(lines))
     assert_problem(resp, 400, "idempotency_key_invalid", "2.1")
     assert upstream.hits() == 0
-    assert rdb.dbsize() == 0
+    assert_nothing_stored(p)
+    # Neither value was locked or stored: both keys still execute.
+    assert_free(p, "k1", ("POST", "/echo", [("Idempotency-Key", "k1")], b"payload"))
+    assert_free(p, "k2", ("POST", "/echo", [("Idempotency-Key", "k2")], b"payload"))
 
 
 def test_invalid_key_decided_before_body_limit(proxy, upstream):
@@ -90,7 +95,7 @@ def test_invalid_key_decided_before_body_limit(proxy, upstream):
     assert upstream.hits() == 0
 
 
-def test_key_of_255_bytes_works(proxy, upstream, rdb):
+def test_key_of_255_bytes_works(proxy, upstream):
     p = proxy()
     key = "k" * 254 + "Z"
     for expect in ("false", "true"):

@@ -5,21 +5,22 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_keys, redis_record, wait_for)
+from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, keyed,
+                      new_key, redis_keys, redis_only, redis_state, start_slow,
+                      store_independent, wait_for)
 from fake_upstream import big_body
 
 
 # --------------------------------------------------------------------------- too_large
-def test_body_over_max_body_is_413_and_nothing_locked(proxy, upstream, rdb):
+def test_body_over_max_body_is_413_and_nothing_locked(proxy, upstream):
     p = proxy("--max-body", "1K")
     key = new_key()
     resp = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x" * 2048)
     assert_problem(resp, 413, "payload_too_large")
     assert upstream.hits() == 0
-    assert redis_keys(rdb, key) == []
     # Nothing locked: the same key with a small body executes.
-    st, h, body = p.request("POST", "/echo", [("Idempotency-Key", key)], b"y" * 1024)
-    assert st == 201 and hone(h, REPLAY) == "false"
+    st, h, body = assert_free(p, key, keyed(key, body=b"y" * 1024))
+    assert st == 201
     assert json.loads(body)["body"] == "y" * 1024
     assert upstream.hits("/echo") == 1
 
@@ -32,16 +33,16 @@ def test_body_exactly_max_body_passes(proxy, upstream):
                    413, "payload_too_large")
 
 
-@pytest.mark.parametrize("method,keyed", [("GET", False), ("DELETE", True), ("POST", False)])
-def test_max_body_applies_to_every_request(proxy, upstream, method, keyed):
+@pytest.mark.parametrize("method,is_keyed", [("GET", False), ("DELETE", True), ("POST", False)])
+def test_max_body_applies_to_every_request(proxy, upstream, method, is_keyed):
     p = proxy("--max-body", "1K")
-    headers = [("Idempotency-Key", new_key())] if keyed else []
+    headers = [("Idempotency-Key", new_key())] if is_keyed else []
     resp = p.request(method, "/echo", headers, b"x" * 2048)
     assert_problem(resp, 413, "payload_too_large")
     assert upstream.hits() == 0
 
 
-def test_chunked_body_over_max_body(proxy, upstream, rdb):
+def test_chunked_body_over_max_body(proxy, upstream):
     """Without Content-Length the limit is enforced while the body streams in."""
     p = proxy("--max-body", "1K")
     key = new_key()
@@ -53,7 +54,7 @@ def test_chunked_body_over_max_body(proxy, upstream, rdb):
     resp = p.raw(req)
     assert_problem(resp, 413, "payload_too_large")
     assert upstream.hits() == 0
-    assert redis_keys(rdb, key) == []
+    assert_free(p, key)
 
 
 def test_chunked_body_under_max_body_is_forwarded(proxy, upstream):
@@ -73,30 +74,28 @@ def test_chunked_body_under_max_body_is_forwarded(proxy, upstream):
 
 # --------------------------------------------------------------------------- cacheability
 @pytest.mark.parametrize("status", [500, 503, 429])
-def test_not_cacheable_status_runs_again(proxy, upstream, rdb, status):
+def test_not_cacheable_status_runs_again(proxy, upstream, status):
     p = proxy()
     key = new_key()
     path = "/status/%d" % status
     st, h, b1 = p.request("POST", path, [("Idempotency-Key", key)], b"x")
     assert st == status and hone(h, REPLAY) == "false"
-    assert redis_keys(rdb, key) == []  # lock released
-    st, h, b2 = p.request("POST", path, [("Idempotency-Key", key)], b"x")
-    assert st == status and hone(h, REPLAY) == "false"
+    # The lock was released: the same request runs again.
+    st, h, b2 = assert_free(p, key, keyed(key, path=path))
+    assert st == status
     assert json.loads(b2)["seq"] != json.loads(b1)["seq"]
     assert upstream.hits(path) == 2
 
 
 @pytest.mark.parametrize("status", [404, 400, 200, 409])
-def test_cacheable_status_replays(proxy, upstream, rdb, status):
+def test_cacheable_status_replays(proxy, upstream, status):
     p = proxy()
     key = new_key()
     path = "/status/%d" % status
     st, h, b1 = p.request("POST", path, [("Idempotency-Key", key)], b"x")
     assert st == status and hone(h, REPLAY) == "false"
-    assert redis_record(rdb, key)["state"] == b"C"
-    st, h, b2 = p.request("POST", path, [("Idempotency-Key", key)], b"x")
-    assert st == status and hone(h, REPLAY) == "true"
-    assert b2 == b1
+    st, h, b2 = assert_completed(p, key, keyed(key, path=path), body=b1)
+    assert st == status
     assert upstream.hits(path) == 1
 
 
@@ -130,7 +129,8 @@ def test_response_over_max_response(proxy, upstream, rdb):
     st, h, body = p.request("POST", "/big?bytes=4096", [("Idempotency-Key", key)], b"x")
     assert st == 200 and hone(h, REPLAY) == "false"
     assert body == big_body(4096)
-    assert redis_record(rdb, key)["state"] == b"C"
+    if p.store == "redis":
+        assert redis_state(rdb, key) == "C"
     st, h, body = p.request("POST", "/big?bytes=4096", [("Idempotency-Key", key)], b"x")
     assert st == 502
     assert hone(h, "Content-Type").startswith("application/problem+json")
@@ -146,6 +146,7 @@ def test_response_over_max_response(proxy, upstream, rdb):
     assert st == 200 and hone(h, REPLAY) == "true" and body == big_body(1000)
 
 
+@store_independent
 def test_large_response_passthrough_not_limited(proxy, upstream):
     p = proxy("--max-response", "1K")
     st, h, body = p.request("GET", "/big?bytes=100000")
@@ -153,13 +154,51 @@ def test_large_response_passthrough_not_limited(proxy, upstream):
 
 
 # --------------------------------------------------------------------------- TTLs
+def test_records_expire_after_their_ttl(proxy, upstream):
+    """Seen by behaviour, on both stores: a record replays until its TTL runs out,
+    then the key executes again. --ttl is the default, X-TTL asks for another,
+    capped at --max-ttl; a bad X-TTL is ignored."""
+    p = proxy("--ttl", "1", "--max-ttl", "100")
+    capped = proxy("--ttl", "1", "--max-ttl", "1")
+    cases = [  # (proxy, X-TTL or None, replays after 2.5 s)
+        (p, None, False),        # --ttl 1
+        (p, "abc", False),       # ignored: --ttl 1
+        (p, "0", False),         # ignored: --ttl 1
+        (p, "60", True),         # X-TTL beats --ttl
+        (capped, "60", False),   # capped at --max-ttl 1
+    ]
+    reqs = []
+    for px, xttl, _ in cases:
+        key = new_key()
+        extra = [("X-TTL", xttl)] if xttl is not None else []
+        req = keyed(key, extra=extra)
+        st, h, body = px.request(*req)
+        assert st == 201 and hone(h, REPLAY) == "false"
+        assert_completed(px, key, req, body=body)  # at once: well within its 1 s
+        reqs.append((px, key, req, body))
+    t_last = time.monotonic()
+    hits = upstream.hits("/echo")
+    # Past the TTLs of 1 s, with a wide margin for slow (sanitizer) builds.
+    time.sleep(max(0.0, t_last + 2.5 - time.monotonic()))
+    for (px, key, req, body), (_, xttl, kept) in zip(reqs, cases):
+        st, h, b = px.request(*req)
+        assert st == 201
+        if kept:
+            assert hone(h, REPLAY) == "true" and b == body, "X-TTL %s" % xttl
+        else:
+            assert hone(h, REPLAY) == "false", "X-TTL %s: still replayed after 2.5 s" % xttl
+            hits += 1
+    assert upstream.hits("/echo") == hits
+
+
 def pttl_of(rdb, key):
     keys = redis_keys(rdb, key)
     assert len(keys) == 1, keys
     return rdb.pttl(keys[0])
 
 
-def test_ttl_header(proxy, upstream, rdb):
+@redis_only
+def test_ttl_header_redis_pttl(proxy, upstream, rdb):
     p = proxy("--ttl", "50", "--max-ttl", "100")
     k = new_key()
     st, _, _ = p.request("POST", "/echo", [("Idempotency-Key", k), ("X-TTL", "5")], b"x")
@@ -175,14 +214,16 @@ def test_ttl_header(proxy, upstream, rdb):
         assert 40000 < pttl_of(rdb, k) <= 50000, bad
 
 
-def test_default_ttl(proxy, upstream, rdb):
+@redis_only
+def test_default_ttl_redis_pttl(proxy, upstream, rdb):
     p = proxy()
     k = new_key()
     p.request("POST", "/echo", [("Idempotency-Key", k)], b"x")
     assert 86300 * 1000 < pttl_of(rdb, k) <= 86400 * 1000
 
 
-def test_ttl_header_renamed_and_disabled(proxy, upstream, rdb):
+@redis_only
+def test_ttl_header_renamed_and_disabled_redis_pttl(proxy, upstream, rdb):
     p = proxy("--ttl", "50", "--ttl-header", "X-Keep")
     k = new_key()
     p.request("POST", "/echo", [("Idempotency-Key", k), ("X-Keep", "5")], b"x")
@@ -196,7 +237,8 @@ def test_ttl_header_renamed_and_disabled(proxy, upstream, rdb):
     assert 40000 < pttl_of(rdb, k) <= 50000
 
 
-def test_ttl_env_precedence(proxy, upstream, rdb):
+@redis_only
+def test_ttl_env_precedence_redis_pttl(proxy, upstream, rdb):
     p = proxy(env={"IDEMPOTENCY_DEFAULT_TTL_SEC": "60"})
     k = new_key()
     p.request("POST", "/echo", [("Idempotency-Key", k)], b"x")
@@ -211,18 +253,19 @@ def test_ttl_env_precedence(proxy, upstream, rdb):
     assert 70000 < pttl_of(rdb, k) <= 80000
 
 
-def test_lock_ttl_while_running(proxy, upstream, rdb):
+@redis_only
+def test_lock_ttl_while_running_redis_pttl(proxy, upstream, rdb):
     """The lock has the lock TTL (default 30 s), not the response TTL."""
-    from test_in_flight import start_slow
     p = proxy("--ttl", "500")
     k = new_key()
-    first = start_slow(p, rdb, k, 600)
+    first = start_slow(p, k, 600)
     assert 0 < pttl_of(rdb, k) <= 30000
     assert first()[0] == 200
     assert 400000 < pttl_of(rdb, k) <= 500000
 
 
 # --------------------------------------------------------------------------- connections
+@store_independent
 def test_client_timeout_disconnects_stalled_client(proxy, upstream):
     p = proxy("--client-timeout", "1")
     s = socket.create_connection(("127.0.0.1", p.port), timeout=6)
@@ -250,6 +293,7 @@ def test_client_timeout_disconnects_stalled_client(proxy, upstream):
     assert p.request("GET", "/echo")[0] == 201
 
 
+@store_independent
 def test_max_connections(proxy, upstream):
     p = proxy("--max-connections", "2")
     held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(2)]

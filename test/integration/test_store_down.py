@@ -1,11 +1,13 @@
-"""store_error: Redis down, back, script cache flushed (SPEC §1, §5 Store)."""
+"""store_error: Redis down, back, script cache flushed (SPEC §1, §5 Store).
+
+All Redis-only: they stop, fake or flush the Redis server. The memory store's
+own store_unavailable (a budget full of locks) is in test_memory_store.py."""
 import socket
 import threading
 import time
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_record,
-                      wait_for)
-from test_in_flight import start_slow
+from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, redis_record,
+                      start_slow, wait_for)
 
 
 def readyz(p):
@@ -16,7 +18,8 @@ def healthz(p):
     return p.admin_request("GET", "/healthz")[0]
 
 
-def test_store_down_and_back(proxy, upstream, rdb, redis_server):
+@redis_only
+def test_redis_down_and_back(proxy, upstream, rdb, redis_server):
     p = proxy()
     assert readyz(p) == 200
     redis_server.stop()
@@ -54,7 +57,8 @@ def test_store_down_and_back(proxy, upstream, rdb, redis_server):
 
 
 
-def test_script_flush(proxy, upstream, rdb):
+@redis_only
+def test_redis_script_flush(proxy, upstream, rdb):
     p = proxy()
     k1 = new_key()
     st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k1)], b"x")
@@ -76,7 +80,8 @@ def test_script_flush(proxy, upstream, rdb):
     assert upstream.hits("/echo") == 2
 
 
-def test_on_store_error_passthrough(proxy, upstream, rdb, redis_server):
+@redis_only
+def test_on_store_error_passthrough_redis_down(proxy, upstream, rdb, redis_server):
     p = proxy("--on-store-error", "passthrough")
     redis_server.stop()
     key = new_key()
@@ -86,6 +91,7 @@ def test_on_store_error_passthrough(proxy, upstream, rdb, redis_server):
         assert upstream.hits("/echo") == n
 
 
+@redis_only
 def test_proxy_starts_with_redis_down(proxy, upstream, rdb, redis_server):
     redis_server.stop()
     p = proxy()  # ready = /healthz 200
@@ -99,6 +105,7 @@ def test_proxy_starts_with_redis_down(proxy, upstream, rdb, redis_server):
     assert st == 201 and hone(h, REPLAY) == "false"
 
 
+@redis_only
 def test_store_error_answer_is_fast_with_unroutable_redis(proxy, upstream, rdb):
     """A store that does not answer at all (accepts, never replies): --store-timeout bounds it."""
     lsock = socket.socket()
@@ -135,12 +142,13 @@ def test_store_error_answer_is_fast_with_unroutable_redis(proxy, upstream, rdb):
         lsock.close()
 
 
-def test_store_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
+@redis_only
+def test_redis_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
     """Redis dies while the upstream runs: the client still gets the upstream's
     answer, and completing the key is retried in the background."""
     p = proxy("--lock-ttl", "2")
     key = new_key()
-    first = start_slow(p, rdb, key, 1000)
+    first = start_slow(p, key, 1000)
     redis_server.stop()
     t0 = time.monotonic()
     st, h, body = first()
