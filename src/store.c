@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <assert.h>
 #include <openssl/rand.h>
 
 #include "idemproxy/store.h"
@@ -18,4 +19,49 @@ int store_token_new(struct store_token *ret)
     t.hex[STORE_TOKEN_HEX] = '\0';
     *ret = t;
     return 0;
+}
+
+void store_calls_init(struct store_calls *c)
+{
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->idle, NULL);
+    c->n = 0;
+}
+
+int store_calls_submit(struct store_calls *c, struct worker_pool *pool, worker_fn *fn, void *job)
+{
+    int err;
+
+    pthread_mutex_lock(&c->mu);
+    c->n++;
+    pthread_mutex_unlock(&c->mu);
+    err = worker_submit(pool, fn, job);
+    if (err < 0)
+        store_calls_end(c);
+    return err;
+}
+
+void store_calls_end(struct store_calls *c)
+{
+    pthread_mutex_lock(&c->mu);
+    assert(c->n > 0);
+    if (--c->n == 0)
+        pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void store_calls_done(struct store_calls *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->n > 0)
+        pthread_cond_wait(&c->idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    pthread_cond_destroy(&c->idle);
+    pthread_mutex_destroy(&c->mu);
+}
+
+bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done)
+{
+    return key.base && key.len > 0 && tok && done &&
+           strnlen(tok->hex, sizeof(tok->hex)) == STORE_TOKEN_HEX;
 }

@@ -77,9 +77,7 @@ struct store_memory {
     _Atomic uint64_t last_sweep_ms;
     _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
     pthread_mutex_t evict_mu; /* one evicting thread at a time; taken before a shard lock */
-    pthread_mutex_t mu;       /* guards inflight */
-    pthread_cond_t idle;
-    unsigned inflight;
+    struct store_calls calls;
     struct reaper *reaper;
     struct shard shards[NSHARDS];
 };
@@ -597,15 +595,6 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
 
 /* ---- jobs ---- */
 
-static void op_finished(struct store_memory *st)
-{
-    pthread_mutex_lock(&st->mu);
-    assert(st->inflight > 0);
-    if (--st->inflight == 0)
-        pthread_cond_broadcast(&st->idle);
-    pthread_mutex_unlock(&st->mu);
-}
-
 static void mop_free(struct mop *op)
 {
     if (!op)
@@ -639,7 +628,7 @@ static void mop_run(void *arg)
     op->done(op->ctx, err, err == 0 ? &res : NULL);
     record_unref(res.rec);
     mop_free(op);
-    op_finished(st);
+    store_calls_end(&st->calls);
 }
 
 static int mop_new(struct store_memory *st, enum mop_kind kind, struct span key,
@@ -647,9 +636,7 @@ static int mop_new(struct store_memory *st, enum mop_kind kind, struct span key,
 {
     struct mop *op;
 
-    if (!key.base || key.len == 0 || !tok || !done)
-        return -EINVAL;
-    if (strnlen(tok->hex, sizeof(tok->hex)) != STORE_TOKEN_HEX)
+    if (!store_call_is_valid(key, tok, done))
         return -EINVAL;
     op = calloc(1, sizeof(*op) + key.len);
     if (!op)
@@ -668,17 +655,10 @@ static int mop_new(struct store_memory *st, enum mop_kind kind, struct span key,
 /* Hands <op> to the pool. On failure <op> is freed and nothing calls back. */
 static int mop_submit(struct mop *op)
 {
-    struct store_memory *st = op->st;
-    int err;
+    int err = store_calls_submit(&op->st->calls, op->st->pool, mop_run, op);
 
-    pthread_mutex_lock(&st->mu);
-    st->inflight++;
-    pthread_mutex_unlock(&st->mu);
-    err = worker_submit(st->pool, mop_run, op);
-    if (err < 0) {
+    if (err < 0)
         mop_free(op);
-        op_finished(st);
-    }
     return err;
 }
 
@@ -792,10 +772,7 @@ static void memory_free(struct store *base)
         if (!queued)
             reaper_destroy(rp);
     }
-    pthread_mutex_lock(&st->mu);
-    while (st->inflight > 0)
-        pthread_cond_wait(&st->idle, &st->mu);
-    pthread_mutex_unlock(&st->mu);
+    store_calls_done(&st->calls);
 
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *sh = &st->shards[i];
@@ -808,8 +785,6 @@ static void memory_free(struct store *base)
         pthread_mutex_destroy(&sh->mu);
     }
     pthread_mutex_destroy(&st->evict_mu);
-    pthread_cond_destroy(&st->idle);
-    pthread_mutex_destroy(&st->mu);
     free(st);
 }
 
@@ -866,8 +841,7 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     atomic_init(&st->last_sweep_ms, 0);
     atomic_init(&st->seq, 0);
     pthread_mutex_init(&st->evict_mu, NULL);
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->idle, NULL);
+    store_calls_init(&st->calls);
     for (size_t i = 0; i < NSHARDS; i++) {
         pthread_mutex_init(&st->shards[i].mu, NULL);
         atomic_init(&st->shards[i].oldest_seq, NO_COMPLETED);

@@ -48,9 +48,7 @@ struct store_redis {
     struct redis_conn *conns; /* owned array, one per pool thread, used by that thread only */
     unsigned nconns;
     atomic_bool ready;
-    pthread_mutex_t mu; /* guards inflight */
-    pthread_cond_t idle;
-    unsigned inflight;     /* accepted operations that have not called back yet */
+    struct store_calls calls;
     struct pinger *pinger; /* see struct pinger for who owns it */
 };
 
@@ -501,15 +499,6 @@ static void op_free(struct op *op)
     free(op);
 }
 
-static void op_finished(struct store_redis *st)
-{
-    pthread_mutex_lock(&st->mu);
-    assert(st->inflight > 0);
-    if (--st->inflight == 0)
-        pthread_cond_broadcast(&st->idle);
-    pthread_mutex_unlock(&st->mu);
-}
-
 static void op_run(void *arg)
 {
     struct op *op = arg;
@@ -528,7 +517,7 @@ static void op_run(void *arg)
     op->done(op->ctx, err, err == 0 ? &res : NULL);
     record_unref(res.rec);
     op_free(op);
-    op_finished(st);
+    store_calls_end(&st->calls);
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
@@ -536,9 +525,7 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
 {
     struct op *op;
 
-    if (!key.base || key.len == 0 || !tok || !done)
-        return -EINVAL;
-    if (strnlen(tok->hex, sizeof(tok->hex)) != STORE_TOKEN_HEX)
+    if (!store_call_is_valid(key, tok, done))
         return -EINVAL;
     op = calloc(1, sizeof(*op) + key.len);
     if (!op)
@@ -558,17 +545,10 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
 /* Hands <op> to the pool. On failure <op> is freed and nothing calls back. */
 static int op_submit(struct op *op)
 {
-    struct store_redis *st = op->st;
-    int err;
+    int err = store_calls_submit(&op->st->calls, op->st->pool, op_run, op);
 
-    pthread_mutex_lock(&st->mu);
-    st->inflight++;
-    pthread_mutex_unlock(&st->mu);
-    err = worker_submit(st->pool, op_run, op);
-    if (err < 0) {
+    if (err < 0)
         op_free(op);
-        op_finished(st);
-    }
     return err;
 }
 
@@ -692,17 +672,12 @@ static void redis_free(struct store *base)
         if (!queued)
             pinger_destroy(pg);
     }
-    pthread_mutex_lock(&st->mu);
-    while (st->inflight > 0)
-        pthread_cond_wait(&st->idle, &st->mu);
-    pthread_mutex_unlock(&st->mu);
+    store_calls_done(&st->calls);
 
     for (unsigned i = 0; st->conns && i < st->nconns; i++)
         conn_close(&st->conns[i]);
     free(st->conns);
     free(st->url.password);
-    pthread_cond_destroy(&st->idle);
-    pthread_mutex_destroy(&st->mu);
     free(st);
 }
 
@@ -738,8 +713,7 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st->timeout = (struct timeval){ .tv_sec = (time_t)(timeout_ms / 1000),
                                     .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
     atomic_init(&st->ready, false);
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->idle, NULL);
+    store_calls_init(&st->calls);
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));
     pg = calloc(1, sizeof(*pg));

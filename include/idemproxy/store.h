@@ -6,8 +6,11 @@
 #ifndef IDEMPROXY_STORE_H
 #define IDEMPROXY_STORE_H
 
+#include <pthread.h>
+
 #include "idemproxy/common.h"
 #include "idemproxy/fingerprint.h"
+#include "idemproxy/worker.h"
 
 struct record;
 
@@ -106,5 +109,32 @@ static inline void store_free(struct store *st)
     if (st)
         st->ops->free(st);
 }
+
+/* ---- For store implementations ---- */
+
+/* Counts a store's accepted operations until they have called back, so that
+ * its free() can wait for them. Embedded in the store: init, then done. */
+struct store_calls {
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    unsigned n; /* accepted, not yet called back */
+};
+
+void store_calls_init(struct store_calls *c);
+
+/* Queues <fn>(<job>) on <pool> as one accepted call of <c>. Returns 0, or
+ * the error of worker_submit(): then the call is not counted and <fn> never
+ * runs (the caller frees <job>). */
+int store_calls_submit(struct store_calls *c, struct worker_pool *pool, worker_fn *fn, void *job);
+
+/* Marks one accepted call of <c> as called back: its job's last step. */
+void store_calls_end(struct store_calls *c);
+
+/* Waits until every accepted call of <c> has called back, then destroys <c>. */
+void store_calls_done(struct store_calls *c);
+
+/* True when <key> is not empty, <tok> holds STORE_TOKEN_HEX characters and
+ * <done> is set: what every operation needs. */
+bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done);
 
 #endif
