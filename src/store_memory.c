@@ -451,8 +451,11 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
     pp = lookup_live(st, sh, hash, key, now);
     if (!*pp && !reserved) {
         /* Full: evict without holding this lock (evicting takes other shard
-         * locks), then look again. A known key never evicts anything. */
+         * locks), then look again. A known key never evicts anything, and
+         * neither does a lock that could not be granted anyway. */
         pthread_mutex_unlock(&sh->mu);
+        if (atomic_load_explicit(&st->lock_bytes, memory_order_relaxed) + need > st->max_bytes / 2)
+            return -ENOSPC;
         err = budget_reserve(st, need);
         if (err < 0)
             return err;

@@ -721,6 +721,7 @@ static void test_memory_never_evicts_a_lock(void)
     struct store *st = memory_open(budget);
     struct store_token held[LOCK_TRIES], t = token();
     struct store_memory_stats s;
+    uint64_t evicted_for_locks = 0;
     int granted = 0;
 
     /* Completed records first: more than fit, so the oldest are evicted. */
@@ -739,10 +740,13 @@ static void test_memory_never_evicts_a_lock(void)
         if (r.err == 0 && r.status == STORE_ACQUIRED) {
             CHECK_EQ_INT(i, granted); /* once refused, refused until something is freed */
             granted++;
+            evicted_for_locks = mem_stats(st).evictions;
         } else {
             CHECK_EQ_INT(r.err, -ENOSPC);
         }
     }
+    /* A refused lock evicted nothing: it could not have been granted anyway. */
+    CHECK_EQ_INT(mem_stats(st).evictions, evicted_for_locks);
     /* Locks get half the budget, and no more; records made way for them. */
     s = mem_stats(st);
     CHECK_EQ_INT(s.locks, granted);
