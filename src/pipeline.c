@@ -293,7 +293,8 @@ static void lease_schedule_tick(struct lease *l)
 static const char *store_strerror(int err)
 {
     if (err == -ENOSPC)
-        return "the memory store is full and holds only locks in flight (--memory-max-bytes)";
+        return "the memory store has no room: requests in flight hold their share of "
+               "--memory-max-bytes";
     return strerror(-err);
 }
 
@@ -368,8 +369,9 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
 
     (void)res;
     if (err == -E2BIG && l->rec && !l->rec->too_large) {
-        /* The store can never hold this response (larger than its whole
-         * budget): keep the marker instead, so it is still never run twice. */
+        /* The store can never hold this response (the memory store takes
+         * none over half its budget): keep the marker instead, so it is still
+         * never run twice. */
         struct record *marker = record_new(0);
 
         if (marker) {

@@ -210,3 +210,31 @@ def test_memory_store_never_touches_redis(proxy, upstream, rdb, redis_server):
     key2 = new_key()
     st, h, _ = assert_free(p, key2, keyed(key2))
     assert st == 201
+
+
+@memory_only
+def test_memory_store_answer_over_half_the_budget_kept_as_marker(proxy, upstream):
+    """Locks may take half the budget, so an answer must fit in the other half.
+    One that is within --max-response but not within half the budget (with its
+    headers and overhead) is kept as the too-large marker: the client gets its
+    answer, a duplicate gets 502 response_too_large, and it never runs twice."""
+    p = proxy("--memory-max-bytes", "8K", "--max-response", "4K")
+    key = new_key()
+    req = keyed(key, path="/big?bytes=4000")
+    st, h, body = p.request(*req)
+    assert st == 200 and hone(h, REPLAY) == "false" and body == big_body(4000)
+
+    def marker():
+        r = p.request(*req)
+        return r if r[0] == 502 else None  # 409 until the marker is stored
+
+    obj = assert_problem(wait_for(marker, timeout=10, what="the too-large marker"), 502,
+                         "response_too_large")
+    assert "not executed again" in obj["detail"] or "was not executed" in obj["detail"], obj
+    assert upstream.hits("/big") == 1
+    assert "larger than the store can hold" in p.stderr()
+    # A smaller answer under the same budget is stored and replayed as usual.
+    k2 = new_key()
+    st, h, body = p.request(*keyed(k2, path="/big?bytes=2000"))
+    assert st == 200 and hone(h, REPLAY) == "false"
+    assert_completed(p, k2, keyed(k2, path="/big?bytes=2000"), body=big_body(2000))
