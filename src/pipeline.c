@@ -43,6 +43,7 @@ struct lease {
     struct store_token tok;
     atomic_bool active;              /* the heartbeat goes on while true */
     atomic_bool lost;                /* lock_lost was counted: once per lease */
+    atomic_bool finishing;           /* complete or release has been sent */
     _Atomic uint64_t valid_until_ms; /* the lock cannot have lapsed before this */
     uint64_t tick_sent_ms;           /* heartbeat chain only */
     /* The finishing chain only: */
@@ -316,7 +317,10 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
         atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
     } else if (err == -ESTALE) {
         atomic_store(&l->active, false);
-        lock_lost(l, "heartbeat");
+        /* Once finishing, our own complete or release may have landed first:
+         * that is no loss. Its own answer says whether the lock was lost. */
+        if (!atomic_load(&l->finishing))
+            lock_lost(l, "heartbeat");
     } else {
         atomic_fetch_add_explicit(&l->pl->store_errors, 1, memory_order_relaxed);
     }
@@ -354,6 +358,7 @@ static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
     l->pl = pl;
     l->tok = r->tok;
     atomic_init(&l->active, true);
+    atomic_init(&l->finishing, false);
     atomic_init(&l->valid_until_ms, acquired_at_ms + pl->cfg->lock_ttl_ms);
     lease_schedule_tick(lease_ref(l));
     return l;
@@ -439,6 +444,7 @@ static void lease_finish(struct req *r, struct record *rec)
     struct lease *l = r->lease;
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
+    atomic_store(&l->finishing, true);
     l->rec = rec;
     l->ttl_ms = r->ttl_ms;
     l->backoff_ms = FINISH_BACKOFF_MIN_MS;
