@@ -1,11 +1,14 @@
 -- ACQUIRE: KEYS[1] the idempotency key; ARGV[1] fingerprint (hex), ARGV[2]
 -- fencing token, ARGV[3] lock TTL (ms). The key is one hash: state (L locked,
--- C completed), fp, token, and once completed head and body.
+-- C completed), fp, token, ts (Redis time in ms of the last state change,
+-- for operators), and once completed head and body.
 -- Returns {"acquired"}, {"mismatch"}, {"in_flight"} or {"completed", head, body}.
 local h = redis.call('HMGET', KEYS[1], 'state', 'fp')
 local state, fp = h[1], h[2]
 if not state then
-    redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2])
+    local t = redis.call('TIME')
+    redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2], 'ts',
+        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return {'acquired'}
 end

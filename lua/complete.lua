@@ -10,6 +10,9 @@ end
 if h[1] == 'C' then
     return 'ok'
 end
-redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3])
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3], 'ts',
+    tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', 'idemproxy:done', KEYS[1]) -- wakes duplicates held by --wait
 return 'ok'

@@ -9,4 +9,5 @@ if h[2] ~= ARGV[1] or h[1] ~= 'L' then
     return 'stale'
 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', 'idemproxy:done', KEYS[1]) -- one duplicate held by --wait may take it
 return 'ok'

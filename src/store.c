@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
+#include "idemproxy/store.h"
+
 #include <assert.h>
 #include <openssl/rand.h>
+#include <stdlib.h>
 
-#include "idemproxy/store.h"
+#include "idemproxy/record.h"
 
 int store_token_new(struct store_token *ret)
 {
@@ -64,4 +67,49 @@ bool store_call_is_valid(struct span key, const struct store_token *tok, store_d
 {
     return key.base && key.len > 0 && tok && done &&
            strnlen(tok->hex, sizeof(tok->hex)) == STORE_TOKEN_HEX;
+}
+
+void store_info_list_done(struct store_info_list *l)
+{
+    if (!l)
+        return;
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->items[i].store_key);
+        record_unref(l->items[i].rec);
+    }
+    free(l->items);
+    l->items = NULL;
+    l->n = 0;
+}
+
+/* Is <s> = <prefix> + 32 lowercase hex + ":" + <key>? */
+bool store_key_matches(struct span s, struct span prefix, struct span key)
+{
+    size_t head = prefix.len + STORE_SCOPE_HEX + 1;
+
+    if (s.len != head + key.len || memcmp(s.base, prefix.base, prefix.len) != 0 ||
+        s.base[head - 1] != ':' || memcmp(s.base + head, key.base, key.len) != 0)
+        return false;
+    for (size_t i = prefix.len; i < head - 1; i++) {
+        char c = s.base[i];
+
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+    }
+    return true;
+}
+
+int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info)
+{
+    if (l->n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 4;
+        struct store_info *items = realloc(l->items, ncap * sizeof(*items));
+
+        if (!items)
+            return -ENOMEM;
+        l->items = items;
+        *cap = ncap;
+    }
+    l->items[l->n++] = *info;
+    return 0;
 }

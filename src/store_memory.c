@@ -38,6 +38,7 @@ struct mentry {
     uint64_t hash;
     uint64_t expires_ms;    /* now_ms() clock; expired when now >= expires_ms */
     uint64_t completed_seq; /* completed only: the store-wide completion order */
+    uint64_t changed_ms;    /* when it was locked, or completed (for store_inspect) */
     size_t bytes;           /* counted in the budget for this entry */
     struct record *rec;     /* completed only: one reference */
     enum mstate state;
@@ -78,11 +79,13 @@ struct store_memory {
     _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
     pthread_mutex_t evict_mu; /* one evicting thread at a time; taken before a shard lock */
     struct store_calls calls;
+    store_notify_fn *notify; /* set before any operation, then read-only */
+    void *notify_ctx;
     struct reaper *reaper;
     struct shard shards[NSHARDS];
 };
 
-enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND };
+enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE };
 
 /* One accepted operation, owned by its job. */
 struct mop {
@@ -485,6 +488,7 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         return -ENOMEM;
     }
     e->hash = hash;
+    e->changed_ms = now;
     e->expires_ms = now + op->ttl_ms;
     e->bytes = need;
     e->state = MSTATE_LOCKED;
@@ -528,7 +532,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     struct shard *sh = shard_of(st, hash);
     size_t need = record_mem_bytes(op->rec);
     struct mentry *e;
-    bool done = false;
+    bool done = false, changed = false;
     int err;
 
     err = budget_reserve(st, need);
@@ -557,12 +561,16 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
         e->bytes += need;
         need = 0;
         e->expires_ms = now + op->ttl_ms;
+        e->changed_ms = now;
         e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
         sh->locks--;
         shard_link_completed(sh, e);
+        changed = true;
     }
     pthread_mutex_unlock(&sh->mu);
     budget_give_back(st, need);
+    if (changed && st->notify)
+        st->notify(st->notify_ctx, key);
     if (err == 0)
         res->status = STORE_OK;
     return err;
@@ -591,9 +599,31 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
         e->expires_ms = now + op->ttl_ms;
     pthread_mutex_unlock(&sh->mu);
     budget_give_back(st, freed);
+    if (freed && st->notify)
+        st->notify(st->notify_ctx, key); /* released: a waiter may take the key */
     if (err == 0)
         res->status = STORE_OK;
     return err;
+}
+
+static int do_purge(struct store_memory *st, struct mop *op, struct store_result *res)
+{
+    struct span key = { op->key, op->key_len };
+    uint64_t hash = siphash(st->seed, op->key, op->key_len);
+    struct shard *sh = shard_of(st, hash);
+    struct mentry **pp;
+    size_t freed = 0;
+
+    pthread_mutex_lock(&sh->mu);
+    pp = lookup_live(st, sh, hash, key, now_ms());
+    if (*pp)
+        freed = shard_remove(st, sh, pp);
+    pthread_mutex_unlock(&sh->mu);
+    if (!freed)
+        return -ENOENT;
+    budget_give_back(st, freed);
+    res->status = STORE_OK;
+    return 0;
 }
 
 /* ---- jobs ---- */
@@ -619,6 +649,9 @@ static void mop_run(void *arg)
         break;
     case MOP_COMPLETE:
         err = do_complete(st, op, &res);
+        break;
+    case MOP_PURGE:
+        err = do_purge(st, op, &res);
         break;
     default:
         err = do_release_or_extend(st, op, &res);
@@ -727,6 +760,140 @@ static int memory_extend(struct store *base, struct span key, const struct store
     return mop_submit(op);
 }
 
+static int memory_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+{
+    static const struct store_token any = { .hex = "00000000000000000000000000000000" };
+    struct mop *op;
+    int err;
+
+    err = mop_new(to_memory(base), MOP_PURGE, store_key, &any, done, ctx, &op);
+    if (err < 0)
+        return err;
+    return mop_submit(op);
+}
+
+/* One inspect call, owned by its job. */
+struct inspect_job {
+    struct store_memory *st;
+    store_list_fn *done;
+    void *ctx;
+    bool with_body;
+    char *prefix, *key; /* owned copies */
+    size_t prefix_len, key_len;
+};
+
+/* Copies what an operator may see of <e> into <info>. */
+static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
+{
+    *info = (struct store_info){ .completed = e->state == MSTATE_COMPLETED,
+                                 .age_ms = now - e->changed_ms,
+                                 .ttl_ms = e->expires_ms - now };
+    fingerprint_hex(e->fp, info->fp_hex);
+    info->store_key = strndup(e->key, e->key_len);
+    if (!info->store_key)
+        return -ENOMEM;
+    if (e->rec && with_body) {
+        info->rec = record_ref(e->rec);
+    } else if (e->rec) {
+        /* The head only: the body is not copied unless asked for. */
+        struct buf head = BUF_INIT(SIZE_MAX);
+        int err = record_encode_head(e->rec, &head);
+
+        if (err == 0)
+            err = record_decode(buf_span(&head), (struct span){ "", 0 }, &info->rec);
+        buf_done(&head);
+        if (err < 0) {
+            free(info->store_key);
+            return err;
+        }
+    }
+    return 0;
+}
+
+static void inspect_run(void *arg)
+{
+    struct inspect_job *job = arg;
+    struct store_memory *st = job->st;
+    struct store_info_list list = { 0 };
+    struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
+    size_t cap = 0;
+    int err = 0;
+
+    for (size_t i = 0; i < NSHARDS && err == 0; i++) {
+        struct shard *sh = &st->shards[i];
+        uint64_t now;
+
+        pthread_mutex_lock(&sh->mu);
+        now = now_ms();
+        for (size_t b = 0; b < sh->nbuckets && err == 0; b++) {
+            for (struct mentry *e = sh->buckets[b]; e && err == 0; e = e->next) {
+                struct store_info info;
+
+                if (now >= e->expires_ms ||
+                    !store_key_matches((struct span){ e->key, e->key_len }, prefix, key))
+                    continue;
+                err = entry_info(e, now, job->with_body, &info);
+                if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {
+                    free(info.store_key);
+                    record_unref(info.rec);
+                }
+            }
+        }
+        pthread_mutex_unlock(&sh->mu);
+    }
+    if (err < 0)
+        store_info_list_done(&list);
+    job->done(job->ctx, err, &list);
+    store_info_list_done(&list);
+    free(job->prefix);
+    free(job->key);
+    free(job);
+    store_calls_end(&st->calls);
+}
+
+static int memory_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                          store_list_fn *done, void *ctx)
+{
+    struct store_memory *st = to_memory(base);
+    struct inspect_job *job;
+    int err;
+
+    if (!done || key.len == 0)
+        return -EINVAL;
+    job = calloc(1, sizeof(*job));
+    if (!job)
+        return -ENOMEM;
+    *job = (struct inspect_job){ .st = st,
+                                 .done = done,
+                                 .ctx = ctx,
+                                 .with_body = with_body,
+                                 .prefix = strndup(prefix.base ? prefix.base : "", prefix.len),
+                                 .key = strndup(key.base, key.len),
+                                 .prefix_len = prefix.len,
+                                 .key_len = key.len };
+    if (!job->prefix || !job->key) {
+        err = -ENOMEM;
+        goto fail;
+    }
+    err = store_calls_submit(&st->calls, st->pool, inspect_run, job);
+    if (err == 0)
+        return 0;
+fail:
+    free(job->prefix);
+    free(job->key);
+    free(job);
+    return err;
+}
+
+static int memory_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
+{
+    struct store_memory *st = to_memory(base);
+
+    st->notify = fn;
+    st->notify_ctx = ctx;
+    return 0;
+}
+
 static bool memory_is_ready(struct store *base)
 {
     (void)base;
@@ -797,6 +964,9 @@ static const struct store_ops memory_ops = {
     .complete = memory_complete,
     .release = memory_release,
     .extend = memory_extend,
+    .inspect = memory_inspect,
+    .purge = memory_purge,
+    .set_notify = memory_set_notify,
     .is_ready = memory_is_ready,
     .free = memory_free,
 };

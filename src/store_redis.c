@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include "idemproxy/buf.h"
@@ -22,7 +23,8 @@
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
 #define PING_INTERVAL_MS 1000
-#define HEAD_MAX_BYTES (64u << 20) /* far above what RECORD_MAX_HEADERS headers can need */
+#define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
+#define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
 
 struct redis_conn {
     redisContext *ctx;    /* owned; NULL: not connected */
@@ -40,6 +42,19 @@ struct pinger {
     bool queued;
 };
 
+/* The thread that listens to NOTIFY_CHANNEL on a connection of its own (a
+ * subscribed connection can do nothing else), for --wait. */
+struct subscriber {
+    struct store_redis *st;
+    store_notify_fn *fn;
+    void *ctx;
+    pthread_t thread;
+    pthread_mutex_t mu; /* guards stop and fd */
+    pthread_cond_t wake;
+    bool stop;
+    int fd; /* of the live connection, -1: none; shut down to stop the thread */
+};
+
 struct store_redis {
     struct store base;
     struct worker_pool *pool;   /* borrowed */
@@ -49,7 +64,8 @@ struct store_redis {
     unsigned nconns;
     atomic_bool ready;
     struct store_calls calls;
-    struct pinger *pinger; /* see struct pinger for who owns it */
+    struct pinger *pinger;  /* see struct pinger for who owns it */
+    struct subscriber *sub; /* owned; NULL unless store_set_notify() was called */
 };
 
 /* One accepted operation, owned by its job. */
@@ -620,6 +636,359 @@ static int redis_extend(struct store *base, struct span key, const struct store_
     return op_submit(op);
 }
 
+/* ---- for operators: inspect and purge ---- */
+
+/* One inspect or purge call, owned by its job. */
+struct admin_job {
+    struct store_redis *st;
+    store_list_fn *list_done; /* inspect */
+    store_done_fn *done;      /* purge */
+    void *ctx;
+    bool with_body;
+    char *prefix, *key; /* owned; purge: key is the store key */
+    size_t prefix_len, key_len;
+};
+
+static void admin_job_free(struct admin_job *job)
+{
+    free(job->prefix);
+    free(job->key);
+    free(job);
+}
+
+/* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
+static int append_glob_escaped(struct buf *b, struct span s)
+{
+    for (size_t i = 0; i < s.len; i++) {
+        int err = s.base[i] && strchr("*?[]\\", s.base[i]) ? buf_append(b, "\\", 1) : 0;
+
+        if (err == 0)
+            err = buf_append(b, &s.base[i], 1);
+        if (err < 0)
+            return err;
+    }
+    return 0;
+}
+
+static bool reply_is(const redisReply *r, int type) { return r && r->type == type; }
+
+/* Reads one store key with the inspect script into <info>. Returns 1 when
+ * filled, 0 when the key went meanwhile, or a negative errno. */
+static int inspect_key(struct store_redis *st, const redisReply *k, bool with_body,
+                       struct store_info *info)
+{
+    const char *argv[5];
+    size_t lens[5];
+    redisReply *r = NULL, **el;
+    int err;
+
+    argv[3] = k->str;
+    lens[3] = k->len;
+    argv[4] = with_body ? "1" : "0";
+    lens[4] = 1;
+    err = run_script(st, LUA_INSPECT, 5, argv, lens, &r);
+    if (err < 0)
+        return err;
+    err = -EPROTO;
+    if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0) {
+        err = 0;
+        goto out;
+    }
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7)
+        goto out;
+    el = r->element;
+    if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
+        el[1]->len != FINGERPRINT_HEX || !reply_is(el[5], REDIS_REPLY_INTEGER) ||
+        !reply_is(el[6], REDIS_REPLY_INTEGER))
+        goto out;
+    *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C' };
+    memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
+    info->fp_hex[FINGERPRINT_HEX] = '\0';
+    info->ttl_ms = el[5]->integer > 0 ? (uint64_t)el[5]->integer : 0;
+    if (reply_is(el[2], REDIS_REPLY_STRING)) {
+        long long ts = strtoll(el[2]->str, NULL, 10);
+
+        info->age_ms = el[6]->integer > ts ? (uint64_t)(el[6]->integer - ts) : 0;
+    }
+    if (info->completed && reply_is(el[3], REDIS_REPLY_STRING)) {
+        struct span body = { "", 0 };
+
+        if (reply_is(el[4], REDIS_REPLY_STRING))
+            body = (struct span){ el[4]->str, el[4]->len };
+        err = record_decode((struct span){ el[3]->str, el[3]->len }, body, &info->rec);
+        if (err < 0) {
+            err = err == -ENOMEM ? err : -EPROTO;
+            goto out;
+        }
+    }
+    info->store_key = strndup(k->str, k->len);
+    if (!info->store_key) {
+        record_unref(info->rec);
+        err = -ENOMEM;
+        goto out;
+    }
+    err = 1;
+out:
+    freeReplyObject(r);
+    return err;
+}
+
+/* SCANs for the keys of job->key under every scope (never KEYS: it would
+ * stall Redis on a large database), then reads each with the inspect script. */
+static int inspect_all(struct admin_job *job, struct store_info_list *list)
+{
+    struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
+    struct buf pattern = BUF_INIT(4096);
+    char cursor[32] = "0";
+    size_t cap = 0;
+    int err;
+
+    err = append_glob_escaped(&pattern, prefix);
+    for (int i = 0; err == 0 && i < STORE_SCOPE_HEX; i++)
+        err = buf_append(&pattern, "?", 1);
+    if (err == 0)
+        err = buf_append(&pattern, ":", 1);
+    if (err == 0)
+        err = append_glob_escaped(&pattern, key);
+    if (err < 0)
+        goto out;
+    do {
+        const char *argv[] = { "SCAN", cursor, "MATCH", pattern.data, "COUNT", "1000" };
+        size_t lens[] = { 4, strlen(cursor), 5, pattern.len, 5, 4 };
+        redisReply *r = NULL;
+        const redisReply *keys;
+
+        err = command(job->st, 6, argv, lens, &r);
+        if (err < 0)
+            goto out;
+        if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
+            !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len >= sizeof(cursor) ||
+            !reply_is(r->element[1], REDIS_REPLY_ARRAY)) {
+            freeReplyObject(r);
+            err = -EPROTO;
+            goto out;
+        }
+        memcpy(cursor, r->element[0]->str, r->element[0]->len);
+        cursor[r->element[0]->len] = '\0';
+        keys = r->element[1];
+        for (size_t i = 0; i < keys->elements && err >= 0; i++) {
+            struct store_info info;
+
+            if (!reply_is(keys->element[i], REDIS_REPLY_STRING) ||
+                !store_key_matches((struct span){ keys->element[i]->str, keys->element[i]->len },
+                                   prefix, key))
+                continue;
+            err = inspect_key(job->st, keys->element[i], job->with_body, &info);
+            if (err == 1 && (err = store_info_list_add(list, &cap, &info)) < 0) {
+                free(info.store_key);
+                record_unref(info.rec);
+            }
+        }
+        freeReplyObject(r);
+    } while (err >= 0 && strcmp(cursor, "0") != 0);
+out:
+    buf_done(&pattern);
+    return err < 0 ? err : 0;
+}
+
+static void inspect_run(void *arg)
+{
+    struct admin_job *job = arg;
+    struct store_redis *st = job->st;
+    struct store_info_list list = { 0 };
+    int err = inspect_all(job, &list);
+
+    if (err < 0)
+        store_info_list_done(&list);
+    job->list_done(job->ctx, err, &list);
+    store_info_list_done(&list);
+    admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+static void purge_run(void *arg)
+{
+    struct admin_job *job = arg;
+    struct store_redis *st = job->st;
+    struct store_result res = { .status = STORE_OK };
+    const char *argv[] = { "DEL", job->key };
+    size_t lens[] = { 3, job->key_len };
+    redisReply *r = NULL;
+    int err = command(st, 2, argv, lens, &r);
+
+    if (err == 0) {
+        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
+        freeReplyObject(r);
+    }
+    job->done(job->ctx, err, err == 0 ? &res : NULL);
+    admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+static int admin_job_submit(struct store_redis *st, struct admin_job *job, worker_fn *fn,
+                            struct span prefix, struct span key)
+{
+    int err;
+
+    job->st = st;
+    job->prefix = strndup(prefix.base ? prefix.base : "", prefix.len);
+    job->key = strndup(key.base, key.len);
+    job->prefix_len = prefix.len;
+    job->key_len = key.len;
+    if (!job->prefix || !job->key) {
+        admin_job_free(job);
+        return -ENOMEM;
+    }
+    err = store_calls_submit(&st->calls, st->pool, fn, job);
+    if (err < 0)
+        admin_job_free(job);
+    return err;
+}
+
+static int redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                         store_list_fn *done, void *ctx)
+{
+    struct admin_job *job;
+
+    if (!done || !key.base || key.len == 0)
+        return -EINVAL;
+    job = calloc(1, sizeof(*job));
+    if (!job)
+        return -ENOMEM;
+    job->list_done = done;
+    job->ctx = ctx;
+    job->with_body = with_body;
+    return admin_job_submit(to_redis(base), job, inspect_run, prefix, key);
+}
+
+static int redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+{
+    struct admin_job *job;
+
+    if (!done || !store_key.base || store_key.len == 0)
+        return -EINVAL;
+    job = calloc(1, sizeof(*job));
+    if (!job)
+        return -ENOMEM;
+    job->done = done;
+    job->ctx = ctx;
+    return admin_job_submit(to_redis(base), job, purge_run, (struct span){ NULL, 0 }, store_key);
+}
+
+/* ---- notifications for --wait ---- */
+
+/* Waits <ms> or until stopped. Returns true when stopped. Takes sub->mu. */
+static bool sub_sleep(struct subscriber *sub, uint64_t ms)
+{
+    uint64_t due = now_ms() + ms;
+    struct timespec ts = { .tv_sec = (time_t)(due / 1000),
+                           .tv_nsec = (long)(due % 1000) * 1000000L };
+    bool stop;
+
+    pthread_mutex_lock(&sub->mu);
+    while (!sub->stop && pthread_cond_timedwait(&sub->wake, &sub->mu, &ts) == 0)
+        ;
+    stop = sub->stop;
+    pthread_mutex_unlock(&sub->mu);
+    return stop;
+}
+
+/* Subscribes and passes on every key published, until the connection fails. */
+static void sub_listen(struct subscriber *sub, redisContext *c)
+{
+    static const struct timeval forever = { 0, 0 };
+    redisReply *r = NULL;
+
+    if (redisSetTimeout(c, forever) != REDIS_OK)
+        return;
+    r = redisCommand(c, "SUBSCRIBE %s", NOTIFY_CHANNEL);
+    if (!r || r->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        return;
+    }
+    freeReplyObject(r);
+    while (redisGetReply(c, (void **)&r) == REDIS_OK) {
+        if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+            reply_str_eq(r->element[0], "message") && r->element[2]->type == REDIS_REPLY_STRING)
+            sub->fn(sub->ctx, (struct span){ r->element[2]->str, r->element[2]->len });
+        freeReplyObject(r);
+        r = NULL;
+    }
+}
+
+static void *sub_main(void *arg)
+{
+    struct subscriber *sub = arg;
+    uint64_t backoff = BACKOFF_FIRST_MS;
+
+    for (;;) {
+        redisContext *c = NULL;
+        bool stop;
+
+        if (conn_open(sub->st, &c) < 0) {
+            if (sub_sleep(sub, backoff))
+                return NULL;
+            backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+            continue;
+        }
+        backoff = BACKOFF_FIRST_MS;
+        /* Published under the lock that stop is set under: either the stopper
+         * sees the descriptor and shuts it down, or this thread sees stop. */
+        pthread_mutex_lock(&sub->mu);
+        stop = sub->stop;
+        sub->fd = stop ? -1 : c->fd;
+        pthread_mutex_unlock(&sub->mu);
+        if (!stop)
+            sub_listen(sub, c);
+        pthread_mutex_lock(&sub->mu);
+        sub->fd = -1;
+        stop = sub->stop;
+        pthread_mutex_unlock(&sub->mu);
+        redisFree(c);
+        if (stop || sub_sleep(sub, BACKOFF_FIRST_MS))
+            return NULL;
+    }
+}
+
+static void sub_stop(struct subscriber *sub)
+{
+    if (!sub)
+        return;
+    pthread_mutex_lock(&sub->mu);
+    sub->stop = true;
+    if (sub->fd >= 0)
+        shutdown(sub->fd, SHUT_RDWR); /* ends the blocking read */
+    pthread_cond_broadcast(&sub->wake);
+    pthread_mutex_unlock(&sub->mu);
+    pthread_join(sub->thread, NULL);
+    pthread_cond_destroy(&sub->wake);
+    pthread_mutex_destroy(&sub->mu);
+    free(sub);
+}
+
+static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
+{
+    struct store_redis *st = to_redis(base);
+    struct subscriber *sub;
+
+    if (!fn || st->sub)
+        return -EINVAL;
+    sub = calloc(1, sizeof(*sub));
+    if (!sub)
+        return -ENOMEM;
+    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .fd = -1 };
+    pthread_mutex_init(&sub->mu, NULL);
+    pthread_cond_init(&sub->wake, NULL);
+    if (pthread_create(&sub->thread, NULL, sub_main, sub) != 0) {
+        pthread_cond_destroy(&sub->wake);
+        pthread_mutex_destroy(&sub->mu);
+        free(sub);
+        return -EAGAIN;
+    }
+    st->sub = sub;
+    return 0;
+}
+
 static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(base)->ready); }
 
 /* ---- readiness ---- */
@@ -661,6 +1030,7 @@ static void redis_free(struct store *base)
 {
     struct store_redis *st = to_redis(base);
 
+    sub_stop(st->sub);
     if (st->pinger) {
         struct pinger *pg = st->pinger;
         bool queued;
@@ -687,6 +1057,9 @@ static const struct store_ops redis_ops = {
     .complete = redis_complete,
     .release = redis_release,
     .extend = redis_extend,
+    .inspect = redis_inspect,
+    .purge = redis_purge,
+    .set_notify = redis_set_notify,
     .is_ready = redis_is_ready,
     .free = redis_free,
 };

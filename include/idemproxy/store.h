@@ -42,6 +42,33 @@ typedef void store_done_fn(void *ctx, int err, const struct store_result *res);
 
 struct store;
 
+/* One stored key, as store_inspect() reports it (for operators). */
+struct store_info {
+    char *store_key;                  /* owned, NUL-terminated */
+    bool completed;                   /* false: locked, a request in flight */
+    char fp_hex[FINGERPRINT_HEX + 1]; /* the fingerprint, lowercase hex */
+    uint64_t age_ms;                  /* since it was locked, or completed */
+    uint64_t ttl_ms;                  /* left before it expires */
+    struct record *rec;               /* completed: own reference; its body only if asked */
+};
+
+struct store_info_list {
+    struct store_info *items; /* owned array of n */
+    size_t n;
+};
+
+/* Frees what <l> holds and empties it. NULL-safe. */
+void store_info_list_done(struct store_info_list *l);
+
+/* Runs exactly once per accepted store_inspect(), on a store thread: <err> is 0
+ * and <list> filled (the callee may take its items: set list->n = 0 and
+ * list->items = NULL), or a negative errno and <list> empty. */
+typedef void store_list_fn(void *ctx, int err, struct store_info_list *list);
+
+/* Told that <key> was completed or released, so that requests waiting for it
+ * may try again. Runs on a store thread; must not block. */
+typedef void store_notify_fn(void *ctx, struct span key);
+
 struct store_ops {
     const char *name;
     int (*acquire)(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
@@ -53,6 +80,10 @@ struct store_ops {
                    store_done_fn *done, void *ctx);
     int (*extend)(struct store *st, struct span key, const struct store_token *tok,
                   uint64_t lock_ttl_ms, store_done_fn *done, void *ctx);
+    int (*inspect)(struct store *st, struct span prefix, struct span key, bool with_body,
+                   store_list_fn *done, void *ctx);
+    int (*purge)(struct store *st, struct span store_key, store_done_fn *done, void *ctx);
+    int (*set_notify)(struct store *st, store_notify_fn *fn, void *ctx);
     bool (*is_ready)(struct store *st);
     void (*free)(struct store *st);
 };
@@ -100,6 +131,35 @@ static inline int store_extend(struct store *st, struct span key, const struct s
     return st->ops->extend(st, key, tok, lock_ttl_ms, done, ctx);
 }
 
+/* Starts INSPECT: lists every stored key <prefix><scope>:<key>, whatever its
+ * scope (32 hex characters), locked or completed, with the body of completed
+ * ones when <with_body>. For operators: it may scan the whole store. Returns 0
+ * when accepted (<done> then runs exactly once) or a negative errno. */
+static inline int store_inspect(struct store *st, struct span prefix, struct span key,
+                                bool with_body, store_list_fn *done, void *ctx)
+{
+    return st->ops->inspect(st, prefix, key, with_body, done, ctx);
+}
+
+/* Starts PURGE: deletes the stored key <store_key>, locked or completed, so
+ * that its request may run again. <done> gets STORE_OK, or -ENOENT when there
+ * was no such key. */
+static inline int store_purge(struct store *st, struct span store_key, store_done_fn *done,
+                              void *ctx)
+{
+    return st->ops->purge(st, store_key, done, ctx);
+}
+
+/* Asks <st> to call <fn>(<ctx>, key) whenever a key is completed or released,
+ * by this process or (Redis) any other: for --wait. Call once, before any
+ * operation. Notifications are a hint, not a promise: one may be lost (a
+ * Redis connection dropping), so a waiter also has a deadline. Returns 0 or
+ * a negative errno. */
+static inline int store_set_notify(struct store *st, store_notify_fn *fn, void *ctx)
+{
+    return st->ops->set_notify(st, fn, ctx);
+}
+
 /* True while the store answers (for /readyz). Cheap, any thread. */
 static inline bool store_is_ready(struct store *st) { return st->ops->is_ready(st); }
 
@@ -132,6 +192,16 @@ void store_calls_end(struct store_calls *c);
 
 /* Waits until every accepted call of <c> has called back, then destroys <c>. */
 void store_calls_done(struct store_calls *c);
+
+#define STORE_SCOPE_HEX 32 /* the scope part of a store key: 16 bytes of SHA-256, hex */
+
+/* True when <s> is a store key of the idempotency key <key> under <prefix>:
+ * <prefix>, 32 lowercase hex characters, ':', <key>. */
+bool store_key_matches(struct span s, struct span prefix, struct span key);
+
+/* Appends <info> (its owned parts move into <l>) to <l>, whose capacity is
+ * <cap>. Returns 0 or -ENOMEM (then <info> still belongs to the caller). */
+int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info);
 
 /* True when <key> is not empty, <tok> holds STORE_TOKEN_HEX characters and
  * <done> is set: what every operation needs. */

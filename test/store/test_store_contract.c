@@ -198,6 +198,13 @@ static struct res release(struct store *st, const char *key, const struct store_
     return call_finish(c, store_release(st, span_from_cstr(key), tok, call_done, c));
 }
 
+static struct res purge_call(struct store *st, const char *key)
+{
+    struct call *c = call_new();
+
+    return call_finish(c, store_purge(st, span_from_cstr(key), call_done, c));
+}
+
 static struct res extend(struct store *st, const char *key, const struct store_token *tok,
                          uint64_t lock_ttl_ms)
 {
@@ -575,6 +582,161 @@ static void test_ready_after_a_successful_call(void)
     key_make(key, sizeof(key), "ready");
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
     CHECK(store_is_ready(st));
+    store_close(st);
+}
+
+/* ---- notifications and the operator's calls ---- */
+
+struct heard {
+    pthread_mutex_t mu;
+    char keys[16][128];
+    int n;
+};
+
+static void on_notify(void *ctx, struct span key)
+{
+    struct heard *h = ctx;
+
+    pthread_mutex_lock(&h->mu);
+    if (h->n < 16 && key.len < sizeof(h->keys[0])) {
+        memcpy(h->keys[h->n], key.base, key.len);
+        h->keys[h->n][key.len] = '\0';
+        h->n++;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Waits up to <ms> for <key> to be heard. */
+static bool heard_key(struct heard *h, const char *key, unsigned ms)
+{
+    for (unsigned waited = 0;; waited += 20) {
+        bool found = false;
+
+        pthread_mutex_lock(&h->mu);
+        for (int i = 0; i < h->n && !found; i++)
+            found = strcmp(h->keys[i], key) == 0;
+        pthread_mutex_unlock(&h->mu);
+        if (found || waited >= ms)
+            return found;
+        sleep_ms(20);
+    }
+}
+
+static void test_complete_and_release_notify_waiters(void)
+{
+    struct store *st = store_open();
+    struct heard h = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct record *rec = sample_record(200, "notify");
+    char key[128];
+    bool subscribed = false;
+
+    CHECK_EQ_INT(store_set_notify(st, on_notify, &h), 0);
+    /* A release is heard (a Redis subscription starts in the background: the
+     * first ones may go unheard). */
+    for (int i = 0; i < 50 && !subscribed; i++) {
+        struct store_token t = token();
+
+        key_make(key, sizeof(key), "notify-warmup");
+        CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+        CHECK_RES(release(st, key, &t), 0, STORE_OK);
+        subscribed = heard_key(&h, key, 100);
+    }
+    CHECK(subscribed);
+    {
+        struct store_token t = token(), other = token();
+
+        key_make(key, sizeof(key), "notify-complete");
+        CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+        CHECK(!heard_key(&h, key, 50)); /* acquiring is no news */
+        CHECK_RES(extend(st, key, &t, 10000), 0, STORE_OK);
+        CHECK_RES(complete(st, key, &other, rec, 10000), -ESTALE, -1);
+        CHECK(!heard_key(&h, key, 50)); /* nor a refused call */
+        CHECK_RES(complete(st, key, &t, rec, 10000), 0, STORE_OK);
+        CHECK(heard_key(&h, key, 2000));
+    }
+    record_unref(rec);
+    store_close(st);
+}
+
+struct listed {
+    struct call *c;
+    struct store_info_list list;
+};
+
+static void on_list(void *ctx, int err, struct store_info_list *list)
+{
+    struct listed *l = ctx;
+
+    l->list = *list;
+    *list = (struct store_info_list){ 0 };
+    call_done(l->c, err, err == 0 ? &(struct store_result){ .status = STORE_OK } : NULL);
+}
+
+static struct store_info_list inspect(struct store *st, const char *prefix, const char *key,
+                                      bool with_body)
+{
+    struct listed l = { .c = call_new() };
+    struct res r = call_finish(l.c, store_inspect(st, span_from_cstr(prefix), span_from_cstr(key),
+                                                  with_body, on_list, &l));
+
+    CHECK_EQ_INT(r.ret, 0);
+    CHECK_EQ_INT(r.err, 0);
+    return l.list;
+}
+
+static void test_inspect_lists_every_scope_and_purge_frees(void)
+{
+    struct store *st = store_open();
+    struct record *rec = sample_record(201, "inspect");
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    char prefix[64], k1[160], k2[160], k3[160], other[160];
+    const char *key = "order-7*?[x]";
+    struct store_info_list l;
+
+    snprintf(prefix, sizeof(prefix), "test:%ld:insp:", (long)getpid());
+    snprintf(k1, sizeof(k1), "%s%032x:%s", prefix, 1, key);
+    snprintf(k2, sizeof(k2), "%s%032x:%s", prefix, 2, key);
+    snprintf(k3, sizeof(k3), "%s%032x:%s", prefix, 3, "order-7"); /* another key */
+    snprintf(other, sizeof(other), "%sXYZ:%s", prefix, key);      /* not a scope */
+    CHECK_RES(acquire(st, k1, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, k1, &t1, rec, 60000), 0, STORE_OK);
+    CHECK_RES(acquire(st, k2, fp_b, &t2, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire(st, k3, fp_a, &t3, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire(st, other, fp_a, &t3, 10000), 0, STORE_ACQUIRED);
+
+    l = inspect(st, prefix, key, false);
+    CHECK_EQ_INT(l.n, 2);
+    for (size_t i = 0; i < l.n; i++) {
+        const struct store_info *in = &l.items[i];
+
+        if (strcmp(in->store_key, k1) == 0) {
+            CHECK(in->completed);
+            CHECK(in->rec && in->rec->status == 201 && in->rec->body.len == 0);
+            CHECK(in->ttl_ms > 50000 && in->ttl_ms <= 60000);
+        } else {
+            CHECK_EQ_STR(in->store_key, k2);
+            CHECK(!in->completed && !in->rec);
+            CHECK(in->ttl_ms > 5000 && in->ttl_ms <= 10000);
+        }
+        CHECK(in->age_ms < 5000);
+        CHECK_EQ_INT(strlen(in->fp_hex), FINGERPRINT_HEX);
+    }
+    store_info_list_done(&l);
+    l = inspect(st, prefix, key, true);
+    for (size_t i = 0; i < l.n; i++) {
+        if (l.items[i].completed)
+            CHECK(record_equal(l.items[i].rec, rec));
+    }
+    store_info_list_done(&l);
+
+    CHECK_RES(purge_call(st, k1), 0, STORE_OK);
+    CHECK_RES(purge_call(st, k1), -ENOENT, -1);
+    CHECK_RES(purge_call(st, k2), 0, STORE_OK); /* a lock too */
+    l = inspect(st, prefix, key, false);
+    CHECK_EQ_INT(l.n, 0);
+    store_info_list_done(&l);
+    CHECK_RES(acquire(st, k1, fp_b, &t1, 10000), 0, STORE_ACQUIRED); /* runs again */
+    record_unref(rec);
     store_close(st);
 }
 
@@ -1170,7 +1332,7 @@ static void test_redis_one_key_per_idempotency_key(void)
     r = redisCommand(admin, "TYPE %s", key);
     CHECK(r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "hash") == 0);
     freeReplyObject(r);
-    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 3); /* state, fp, token */
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 4); /* state, fp, token, ts */
     r = redisCommand(admin, "HMGET %s state token fp", key);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 3);
     if (r && r->elements == 3) {
@@ -1185,7 +1347,7 @@ static void test_redis_one_key_per_idempotency_key(void)
     CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
     CHECK_RES(complete(st, key, &t1, rec, 60000), 0, STORE_OK);
     CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
-    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 5); /* + head, body */
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 6); /* + head, body */
     r = redisCommand(admin, "HGET %s body", key);
     CHECK(r && r->type == REDIS_REPLY_STRING && r->len == rec->body.len &&
           memcmp(r->str, rec->body.data, r->len) == 0); /* the raw body, not encoded */
@@ -1489,6 +1651,8 @@ static const struct test contract_tests[] = {
     TEST(test_concurrent_acquires_have_one_winner),
     TEST(test_free_waits_for_every_callback),
     TEST(test_ready_after_a_successful_call),
+    TEST(test_complete_and_release_notify_waiters),
+    TEST(test_inspect_lists_every_scope_and_purge_frees),
     TEST(test_worker_runs_fifo_on_its_threads),
     TEST(test_worker_runs_delayed_jobs_in_due_order_not_early),
     TEST(test_worker_free_runs_pending_delayed_jobs),
