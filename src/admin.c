@@ -1,16 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* The admin listener on its own MHD thread: health and readiness. Answers
- * come from constant buffers; readiness reads the store's cached state. */
+/* The admin listener on its own MHD thread: health, readiness and metrics.
+ * Health answers come from constant buffers; readiness reads the store's
+ * cached state; /metrics is formatted afresh for each scrape. */
 #include "idemproxy/admin.h"
 
 #include <microhttpd.h>
 #include <stdlib.h>
 
+#include "idemproxy/admin_keys.h"
+#include "idemproxy/buf.h"
 #include "idemproxy/config.h"
+#include "idemproxy/metrics.h"
 #include "idemproxy/store.h"
 
 struct admin {
     struct store *st;
+    const char *key_prefix; /* borrowed from the configuration */
     struct MHD_Daemon *d;
 };
 
@@ -29,6 +34,31 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
     return ret;
 }
 
+static void free_cb(void *p) { free(p); }
+
+/* The Prometheus exposition, built fresh on each scrape (a few kB). */
+static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *st)
+{
+    struct buf out = BUF_INIT(1u << 20);
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    if (metrics_format(&out, st) < 0) {
+        buf_done(&out);
+        return reply(conn, 500, "out of memory\n");
+    }
+    resp = MHD_create_response_from_buffer_with_free_callback(out.len, out.data, free_cb);
+    if (!resp) {
+        buf_done(&out);
+        return MHD_NO;
+    }
+    (void)MHD_add_response_header(resp, "Content-Type", METRICS_CONTENT_TYPE);
+    (void)MHD_add_response_header(resp, "Cache-Control", "no-store");
+    ret = MHD_queue_response(conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -42,6 +72,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0; /* no admin path takes a body */
         return MHD_YES;
     }
+    if (strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0)
+        return admin_keys_serve(conn, a->st, a->key_prefix, url, method);
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(conn, 405, "method not allowed\n");
     if (strcmp(url, "/healthz") == 0)
@@ -51,7 +83,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return reply(conn, 200, "ready\n");
         return reply(conn, 503, "store unavailable\n");
     }
-    return reply(conn, 404, "not found: try /healthz or /readyz\n");
+    if (strcmp(url, "/metrics") == 0)
+        return serve_metrics(conn, a->st);
+    return reply(conn, 404, "not found: try /healthz, /readyz or /metrics\n");
 }
 
 int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
@@ -62,6 +96,7 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
     if (!a)
         return -ENOMEM;
     a->st = st;
+    a->key_prefix = cfg->key_prefix;
     if (cfg->admin_listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,

@@ -128,6 +128,8 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
     enum MHD_Result ret;
 
     r->answered = true;
+    if (!r->running)
+        pipeline_account(f->pl, r); /* refused before running: the pipeline did not count it */
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
     resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,

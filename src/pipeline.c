@@ -14,6 +14,7 @@
 
 #include "idemproxy/config.h"
 #include "idemproxy/log.h"
+#include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
@@ -30,8 +31,6 @@ struct pipeline {
     struct upstream *up;     /* borrowed; NULL once detached */
     atomic_uint inflight;
     atomic_bool stopping;
-    atomic_ulong lock_lost;
-    atomic_ulong store_errors;
 };
 
 /* A held lock. The request, the heartbeat job and the finishing calls (complete
@@ -46,6 +45,8 @@ struct lease {
     atomic_bool finishing;           /* complete or release has been sent */
     _Atomic uint64_t valid_until_ms; /* the lock cannot have lapsed before this */
     uint64_t tick_sent_ms;           /* heartbeat chain only */
+    uint64_t tick_sent_us;
+    uint64_t attempt_sent_us; /* the finishing chain's call in progress */
     /* The finishing chain only: */
     struct record *rec; /* owned reference to complete with; NULL: release */
     uint64_t ttl_ms;
@@ -70,16 +71,42 @@ static void lease_unref(struct lease *l)
     free(l);
 }
 
+static const struct span *find_header(const struct req *r, struct span name, size_t *ret_count);
+
+void pipeline_account(struct pipeline *pl, struct req *r)
+{
+    uint64_t total_us = metrics_now_us() - r->start_us;
+    const struct span *key = NULL;
+
+    if (r->accounted)
+        return;
+    r->accounted = true;
+    metrics_request(r->outcome, total_us, r->forwarded, r->upstream_us);
+    if (!log_enabled(CONFIG_LOG_INFO))
+        return;
+    if (pl->cfg->key_header && pl->cfg->key_header[0])
+        key = find_header(r, span_from_cstr(pl->cfg->key_header), NULL);
+    log_access(&(struct log_access){
+        .method = r->method,
+        .target = r->target,
+        .key = key ? *key : (struct span){ NULL, 0 },
+        .status = r->answer ? r->answer->status : 0,
+        .outcome = outcome_label(r->outcome),
+        .has_upstream = r->forwarded,
+        .upstream_us = r->upstream_us,
+        .total_us = total_us,
+        .bytes = r->answer ? r->answer->body.len : 0,
+    });
+}
+
 /* Hands <r> back to the front end with its answer. */
 static void req_finish(struct req *r)
 {
     struct pipeline *pl = r->pl;
 
-    if (log_enabled(CONFIG_LOG_DEBUG))
-        log_write(CONFIG_LOG_DEBUG, "%.*s %.*s -> %u %s (%llu ms)", (int)r->method.len,
-                  r->method.base, (int)r->target.len, r->target.base,
-                  r->answer ? r->answer->status : 0, outcome_label(r->outcome),
-                  (unsigned long long)(now_ms() - r->start_ms));
+    pipeline_account(pl, r);
+    /* Before the answer can reach the client, who may read /metrics next. */
+    metrics_inflight_add(-1);
     r->done(r, r->done_ctx);
     atomic_fetch_sub_explicit(&pl->inflight, 1, memory_order_release);
 }
@@ -215,6 +242,7 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     size_t n;
 
     r->start_ms = now_ms();
+    r->start_us = metrics_now_us();
     r->outcome = OUTCOME_PASSTHROUGH;
     if (cfg->enabled && config_is_enforced(cfg, r->method)) {
         v = find_header(r, span_from_cstr(cfg->key_header), &n);
@@ -303,7 +331,7 @@ static void lock_lost(struct lease *l, const char *when)
 {
     if (atomic_exchange(&l->lost, true))
         return;
-    atomic_fetch_add_explicit(&l->pl->lock_lost, 1, memory_order_relaxed);
+    metrics_lock_lost();
     log_warn("lock_lost: key %s: another request holds it now (%s); nothing was overwritten",
              l->key, when);
 }
@@ -313,6 +341,7 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
     struct lease *l = ctx;
 
     (void)res;
+    metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - l->tick_sent_us);
     if (err == 0) {
         atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
     } else if (err == -ESTALE) {
@@ -322,7 +351,7 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
         if (!atomic_load(&l->finishing))
             lock_lost(l, "heartbeat");
     } else {
-        atomic_fetch_add_explicit(&l->pl->store_errors, 1, memory_order_relaxed);
+        metrics_store_error();
     }
     lease_schedule_tick(l);
 }
@@ -337,6 +366,7 @@ static void lease_tick(void *ctx)
         return;
     }
     l->tick_sent_ms = now_ms();
+    l->tick_sent_us = metrics_now_us();
     if (store_extend(pl->st, span_from_cstr(l->key), &l->tok, pl->cfg->lock_ttl_ms, on_extended,
                      l) < 0)
         lease_schedule_tick(l);
@@ -373,6 +403,8 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
     struct req *r = l->r;
 
     (void)res;
+    metrics_store_call(l->rec ? METRICS_STORE_COMPLETE : METRICS_STORE_RELEASE,
+                       metrics_now_us() - l->attempt_sent_us);
     if (err == -E2BIG && l->rec && !l->rec->too_large) {
         /* The store can never hold this response (the memory store takes
          * none over half its budget): keep the marker instead, so it is still
@@ -395,7 +427,7 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
     if (err == -ESTALE)
         lock_lost(l, l->rec ? "complete" : "release");
     if (err < 0 && err != -ESTALE) {
-        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        metrics_store_error();
         if (!atomic_load(&pl->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
@@ -427,6 +459,7 @@ static void lease_attempt(void *ctx)
     struct pipeline *pl = l->pl;
     int err;
 
+    l->attempt_sent_us = metrics_now_us();
     if (l->rec)
         err = store_complete(pl->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
                              on_finished, l);
@@ -479,7 +512,9 @@ static void on_upstream(void *ctx, int err, struct record *rec, uint64_t elapsed
     const struct config *cfg = r->pl->cfg;
     struct record *marker;
 
-    (void)elapsed_ms;
+    (void)elapsed_ms; /* measured here in microseconds instead */
+    r->forwarded = true;
+    r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     if (err < 0) {
         enum problem p = err == -ETIMEDOUT ? PROBLEM_UPSTREAM_TIMEOUT
                          : err == -E2BIG   ? PROBLEM_RESPONSE_TOO_LARGE
@@ -544,6 +579,7 @@ static void forward(struct req *r)
         .client_ip = r->client_ip,
         .proto = "http",
     };
+    r->upstream_sent_us = metrics_now_us();
     pthread_mutex_lock(&pl->up_lock);
     if (pl->up)
         err = upstream_submit(pl->up, &r->up_req, on_upstream, r);
@@ -557,6 +593,7 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
     struct req *r = ctx;
 
     (void)res;
+    metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - r->store_sent_us);
     if (err == 0) {
         atomic_store(&r->lease->valid_until_ms, now_ms() + r->pl->cfg->lock_ttl_ms);
         forward(r);
@@ -568,7 +605,7 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "This request stalled and its lock passed to another request.");
     } else {
-        atomic_fetch_add_explicit(&r->pl->store_errors, 1, memory_order_relaxed);
+        metrics_store_error();
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "The idempotency store could not confirm the lock.");
     }
@@ -583,6 +620,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
     struct pipeline *pl = r->pl;
     uint64_t now = now_ms();
 
+    metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
     if (err == 0 && res->status == STORE_ACQUIRED) {
         r->lease = lease_start(r, r->acquire_sent_ms);
         if (!r->lease) {
@@ -592,6 +630,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         }
         /* A holder that stalled past half its lock TTL confirms the lock first. */
         if (now - r->acquire_sent_ms > pl->cfg->lock_ttl_ms / 2) {
+            r->store_sent_us = metrics_now_us();
             if (store_extend(pl->st, span_from_cstr(r->store_key), &r->tok, pl->cfg->lock_ttl_ms,
                              on_confirmed, r) < 0)
                 on_confirmed(r, -ECONNRESET, NULL);
@@ -613,7 +652,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
     } else if (err == 0 && res->status == STORE_COMPLETED) {
         set_answer(r, record_ref(res->rec), OUTCOME_REPLAYED, "true");
     } else {
-        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        metrics_store_error();
         log_warn("store acquire of key %s failed: %s", r->store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
         if (pl->cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
@@ -637,6 +676,7 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
     r->done = done;
     r->done_ctx = ctx;
     atomic_fetch_add_explicit(&pl->inflight, 1, memory_order_relaxed);
+    metrics_inflight_add(1);
     if (!r->enforced) {
         forward(r);
         return;
@@ -645,11 +685,12 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
     if (err == 0)
         err = store_token_new(&r->tok);
     r->acquire_sent_ms = now_ms();
+    r->store_sent_us = metrics_now_us();
     if (err == 0)
         err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
                             pl->cfg->lock_ttl_ms, on_acquired, r);
     if (err < 0) {
-        atomic_fetch_add_explicit(&pl->store_errors, 1, memory_order_relaxed);
+        metrics_store_error();
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     err == -ENOSPC
                         ? "The idempotency store is full of requests in flight; retry later."

@@ -16,6 +16,29 @@ bool log_enabled(enum config_log_level level);
 void log_write(enum config_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* One access line: what a request was and how it was answered. Spans are
+ * borrowed for the call. Only these fields exist, so no other header of the
+ * request (Authorization, --scope-header values) can reach the log. */
+struct log_access {
+    struct span method;
+    struct span target;
+    struct span key; /* the Idempotency-Key as sent; base NULL when absent */
+    unsigned status; /* 0: no answer was sent (out of memory) */
+    const char *outcome;
+    bool has_upstream; /* the request was forwarded: <upstream_us> is meaningful */
+    uint64_t upstream_us;
+    uint64_t total_us;
+    size_t bytes; /* response body bytes */
+};
+
+/* Writes the access line of <a> at info level. Text:
+ * "<time> info access <method> <target> <status> <outcome> key=<key>
+ * upstream_ms=<ms|-> total_ms=<ms> bytes=<n>" (key= left out when absent).
+ * JSON: {"time","level","msg":"access","method","target","status","outcome",
+ * "key","upstream_ms","total_ms","bytes"} ("key" and "upstream_ms" absent when
+ * they do not apply). Milliseconds have three decimals. */
+void log_access(const struct log_access *a);
+
 /* The level is tested before the arguments are formatted. */
 #define LOG(level, ...)                                                                            \
     do {                                                                                           \

@@ -52,6 +52,12 @@ struct req {
     uint64_t ttl_ms;                /* how long a completed answer is kept */
     uint64_t start_ms;
     uint64_t acquire_sent_ms;
+    uint64_t start_us;         /* metrics_now_us() when the headers were in */
+    uint64_t store_sent_us;    /* the acquire or confirming extend in progress */
+    uint64_t upstream_sent_us; /* when it was forwarded */
+    uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
+    bool forwarded;
+    bool accounted; /* counted in the metrics and the access log */
     req_done_fn *done;
     void *done_ctx;
 
@@ -91,6 +97,12 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
  * once: check <r>->answer first). <done>(<r>, <ctx>) runs exactly once, from
  * another thread, with the answer in <r>. */
 void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *ctx);
+
+/* Counts <r> in the metrics and writes its access line, once: the pipeline
+ * does it before the done callback; the front end calls it for a request
+ * answered without pipeline_run() (a 400 or 413), before sending the answer.
+ * A second call does nothing. */
+void pipeline_account(struct pipeline *pl, struct req *r);
 
 /* Requests between pipeline_run() and their callback. */
 unsigned pipeline_inflight(const struct pipeline *pl);

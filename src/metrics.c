@@ -1,0 +1,244 @@
+/* SPDX-License-Identifier: MIT */
+/* The process's metrics: one static set of relaxed atomics that any thread
+ * updates without a lock, read by the admin thread when /metrics is asked.
+ * A scrape may see a request counted in one family and not yet in another;
+ * within a histogram, _count is computed from the buckets read, so it always
+ * equals the +Inf bucket. */
+#include "idemproxy/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "idemproxy/buf.h"
+#include "idemproxy/store.h"
+#include "idemproxy/store_memory.h"
+
+#ifndef IDEMPROXY_VERSION
+#define IDEMPROXY_VERSION "0.1.0" /* as main.c */
+#endif
+
+static const uint64_t bucket_bounds_us[] = METRICS_BUCKET_BOUNDS_US;
+_Static_assert(ARRAY_SIZE(bucket_bounds_us) + 1 == METRICS_NBUCKETS, "one +Inf bucket");
+
+static const char *const store_op_names[] = {
+    [METRICS_STORE_ACQUIRE] = "acquire",
+    [METRICS_STORE_COMPLETE] = "complete",
+    [METRICS_STORE_RELEASE] = "release",
+    [METRICS_STORE_EXTEND] = "extend",
+};
+
+static struct {
+    _Atomic uint64_t requests[_OUTCOME_MAX];
+    struct metrics_histogram request_duration;
+    struct metrics_histogram upstream_duration;
+    struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
+    _Atomic int64_t inflight;
+    _Atomic uint64_t lock_lost;
+    _Atomic uint64_t store_errors;
+} m;
+
+uint64_t metrics_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+size_t metrics_bucket_index(uint64_t us)
+{
+    size_t i = 0;
+
+    while (i < ARRAY_SIZE(bucket_bounds_us) && us > bucket_bounds_us[i])
+        i++;
+    return i;
+}
+
+void metrics_histogram_observe(struct metrics_histogram *h, uint64_t us)
+{
+    atomic_fetch_add_explicit(&h->buckets[metrics_bucket_index(us)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
+}
+
+void metrics_request(enum outcome o, uint64_t total_us, bool has_upstream, uint64_t upstream_us)
+{
+    if ((unsigned)o < _OUTCOME_MAX)
+        atomic_fetch_add_explicit(&m.requests[o], 1, memory_order_relaxed);
+    metrics_histogram_observe(&m.request_duration, total_us);
+    if (has_upstream)
+        metrics_histogram_observe(&m.upstream_duration, upstream_us);
+}
+
+void metrics_store_call(enum metrics_store_op op, uint64_t us)
+{
+    if ((unsigned)op < _METRICS_STORE_OP_MAX)
+        metrics_histogram_observe(&m.store_duration[op], us);
+}
+
+void metrics_inflight_add(int delta)
+{
+    atomic_fetch_add_explicit(&m.inflight, delta, memory_order_relaxed);
+}
+
+void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory_order_relaxed); }
+
+void metrics_store_error(void)
+{
+    atomic_fetch_add_explicit(&m.store_errors, 1, memory_order_relaxed);
+}
+
+static int appendf(struct buf *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int appendf(struct buf *out, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(line))
+        return -E2BIG; /* our own names and numbers: never that long */
+    return buf_append(out, line, (size_t)n);
+}
+
+/* <us> microseconds as seconds, exactly: "0.0025", "30". */
+static void format_seconds(char *out, size_t outlen, uint64_t us)
+{
+    uint64_t frac = us % 1000000u;
+    int digits = 6;
+
+    if (frac == 0) {
+        snprintf(out, outlen, "%llu", (unsigned long long)(us / 1000000u));
+        return;
+    }
+    while (frac % 10 == 0) {
+        frac /= 10;
+        digits--;
+    }
+    snprintf(out, outlen, "%llu.%0*llu", (unsigned long long)(us / 1000000u), digits,
+             (unsigned long long)frac);
+}
+
+int metrics_histogram_format(struct buf *out, const char *name, const char *labels,
+                             const struct metrics_histogram *h)
+{
+    const char *sep = labels ? "," : "";
+    uint64_t cum = 0;
+    char le[32];
+    int err = 0;
+
+    labels = labels ? labels : "";
+    for (size_t i = 0; i < METRICS_NBUCKETS && err == 0; i++) {
+        cum += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+        if (i < ARRAY_SIZE(bucket_bounds_us))
+            format_seconds(le, sizeof(le), bucket_bounds_us[i]);
+        else
+            snprintf(le, sizeof(le), "+Inf");
+        err = appendf(out, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, labels, sep, le,
+                      (unsigned long long)cum);
+    }
+    if (err == 0) {
+        format_seconds(le, sizeof(le), atomic_load_explicit(&h->sum_us, memory_order_relaxed));
+        err = appendf(out, "%s_sum%s%s%s %s\n", name, *labels ? "{" : "", labels,
+                      *labels ? "}" : "", le);
+    }
+    if (err == 0)
+        err = appendf(out, "%s_count%s%s%s %llu\n", name, *labels ? "{" : "", labels,
+                      *labels ? "}" : "", (unsigned long long)cum);
+    return err;
+}
+
+static int family(struct buf *out, const char *name, const char *type, const char *help)
+{
+    return appendf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int simple(struct buf *out, const char *name, const char *type, const char *help,
+                  unsigned long long value)
+{
+    int err = family(out, name, type, help);
+
+    return err ? err : appendf(out, "%s %llu\n", name, value);
+}
+
+static int format_memory_store(struct buf *out, struct store *st)
+{
+    struct store_memory_stats s;
+    int err;
+
+    store_memory_stats(st, &s);
+    err =
+        simple(out, "idemproxy_memory_store_bytes", "gauge",
+               "Bytes the memory store counts against its budget (keys, locks, records).", s.bytes);
+    if (err == 0)
+        err = simple(out, "idemproxy_memory_store_max_bytes", "gauge",
+                     "The memory store's budget (--memory-max-bytes).", s.max_bytes);
+    if (err == 0)
+        err = simple(out, "idemproxy_memory_store_entries", "gauge",
+                     "Keys the memory store holds: locks and completed records.", s.entries);
+    if (err == 0)
+        err = simple(out, "idemproxy_memory_store_evictions_total", "counter",
+                     "Completed records evicted from the memory store to make room.",
+                     (unsigned long long)s.evictions);
+    if (err == 0)
+        err = simple(out, "idemproxy_memory_store_expired_total", "counter",
+                     "Expired entries the memory store reclaimed.", (unsigned long long)s.expired);
+    return err;
+}
+
+int metrics_format(struct buf *out, struct store *st)
+{
+    char labels[64];
+    int64_t inflight;
+    int err;
+
+    err = family(out, "idemproxy_requests_total", "counter",
+                 "Client requests answered, by outcome (SPEC section 1).");
+    for (size_t o = 0; o < _OUTCOME_MAX && err == 0; o++)
+        err = appendf(
+            out, "idemproxy_requests_total{outcome=\"%s\"} %llu\n", outcome_label((enum outcome)o),
+            (unsigned long long)atomic_load_explicit(&m.requests[o], memory_order_relaxed));
+    if (err == 0)
+        err = family(out, "idemproxy_request_duration_seconds", "histogram",
+                     "Time from a request's headers to its answer.");
+    if (err == 0)
+        err = metrics_histogram_format(out, "idemproxy_request_duration_seconds", NULL,
+                                       &m.request_duration);
+    if (err == 0)
+        err = family(out, "idemproxy_upstream_duration_seconds", "histogram",
+                     "Time the upstream took to answer a forwarded request.");
+    if (err == 0)
+        err = metrics_histogram_format(out, "idemproxy_upstream_duration_seconds", NULL,
+                                       &m.upstream_duration);
+    if (err == 0)
+        err = family(out, "idemproxy_store_duration_seconds", "histogram",
+                     "Time one store call took, by operation.");
+    for (size_t i = 0; i < _METRICS_STORE_OP_MAX && err == 0; i++) {
+        snprintf(labels, sizeof(labels), "op=\"%s\"", store_op_names[i]);
+        err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels,
+                                       &m.store_duration[i]);
+    }
+    inflight = atomic_load_explicit(&m.inflight, memory_order_relaxed);
+    if (err == 0)
+        err = simple(out, "idemproxy_inflight", "gauge", "Client requests being handled.",
+                     inflight > 0 ? (unsigned long long)inflight : 0);
+    if (err == 0)
+        err = simple(out, "idemproxy_lock_lost_total", "counter",
+                     "Locks found taken by another request before the answer was stored.",
+                     (unsigned long long)atomic_load_explicit(&m.lock_lost, memory_order_relaxed));
+    if (err == 0)
+        err =
+            simple(out, "idemproxy_store_errors_total", "counter",
+                   "Store calls that failed (unreachable, timed out, full).",
+                   (unsigned long long)atomic_load_explicit(&m.store_errors, memory_order_relaxed));
+    if (err == 0 && st && store_is_memory(st))
+        err = format_memory_store(out, st);
+    if (err == 0)
+        err = family(out, "idemproxy_build_info", "gauge", "The running version, always 1.");
+    if (err == 0)
+        err = appendf(out, "idemproxy_build_info{version=\"%s\"} 1\n", IDEMPROXY_VERSION);
+    return err;
+}
