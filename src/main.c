@@ -230,13 +230,6 @@ int main(int argc, char **argv)
         config_done(&app.cfg);
         return 0;
     }
-    if (app.cfg.wait_ms > 0) {
-        /* TEMPORARY until --wait is built: refused rather than silently ignored. */
-        fprintf(stderr, "idemproxy: --wait: holding duplicates is not built yet; use 0 (a "
-                        "duplicate of a running request gets 409 at once)\n");
-        config_done(&app.cfg);
-        return 2;
-    }
     log_setup(app.cfg.log_level, app.cfg.log_format);
 
     /* Signals are taken by the main thread alone: block them before any thread starts. */
@@ -265,6 +258,7 @@ int main(int argc, char **argv)
     log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),
              front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
     front_quiesce(app.front);
+    pipeline_quiesce(app.pl);
     if (!drain(&app, &set, now_ms() + app.cfg.shutdown_timeout_ms, &forced) && !forced) {
         /* Cut the upstream calls still running: their locks are released and
          * their clients answered, which the store needs a moment for. */

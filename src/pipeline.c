@@ -23,6 +23,10 @@
 #define FINISH_BACKOFF_MAX_MS 1000
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
+#define WAIT_BUCKETS 256
+#define WAIT_TICK_MS 50  /* how often deadlines of held duplicates are checked */
+#define WAIT_POLL_MS 500 /* a held duplicate looks at the store this often even unnotified */
+
 struct pipeline {
     const struct config *cfg;
     struct store *st;
@@ -31,6 +35,13 @@ struct pipeline {
     struct upstream *up;     /* borrowed; NULL once detached */
     atomic_uint inflight;
     atomic_bool stopping;
+    atomic_bool draining; /* SIGTERM: no duplicate is held any more */
+    /* --wait: the duplicates held until their key is completed or released.
+     * Not on the path of other requests. */
+    pthread_mutex_t wait_lock;         /* guards the four below */
+    struct req *waiting[WAIT_BUCKETS]; /* lists by hash of the store key */
+    unsigned nwaiting;
+    bool ticking; /* the deadline job is queued */
 };
 
 /* A held lock. The request, the heartbeat job and the finishing calls (complete
@@ -614,6 +625,192 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
     req_finish(r);
 }
 
+static void on_acquired(void *ctx, int err, const struct store_result *res);
+
+/* Asks the store for the lock of <r>, under a new token. */
+static int acquire_start(struct req *r)
+{
+    struct pipeline *pl = r->pl;
+    int err = store_token_new(&r->tok);
+
+    r->acquire_sent_ms = now_ms();
+    r->store_sent_us = metrics_now_us();
+    if (err == 0)
+        err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
+                            pl->cfg->lock_ttl_ms, on_acquired, r);
+    return err;
+}
+
+/* Answers <r> whose acquire the store refused with <err>, from a pool thread. */
+static void acquire_refused(struct req *r, int err)
+{
+    metrics_store_error();
+    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                err == -ENOSPC ? "The idempotency store is full of requests in flight; retry later."
+                               : "The idempotency store is not answering; retry later.");
+    req_finish_later(r);
+}
+
+/* ---- --wait: holding duplicates ---- */
+
+static unsigned wait_bucket(const char *key)
+{
+    uint32_t h = 2166136261u; /* FNV-1a: only this process's own keys are listed here */
+
+    for (; *key; key++)
+        h = (h ^ (unsigned char)*key) * 16777619u;
+    return h % WAIT_BUCKETS;
+}
+
+static void wait_tick(void *ctx);
+
+/* Unlinks <r> from its bucket; the caller holds wait_lock. */
+static void wait_unlink(struct pipeline *pl, struct req *r)
+{
+    struct req **pp = &pl->waiting[wait_bucket(r->store_key)];
+
+    while (*pp && *pp != r)
+        pp = &(*pp)->wait_next;
+    if (*pp) {
+        *pp = r->wait_next;
+        pl->nwaiting--;
+    }
+    r->wait_next = NULL;
+}
+
+/* Tries the key of a held duplicate again: it replays, executes (the first
+ * ended without storing), or is held again. */
+static void wait_retry(struct req *r)
+{
+    int err = acquire_start(r);
+
+    if (err < 0)
+        acquire_refused(r, err);
+}
+
+/* With --wait, holds <r> (whose key is in flight) until the key is completed
+ * or released, or the wait runs out. Returns false when it is not held: no
+ * --wait, the wait is over, or the proxy is stopping. */
+static bool wait_hold(struct req *r, uint64_t now)
+{
+    struct pipeline *pl = r->pl;
+    bool tick = false;
+
+    if (pl->cfg->wait_ms == 0 || atomic_load(&pl->stopping) || atomic_load(&pl->draining))
+        return false;
+    if (r->wait_until_ms == 0)
+        r->wait_until_ms = now + pl->cfg->wait_ms;
+    if (now >= r->wait_until_ms)
+        return false;
+    r->wait_poll_at_ms = now + WAIT_POLL_MS;
+    pthread_mutex_lock(&pl->wait_lock);
+    r->wait_next = pl->waiting[wait_bucket(r->store_key)];
+    pl->waiting[wait_bucket(r->store_key)] = r;
+    pl->nwaiting++;
+    if (!pl->ticking)
+        tick = pl->ticking = true;
+    pthread_mutex_unlock(&pl->wait_lock);
+    if (tick && worker_submit_after(pl->pool, WAIT_TICK_MS, wait_tick, pl) < 0) {
+        pthread_mutex_lock(&pl->wait_lock);
+        pl->ticking = false;
+        wait_unlink(pl, r);
+        pthread_mutex_unlock(&pl->wait_lock);
+        return false; /* the pool is stopping */
+    }
+    return true;
+}
+
+/* The store says <key> was completed or released (by any instance): every
+ * duplicate held for it tries again. One of them may take the key. */
+static void wait_notify(void *ctx, struct span key)
+{
+    struct pipeline *pl = ctx;
+    struct req *woken = NULL, **pp;
+
+    pthread_mutex_lock(&pl->wait_lock);
+    if (pl->nwaiting > 0 && key.len < 4096) {
+        char k[4096];
+
+        memcpy(k, key.base, key.len);
+        k[key.len] = '\0';
+        pp = &pl->waiting[wait_bucket(k)];
+        while (*pp) {
+            struct req *r = *pp;
+
+            if (strcmp(r->store_key, k) == 0) {
+                *pp = r->wait_next;
+                pl->nwaiting--;
+                r->wait_next = woken;
+                woken = r;
+            } else {
+                pp = &r->wait_next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pl->wait_lock);
+    while (woken) {
+        struct req *r = woken;
+
+        woken = r->wait_next;
+        r->wait_next = NULL;
+        wait_retry(r);
+    }
+}
+
+/* Every WAIT_TICK_MS while duplicates are held: a held one whose wait ran
+ * out gets the 409; one not notified for WAIT_POLL_MS looks at the store (a
+ * notification can be lost, e.g. with a Redis connection, or a lock expire). */
+static void wait_tick(void *ctx)
+{
+    struct pipeline *pl = ctx;
+    struct req *expired = NULL, *polled = NULL;
+    uint64_t now = now_ms();
+    bool stopping = atomic_load(&pl->stopping) || atomic_load(&pl->draining);
+
+    pthread_mutex_lock(&pl->wait_lock);
+    for (size_t b = 0; b < WAIT_BUCKETS && pl->nwaiting > 0; b++) {
+        struct req **pp = &pl->waiting[b];
+
+        while (*pp) {
+            struct req *r = *pp;
+
+            if (stopping || now >= r->wait_until_ms || now >= r->wait_poll_at_ms) {
+                *pp = r->wait_next;
+                pl->nwaiting--;
+                if (stopping || now >= r->wait_until_ms) {
+                    r->wait_next = expired;
+                    expired = r;
+                } else {
+                    r->wait_next = polled;
+                    polled = r;
+                }
+            } else {
+                pp = &r->wait_next;
+            }
+        }
+    }
+    pl->ticking =
+        pl->nwaiting > 0 && worker_submit_after(pl->pool, WAIT_TICK_MS, wait_tick, pl) == 0;
+    pthread_mutex_unlock(&pl->wait_lock);
+    while (expired) {
+        struct req *r = expired;
+
+        expired = r->wait_next;
+        r->wait_next = NULL;
+        set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
+                    "A request with this Idempotency-Key is still being processed (waited "
+                    "--wait); retry later.");
+        req_finish(r);
+    }
+    while (polled) {
+        struct req *r = polled;
+
+        polled = r->wait_next;
+        r->wait_next = NULL;
+        wait_retry(r);
+    }
+}
+
 static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
     struct req *r = ctx;
@@ -639,7 +836,9 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         forward(r);
         return;
     }
-    if (err == 0 && res->status == STORE_IN_FLIGHT) {
+    if (err == 0 && res->status == STORE_IN_FLIGHT && wait_hold(r, now)) {
+        return; /* held: the first request's end, or the deadline, resumes it */
+    } else if (err == 0 && res->status == STORE_IN_FLIGHT) {
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "A request with this Idempotency-Key is still being processed; retry later.");
     } else if (err == 0 && res->status == STORE_MISMATCH) {
@@ -683,20 +882,9 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
     }
     err = fingerprint_final(&r->fp, r->digest);
     if (err == 0)
-        err = store_token_new(&r->tok);
-    r->acquire_sent_ms = now_ms();
-    r->store_sent_us = metrics_now_us();
-    if (err == 0)
-        err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
-                            pl->cfg->lock_ttl_ms, on_acquired, r);
-    if (err < 0) {
-        metrics_store_error();
-        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    err == -ENOSPC
-                        ? "The idempotency store is full of requests in flight; retry later."
-                        : "The idempotency store is not answering; retry later.");
-        req_finish_later(r);
-    }
+        err = acquire_start(r);
+    if (err < 0)
+        acquire_refused(r, err);
 }
 
 /* ---- Lifecycle ---- */
@@ -713,6 +901,15 @@ int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up
     pl->up = up;
     pl->pool = pool;
     pthread_mutex_init(&pl->up_lock, NULL);
+    pthread_mutex_init(&pl->wait_lock, NULL);
+    if (st && cfg->wait_ms > 0) {
+        int err = store_set_notify(st, wait_notify, pl);
+
+        if (err < 0) {
+            pipeline_free(pl);
+            return err;
+        }
+    }
     *ret = pl;
     return 0;
 }
@@ -728,11 +925,14 @@ void pipeline_detach_upstream(struct pipeline *pl)
 
 void pipeline_stop(struct pipeline *pl) { atomic_store(&pl->stopping, true); }
 
+void pipeline_quiesce(struct pipeline *pl) { atomic_store(&pl->draining, true); }
+
 void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
         return;
     pthread_mutex_destroy(&pl->up_lock);
+    pthread_mutex_destroy(&pl->wait_lock);
     free(pl);
 }
 

@@ -58,6 +58,10 @@ struct req {
     uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
     bool forwarded;
     bool accounted; /* counted in the metrics and the access log */
+    /* --wait: a duplicate held until the first request ends (see pipeline.c). */
+    uint64_t wait_until_ms;   /* 0: not waiting yet */
+    uint64_t wait_poll_at_ms; /* next look at the store without a notification */
+    struct req *wait_next;    /* in the pipeline's waiting list */
     req_done_fn *done;
     void *done_ctx;
 
@@ -110,6 +114,10 @@ unsigned pipeline_inflight(const struct pipeline *pl);
 /* Makes every later forward fail with 502 instead of reaching <up>, so the
  * upstream can be freed while requests still finish. Thread-safe. */
 void pipeline_detach_upstream(struct pipeline *pl);
+
+/* On SIGTERM: duplicates held by --wait get their 409 at once (within
+ * 50 ms), and no new one is held, so that draining need not wait for them. */
+void pipeline_quiesce(struct pipeline *pl);
 
 /* Stops lock heartbeats and store retries from touching the store; call
  * before the worker pool and the store are freed. */

@@ -46,9 +46,6 @@ REPLAY = "X-Idempotency-Replayed"
 
 
 # --------------------------------------------------------------------------- helpers
-# Tests of features that later issues build (the memory store, --wait,
-# /metrics) wait in pending/; each issue moves its file back when it lands.
-collect_ignore = ["pending"]
 
 
 def free_port():
