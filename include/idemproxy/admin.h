@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The admin listener: /healthz (200 while the process serves) and /readyz
- * (200 only while the store answers), on its own MHD thread. */
+/* The admin listener, on its own MHD thread: /healthz (200 while the process
+ * serves), /readyz (200 only while the store answers), /metrics (Prometheus
+ * text), and GET/DELETE /keys/<key> (see admin_keys.h). */
 #ifndef IDEMPROXY_ADMIN_H
 #define IDEMPROXY_ADMIN_H
 

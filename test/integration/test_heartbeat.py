@@ -3,7 +3,7 @@ import json
 import socket
 import time
 
-from conftest import (REPLAY, assert_completed, assert_locked, hone, new_key, redis_keys,
+from conftest import (REPLAY, metrics_value, assert_completed, assert_locked, hone, new_key, redis_keys,
                       redis_only, start_held, start_slow, wait_completed, wait_for)
 
 
@@ -48,9 +48,10 @@ def test_stale_holder_does_not_overwrite_redis_hash_edit(proxy, upstream, rdb):
     assert rec.get(b"token") == foreign, rec
     assert rec.get(b"state") == b"L", rec
     assert rdb.pttl(skey) > 20000, "the foreign lock's TTL was changed"
-    # Counted as lock_lost once (in the log until /metrics exists), though both the
+    # Counted as lock_lost once, in the log and the metric, though both the
     # heartbeat and the complete found the lock gone.
     assert p.stderr().count("lock_lost") == 1, p.stderr()
+    assert metrics_value(p.metrics(), "idemproxy_lock_lost_total") == 1
     # A duplicate now sees the foreign lock as in flight.
     st, _, _ = p.request("POST", "/slow?ms=2500", [("Idempotency-Key", key)], b"slow")
     assert st == 409
