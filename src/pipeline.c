@@ -727,6 +727,9 @@ static void wait_notify(void *ctx, struct span key)
     struct pipeline *pl = ctx;
     struct req *woken = NULL, **pp;
 
+    /* Stopping: the pool may be gone, and every held duplicate was answered. */
+    if (atomic_load(&pl->stopping))
+        return;
     pthread_mutex_lock(&pl->wait_lock);
     if (pl->nwaiting > 0 && key.len < 4096) {
         char k[4096];
