@@ -459,6 +459,10 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
                   l->rec ? "complete" : "release", l->key, store_strerror(err));
     }
     atomic_store(&l->active, false);
+    /* The heartbeat job keeps the lease until its next tick (up to a third of
+     * --lock-ttl): it must not keep the response with it. */
+    record_unref(l->rec);
+    l->rec = NULL;
     if (r)
         req_finish(r);
     lease_unref(l);
