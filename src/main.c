@@ -19,10 +19,6 @@
 #include "idemproxy/upstream.h"
 #include "idemproxy/worker.h"
 
-#ifndef IDEMPROXY_VERSION
-#define IDEMPROXY_VERSION "0.1.0"
-#endif
-
 #define STORE_THREADS 8
 #define MIN_CAPTURE_BYTES (64u << 20)
 #define REAP_INTERVAL_MS 1000 /* the memory store reclaims expired records this often */

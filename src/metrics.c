@@ -14,10 +14,6 @@
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
 
-#ifndef IDEMPROXY_VERSION
-#define IDEMPROXY_VERSION "0.1.0" /* as main.c */
-#endif
-
 static const uint64_t bucket_bounds_us[] = METRICS_BUCKET_BOUNDS_US;
 _Static_assert(ARRAY_SIZE(bucket_bounds_us) + 1 == METRICS_NBUCKETS, "one +Inf bucket");
 

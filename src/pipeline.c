@@ -645,13 +645,19 @@ static int acquire_start(struct req *r)
     return err;
 }
 
+/* The 503 of a store that failed with <err>. */
+static void set_store_problem(struct req *r, int err)
+{
+    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                err == -ENOSPC ? "The idempotency store is full of requests in flight; retry later."
+                               : "The idempotency store is not answering; retry later.");
+}
+
 /* Answers <r> whose acquire the store refused with <err>, from a pool thread. */
 static void acquire_refused(struct req *r, int err)
 {
     metrics_store_error();
-    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                err == -ENOSPC ? "The idempotency store is full of requests in flight; retry later."
-                               : "The idempotency store is not answering; retry later.");
+    set_store_problem(r, err);
     req_finish_later(r);
 }
 
@@ -866,10 +872,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
             forward(r); /* unprotected, as configured */
             return;
         }
-        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    err == -ENOSPC
-                        ? "The idempotency store is full of requests in flight; retry later."
-                        : "The idempotency store is not answering; retry later.");
+        set_store_problem(r, err);
     }
     req_finish(r);
 }
