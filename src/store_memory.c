@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The memory store. Every operation is a job on the worker pool that takes
- * one shard lock, does what the matching Lua script does on Redis, and calls
- * back on that thread. The budget is one atomic counter: space is reserved
+/* The memory store. An operation runs inside the call, on the caller's
+ * thread: it takes one shard lock, does what the matching Lua script does on
+ * Redis, lets the lock go, and calls back, still inside the call (a hand-off
+ * to another thread would cost more than the work). Only inspect and the
+ * reaper run on the worker pool. The budget is one atomic counter: space is reserved
  * before a shard lock is taken, and eviction (which takes one other shard
  * lock at a time, under evict_mu) runs only while no shard lock is held, so
  * locks never nest across shards.
@@ -87,7 +89,7 @@ struct store_memory {
 
 enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE };
 
-/* One accepted operation, owned by its job. */
+/* One operation, on the caller's stack for the length of the call. */
 struct mop {
     struct store_memory *st;
     enum mop_kind kind;
@@ -98,7 +100,7 @@ struct mop {
     uint64_t ttl_ms;             /* acquire, complete, extend */
     struct record *rec;          /* complete: own reference, handed to the entry */
     size_t key_len;
-    char key[];
+    const char *key; /* borrowed from the caller */
 };
 
 /* ---- hashing: SipHash-2-4 with a random key, so clients cannot pick colliding keys ---- */
@@ -626,19 +628,11 @@ static int do_purge(struct store_memory *st, struct mop *op, struct store_result
     return 0;
 }
 
-/* ---- jobs ---- */
+/* ---- operations ---- */
 
-static void mop_free(struct mop *op)
+/* Runs <op> and calls back, before returning. */
+static void mop_run(struct mop *op)
 {
-    if (!op)
-        return;
-    record_unref(op->rec);
-    free(op);
-}
-
-static void mop_run(void *arg)
-{
-    struct mop *op = arg;
     struct store_memory *st = op->st;
     struct store_result res = { .rec = NULL };
     int err;
@@ -663,39 +657,20 @@ static void mop_run(void *arg)
     op->rec = NULL;
     op->done(op->ctx, err, err == 0 ? &res : NULL);
     record_unref(res.rec);
-    mop_free(op);
-    store_calls_end(&st->calls);
 }
 
-static int mop_new(struct store_memory *st, enum mop_kind kind, struct span key,
-                   const struct store_token *tok, store_done_fn *done, void *ctx, struct mop **ret)
+static struct mop mop_make(struct store_memory *st, enum mop_kind kind, struct span key,
+                           const struct store_token *tok, store_done_fn *done, void *ctx)
 {
-    struct mop *op;
-
-    if (!store_call_is_valid(key, tok, done))
-        return -EINVAL;
-    op = calloc(1, sizeof(*op) + key.len);
-    if (!op)
-        return -ENOMEM;
-    op->st = st;
-    op->kind = kind;
-    op->done = done;
-    op->ctx = ctx;
-    op->tok = *tok;
-    op->key_len = key.len;
-    memcpy(op->key, key.base, key.len);
-    *ret = op;
-    return 0;
-}
-
-/* Hands <op> to the pool. On failure <op> is freed and nothing calls back. */
-static int mop_submit(struct mop *op)
-{
-    int err = store_calls_submit(&op->st->calls, op->st->pool, mop_run, op);
-
-    if (err < 0)
-        mop_free(op);
-    return err;
+    return (struct mop){
+        .st = st,
+        .kind = kind,
+        .done = done,
+        .ctx = ctx,
+        .tok = *tok,
+        .key_len = key.len,
+        .key = key.base,
+    };
 }
 
 static struct store_memory *to_memory(struct store *st) { return (struct store_memory *)st; }
@@ -704,72 +679,66 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
                           const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
                           void *ctx)
 {
-    struct mop *op;
-    int err;
+    struct mop op;
 
-    if (!fp || lock_ttl_ms == 0)
+    if (!fp || lock_ttl_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    err = mop_new(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx, &op);
-    if (err < 0)
-        return err;
-    memcpy(op->fp, fp, FINGERPRINT_LEN);
-    op->ttl_ms = lock_ttl_ms;
-    return mop_submit(op);
+    op = mop_make(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx);
+    memcpy(op.fp, fp, FINGERPRINT_LEN);
+    op.ttl_ms = lock_ttl_ms;
+    mop_run(&op);
+    return 0;
 }
 
 static int memory_complete(struct store *base, struct span key, const struct store_token *tok,
                            struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
 {
-    struct mop *op;
-    int err;
+    struct mop op;
 
-    if (!rec || ttl_ms == 0)
+    if (!rec || ttl_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    err = mop_new(to_memory(base), MOP_COMPLETE, key, tok, done, ctx, &op);
-    if (err < 0)
-        return err;
-    op->rec = record_ref(rec);
-    op->ttl_ms = ttl_ms;
-    return mop_submit(op);
+    op = mop_make(to_memory(base), MOP_COMPLETE, key, tok, done, ctx);
+    op.rec = record_ref(rec);
+    op.ttl_ms = ttl_ms;
+    mop_run(&op);
+    return 0;
 }
 
 static int memory_release(struct store *base, struct span key, const struct store_token *tok,
                           store_done_fn *done, void *ctx)
 {
-    struct mop *op;
-    int err;
+    struct mop op;
 
-    err = mop_new(to_memory(base), MOP_RELEASE, key, tok, done, ctx, &op);
-    if (err < 0)
-        return err;
-    return mop_submit(op);
+    if (!store_call_is_valid(key, tok, done))
+        return -EINVAL;
+    op = mop_make(to_memory(base), MOP_RELEASE, key, tok, done, ctx);
+    mop_run(&op);
+    return 0;
 }
 
 static int memory_extend(struct store *base, struct span key, const struct store_token *tok,
                          uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
 {
-    struct mop *op;
-    int err;
+    struct mop op;
 
-    if (lock_ttl_ms == 0)
+    if (lock_ttl_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    err = mop_new(to_memory(base), MOP_EXTEND, key, tok, done, ctx, &op);
-    if (err < 0)
-        return err;
-    op->ttl_ms = lock_ttl_ms;
-    return mop_submit(op);
+    op = mop_make(to_memory(base), MOP_EXTEND, key, tok, done, ctx);
+    op.ttl_ms = lock_ttl_ms;
+    mop_run(&op);
+    return 0;
 }
 
 static int memory_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
 {
     static const struct store_token any = { .hex = "00000000000000000000000000000000" };
-    struct mop *op;
-    int err;
+    struct mop op;
 
-    err = mop_new(to_memory(base), MOP_PURGE, store_key, &any, done, ctx, &op);
-    if (err < 0)
-        return err;
-    return mop_submit(op);
+    if (!store_call_is_valid(store_key, &any, done))
+        return -EINVAL;
+    op = mop_make(to_memory(base), MOP_PURGE, store_key, &any, done, ctx);
+    mop_run(&op);
+    return 0;
 }
 
 /* One inspect call, owned by its job. */

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* The idempotency store: one interface (an ops table), two implementations
- * with the same state machine, TTLs and fencing (SPEC §2). Every operation is
- * asynchronous: when accepted (returns 0) its callback runs exactly once, on a
- * store thread, never from inside the call. */
+ * with the same state machine, TTLs and fencing (SPEC §2). When an operation
+ * is accepted (returns 0) its callback runs exactly once: later on a store
+ * thread (Redis), or before the call returns (the memory store, whose work is
+ * shorter than a hand-off). A caller must not hold a lock that its callback
+ * takes. */
 #ifndef IDEMPROXY_STORE_H
 #define IDEMPROXY_STORE_H
 
@@ -34,7 +36,7 @@ struct store_result {
     struct record *rec; /* STORE_COMPLETED only: borrowed for the callback; record_ref() to keep */
 };
 
-/* Runs exactly once per accepted operation, on a store thread: <err> is 0 and
+/* Runs exactly once per accepted operation: <err> is 0 and
  * <res> filled, or <err> is a negative errno and <res> is NULL: -ESTALE when
  * the token is no longer the key's lock holder (complete, release, extend),
  * -ETIMEDOUT, -ECONNREFUSED, -ECONNRESET or -EPROTO when the store failed. */
@@ -60,13 +62,13 @@ struct store_info_list {
 /* Frees what <l> holds and empties it. NULL-safe. */
 void store_info_list_done(struct store_info_list *l);
 
-/* Runs exactly once per accepted store_inspect(), on a store thread: <err> is 0
- * and <list> filled (the callee may take its items: set list->n = 0 and
+/* Runs exactly once per accepted store_inspect(), on a store thread: <err> is
+ * 0 and <list> filled (the callee may take its items: set list->n = 0 and
  * list->items = NULL), or a negative errno and <list> empty. */
 typedef void store_list_fn(void *ctx, int err, struct store_info_list *list);
 
 /* Told that <key> was completed or released, so that requests waiting for it
- * may try again. Runs on a store thread; must not block. */
+ * may try again. Runs on a store thread or inside a call; must not block. */
 typedef void store_notify_fn(void *ctx, struct span key);
 
 struct store_ops {

@@ -26,9 +26,10 @@ struct store_memory_stats {
 };
 
 /* Creates a memory store holding at most <max_bytes> (keys, headers and
- * bodies, with allocation overhead), running its calls and callbacks on
- * <pool> (borrowed: it must outlive the store), and reclaiming expired
- * entries every <reap_interval_ms>. Returns 0 with the store in <ret>,
+ * bodies, with allocation overhead), and reclaiming expired entries every
+ * <reap_interval_ms> on <pool> (borrowed: it must outlive the store), where
+ * inspect() runs too. Acquire, complete, release, extend and purge run on
+ * the caller's thread and call back before they return. Returns 0 with the store in <ret>,
  * -EINVAL, -ENOMEM or -EIO (no random seed).
  *
  * Locks may hold at most half the budget, so that the answers of running
