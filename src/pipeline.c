@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The per-request idempotency state machine. pipeline_begin() and
  * pipeline_body() run on the front end's thread; from pipeline_run() on, the
- * request moves to store threads (acquire, complete, release) and the upstream
+ * request moves with its store calls (acquire, complete, release: on a store
+ * thread, or on the calling thread with the memory store) and the upstream
  * thread (forwarding), one thread at a time, until its done callback hands it
- * back. Held locks live in a refcounted lease that a heartbeat keeps alive. */
+ * back. Held locks live in a refcounted lease that one periodic heartbeat job
+ * keeps alive. */
 #include "idemproxy/pipeline.h"
 
 #include <pthread.h>
@@ -22,6 +24,9 @@
 #define FINISH_BACKOFF_MIN_MS 50
 #define FINISH_BACKOFF_MAX_MS 1000
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
+
+#define BEAT_CHECK_MIN_MS 10 /* the heartbeat job's period: a quarter beat, within these */
+#define BEAT_CHECK_MAX_MS 1000
 
 #define WAIT_BUCKETS 256
 #define WAIT_TICK_MS 50  /* how often deadlines of held duplicates are checked */
@@ -42,6 +47,12 @@ struct pipeline {
     struct req *waiting[WAIT_BUCKETS]; /* lists by hash of the store key */
     unsigned nwaiting;
     bool ticking; /* the deadline job is queued */
+    /* The heartbeat: one periodic job extends every lease due, so a request
+     * costs the pool nothing unless it runs longer than a third of --lock-ttl. */
+    pthread_mutex_t lease_lock; /* guards the list and the heartbeat fields of leases */
+    struct lease *leases;       /* every active lease, each with a reference */
+    uint64_t beat_every_ms;     /* a lease is extended this long after its last extend */
+    uint64_t beat_check_ms;     /* how often the job looks for leases due */
 };
 
 /* A held lock. The request, the heartbeat job and the finishing calls (complete
@@ -55,8 +66,14 @@ struct lease {
     atomic_bool lost;                /* lock_lost was counted: once per lease */
     atomic_bool finishing;           /* complete or release has been sent */
     _Atomic uint64_t valid_until_ms; /* the lock cannot have lapsed before this */
-    uint64_t tick_sent_ms;           /* heartbeat chain only */
+    uint64_t tick_sent_ms;           /* the heartbeat's extend in progress */
     uint64_t tick_sent_us;
+    /* Under pl->lease_lock: */
+    struct lease *beat_next, *beat_prev; /* in pl->leases while <listed> */
+    bool listed;
+    bool extending;           /* an extend is in progress */
+    uint64_t next_beat_ms;    /* the next extend is due then */
+    struct lease *due_next;   /* the heartbeat job's own list */
     uint64_t attempt_sent_us; /* the finishing chain's call in progress */
     /* The finishing chain only: */
     struct record *rec; /* owned reference to complete with; NULL: release */
@@ -316,17 +333,47 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
 
 /* ---- Leases: heartbeat, complete, release ---- */
 
-static void lease_tick(void *ctx);
-
-/* Schedules the next heartbeat; consumes the caller's reference. */
-static void lease_schedule_tick(struct lease *l)
+/* Takes <l> off the heartbeat list, dropping the list's reference. */
+static void lease_unlist(struct lease *l)
 {
     struct pipeline *pl = l->pl;
-    uint64_t every = pl->cfg->lock_ttl_ms / 3;
+    bool listed;
 
-    if (!atomic_load(&l->active) || atomic_load(&pl->stopping) ||
-        worker_submit_after(pl->pool, every ? every : 1, lease_tick, l) < 0)
+    pthread_mutex_lock(&pl->lease_lock);
+    listed = l->listed;
+    if (listed) {
+        if (l->beat_prev)
+            l->beat_prev->beat_next = l->beat_next;
+        else
+            pl->leases = l->beat_next;
+        if (l->beat_next)
+            l->beat_next->beat_prev = l->beat_prev;
+        l->beat_next = l->beat_prev = NULL;
+        l->listed = false;
+    }
+    pthread_mutex_unlock(&pl->lease_lock);
+    if (listed)
         lease_unref(l);
+}
+
+/* Ends the heartbeat of <l>; the caller holds a reference of its own. */
+static void lease_deactivate(struct lease *l)
+{
+    atomic_store(&l->active, false);
+    lease_unlist(l);
+}
+
+/* The heartbeat's extend of <l> has reported back: the next one is due a
+ * beat later. Drops the extend's reference. */
+static void lease_beat_done(struct lease *l)
+{
+    struct pipeline *pl = l->pl;
+
+    pthread_mutex_lock(&pl->lease_lock);
+    l->extending = false;
+    l->next_beat_ms = now_ms() + pl->beat_every_ms;
+    pthread_mutex_unlock(&pl->lease_lock);
+    lease_unref(l);
 }
 
 /* A store error <err> in words an operator can act on. */
@@ -356,7 +403,7 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
     if (err == 0) {
         atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
     } else if (err == -ESTALE) {
-        atomic_store(&l->active, false);
+        lease_deactivate(l);
         /* Once finishing, our own complete or release may have landed first:
          * that is no loss. Its own answer says whether the lock was lost. */
         if (!atomic_load(&l->finishing))
@@ -364,23 +411,44 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
     } else {
         metrics_store_error();
     }
-    lease_schedule_tick(l);
+    lease_beat_done(l);
 }
 
-static void lease_tick(void *ctx)
+/* Sends the heartbeat's extend of <l>, under a reference of its own. */
+static void lease_beat(struct lease *l)
 {
-    struct lease *l = ctx;
     struct pipeline *pl = l->pl;
 
-    if (!atomic_load(&l->active) || atomic_load(&pl->stopping)) {
-        lease_unref(l);
-        return;
-    }
     l->tick_sent_ms = now_ms();
     l->tick_sent_us = metrics_now_us();
     if (store_extend(pl->st, span_from_cstr(l->key), &l->tok, pl->cfg->lock_ttl_ms, on_extended,
                      l) < 0)
-        lease_schedule_tick(l);
+        lease_beat_done(l);
+}
+
+/* The periodic heartbeat job: extends every active lease that is due. */
+static void heartbeat(void *ctx)
+{
+    struct pipeline *pl = ctx;
+    struct lease *due = NULL, *l;
+    uint64_t now = now_ms();
+
+    if (atomic_load(&pl->stopping))
+        return;
+    pthread_mutex_lock(&pl->lease_lock);
+    for (l = pl->leases; l; l = l->beat_next) {
+        if (!l->extending && now >= l->next_beat_ms && atomic_load(&l->active)) {
+            l->extending = true;
+            l->due_next = due;
+            due = lease_ref(l);
+        }
+    }
+    pthread_mutex_unlock(&pl->lease_lock);
+    while ((l = due)) {
+        due = l->due_next;
+        lease_beat(l);
+    }
+    (void)worker_submit_after(pl->pool, pl->beat_check_ms, heartbeat, pl); /* fails: stopping */
 }
 
 static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
@@ -395,13 +463,20 @@ static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
         free(l);
         return NULL;
     }
-    atomic_init(&l->refs, 1);
+    atomic_init(&l->refs, 2); /* the request's and the heartbeat list's */
     l->pl = pl;
     l->tok = r->tok;
     atomic_init(&l->active, true);
     atomic_init(&l->finishing, false);
     atomic_init(&l->valid_until_ms, acquired_at_ms + pl->cfg->lock_ttl_ms);
-    lease_schedule_tick(lease_ref(l));
+    l->next_beat_ms = acquired_at_ms + pl->beat_every_ms;
+    pthread_mutex_lock(&pl->lease_lock);
+    l->listed = true;
+    l->beat_next = pl->leases;
+    if (pl->leases)
+        pl->leases->beat_prev = l;
+    pl->leases = l;
+    pthread_mutex_unlock(&pl->lease_lock);
     return l;
 }
 
@@ -458,9 +533,7 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
                   "--lock-ttl",
                   l->rec ? "complete" : "release", l->key, store_strerror(err));
     }
-    atomic_store(&l->active, false);
-    /* The heartbeat job keeps the lease until its next tick (up to a third of
-     * --lock-ttl): it must not keep the response with it. */
+    lease_deactivate(l);
     record_unref(l->rec);
     l->rec = NULL;
     if (r)
@@ -615,7 +688,7 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
         return;
     }
     if (err == -ESTALE) {
-        atomic_store(&r->lease->active, false);
+        lease_deactivate(r->lease);
         lock_lost(r->lease, "before forwarding");
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "This request stalled and its lock passed to another request.");
@@ -623,6 +696,7 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
         metrics_store_error();
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "The idempotency store could not confirm the lock.");
+        lease_deactivate(r->lease); /* not forwarded: the lock expires within --lock-ttl */
     }
     lease_unref(r->lease);
     r->lease = NULL;
@@ -912,6 +986,13 @@ int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up
     pl->pool = pool;
     pthread_mutex_init(&pl->up_lock, NULL);
     pthread_mutex_init(&pl->wait_lock, NULL);
+    pthread_mutex_init(&pl->lease_lock, NULL);
+    pl->beat_every_ms = cfg->lock_ttl_ms / 3 ? cfg->lock_ttl_ms / 3 : 1;
+    pl->beat_check_ms = pl->beat_every_ms / 4;
+    if (pl->beat_check_ms < BEAT_CHECK_MIN_MS)
+        pl->beat_check_ms = BEAT_CHECK_MIN_MS;
+    if (pl->beat_check_ms > BEAT_CHECK_MAX_MS)
+        pl->beat_check_ms = BEAT_CHECK_MAX_MS;
     if (st && cfg->wait_ms > 0) {
         int err = store_set_notify(st, wait_notify, pl);
 
@@ -919,6 +1000,10 @@ int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up
             pipeline_free(pl);
             return err;
         }
+    }
+    if (st && worker_submit_after(pool, pl->beat_check_ms, heartbeat, pl) < 0) {
+        pipeline_free(pl);
+        return -ENOMEM;
     }
     *ret = pl;
     return 0;
@@ -943,6 +1028,7 @@ void pipeline_free(struct pipeline *pl)
         return;
     pthread_mutex_destroy(&pl->up_lock);
     pthread_mutex_destroy(&pl->wait_lock);
+    pthread_mutex_destroy(&pl->lease_lock);
     free(pl);
 }
 
@@ -981,6 +1067,8 @@ void req_free(struct req *r)
     buf_done(&r->body);
     fingerprint_done(&r->fp);
     free(r->store_key);
+    if (r->lease)
+        lease_deactivate(r->lease); /* freed unfinished: no endless heartbeat */
     lease_unref(r->lease);
     record_unref(r->answer);
     free(r);
