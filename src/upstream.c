@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* Forwarding to the upstream. Any thread builds a transfer (easy handle,
- * header list, the record it fills) and queues it; one thread owns the multi
- * handle, runs every transfer on it and calls back. The queue and the stopping
- * flag are the only state the threads share. */
+/* Forwarding to the upstream. Any thread queues a transfer; one thread owns
+ * the multi handle: it builds each transfer (easy handle, header list, the
+ * record it fills), runs it and calls back. Easy handles are reused, and
+ * everything a transfer allocates is allocated and freed on that one thread.
+ * The queue and the stopping flag are the only state the threads share. */
 #include "idemproxy/upstream.h"
 
 #include <limits.h>
@@ -16,12 +17,14 @@
 
 #define UPSTREAM_POLL_MS 1000 /* idle wait; submissions and stop wake the loop at once */
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
+#define UPSTREAM_IDLE_HANDLES 1024        /* easy handles kept for reuse */
 
 struct xfer {
     struct upstream *up;
-    CURL *easy;              /* owned */
-    struct curl_slist *hdrs; /* owned; curl reads it until the transfer ends */
-    struct record *rec;      /* owned until handed to <done> */
+    const struct upstream_request *req; /* borrowed: outlives the transfer */
+    CURL *easy;                         /* owned */
+    struct curl_slist *hdrs;            /* owned; curl reads it until the transfer ends */
+    struct record *rec;                 /* owned until handed to <done> */
     upstream_done_fn *done;
     void *ctx;
     uint64_t start_ms;
@@ -46,7 +49,11 @@ struct upstream {
     struct xfer *queue_head, *queue_tail;
     bool stopping;
 
-    struct xfer *running; /* loop thread only: transfers added to <multi> */
+    /* Loop thread only: */
+    struct xfer *running; /* transfers added to <multi> */
+    CURL **idle;          /* easy handles kept for reuse, <nidle> of them */
+    size_t nidle;
+    struct buf conn, xff, line, url, method; /* scratch, reused */
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -54,12 +61,21 @@ static CURLcode global_rc;
 
 static void global_init(void) { global_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-/* Frees <x> and what it owns; the easy handle must be out of the multi. NULL-safe. */
+/* Frees <x> and what it owns, keeping its easy handle for reuse; the handle
+ * must be out of the multi. Loop thread only. NULL-safe. */
 static void xfer_free(struct xfer *x)
 {
+    struct upstream *up;
+
     if (!x)
         return;
-    curl_easy_cleanup(x->easy);
+    up = x->up;
+    if (x->easy && up->nidle < UPSTREAM_IDLE_HANDLES && up->idle) {
+        curl_easy_reset(x->easy);
+        up->idle[up->nidle++] = x->easy;
+    } else {
+        curl_easy_cleanup(x->easy);
+    }
     curl_slist_free_all(x->hdrs);
     record_unref(x->rec);
     free(x);
@@ -274,38 +290,39 @@ static int join(struct buf *b, struct span s)
 }
 
 /* Builds in <ret> the header list sent to the upstream (see upstream_submit()). */
-static int build_headers(const struct upstream_request *req, struct curl_slist **ret)
+static int build_headers(struct upstream *up, const struct upstream_request *req,
+                         struct curl_slist **ret)
 {
     static const struct span h_connection = SPAN_LIT("Connection"), h_expect = SPAN_LIT("Expect"),
                              h_xff = SPAN_LIT("X-Forwarded-For"),
                              h_xfp = SPAN_LIT("X-Forwarded-Proto"),
                              h_xfh = SPAN_LIT("X-Forwarded-Host"), h_host = SPAN_LIT("Host"),
                              h_accept = SPAN_LIT("Accept"), h_ctype = SPAN_LIT("Content-Type");
-    struct buf conn = BUF_INIT(UPSTREAM_SCRATCH_LIMIT), xff = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
-    struct buf line = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    struct buf *conn = &up->conn, *xff = &up->xff, *line = &up->line;
     struct curl_slist *list = NULL;
     const struct span *host = NULL;
     bool has_accept = false, has_ctype = false;
     int r = -ENOMEM;
 
+    conn->len = xff->len = 0;
     /* Every Connection header counts, as if they were one comma-separated list. */
     for (size_t i = 0; i < req->nheaders; i++) {
         if (span_eq_nocase(req->headers[i].name, h_connection) &&
-            join(&conn, req->headers[i].value) < 0)
+            join(conn, req->headers[i].value) < 0)
             goto out;
     }
-    if (buf_append(&conn, "", 1) < 0)
+    if (buf_append(conn, "", 1) < 0)
         goto out;
 
     for (size_t i = 0; i < req->nheaders; i++) {
         const struct upstream_header *h = &req->headers[i];
 
-        if (record_is_hop_by_hop(h->name) || record_is_connection_listed(conn.data, h->name) ||
+        if (record_is_hop_by_hop(h->name) || record_is_connection_listed(conn->data, h->name) ||
             span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
             span_eq_nocase(h->name, h_xfh))
             continue;
         if (span_eq_nocase(h->name, h_xff)) {
-            if (h->value.len > 0 && join(&xff, h->value) < 0)
+            if (h->value.len > 0 && join(xff, h->value) < 0)
                 goto out;
             continue; /* one merged X-Forwarded-For goes out below */
         }
@@ -314,7 +331,7 @@ static int build_headers(const struct upstream_request *req, struct curl_slist *
         }
         has_accept = has_accept || span_eq_nocase(h->name, h_accept);
         has_ctype = has_ctype || span_eq_nocase(h->name, h_ctype);
-        if (add_line(&list, &line, h->name, h->value) < 0)
+        if (add_line(&list, line, h->name, h->value) < 0)
             goto out;
     }
 
@@ -323,13 +340,13 @@ static int build_headers(const struct upstream_request *req, struct curl_slist *
         (!has_ctype && add_raw(&list, "Content-Type:") < 0) || add_raw(&list, "Expect:") < 0)
         goto out;
 
-    if (req->client_ip && join(&xff, span_from_cstr(req->client_ip)) < 0)
+    if (req->client_ip && join(xff, span_from_cstr(req->client_ip)) < 0)
         goto out;
-    if (xff.len > 0 && add_line(&list, &line, h_xff, buf_span(&xff)) < 0)
+    if (xff->len > 0 && add_line(&list, line, h_xff, buf_span(xff)) < 0)
         goto out;
-    if (add_line(&list, &line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
+    if (add_line(&list, line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
         goto out;
-    if (host && add_line(&list, &line, h_xfh, *host) < 0)
+    if (host && add_line(&list, line, h_xfh, *host) < 0)
         goto out;
 
     *ret = list;
@@ -337,9 +354,6 @@ static int build_headers(const struct upstream_request *req, struct curl_slist *
     r = 0;
 out:
     curl_slist_free_all(list);
-    buf_done(&conn);
-    buf_done(&xff);
-    buf_done(&line);
     return r;
 }
 
@@ -354,7 +368,7 @@ static bool span_is(struct span s, const char *lit)
 static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
 {
     CURL *e = x->easy;
-    struct buf url = BUF_INIT(UPSTREAM_SCRATCH_LIMIT), method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    struct buf *url = &up->url, *method = &up->method;
     CURLcode cc = CURLE_OK;
     long timeout = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
     int r = -ENOMEM;
@@ -376,19 +390,19 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
         }                                                                                          \
     } while (0)
 
-    if (buf_append(&url, up->base_url, up->base_len) < 0 ||
-        buf_append(&url, req->target.base, req->target.len) < 0 || buf_append(&url, "", 1) < 0 ||
-        buf_append(&method, req->method.base, req->method.len) < 0 ||
-        buf_append(&method, "", 1) < 0)
+    url->len = method->len = 0;
+    if (buf_append(url, up->base_url, up->base_len) < 0 ||
+        buf_append(url, req->target.base, req->target.len) < 0 || buf_append(url, "", 1) < 0 ||
+        buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
         goto out;
     if (verbatim) {
-        size_t at = url.len - 1 - req->target.len - strlen(up->prefix);
+        size_t at = url->len - 1 - req->target.len - strlen(up->prefix);
 
-        SET(CURLOPT_REQUEST_TARGET, url.data + at); /* prefix and target, from the copy */
+        SET(CURLOPT_REQUEST_TARGET, url->data + at); /* prefix and target, from the copy */
     }
 
     SET(CURLOPT_PRIVATE, x);
-    SET(CURLOPT_URL, url.data);
+    SET(CURLOPT_URL, url->data);
     SET(CURLOPT_PATH_AS_IS, 1L);
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_PROXY, ""); /* never a proxy from http_proxy and friends */
@@ -410,7 +424,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     } else if (span_is(req->method, "GET") && req->body.len == 0) {
         SET(CURLOPT_HTTPGET, 1L);
     } else {
-        SET(CURLOPT_CUSTOMREQUEST, method.data);
+        SET(CURLOPT_CUSTOMREQUEST, method->data);
         if (req->body.len > 0 || span_is(req->method, "POST") || span_is(req->method, "PUT") ||
             span_is(req->method, "PATCH")) {
             /* Borrowed, not copied: the request outlives the transfer. An
@@ -425,42 +439,31 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     if (cc == CURLE_OK) {
         r = 0;
     }
-out:
-    buf_done(&url); /* curl copied the strings */
-    buf_done(&method);
+out: /* curl copied the strings */
     return r;
 }
 
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx)
 {
-    struct xfer *x;
-    int r = -ENOMEM;
+    struct xfer *x = calloc(1, sizeof(*x));
+    bool wake;
 
-    x = calloc(1, sizeof(*x));
     if (!x)
-        goto fail;
+        return -ENOMEM;
     x->up = up;
+    x->req = req;
     x->done = done;
     x->ctx = ctx;
     x->start_ms = now_ms();
-    x->rec = record_new(up->max_capture_bytes);
-    x->easy = curl_easy_init();
-    if (!x->rec || !x->easy)
-        goto fail;
-    r = build_headers(req, &x->hdrs);
-    if (r < 0)
-        goto fail;
-    r = setup_easy(up, x, req);
-    if (r < 0)
-        goto fail;
 
     pthread_mutex_lock(&up->lock);
     if (up->stopping) {
         pthread_mutex_unlock(&up->lock);
-        r = -ECANCELED;
-        goto fail;
+        free(x);
+        return -ECANCELED;
     }
+    wake = !up->queue_tail; /* else the loop has yet to take the queue: it was woken */
     if (up->queue_tail) {
         up->queue_tail->next = x;
     } else {
@@ -468,12 +471,26 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
     }
     up->queue_tail = x;
     /* Under the lock, so upstream_free() cannot clean the multi handle up meanwhile. */
-    (void)curl_multi_wakeup(up->multi);
+    if (wake)
+        (void)curl_multi_wakeup(up->multi);
     pthread_mutex_unlock(&up->lock);
     return 0;
+}
 
-fail:
-    xfer_free(x);
+/* Builds the transfer of <x> (loop thread) and adds it to the multi handle. */
+static int xfer_start(struct upstream *up, struct xfer *x)
+{
+    int r;
+
+    x->easy = up->nidle ? up->idle[--up->nidle] : curl_easy_init();
+    x->rec = record_new(up->max_capture_bytes);
+    if (!x->easy || !x->rec)
+        return -ENOMEM;
+    r = build_headers(up, x->req, &x->hdrs);
+    if (r == 0)
+        r = setup_easy(up, x, x->req);
+    if (r == 0 && curl_multi_add_handle(up->multi, x->easy) != CURLM_OK)
+        r = -ENOMEM;
     return r;
 }
 
@@ -527,7 +544,7 @@ static void *loop_main(void *arg)
     for (;;) {
         struct xfer *queue;
         bool stopping;
-        int still;
+        int still, err;
 
         pthread_mutex_lock(&up->lock);
         queue = up->queue_head;
@@ -540,8 +557,8 @@ static void *loop_main(void *arg)
             x->next = NULL;
             if (stopping) {
                 xfer_finish(x, -ECANCELED);
-            } else if (curl_multi_add_handle(up->multi, x->easy) != CURLM_OK) {
-                xfer_finish(x, -ENOMEM);
+            } else if ((err = xfer_start(up, x)) < 0) {
+                xfer_finish(x, err);
             } else {
                 running_add(up, x);
             }
@@ -576,6 +593,8 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     if (!up)
         return -ENOMEM;
     pthread_mutex_init(&up->lock, NULL);
+    up->conn = up->xff = up->line = up->url = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
     up->base_len = strlen(opt->base_url);
@@ -584,7 +603,7 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     }
     up->base_url = strndup(opt->base_url, up->base_len);
     up->multi = curl_multi_init();
-    if (!up->base_url || !up->multi)
+    if (!up->base_url || !up->multi || !up->idle)
         goto fail;
     up->prefix = strstr(up->base_url, "://");
     up->prefix = up->prefix ? up->prefix + 3 : up->base_url;
@@ -620,6 +639,14 @@ void upstream_free(struct upstream *up)
         pthread_join(up->thread, NULL); /* the loop finished every transfer */
     }
     curl_multi_cleanup(up->multi);
+    while (up->nidle > 0)
+        curl_easy_cleanup(up->idle[--up->nidle]);
+    free(up->idle);
+    buf_done(&up->conn);
+    buf_done(&up->xff);
+    buf_done(&up->line);
+    buf_done(&up->url);
+    buf_done(&up->method);
     pthread_mutex_destroy(&up->lock);
     free(up->base_url);
     free(up);

@@ -50,8 +50,11 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret);
  * X-Forwarded-Proto/-Host dropped), the client's Host unchanged,
  * X-Forwarded-For appended with req->client_ip, X-Forwarded-Proto and
  * X-Forwarded-Host (the client's Host) set, no Expect: 100-continue, body.
- * Returns 0 when accepted (<done> runs exactly once, never inside this call),
- * or -ECANCELED once stopping, -ENOMEM: <done> never runs. */
+ * <req> and everything it points to are borrowed: they must stay unchanged
+ * until <done> runs (the upstream thread reads them when it starts the
+ * transfer, and the body while sending it). Returns 0 when accepted (<done>
+ * runs exactly once, never inside this call), or -ECANCELED once stopping,
+ * -ENOMEM: <done> never runs. */
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx);
 
