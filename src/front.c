@@ -19,6 +19,13 @@
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
 
+/* Each client connection's memory pool: its request line and header section,
+ * parsed in place, and its answer's header block. MHD clears the pool for
+ * every request, and 1000 slow clients hold 1000 of them: 24 KiB takes a
+ * header section of about 20 KiB (nginx's default is 8 KiB a line) and
+ * answers a larger one with 431. */
+#define FRONT_CONNECTION_MEMORY (24u << 10)
+
 struct front {
     const struct config *cfg;
     struct pipeline *pl;
@@ -223,14 +230,15 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
     f->quiesced_fd = -1;
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    f->d = MHD_start_daemon(flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER,
-                            on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &cfg->listen.sa,
-                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, f, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, f, MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
-                            /* one above ours, so on_accept() refuses before MHD stops accepting */
-                            MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1,
-                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    f->d = MHD_start_daemon(
+        flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, &cfg->listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, f, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        f,
+        /* one above ours, so on_accept() refuses before MHD stops accepting */
+        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
+        timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)FRONT_CONNECTION_MEMORY, MHD_OPTION_END);
     if (!f->d) {
         free(f);
         return -EADDRINUSE;

@@ -17,7 +17,7 @@
 
 #define UPSTREAM_POLL_MS 1000 /* idle wait; submissions and stop wake the loop at once */
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
-#define UPSTREAM_IDLE_HANDLES 1024        /* easy handles kept for reuse */
+#define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~20 KiB each) */
 
 struct xfer {
     struct upstream *up;

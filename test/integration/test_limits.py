@@ -33,6 +33,28 @@ def test_body_exactly_max_body_passes(proxy, upstream):
                    413, "payload_too_large")
 
 
+def test_header_section_of_16k_is_forwarded_and_30k_is_431(proxy, upstream):
+    """The front end takes a header section of about 20 KiB (its per-connection
+    memory, kept small so that 1000 slow clients stay cheap); a larger one gets
+    431 before anything is locked or forwarded."""
+    p = proxy()
+    key = new_key()
+    big = [("X-Big-%d" % i, "v" * 4000) for i in range(4)]  # 16 KB of headers
+    st, h, body = p.request("POST", "/echo", [("Idempotency-Key", key)] + big, b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    sent = {k.lower(): v for k, v in json.loads(body)["headers"]}
+    assert all(sent["x-big-%d" % i] == "v" * 4000 for i in range(4))
+    assert upstream.hits("/echo") == 1
+
+    key = new_key()
+    huge = [("X-Huge-%d" % i, "v" * 6000) for i in range(5)]  # 30 KB of headers
+    st, _, _ = p.request("POST", "/echo", [("Idempotency-Key", key)] + huge, b"x")
+    assert st == 431
+    assert upstream.hits("/echo") == 1
+    st, h, _ = assert_free(p, key)
+    assert st == 201
+
+
 @pytest.mark.parametrize("method,is_keyed", [("GET", False), ("DELETE", True), ("POST", False)])
 def test_max_body_applies_to_every_request(proxy, upstream, method, is_keyed):
     p = proxy("--max-body", "1K")
