@@ -1,19 +1,28 @@
 /* SPDX-License-Identifier: MIT */
-/* The Redis store. Every operation is a job on the worker pool: it runs one
- * embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on the blocking hiredis
- * connection of the thread it runs on, then calls back on that thread. Each
- * connection belongs to one pool thread, so no lock guards it. */
+/* The Redis store. The hot operations (acquire, complete, release, extend)
+ * each run one embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on one
+ * asynchronous hiredis connection, owned by one loop thread: callers queue
+ * ops, the loop sends every op queued in one write (pipelining) and calls
+ * back from that thread as the replies come, in order. The operator calls
+ * (inspect, purge), the readiness PING and the --wait subscriber stay on
+ * blocking connections: one per worker pool thread, used by that thread only,
+ * so no lock guards them. */
 #include "idemproxy/store_redis.h"
 
 #include <assert.h>
+#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "idemproxy/buf.h"
 #include "idemproxy/record.h"
@@ -55,11 +64,42 @@ struct subscriber {
     int fd; /* of the live connection, -1: none; shut down to stop the thread */
 };
 
+struct op;
+
+struct op_list {
+    struct op *head, *tail;
+};
+
 struct store_redis {
     struct store base;
     struct worker_pool *pool;   /* borrowed */
     struct store_redis_url url; /* owns url.password */
     struct timeval timeout;
+    uint64_t timeout_ms;
+
+    /* The hot operations: queued by any thread, run by the loop thread. */
+    pthread_t loop;
+    bool loop_started;
+    int wake_fd; /* eventfd: written when an op lands in an empty queue */
+    pthread_mutex_t mu;
+    struct op_list queue; /* guarded by mu */
+    bool stopping;        /* guarded by mu: refuse new ops, end the loop once idle */
+    /* The loop thread's own: */
+    redisAsyncContext *ac; /* NULL: not connected */
+    uint64_t now;          /* now_ms() at the last wake-up */
+    uint64_t connect_due_ms;
+    uint64_t retry_at_ms;     /* no connect attempt before this */
+    uint64_t backoff_ms;      /* the wait after the last failed connect; 0: it worked */
+    unsigned setup_left;      /* AUTH, SELECT replies still awaited */
+    bool tcp_up;              /* connected, maybe not set up yet */
+    bool ready_to_send;       /* connected and set up */
+    bool want_write;          /* hiredis has output to flush */
+    bool gone;                /* hiredis let ac go; conn_gone() not run yet */
+    bool drop;                /* drop ac (asked from inside hiredis) */
+    int drop_err;             /* what the ops on a dropped connection get; 0: -ECONNRESET */
+    bool self_queued;         /* an op was queued from the loop thread */
+    struct op_list waiting;   /* taken from the queue, not sent yet */
+    struct op_list sent;      /* sent, oldest first */
     struct redis_conn *conns; /* owned array, one per pool thread, used by that thread only */
     unsigned nconns;
     atomic_bool ready;
@@ -68,9 +108,12 @@ struct store_redis {
     struct subscriber *sub; /* owned; NULL unless store_set_notify() was called */
 };
 
-/* One accepted operation, owned by its job. */
+/* One accepted hot operation, owned by the store until it calls back. */
 struct op {
     struct store_redis *st;
+    struct op *prev, *next; /* on the queue, waiting or sent */
+    uint64_t sent_ms;
+    bool eval; /* Redis said NOSCRIPT: sent again as EVAL */
     enum lua_script_id script;
     store_done_fn *done;
     void *ctx;
@@ -456,15 +499,118 @@ static int parse_ok_or_stale(const redisReply *r, struct store_result *res)
     return -EPROTO;
 }
 
-/* Sends the script of <op> and turns the reply into <res>. */
-static int op_execute(struct op *op, struct store_result *res)
+/* ---- the hot operations: one pipelined connection, one loop thread ---- */
+
+static void op_list_push(struct op_list *l, struct op *op)
 {
+    op->next = NULL;
+    op->prev = l->tail;
+    if (l->tail)
+        l->tail->next = op;
+    else
+        l->head = op;
+    l->tail = op;
+}
+
+static void op_list_unlink(struct op_list *l, struct op *op)
+{
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        l->head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        l->tail = op->prev;
+    op->prev = op->next = NULL;
+}
+
+/* Moves all of <from> to the end of <to>. */
+static void op_list_splice(struct op_list *to, struct op_list *from)
+{
+    if (!from->head)
+        return;
+    if (to->tail) {
+        to->tail->next = from->head;
+        from->head->prev = to->tail;
+    } else {
+        to->head = from->head;
+    }
+    to->tail = from->tail;
+    *from = (struct op_list){ NULL, NULL };
+}
+
+static void op_free(struct op *op)
+{
+    if (!op)
+        return;
+    record_unref(op->rec);
+    buf_done(&op->head);
+    free(op);
+}
+
+static void set_ready(struct store_redis *st, bool ready)
+{
+    if (atomic_load_explicit(&st->ready, memory_order_relaxed) != ready)
+        atomic_store(&st->ready, ready);
+}
+
+/* Calls <op> back with <err>, or with the result <reply> holds (err 0), and
+ * frees it. Loop thread only, with <op> on no list. */
+static void op_finish(struct op *op, int err, const redisReply *reply)
+{
+    struct store_result res = { .rec = NULL };
+
+    if (err == 0) {
+        if (reply->type == REDIS_REPLY_ERROR)
+            err = -EPROTO;
+        else if (op->script == LUA_ACQUIRE)
+            err = parse_acquire(reply, &res);
+        else
+            err = parse_ok_or_stale(reply, &res);
+    }
+    /* Answered: the caller may rely on the store holding no reference any more. */
+    record_unref(op->rec);
+    op->rec = NULL;
+    if (err < 0) {
+        record_unref(res.rec);
+        res.rec = NULL;
+    }
+    op->done(op->ctx, err, err == 0 ? &res : NULL);
+    record_unref(res.rec);
+    op_free(op);
+}
+
+/* Fails every op of <l> with <err>. */
+static void op_list_fail(struct op_list *l, int err)
+{
+    struct op *op;
+
+    while ((op = l->head)) {
+        op_list_unlink(l, op);
+        op_finish(op, err, NULL);
+    }
+}
+
+static void on_reply(redisAsyncContext *ac, void *r, void *privdata);
+
+/* Queues the script of <op> on the connection (EVALSHA, or EVAL once Redis
+ * said NOSCRIPT): hiredis formats it into its output buffer, a copy of the
+ * body too, which the next write sends along with every other op queued. */
+static int op_send(struct store_redis *st, struct op *op)
+{
+    const struct lua_script *s = &lua_scripts[op->script];
     const char *argv[8];
     size_t lens[8];
     char ttl[24];
-    redisReply *reply = NULL;
-    int argc = 3, err;
+    int argc = 0;
 
+    argv[argc] = op->eval ? "EVAL" : "EVALSHA";
+    lens[argc++] = op->eval ? 4 : 7;
+    argv[argc] = op->eval ? s->src : s->sha1;
+    lens[argc++] = op->eval ? s->len : strlen(s->sha1);
+    argv[argc] = "1"; /* one key */
+    lens[argc++] = 1;
     argv[argc] = op->key;
     lens[argc++] = op->key_len;
     switch (op->script) {
@@ -479,7 +625,6 @@ static int op_execute(struct op *op, struct store_result *res)
         lens[argc++] = STORE_TOKEN_HEX;
         argv[argc] = op->head.data;
         lens[argc++] = op->head.len;
-        /* The body goes out straight from the record: no copy. */
         argv[argc] = op->rec->body.data ? op->rec->body.data : "";
         lens[argc++] = op->rec->body.len;
         break;
@@ -492,48 +637,287 @@ static int op_execute(struct op *op, struct store_result *res)
         lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
         argv[argc++] = ttl;
     }
-
-    err = run_script(op->st, op->script, argc, argv, lens, &reply);
-    if (err < 0)
-        return err;
-    if (reply->type == REDIS_REPLY_ERROR)
-        err = -EPROTO;
-    else if (op->script == LUA_ACQUIRE)
-        err = parse_acquire(reply, res);
-    else
-        err = parse_ok_or_stale(reply, res);
-    freeReplyObject(reply);
-    return err;
+    if (redisAsyncCommandArgv(st->ac, on_reply, op, argc, argv, lens) != REDIS_OK)
+        return -ECONNRESET;
+    op->sent_ms = st->now;
+    op_list_push(&st->sent, op);
+    return 0;
 }
 
-static void op_free(struct op *op)
+/* A reply to an op, or NULL when hiredis lets the connection go (then once
+ * for every op still waiting, before its cleanup hook runs). */
+static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    if (!op)
+    struct store_redis *st = ac->data;
+    struct op *op = privdata;
+    const redisReply *reply = r;
+
+    op_list_unlink(&st->sent, op);
+    if (!reply) {
+        set_ready(st, false);
+        op_finish(op, st->drop_err ? st->drop_err : -ECONNRESET, NULL);
         return;
-    record_unref(op->rec);
-    buf_done(&op->head);
-    free(op);
+    }
+    /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) means it
+     * cannot serve us; NOSCRIPT only means the script cache was emptied. */
+    if (reply->type == REDIS_REPLY_ERROR && !op->eval && is_error_reply(reply, "NOSCRIPT")) {
+        set_ready(st, true);
+        op->eval = true; /* EVAL caches it again for the EVALSHAs after it */
+        if (op_send(st, op) < 0)
+            op_finish(op, -ECONNRESET, NULL);
+        return;
+    }
+    set_ready(st, reply->type != REDIS_REPLY_ERROR);
+    op_finish(op, 0, reply);
 }
 
-static void op_run(void *arg)
+/* A reply to AUTH or SELECT: anything but a status fails the connection. */
+static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    struct op *op = arg;
-    struct store_redis *st = op->st;
-    struct store_result res = { .rec = NULL };
-    int err;
+    struct store_redis *st = ac->data;
+    const redisReply *reply = r;
 
-    err = op_execute(op, &res);
-    /* Sent: the caller may rely on the store holding no reference any more. */
-    record_unref(op->rec);
-    op->rec = NULL;
-    if (err < 0) {
-        record_unref(res.rec);
-        res.rec = NULL;
+    (void)privdata;
+    if (!reply)
+        return; /* going: conn_gone() fails what waited for it */
+    if (reply->type != REDIS_REPLY_STATUS) {
+        st->drop_err = -EPROTO;
+        st->drop = true; /* not from inside hiredis: the loop drops it */
+        return;
     }
-    op->done(op->ctx, err, err == 0 ? &res : NULL);
-    record_unref(res.rec);
-    op_free(op);
-    store_calls_end(&st->calls);
+    if (--st->setup_left == 0)
+        st->ready_to_send = true;
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    struct store_redis *st = ac->data;
+    int saved_errno = errno; /* redisCheckSocketError() left SO_ERROR there */
+
+    if (status != REDIS_OK) {
+        st->drop_err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
+        return; /* hiredis frees the context next */
+    }
+    st->tcp_up = true;
+    if (st->setup_left == 0)
+        st->ready_to_send = true;
+}
+
+/* The event adapter: hiredis says when it has output to flush; the loop
+ * always polls for input (no read hooks needed). */
+static void ev_add_write(void *p) { ((struct store_redis *)p)->want_write = true; }
+static void ev_del_write(void *p) { ((struct store_redis *)p)->want_write = false; }
+
+/* Runs once per context, however it goes (error, EOF, redisAsyncFree), after
+ * hiredis called back every op it held. */
+static void ev_cleanup(void *p)
+{
+    struct store_redis *st = p;
+
+    st->ac = NULL;
+    st->gone = true;
+}
+
+static void backoff_start(struct store_redis *st)
+{
+    st->backoff_ms = st->backoff_ms ? st->backoff_ms * 2 : BACKOFF_FIRST_MS;
+    if (st->backoff_ms > BACKOFF_MAX_MS)
+        st->backoff_ms = BACKOFF_MAX_MS;
+    st->retry_at_ms = now_ms() + st->backoff_ms;
+}
+
+/* After hiredis let the context go: fails the ops that waited for it to be
+ * set up, and backs off when it never was. */
+static void conn_gone(struct store_redis *st)
+{
+    int err = st->drop_err ? st->drop_err : st->tcp_up ? -ECONNRESET : -ECONNREFUSED;
+
+    st->gone = false;
+    set_ready(st, false);
+    if (!st->ready_to_send)
+        backoff_start(st);
+    st->ready_to_send = st->tcp_up = st->drop = false;
+    st->want_write = false;
+    st->drop_err = 0;
+    op_list_fail(&st->sent, err); /* empty: hiredis called them back */
+    op_list_fail(&st->waiting, err);
+}
+
+/* Drops the connection from the loop (never from inside hiredis): hiredis
+ * calls back every op it holds, with <err>. */
+static void conn_drop(struct store_redis *st, int err)
+{
+    st->drop_err = err;
+    redisAsyncFree(st->ac);
+    if (st->gone)
+        conn_gone(st);
+}
+
+/* Starts a non-blocking connect, with AUTH and SELECT queued behind it. */
+static void conn_start(struct store_redis *st)
+{
+    redisAsyncContext *ac = redisAsyncConnect(st->url.host, (int)st->url.port);
+    int saved_errno = errno;
+
+    if (!ac || ac->err) {
+        if (ac)
+            redisAsyncFree(ac);
+        set_ready(st, false);
+        backoff_start(st);
+        op_list_fail(&st->waiting, !ac                        ? -ENOMEM
+                                   : saved_errno == ETIMEDOUT ? -ETIMEDOUT
+                                                              : -ECONNREFUSED);
+        return;
+    }
+    ac->data = st;
+    ac->ev.data = st;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    ac->ev.cleanup = ev_cleanup;
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisEnableKeepAlive(&ac->c);
+    st->ac = ac;
+    st->connect_due_ms = st->now + st->timeout_ms;
+    st->setup_left = 0;
+    /* Queued first: no op goes out before both answered. */
+    if (st->url.password) {
+        const char *argv[] = { "AUTH", st->url.password };
+        size_t lens[] = { 4, strlen(st->url.password) };
+
+        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
+            st->setup_left++;
+    }
+    if (st->url.db != 0) {
+        char db[16];
+        const char *argv[] = { "SELECT", db };
+        size_t lens[] = { 6, (size_t)snprintf(db, sizeof(db), "%u", st->url.db) };
+
+        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
+            st->setup_left++;
+    }
+}
+
+/* Sends what waits, connects, or fails it fast inside the backoff. */
+static void loop_dispatch(struct store_redis *st)
+{
+    struct op *op;
+
+    if (!st->waiting.head)
+        return;
+    if (st->ac && st->ready_to_send) {
+        while ((op = st->waiting.head)) {
+            op_list_unlink(&st->waiting, op);
+            if (op_send(st, op) < 0)
+                op_finish(op, -ECONNRESET, NULL);
+        }
+    } else if (!st->ac) {
+        if (st->now < st->retry_at_ms) {
+            set_ready(st, false);
+            op_list_fail(&st->waiting, -ECONNREFUSED);
+        } else {
+            conn_start(st);
+        }
+    }
+}
+
+/* Drops a connection that does not answer within --store-timeout: every op
+ * on it fails with -ETIMEDOUT, and a late reply can never be read as the
+ * answer to a later op. */
+static void loop_check_timeouts(struct store_redis *st)
+{
+    if (!st->ac)
+        return;
+    if (!st->ready_to_send && st->now >= st->connect_due_ms)
+        conn_drop(st, -ETIMEDOUT);
+    else if (st->ready_to_send && st->sent.head &&
+             st->now >= st->sent.head->sent_ms + st->timeout_ms)
+        conn_drop(st, -ETIMEDOUT);
+}
+
+/* The poll() timeout: until the earliest deadline, -1 for none. */
+static int loop_poll_timeout(const struct store_redis *st)
+{
+    uint64_t due;
+
+    if (!st->ac)
+        return -1;
+    if (!st->ready_to_send)
+        due = st->connect_due_ms;
+    else if (st->sent.head)
+        due = st->sent.head->sent_ms + st->timeout_ms;
+    else
+        return -1;
+    if (due <= st->now)
+        return 0;
+    return due - st->now > INT_MAX ? INT_MAX : (int)(due - st->now);
+}
+
+static _Thread_local struct store_redis *loop_store; /* set on a loop thread */
+
+static void *loop_main(void *arg)
+{
+    struct store_redis *st = arg;
+
+    loop_store = st;
+    for (;;) {
+        struct pollfd pfd[2] = { { .fd = st->wake_fd, .events = POLLIN }, { .fd = -1 } };
+        struct op_list batch;
+        bool stopping;
+        int n;
+
+        if (st->ac) {
+            pfd[1].fd = st->ac->c.fd;
+            /* Always read: EOF while idle shows at once. Write while the
+             * connect is in progress: that is how it completes. */
+            pfd[1].events = POLLIN;
+            if (st->want_write || !(st->ac->c.flags & REDIS_CONNECTED))
+                pfd[1].events |= POLLOUT;
+        }
+        n = poll(pfd, 2, st->self_queued ? 0 : loop_poll_timeout(st));
+        st->self_queued = false;
+        st->now = now_ms();
+        if (n > 0 && (pfd[0].revents & POLLIN)) {
+            uint64_t v;
+
+            if (read(st->wake_fd, &v, sizeof(v)) < 0) {
+                /* EAGAIN: another read took it */
+            }
+        }
+        if (n > 0 && st->ac && pfd[1].revents) {
+            if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))
+                redisAsyncHandleRead(st->ac);
+            if (st->ac && (pfd[1].revents & POLLOUT))
+                redisAsyncHandleWrite(st->ac);
+        }
+        if (st->gone)
+            conn_gone(st);
+        if (st->drop && st->ac)
+            conn_drop(st, st->drop_err);
+        loop_check_timeouts(st);
+
+        pthread_mutex_lock(&st->mu);
+        batch = st->queue;
+        st->queue = (struct op_list){ NULL, NULL };
+        stopping = st->stopping;
+        pthread_mutex_unlock(&st->mu);
+        op_list_splice(&st->waiting, &batch);
+        loop_dispatch(st);
+        /* Write at once what was just queued, rather than after one more poll(). */
+        if (st->ac && st->want_write && (st->ac->c.flags & REDIS_CONNECTED))
+            redisAsyncHandleWrite(st->ac);
+        if (st->gone)
+            conn_gone(st);
+        if (stopping && !st->waiting.head && !st->sent.head && !st->self_queued) {
+            pthread_mutex_lock(&st->mu);
+            stopping = !st->queue.head; /* nothing was queued from a callback meanwhile */
+            pthread_mutex_unlock(&st->mu);
+            if (stopping)
+                break;
+        }
+    }
+    if (st->ac)
+        conn_drop(st, -ECONNRESET); /* idle: no op is left on it */
+    return NULL;
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
@@ -558,14 +942,35 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
     return 0;
 }
 
-/* Hands <op> to the pool. On failure <op> is freed and nothing calls back. */
+/* Hands <op> to the loop thread. On failure (-ECANCELED: the store is being
+ * freed) <op> is freed and nothing calls back. */
 static int op_submit(struct op *op)
 {
-    int err = store_calls_submit(&op->st->calls, op->st->pool, op_run, op);
+    struct store_redis *st = op->st;
+    bool wake;
 
-    if (err < 0)
+    pthread_mutex_lock(&st->mu);
+    if (st->stopping) {
+        pthread_mutex_unlock(&st->mu);
         op_free(op);
-    return err;
+        return -ECANCELED;
+    }
+    /* Only the first op of a batch wakes the loop: it takes the whole queue. */
+    wake = !st->queue.head;
+    op_list_push(&st->queue, op);
+    pthread_mutex_unlock(&st->mu);
+    if (wake) {
+        if (loop_store == st) {
+            st->self_queued = true; /* from a callback: the loop looks again before it sleeps */
+        } else {
+            uint64_t one = 1;
+
+            if (write(st->wake_fd, &one, sizeof(one)) < 0) {
+                /* EAGAIN: the counter is full, so a wake-up is pending anyway */
+            }
+        }
+    }
+    return 0;
 }
 
 static struct store_redis *to_redis(struct store *st) { return (struct store_redis *)st; }
@@ -1042,8 +1447,23 @@ static void redis_free(struct store *base)
         if (!queued)
             pinger_destroy(pg);
     }
-    store_calls_done(&st->calls);
+    if (st->loop_started) {
+        uint64_t one = 1;
 
+        /* The loop calls back everything accepted before it ends. */
+        pthread_mutex_lock(&st->mu);
+        st->stopping = true;
+        pthread_mutex_unlock(&st->mu);
+        if (write(st->wake_fd, &one, sizeof(one)) < 0) {
+            /* EAGAIN: a wake-up is pending anyway */
+        }
+        pthread_join(st->loop, NULL);
+    }
+    store_calls_done(&st->calls); /* inspect and purge */
+
+    if (st->wake_fd >= 0)
+        close(st->wake_fd);
+    pthread_mutex_destroy(&st->mu);
     for (unsigned i = 0; st->conns && i < st->nconns; i++)
         conn_close(&st->conns[i]);
     free(st->conns);
@@ -1085,16 +1505,26 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st->pool = pool;
     st->timeout = (struct timeval){ .tv_sec = (time_t)(timeout_ms / 1000),
                                     .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
+    st->timeout_ms = timeout_ms;
     atomic_init(&st->ready, false);
     store_calls_init(&st->calls);
+    pthread_mutex_init(&st->mu, NULL);
+    st->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));
     pg = calloc(1, sizeof(*pg));
-    if (!st->conns || !pg) {
+    if (!st->conns || !pg || st->wake_fd < 0) {
+        err = st->wake_fd < 0 ? -errno : -ENOMEM;
         free(pg);
         redis_free(&st->base);
-        return -ENOMEM;
+        return err;
     }
+    if (pthread_create(&st->loop, NULL, loop_main, st) != 0) {
+        free(pg);
+        redis_free(&st->base);
+        return -EAGAIN;
+    }
+    st->loop_started = true;
     pthread_mutex_init(&pg->mu, NULL);
     pg->st = st;
     st->pinger = pg;
