@@ -47,9 +47,21 @@ def test_header_section_of_16k_is_forwarded_and_30k_is_431(proxy, upstream):
     assert upstream.hits("/echo") == 1
 
     key = new_key()
-    huge = [("X-Huge-%d" % i, "v" * 6000) for i in range(5)]  # 30 KB of headers
-    st, _, _ = p.request("POST", "/echo", [("Idempotency-Key", key)] + huge, b"x")
-    assert st == 431
+    huge = "".join("X-Huge-%d: %s\r\n" % (i, "v" * 6000) for i in range(5))  # 30 KB
+    data = ("POST /echo HTTP/1.1\r\nHost: t\r\nIdempotency-Key: %s\r\n%s"
+            "Content-Length: 1\r\n\r\nx" % (key, huge)).encode()
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        s.sendall(data)
+        answer = s.recv(65536)
+    except (BrokenPipeError, ConnectionResetError):
+        # The proxy answered 431 and closed while the rest was still coming:
+        # the kernel may reset the connection before the answer is read.
+        answer = None
+    finally:
+        s.close()
+    if answer is not None:
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
     assert upstream.hits("/echo") == 1
     st, h, _ = assert_free(p, key)
     assert st == 201
