@@ -9,6 +9,9 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
@@ -16,6 +19,7 @@
 #include "idemproxy/record.h"
 
 #define UPSTREAM_POLL_MS 1000 /* idle wait; submissions and stop wake the loop at once */
+#define UPSTREAM_EVENTS 256   /* socket events taken per epoll_wait() */
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
 #define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~20 KiB each) */
 
@@ -36,7 +40,9 @@ struct xfer {
 };
 
 struct upstream {
-    CURLM *multi; /* owned; loop thread only, but for curl_multi_wakeup() */
+    CURLM *multi; /* owned; loop thread only */
+    int epfd;     /* the loop's epoll set: curl's sockets and <wakefd> */
+    int wakefd;   /* eventfd: a submission or the stop wakes the loop */
     pthread_t thread;
     bool thread_started;
     char *base_url; /* owned */
@@ -51,6 +57,7 @@ struct upstream {
 
     /* Loop thread only: */
     struct xfer *running; /* transfers added to <multi> */
+    int64_t timer_due_ms; /* curl's timer: when to call it with CURL_SOCKET_TIMEOUT; -1: none */
     CURL **idle;          /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
     struct buf conn, xff, line, url, method; /* scratch, reused */
@@ -443,6 +450,13 @@ out: /* curl copied the strings */
     return r;
 }
 
+static void loop_wake(struct upstream *up)
+{
+    uint64_t one = 1;
+
+    (void)!write(up->wakefd, &one, sizeof(one));
+}
+
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx)
 {
@@ -470,9 +484,8 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
         up->queue_head = x;
     }
     up->queue_tail = x;
-    /* Under the lock, so upstream_free() cannot clean the multi handle up meanwhile. */
     if (wake)
-        (void)curl_multi_wakeup(up->multi);
+        loop_wake(up);
     pthread_mutex_unlock(&up->lock);
     return 0;
 }
@@ -536,15 +549,49 @@ static void drain_done(struct upstream *up)
     }
 }
 
+/* curl's socket callback: keeps the epoll set in step with the sockets
+ * curl wants watched (the multi_socket API: only sockets with events are
+ * looked at, never every transfer on every wake-up). */
+static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    struct upstream *up = userp;
+    struct epoll_event ev = { .data.fd = fd };
+
+    (void)easy;
+    if (what == CURL_POLL_REMOVE) {
+        (void)epoll_ctl(up->epfd, EPOLL_CTL_DEL, fd, NULL); /* may be closed already */
+        return 0;
+    }
+    ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    if (!socketp) {
+        (void)curl_multi_assign(up->multi, fd, up); /* marks it as in the set */
+        if (epoll_ctl(up->epfd, EPOLL_CTL_ADD, fd, &ev) == 0 || errno != EEXIST)
+            return 0;
+    }
+    (void)epoll_ctl(up->epfd, EPOLL_CTL_MOD, fd, &ev);
+    return 0;
+}
+
+/* curl's timer callback: when it next wants CURL_SOCKET_TIMEOUT. */
+static int on_timer(CURLM *multi, long timeout_ms, void *userp)
+{
+    struct upstream *up = userp;
+
+    (void)multi;
+    up->timer_due_ms = timeout_ms < 0 ? -1 : (int64_t)(now_ms() + (uint64_t)timeout_ms);
+    return 0;
+}
+
 static void *loop_main(void *arg)
 {
     struct upstream *up = arg;
+    struct epoll_event evs[UPSTREAM_EVENTS];
     struct xfer *x;
 
     for (;;) {
         struct xfer *queue;
         bool stopping;
-        int still, err;
+        int still, err, n, wait_ms = UPSTREAM_POLL_MS;
 
         pthread_mutex_lock(&up->lock);
         queue = up->queue_head;
@@ -565,9 +612,33 @@ static void *loop_main(void *arg)
         }
         if (stopping)
             break;
-        (void)curl_multi_perform(up->multi, &still);
+        if (up->timer_due_ms >= 0) {
+            int64_t left = up->timer_due_ms - (int64_t)now_ms();
+
+            wait_ms = left <= 0 ? 0 : left < UPSTREAM_POLL_MS ? (int)left : UPSTREAM_POLL_MS;
+        }
+        n = epoll_wait(up->epfd, evs, UPSTREAM_EVENTS, wait_ms);
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd, flags = 0;
+            uint64_t v;
+
+            if (fd == up->wakefd) {
+                (void)!read(up->wakefd, &v, sizeof(v));
+                continue;
+            }
+            if (evs[i].events & EPOLLIN)
+                flags |= CURL_CSELECT_IN;
+            if (evs[i].events & EPOLLOUT)
+                flags |= CURL_CSELECT_OUT;
+            if (evs[i].events & (EPOLLERR | EPOLLHUP))
+                flags |= CURL_CSELECT_ERR;
+            (void)curl_multi_socket_action(up->multi, fd, flags, &still);
+        }
+        if (up->timer_due_ms >= 0 && (int64_t)now_ms() >= up->timer_due_ms) {
+            up->timer_due_ms = -1;
+            (void)curl_multi_socket_action(up->multi, CURL_SOCKET_TIMEOUT, 0, &still);
+        }
         drain_done(up);
-        (void)curl_multi_poll(up->multi, NULL, 0, UPSTREAM_POLL_MS, NULL);
     }
 
     while ((x = up->running)) {
@@ -595,6 +666,9 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     pthread_mutex_init(&up->lock, NULL);
     up->conn = up->xff = up->line = up->url = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
+    up->timer_due_ms = -1;
+    up->epfd = epoll_create1(EPOLL_CLOEXEC);
+    up->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
     up->base_len = strlen(opt->base_url);
@@ -603,7 +677,13 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     }
     up->base_url = strndup(opt->base_url, up->base_len);
     up->multi = curl_multi_init();
-    if (!up->base_url || !up->multi || !up->idle)
+    if (!up->base_url || !up->multi || !up->idle || up->epfd < 0 || up->wakefd < 0 ||
+        epoll_ctl(up->epfd, EPOLL_CTL_ADD, up->wakefd,
+                  &(struct epoll_event){ .events = EPOLLIN, .data.fd = up->wakefd }) < 0 ||
+        curl_multi_setopt(up->multi, CURLMOPT_SOCKETFUNCTION, on_socket) != CURLM_OK ||
+        curl_multi_setopt(up->multi, CURLMOPT_SOCKETDATA, up) != CURLM_OK ||
+        curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, on_timer) != CURLM_OK ||
+        curl_multi_setopt(up->multi, CURLMOPT_TIMERDATA, up) != CURLM_OK)
         goto fail;
     up->prefix = strstr(up->base_url, "://");
     up->prefix = up->prefix ? up->prefix + 3 : up->base_url;
@@ -634,11 +714,15 @@ void upstream_free(struct upstream *up)
     if (up->thread_started) {
         pthread_mutex_lock(&up->lock);
         up->stopping = true;
-        (void)curl_multi_wakeup(up->multi);
         pthread_mutex_unlock(&up->lock);
+        loop_wake(up);
         pthread_join(up->thread, NULL); /* the loop finished every transfer */
     }
     curl_multi_cleanup(up->multi);
+    if (up->epfd >= 0)
+        close(up->epfd);
+    if (up->wakefd >= 0)
+        close(up->wakefd);
     while (up->nidle > 0)
         curl_easy_cleanup(up->idle[--up->nidle]);
     free(up->idle);
