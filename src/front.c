@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The client-facing server on libmicrohttpd's internal epoll thread. A request
- * is created when its request line arrives (with the raw target), fed to the
- * pipeline, suspended while it runs, and answered when resumed. */
+/* The client-facing server: libmicrohttpd in epoll mode, driven from the
+ * event loop it shares with the upstream (its epoll set is one descriptor in
+ * the loop's). A request is created when its request line arrives (with the
+ * raw target), fed to the pipeline, suspended while it runs, and answered
+ * when resumed. */
 #include "idemproxy/front.h"
 
 #include <arpa/inet.h>
@@ -11,11 +13,13 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "idemproxy/config.h"
 #include "idemproxy/log.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
 
@@ -30,6 +34,15 @@ struct front {
     const struct config *cfg;
     struct pipeline *pl;
     struct MHD_Daemon *d;
+    struct loop *loop;       /* borrowed */
+    struct loop_watch watch; /* MHD's epoll set */
+    struct loop_timer timer; /* when MHD must run even without events */
+    bool watched;
+    /* MHD has no wake-up of its own when driven from outside: a resumed
+     * connection needs MHD to run. From another thread that is this task. */
+    struct loop_task kick;
+    atomic_bool kick_posted;
+    bool rerun;      /* a connection was resumed on the loop thread: MHD must run again */
     int quiesced_fd; /* the listening socket after front_quiesce(), -1 before */
     atomic_uint requests;
     atomic_uint connections; /* open client sockets, for --max-connections */
@@ -157,11 +170,26 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
     return ret;
 }
 
-/* The pipeline's callback, on a store or upstream thread: the answer is in. */
+static void on_kick(void *ctx)
+{
+    struct front *f = ctx;
+
+    atomic_store(&f->kick_posted, false);
+    f->timer.due_ms = 0;
+}
+
+/* The pipeline's callback, on the loop thread or a store thread: the answer
+ * is in. MHD runs in the loop's next turn and sends it. */
 static void on_done(struct req *r, void *ctx)
 {
-    (void)r;
-    MHD_resume_connection(ctx);
+    struct front *f = ctx;
+
+    MHD_resume_connection(r->conn);
+    if (loop_on_thread(f->loop)) {
+        f->rerun = true;
+        f->timer.due_ms = 0;
+    } else if (!atomic_exchange(&f->kick_posted, true) && loop_post(f->loop, &f->kick) < 0)
+        atomic_store(&f->kick_posted, false); /* stopped: no connection is left to serve */
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -201,7 +229,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (r->running)
         return MHD_YES;
     MHD_suspend_connection(conn);
-    pipeline_run(f->pl, r, on_done, conn);
+    r->conn = conn;
+    pipeline_run(f->pl, r, on_done, f);
     return MHD_YES;
 }
 
@@ -217,16 +246,42 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     log_write(CONFIG_LOG_DEBUG, "http: %s", line);
 }
 
-int front_start(const struct config *cfg, struct pipeline *pl, struct front **ret)
+/* Lets MHD do what is ready, then arms the timer for when it must run next
+ * (connection timeouts, or at once while it has work left over). Loop thread. */
+static void front_run(struct front *f)
+{
+    MHD_UNSIGNED_LONG_LONG ms;
+
+    f->rerun = false;
+    (void)MHD_run(f->d);
+    if (f->rerun) /* resumed from inside MHD_run(): an answer found at once */
+        f->timer.due_ms = 0;
+    else
+        f->timer.due_ms = MHD_get_timeout(f->d, &ms) == MHD_YES ? now_ms() + ms : UINT64_MAX;
+}
+
+static void on_events(void *ctx, uint32_t events)
+{
+    (void)events;
+    front_run(ctx);
+}
+
+static void on_timer(void *ctx) { front_run(ctx); }
+
+int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
+                struct front **ret)
 {
     struct front *f = calloc(1, sizeof(*f));
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     unsigned timeout_s = (unsigned)((cfg->client_timeout_ms + 999) / 1000);
+    const union MHD_DaemonInfo *info;
+    int err = -EADDRINUSE;
 
     if (!f)
         return -ENOMEM;
     f->cfg = cfg;
     f->pl = pl;
+    f->loop = loop;
     f->quiesced_fd = -1;
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
@@ -239,20 +294,38 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct front **re
         MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
         timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)FRONT_CONNECTION_MEMORY, MHD_OPTION_END);
-    if (!f->d) {
-        free(f);
-        return -EADDRINUSE;
-    }
+    if (!f->d)
+        goto fail;
+    info = MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_EPOLL_FD);
+    err = -EINVAL;
+    if (!info)
+        goto fail;
+    f->watch = (struct loop_watch){ .fn = on_events, .ctx = f, .fd = info->epoll_fd };
+    f->timer = (struct loop_timer){ .fn = on_timer, .ctx = f, .due_ms = 0 };
+    f->kick = (struct loop_task){ .fn = on_kick, .ctx = f };
+    err = loop_timer_add(loop, &f->timer);
+    if (err == 0)
+        err = loop_watch_add(loop, &f->watch, EPOLLIN);
+    if (err < 0)
+        goto fail;
+    f->watched = true;
     *ret = f;
     return 0;
+
+fail:
+    if (f->d)
+        MHD_stop_daemon(f->d);
+    free(f);
+    return err;
 }
 
-void front_quiesce(struct front *f)
+static void quiesce(void *ctx)
 {
+    struct front *f = ctx;
     MHD_socket s = MHD_quiesce_daemon(f->d);
 
-    /* MHD's thread may still hold the socket in its epoll set, so it is closed
-     * only after MHD_stop_daemon(); shutdown() makes the kernel refuse new
+    /* MHD may still hold the socket in its epoll set, so it is closed only
+     * after MHD_stop_daemon(); shutdown() makes the kernel refuse new
      * connections now. */
     if (s == MHD_INVALID_SOCKET)
         return;
@@ -260,12 +333,16 @@ void front_quiesce(struct front *f)
     f->quiesced_fd = s;
 }
 
+void front_quiesce(struct front *f) { loop_call(f->loop, quiesce, f); }
+
 unsigned front_requests(const struct front *f) { return atomic_load(&f->requests); }
 
 void front_stop(struct front *f)
 {
     if (!f)
         return;
+    if (f->watched)
+        loop_watch_del(f->loop, &f->watch);
     MHD_stop_daemon(f->d);
     if (f->quiesced_fd >= 0)
         close(f->quiesced_fd);

@@ -13,6 +13,7 @@
 #include "idemproxy/config.h"
 #include "idemproxy/front.h"
 #include "idemproxy/log.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_redis.h"
@@ -28,6 +29,7 @@ extern char **environ;
 struct app {
     struct config cfg;
     struct worker_pool *pool;
+    struct loop *loop; /* runs the front end and the upstream */
     struct store *st;
     struct upstream *up;
     struct pipeline *pl;
@@ -139,6 +141,7 @@ static void watch_memory_store(struct app *app, struct memory_watch *w)
 static void app_down(struct app *app)
 {
     admin_stop(app->admin);
+    loop_stop(app->loop); /* no request is open: nothing is left for it to do */
     front_stop(app->front);
     if (app->pl)
         pipeline_stop(app->pl);
@@ -146,6 +149,7 @@ static void app_down(struct app *app)
     worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
     store_free(app->st);
     pipeline_free(app->pl);
+    loop_free(app->loop);
 }
 
 static int app_up(struct app *app)
@@ -179,7 +183,12 @@ static int app_up(struct app *app)
             return err;
         }
     }
-    err = upstream_new(&uo, &app->up);
+    err = loop_new(&app->loop);
+    if (err < 0) {
+        log_error("cannot create the event loop: %s", strerror(-err));
+        return err;
+    }
+    err = upstream_new(&uo, app->loop, &app->up);
     if (err < 0) {
         log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
                   strerror(-err));
@@ -188,10 +197,15 @@ static int app_up(struct app *app)
     err = pipeline_new(cfg, app->st, app->up, app->pool, &app->pl);
     if (err < 0)
         return err;
-    err = front_start(cfg, app->pl, &app->front);
+    err = front_start(cfg, app->pl, app->loop, &app->front);
     if (err < 0) {
         log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
                   cfg->listen.text);
+        return err;
+    }
+    err = loop_start(app->loop);
+    if (err < 0) {
+        log_error("cannot start the event loop thread: %s", strerror(-err));
         return err;
     }
     err = admin_start(cfg, app->st, &app->admin);

@@ -1,25 +1,24 @@
 /* SPDX-License-Identifier: MIT */
-/* Forwarding to the upstream. Any thread queues a transfer; one thread owns
- * the multi handle: it builds each transfer (easy handle, header list, the
- * record it fills), runs it and calls back. Easy handles are reused, and
- * everything a transfer allocates is allocated and freed on that one thread.
- * The queue and the stopping flag are the only state the threads share. */
+/* Forwarding to the upstream, on the event loop's thread, which owns the
+ * multi handle: it builds each transfer (easy handle, header list, the record
+ * it fills), runs it with curl's multi_socket API (curl's sockets are watched
+ * by the loop) and calls back. A transfer submitted on the loop thread starts
+ * at once; from another thread it is queued and the loop is handed a task.
+ * Easy handles are reused, and everything a transfer allocates is allocated
+ * and freed on the loop thread. */
 #include "idemproxy/upstream.h"
 
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <curl/curl.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 
-#define UPSTREAM_POLL_MS 1000 /* idle wait; submissions and stop wake the loop at once */
-#define UPSTREAM_EVENTS 256   /* socket events taken per epoll_wait() */
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
 #define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~20 KiB each) */
 
@@ -40,25 +39,24 @@ struct xfer {
 };
 
 struct upstream {
-    CURLM *multi; /* owned; loop thread only */
-    int epfd;     /* the loop's epoll set: curl's sockets and <wakefd> */
-    int wakefd;   /* eventfd: a submission or the stop wakes the loop */
-    pthread_t thread;
-    bool thread_started;
-    char *base_url; /* owned */
+    CURLM *multi;      /* owned; loop thread only */
+    struct loop *loop; /* borrowed */
+    char *base_url;    /* owned */
     size_t base_len;
     const char *prefix; /* in <base_url>: the path prefix, "" if none */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
 
-    pthread_mutex_t lock; /* guards the queue and <stopping> */
+    pthread_mutex_t lock; /* guards the queue, <posted> and <stopping> */
     struct xfer *queue_head, *queue_tail;
+    bool posted;            /* <drain> is on its way to the loop */
+    struct loop_task drain; /* takes the queue, on the loop thread */
     bool stopping;
 
     /* Loop thread only: */
-    struct xfer *running; /* transfers added to <multi> */
-    int64_t timer_due_ms; /* curl's timer: when to call it with CURL_SOCKET_TIMEOUT; -1: none */
-    CURL **idle;          /* easy handles kept for reuse, <nidle> of them */
+    struct xfer *running;    /* transfers added to <multi> */
+    struct loop_timer timer; /* curl's timer */
+    CURL **idle;             /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
     struct buf conn, xff, line, url, method; /* scratch, reused */
 };
@@ -450,18 +448,15 @@ out: /* curl copied the strings */
     return r;
 }
 
-static void loop_wake(struct upstream *up)
-{
-    uint64_t one = 1;
-
-    (void)!write(up->wakefd, &one, sizeof(one));
-}
+static int xfer_start(struct upstream *up, struct xfer *x);
+static void running_add(struct upstream *up, struct xfer *x);
 
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx)
 {
     struct xfer *x = calloc(1, sizeof(*x));
-    bool wake;
+    bool post;
+    int err;
 
     if (!x)
         return -ENOMEM;
@@ -471,23 +466,43 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
     x->ctx = ctx;
     x->start_ms = now_ms();
 
+    if (loop_on_thread(up->loop)) {
+        /* No callback can come from inside: curl reports in a later turn. */
+        err = up->stopping ? -ECANCELED : xfer_start(up, x);
+        if (err < 0) {
+            xfer_free(x);
+            return err;
+        }
+        running_add(up, x);
+        return 0;
+    }
     pthread_mutex_lock(&up->lock);
     if (up->stopping) {
         pthread_mutex_unlock(&up->lock);
         free(x);
         return -ECANCELED;
     }
-    wake = !up->queue_tail; /* else the loop has yet to take the queue: it was woken */
     if (up->queue_tail) {
         up->queue_tail->next = x;
     } else {
         up->queue_head = x;
     }
     up->queue_tail = x;
-    if (wake)
-        loop_wake(up);
+    post = !up->posted;
+    up->posted = true;
+    /* Under the lock: the task is in <up>, which upstream_free() frees only
+     * after the loop has run every task posted before it. */
+    err = post ? loop_post(up->loop, &up->drain) : 0;
+    if (err < 0) {
+        up->posted = false;
+        up->queue_head = x->next; /* the loop has stopped: it never takes the queue */
+        if (!up->queue_head)
+            up->queue_tail = NULL;
+    }
     pthread_mutex_unlock(&up->lock);
-    return 0;
+    if (err < 0)
+        free(x);
+    return err;
 }
 
 /* Builds the transfer of <x> (loop thread) and adds it to the multi handle. */
@@ -549,26 +564,82 @@ static void drain_done(struct upstream *up)
     }
 }
 
-/* curl's socket callback: keeps the epoll set in step with the sockets
- * curl wants watched (the multi_socket API: only sockets with events are
- * looked at, never every transfer on every wake-up). */
+/* Starts the transfers queued by other threads. Loop thread. */
+static void on_drain(void *ctx)
+{
+    struct upstream *up = ctx;
+    struct xfer *queue, *x;
+    bool stopping;
+    int err;
+
+    pthread_mutex_lock(&up->lock);
+    queue = up->queue_head;
+    up->queue_head = up->queue_tail = NULL;
+    up->posted = false;
+    stopping = up->stopping;
+    pthread_mutex_unlock(&up->lock);
+    while ((x = queue)) {
+        queue = x->next;
+        x->next = NULL;
+        if (stopping)
+            xfer_finish(x, -ECANCELED);
+        else if ((err = xfer_start(up, x)) < 0)
+            xfer_finish(x, err);
+        else
+            running_add(up, x);
+    }
+}
+
+/* One socket curl wants watched. */
+struct sock {
+    struct loop_watch watch;
+    struct upstream *up;
+};
+
+static void on_sock_events(void *ctx, uint32_t events)
+{
+    struct sock *sk = ctx;
+    struct upstream *up = sk->up;
+    int flags = 0, still;
+
+    if (events & EPOLLIN)
+        flags |= CURL_CSELECT_IN;
+    if (events & EPOLLOUT)
+        flags |= CURL_CSELECT_OUT;
+    if (events & (EPOLLERR | EPOLLHUP))
+        flags |= CURL_CSELECT_ERR;
+    (void)curl_multi_socket_action(up->multi, sk->watch.fd, flags, &still); /* may free <sk> */
+    drain_done(up);
+}
+
+/* curl's socket callback: keeps the loop's epoll set in step with the sockets
+ * curl wants watched, so that only sockets with events are looked at. */
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     struct upstream *up = userp;
-    struct epoll_event ev = { .data.fd = fd };
+    struct sock *sk = socketp;
+    uint32_t events = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
 
     (void)easy;
     if (what == CURL_POLL_REMOVE) {
-        (void)epoll_ctl(up->epfd, EPOLL_CTL_DEL, fd, NULL); /* may be closed already */
+        if (sk) {
+            loop_watch_del(up->loop, &sk->watch); /* the fd may be closed already */
+            (void)curl_multi_assign(up->multi, fd, NULL);
+            free(sk);
+        }
         return 0;
     }
-    ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
-    if (!socketp) {
-        (void)curl_multi_assign(up->multi, fd, up); /* marks it as in the set */
-        if (epoll_ctl(up->epfd, EPOLL_CTL_ADD, fd, &ev) == 0 || errno != EEXIST)
-            return 0;
+    if (sk)
+        return loop_watch_mod(up->loop, &sk->watch, events) < 0 ? -1 : 0;
+    sk = malloc(sizeof(*sk));
+    if (!sk)
+        return -1;
+    *sk = (struct sock){ .watch = { .fn = on_sock_events, .ctx = sk, .fd = fd }, .up = up };
+    if (loop_watch_add(up->loop, &sk->watch, events) < 0) {
+        free(sk);
+        return -1;
     }
-    (void)epoll_ctl(up->epfd, EPOLL_CTL_MOD, fd, &ev);
+    (void)curl_multi_assign(up->multi, fd, sk);
     return 0;
 }
 
@@ -578,83 +649,48 @@ static int on_timer(CURLM *multi, long timeout_ms, void *userp)
     struct upstream *up = userp;
 
     (void)multi;
-    up->timer_due_ms = timeout_ms < 0 ? -1 : (int64_t)(now_ms() + (uint64_t)timeout_ms);
+    up->timer.due_ms = timeout_ms < 0 ? UINT64_MAX : now_ms() + (uint64_t)timeout_ms;
     return 0;
 }
 
-static void *loop_main(void *arg)
+static void on_timer_due(void *ctx)
 {
-    struct upstream *up = arg;
-    struct epoll_event evs[UPSTREAM_EVENTS];
+    struct upstream *up = ctx;
+    int still;
+
+    (void)curl_multi_socket_action(up->multi, CURL_SOCKET_TIMEOUT, 0, &still);
+    drain_done(up);
+}
+
+/* Ends every transfer with -ECANCELED and lets the sockets go. Loop thread,
+ * or any once the loop has stopped. */
+static void teardown(void *ctx)
+{
+    struct upstream *up = ctx;
     struct xfer *x;
 
-    for (;;) {
-        struct xfer *queue;
-        bool stopping;
-        int still, err, n, wait_ms = UPSTREAM_POLL_MS;
-
-        pthread_mutex_lock(&up->lock);
-        queue = up->queue_head;
-        up->queue_head = up->queue_tail = NULL;
-        stopping = up->stopping;
-        pthread_mutex_unlock(&up->lock);
-
-        while ((x = queue)) {
-            queue = x->next;
-            x->next = NULL;
-            if (stopping) {
-                xfer_finish(x, -ECANCELED);
-            } else if ((err = xfer_start(up, x)) < 0) {
-                xfer_finish(x, err);
-            } else {
-                running_add(up, x);
-            }
-        }
-        if (stopping)
-            break;
-        if (up->timer_due_ms >= 0) {
-            int64_t left = up->timer_due_ms - (int64_t)now_ms();
-
-            wait_ms = left <= 0 ? 0 : left < UPSTREAM_POLL_MS ? (int)left : UPSTREAM_POLL_MS;
-        }
-        n = epoll_wait(up->epfd, evs, UPSTREAM_EVENTS, wait_ms);
-        for (int i = 0; i < n; i++) {
-            int fd = evs[i].data.fd, flags = 0;
-            uint64_t v;
-
-            if (fd == up->wakefd) {
-                (void)!read(up->wakefd, &v, sizeof(v));
-                continue;
-            }
-            if (evs[i].events & EPOLLIN)
-                flags |= CURL_CSELECT_IN;
-            if (evs[i].events & EPOLLOUT)
-                flags |= CURL_CSELECT_OUT;
-            if (evs[i].events & (EPOLLERR | EPOLLHUP))
-                flags |= CURL_CSELECT_ERR;
-            (void)curl_multi_socket_action(up->multi, fd, flags, &still);
-        }
-        if (up->timer_due_ms >= 0 && (int64_t)now_ms() >= up->timer_due_ms) {
-            up->timer_due_ms = -1;
-            (void)curl_multi_socket_action(up->multi, CURL_SOCKET_TIMEOUT, 0, &still);
-        }
-        drain_done(up);
-    }
-
+    pthread_mutex_lock(&up->lock);
+    up->stopping = true;
+    pthread_mutex_unlock(&up->lock);
+    on_drain(up); /* what other threads queued, cancelled */
     while ((x = up->running)) {
         running_remove(up, x);
         (void)curl_multi_remove_handle(up->multi, x->easy);
         xfer_finish(x, -ECANCELED);
     }
-    return NULL;
+    curl_multi_cleanup(up->multi); /* its sockets leave the loop */
+    up->multi = NULL;
+    up->timer.due_ms = UINT64_MAX;
 }
 
-int upstream_new(const struct upstream_options *opt, struct upstream **ret)
+static void nothing(void *ctx) { (void)ctx; }
+
+int upstream_new(const struct upstream_options *opt, struct loop *loop, struct upstream **ret)
 {
     struct upstream *up;
     int r = -ENOMEM;
 
-    if (!opt || !opt->base_url)
+    if (!opt || !opt->base_url || !loop)
         return -EINVAL;
     pthread_once(&global_once, global_init);
     if (global_rc != CURLE_OK)
@@ -664,11 +700,11 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     if (!up)
         return -ENOMEM;
     pthread_mutex_init(&up->lock, NULL);
+    up->loop = loop;
+    up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
+    up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
     up->conn = up->xff = up->line = up->url = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
-    up->timer_due_ms = -1;
-    up->epfd = epoll_create1(EPOLL_CLOEXEC);
-    up->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
     up->base_len = strlen(opt->base_url);
@@ -677,9 +713,7 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
     }
     up->base_url = strndup(opt->base_url, up->base_len);
     up->multi = curl_multi_init();
-    if (!up->base_url || !up->multi || !up->idle || up->epfd < 0 || up->wakefd < 0 ||
-        epoll_ctl(up->epfd, EPOLL_CTL_ADD, up->wakefd,
-                  &(struct epoll_event){ .events = EPOLLIN, .data.fd = up->wakefd }) < 0 ||
+    if (!up->base_url || !up->multi || !up->idle ||
         curl_multi_setopt(up->multi, CURLMOPT_SOCKETFUNCTION, on_socket) != CURLM_OK ||
         curl_multi_setopt(up->multi, CURLMOPT_SOCKETDATA, up) != CURLM_OK ||
         curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, on_timer) != CURLM_OK ||
@@ -695,10 +729,9 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret)
             curl_multi_setopt(up->multi, CURLMOPT_MAXCONNECTS, n) != CURLM_OK)
             goto fail;
     }
-    r = -pthread_create(&up->thread, NULL, loop_main, up);
+    r = loop_timer_add(loop, &up->timer);
     if (r < 0)
         goto fail;
-    up->thread_started = true;
     *ret = up;
     return 0;
 
@@ -711,18 +744,11 @@ void upstream_free(struct upstream *up)
 {
     if (!up)
         return;
-    if (up->thread_started) {
-        pthread_mutex_lock(&up->lock);
-        up->stopping = true;
-        pthread_mutex_unlock(&up->lock);
-        loop_wake(up);
-        pthread_join(up->thread, NULL); /* the loop finished every transfer */
-    }
-    curl_multi_cleanup(up->multi);
-    if (up->epfd >= 0)
-        close(up->epfd);
-    if (up->wakefd >= 0)
-        close(up->wakefd);
+    if (up->multi)
+        loop_call(up->loop, teardown, up);
+    /* A drain task posted before the stop may still be queued: it runs before
+     * this one, and finds nothing to do. */
+    loop_call(up->loop, nothing, NULL);
     while (up->nidle > 0)
         curl_easy_cleanup(up->idle[--up->nidle]);
     free(up->idle);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* The client-facing HTTP server (libmicrohttpd, one internal epoll thread):
- * request intake, body chunks into the pipeline, suspend while the store and
- * the upstream work, resume with the answer. Never waits on Redis or upstream. */
+/* The client-facing HTTP server (libmicrohttpd in epoll mode, run by the event
+ * loop): request intake, body chunks into the pipeline, suspend while the
+ * store and the upstream work, resume with the answer. Never waits on Redis
+ * or upstream. */
 #ifndef IDEMPROXY_FRONT_H
 #define IDEMPROXY_FRONT_H
 
@@ -9,21 +10,24 @@
 
 struct config;
 struct front;
+struct loop;
 struct pipeline;
 
-/* Listens on cfg->listen and serves through <pl> (both borrowed: they must
- * outlive the front end). Returns 0 with it in <ret>, or a negative errno
- * (-EADDRINUSE and the like when the address cannot be bound). */
-int front_start(const struct config *cfg, struct pipeline *pl, struct front **ret);
+/* Listens on cfg->listen and serves through <pl>, run by <loop> (all
+ * borrowed: they must outlive the front end; the loop must not be running
+ * yet). Returns 0 with it in <ret>, or a negative errno (-EADDRINUSE and the
+ * like when the address cannot be bound). */
+int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
+                struct front **ret);
 
-/* Stops accepting new connections; open ones are still served. */
+/* Stops accepting new connections; open ones are still served. Any thread. */
 void front_quiesce(struct front *f);
 
 /* Requests that are open: read, running, or being answered. */
 unsigned front_requests(const struct front *f);
 
-/* Stops the server and frees it. Only call when front_requests() is 0 (no
- * connection is suspended). NULL-safe. */
+/* Stops the server and frees it. Only call once the loop has stopped and
+ * front_requests() is 0 (no connection is suspended). NULL-safe. */
 void front_stop(struct front *f);
 
 #endif

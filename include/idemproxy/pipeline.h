@@ -64,6 +64,7 @@ struct req {
     struct req *wait_next;    /* in the pipeline's waiting list */
     req_done_fn *done;
     void *done_ctx;
+    void *conn; /* the front end's handle of the client connection */
 
     /* The answer, set once by the pipeline. */
     struct record *answer; /* owned reference */

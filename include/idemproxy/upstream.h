@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* Forwarding to the upstream: a libcurl multi handle driven by one event-loop
  * thread; connections kept alive and reused. Requests are handed over from
- * any thread; their callbacks run on the upstream thread. */
+ * any thread; their callbacks run on the event loop's thread. */
 #ifndef IDEMPROXY_UPSTREAM_H
 #define IDEMPROXY_UPSTREAM_H
 
 #include "idemproxy/common.h"
 
 struct record;
+struct loop;
 struct upstream;
 
 struct upstream_header {
@@ -26,7 +27,7 @@ struct upstream_request {
     const char *proto;     /* X-Forwarded-Proto: "http" */
 };
 
-/* Runs exactly once per accepted request, on the upstream thread. <err> is 0
+/* Runs exactly once per accepted request, on the loop thread. <err> is 0
  * and <rec> the response (status, headers in order without hop-by-hop ones
  * and Content-Length, body; ownership of this reference passes to the
  * callback), or <err> is negative and <rec> NULL: -ECONNREFUSED (could not
@@ -42,8 +43,10 @@ struct upstream_options {
     unsigned max_connections; /* kept-alive connections to the upstream */
 };
 
-/* Starts the upstream thread. Returns 0 with it in <ret>, or a negative errno. */
-int upstream_new(const struct upstream_options *opt, struct upstream **ret);
+/* Creates the upstream client, run by <loop> (borrowed: it must outlive the
+ * client; it must not be running yet). Returns 0 with it in <ret>, or a
+ * negative errno. */
+int upstream_new(const struct upstream_options *opt, struct loop *loop, struct upstream **ret);
 
 /* Forwards <req>: method, raw target, end-to-end headers (hop-by-hop ones,
  * those named in Connection, Expect, Content-Length and the client's
@@ -51,15 +54,15 @@ int upstream_new(const struct upstream_options *opt, struct upstream **ret);
  * X-Forwarded-For appended with req->client_ip, X-Forwarded-Proto and
  * X-Forwarded-Host (the client's Host) set, no Expect: 100-continue, body.
  * <req> and everything it points to are borrowed: they must stay unchanged
- * until <done> runs (the upstream thread reads them when it starts the
+ * until <done> runs (the loop thread reads them when it starts the
  * transfer, and the body while sending it). Returns 0 when accepted (<done>
  * runs exactly once, never inside this call), or -ECANCELED once stopping,
  * -ENOMEM: <done> never runs. */
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx);
 
-/* Stops the thread: transfers still running are finished with -ECANCELED
- * (their callbacks run), then frees. NULL-safe. */
+/* Finishes the transfers still running with -ECANCELED (their callbacks run,
+ * on the loop thread while it runs), then frees. NULL-safe. */
 void upstream_free(struct upstream *up);
 
 #endif

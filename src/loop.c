@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: MIT */
+#include "idemproxy/loop.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define LOOP_TIMERS 4
+#define LOOP_EVENTS 256
+#define LOOP_IDLE_MS 1000 /* the longest wait: nothing here needs less when idle */
+
+struct loop {
+    int epfd;
+    int wakefd; /* eventfd: a task was posted, or the stop */
+    struct loop_watch wake;
+    struct loop_timer *timers[LOOP_TIMERS];
+    unsigned ntimers;
+    pthread_t thread;
+    bool started;
+    atomic_bool running; /* the thread is in its loop: loop_call() must post */
+
+    pthread_mutex_t mu; /* guards the task list and <stopping> */
+    struct loop_task *head, *tail;
+    bool stopping;
+};
+
+static _Thread_local const struct loop *current;
+
+int loop_new(struct loop **ret)
+{
+    struct loop *l = calloc(1, sizeof(*l));
+
+    if (!l)
+        return -ENOMEM;
+    pthread_mutex_init(&l->mu, NULL);
+    l->epfd = epoll_create1(EPOLL_CLOEXEC);
+    l->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    l->wake = (struct loop_watch){ .fn = NULL, .ctx = NULL, .fd = l->wakefd };
+    if (l->epfd < 0 || l->wakefd < 0 || loop_watch_add(l, &l->wake, EPOLLIN) < 0) {
+        loop_free(l);
+        return -EMFILE;
+    }
+    *ret = l;
+    return 0;
+}
+
+int loop_watch_add(struct loop *l, struct loop_watch *w, uint32_t events)
+{
+    struct epoll_event ev = { .events = events, .data.ptr = w };
+
+    return epoll_ctl(l->epfd, EPOLL_CTL_ADD, w->fd, &ev) < 0 ? -errno : 0;
+}
+
+int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events)
+{
+    struct epoll_event ev = { .events = events, .data.ptr = w };
+
+    return epoll_ctl(l->epfd, EPOLL_CTL_MOD, w->fd, &ev) < 0 ? -errno : 0;
+}
+
+void loop_watch_del(struct loop *l, struct loop_watch *w)
+{
+    (void)epoll_ctl(l->epfd, EPOLL_CTL_DEL, w->fd, NULL); /* the fd may be closed already */
+}
+
+int loop_timer_add(struct loop *l, struct loop_timer *t)
+{
+    if (l->ntimers == LOOP_TIMERS)
+        return -ENOSPC;
+    l->timers[l->ntimers++] = t;
+    return 0;
+}
+
+static void wake(struct loop *l)
+{
+    uint64_t one = 1;
+
+    (void)!write(l->wakefd, &one, sizeof(one));
+}
+
+int loop_post(struct loop *l, struct loop_task *t)
+{
+    bool was_empty;
+
+    t->next = NULL;
+    pthread_mutex_lock(&l->mu);
+    if (l->stopping) {
+        pthread_mutex_unlock(&l->mu);
+        return -ECANCELED;
+    }
+    was_empty = !l->head;
+    if (l->tail)
+        l->tail->next = t;
+    else
+        l->head = t;
+    l->tail = t;
+    /* Under the lock, so that loop_free() cannot close the eventfd meanwhile.
+     * A list that was not empty has a wake-up on its way already. */
+    if (was_empty)
+        wake(l);
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
+/* Runs the tasks posted so far. Returns true once the loop is to stop. */
+static bool run_tasks(struct loop *l)
+{
+    struct loop_task *t;
+    bool stopping;
+    uint64_t v;
+
+    (void)!read(l->wakefd, &v, sizeof(v));
+    pthread_mutex_lock(&l->mu);
+    t = l->head;
+    l->head = l->tail = NULL;
+    stopping = l->stopping;
+    pthread_mutex_unlock(&l->mu);
+    while (t) {
+        struct loop_task *next = t->next; /* <t> may be gone once it has run */
+
+        t->fn(t->ctx);
+        t = next;
+    }
+    return stopping;
+}
+
+struct call {
+    loop_fn *fn;
+    void *ctx;
+    struct loop_task task;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+};
+
+static void call_run(void *ctx)
+{
+    struct call *c = ctx;
+
+    c->fn(c->ctx);
+    pthread_mutex_lock(&c->mu);
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void loop_call(struct loop *l, loop_fn *fn, void *ctx)
+{
+    struct call c = { .fn = fn, .ctx = ctx, .done = false };
+
+    if (loop_on_thread(l) || !atomic_load(&l->running)) {
+        fn(ctx);
+        return;
+    }
+    c.task = (struct loop_task){ .fn = call_run, .ctx = &c };
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
+    if (loop_post(l, &c.task) < 0) {
+        fn(ctx); /* stopped meanwhile: the thread is gone or going */
+    } else {
+        pthread_mutex_lock(&c.mu);
+        while (!c.done)
+            pthread_cond_wait(&c.cv, &c.mu);
+        pthread_mutex_unlock(&c.mu);
+    }
+    pthread_cond_destroy(&c.cv);
+    pthread_mutex_destroy(&c.mu);
+}
+
+bool loop_on_thread(const struct loop *l) { return current == l; }
+
+static void *loop_main(void *arg)
+{
+    struct loop *l = arg;
+    struct epoll_event evs[LOOP_EVENTS];
+
+    current = l;
+    for (;;) {
+        uint64_t now = now_ms(), due = now + LOOP_IDLE_MS;
+        int n;
+
+        for (unsigned i = 0; i < l->ntimers; i++) {
+            if (l->timers[i]->due_ms < due)
+                due = l->timers[i]->due_ms;
+        }
+        n = epoll_wait(l->epfd, evs, LOOP_EVENTS, due <= now ? 0 : (int)(due - now));
+        for (int i = 0; i < n; i++) {
+            struct loop_watch *w = evs[i].data.ptr;
+
+            if (w == &l->wake) {
+                if (run_tasks(l))
+                    goto out;
+                continue;
+            }
+            w->fn(w->ctx, evs[i].events);
+        }
+        now = now_ms();
+        for (unsigned i = 0; i < l->ntimers; i++) {
+            struct loop_timer *t = l->timers[i];
+
+            if (t->due_ms <= now) {
+                t->due_ms = UINT64_MAX;
+                t->fn(t->ctx);
+            }
+        }
+    }
+out:
+    atomic_store(&l->running, false);
+    current = NULL;
+    return NULL;
+}
+
+int loop_start(struct loop *l)
+{
+    int err;
+
+    atomic_store(&l->running, true);
+    err = -pthread_create(&l->thread, NULL, loop_main, l);
+    if (err < 0) {
+        atomic_store(&l->running, false);
+        return err;
+    }
+    l->started = true;
+    return 0;
+}
+
+void loop_stop(struct loop *l)
+{
+    if (!l || !l->started)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stopping = true;
+    wake(l);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    l->started = false;
+}
+
+void loop_free(struct loop *l)
+{
+    if (!l)
+        return;
+    loop_stop(l);
+    if (l->epfd >= 0)
+        close(l->epfd);
+    if (l->wakefd >= 0)
+        close(l->wakefd);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
