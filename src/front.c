@@ -42,11 +42,15 @@ struct front {
      * connection needs MHD to run. From another thread that is this task. */
     struct loop_task kick;
     atomic_bool kick_posted;
-    bool rerun;      /* a connection was resumed on the loop thread: MHD must run again */
-    int quiesced_fd; /* the listening socket after front_quiesce(), -1 before */
+    bool rerun;          /* a connection was resumed on the loop thread: MHD must run again */
+    int quiesced_fd;     /* the listening socket after front_quiesce(), -1 before */
+    struct upstream *up; /* borrowed: the upstream on the same loop */
     atomic_uint requests;
-    atomic_uint connections; /* open client sockets, for --max-connections */
 };
+
+/* Open client sockets of every front end of the process (one per loop, on
+ * one port): --max-connections bounds them together. */
+static atomic_uint connections;
 
 /* Beyond --max-connections a new connection is closed at once: MHD itself
  * would leave it waiting in the listen backlog (it stops accepting at its
@@ -57,7 +61,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
 
     (void)addr;
     (void)addrlen;
-    if (atomic_load_explicit(&f->connections, memory_order_relaxed) < f->cfg->max_connections)
+    if (atomic_load_explicit(&connections, memory_order_relaxed) < f->cfg->max_connections)
         return MHD_YES;
     log_debug("refused a connection: --max-connections (%u) reached", f->cfg->max_connections);
     return MHD_NO;
@@ -66,14 +70,13 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    struct front *f = cls;
-
+    (void)cls;
     (void)conn;
     (void)socket_context;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED)
-        atomic_fetch_add_explicit(&f->connections, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&connections, 1, memory_order_relaxed);
     else
-        atomic_fetch_sub_explicit(&f->connections, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
 }
 
 /* Runs first for every request, with the target exactly as received (the
@@ -92,6 +95,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
         return NULL;
     }
     r->target = span_from_cstr(r->target_buf);
+    r->up = f->up;
     atomic_fetch_add_explicit(&f->requests, 1, memory_order_relaxed);
     return r;
 }
@@ -269,7 +273,7 @@ static void on_events(void *ctx, uint32_t events)
 static void on_timer(void *ctx) { front_run(ctx); }
 
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
-                struct front **ret)
+                struct upstream *up, struct front **ret)
 {
     struct front *f = calloc(1, sizeof(*f));
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -282,6 +286,7 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     f->cfg = cfg;
     f->pl = pl;
     f->loop = loop;
+    f->up = up;
     f->quiesced_fd = -1;
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;

@@ -21,6 +21,7 @@
 #include "idemproxy/worker.h"
 
 #define STORE_THREADS 8
+#define MAX_LOOPS 8 /* event loops: one per CPU, up to this */
 #define MIN_CAPTURE_BYTES (64u << 20)
 #define REAP_INTERVAL_MS 1000 /* the memory store reclaims expired records this often */
 
@@ -29,11 +30,14 @@ extern char **environ;
 struct app {
     struct config cfg;
     struct worker_pool *pool;
-    struct loop *loop; /* runs the front end and the upstream */
     struct store *st;
-    struct upstream *up;
     struct pipeline *pl;
-    struct front *front;
+    /* One event loop per CPU, each running a front end (all on the listen
+     * address) and the upstream client its requests are forwarded with. */
+    unsigned nloops;
+    struct loop *loops[MAX_LOOPS];
+    struct upstream *ups[MAX_LOOPS];
+    struct front *fronts[MAX_LOOPS];
     struct admin *admin;
 };
 
@@ -46,11 +50,20 @@ static int wait_signal(const sigset_t *set, uint64_t ms)
     return sig > 0 ? sig : 0;
 }
 
+static unsigned app_requests(const struct app *app)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < app->nloops; i++)
+        n += app->fronts[i] ? front_requests(app->fronts[i]) : 0;
+    return n;
+}
+
 /* Waits until no request is open, up to <deadline_ms>. A second signal ends
  * the wait: the operator asked to stop at once. Returns true when drained. */
 static bool drain(struct app *app, const sigset_t *set, uint64_t deadline_ms, bool *ret_forced)
 {
-    while (front_requests(app->front) > 0) {
+    while (app_requests(app) > 0) {
         if (now_ms() >= deadline_ms)
             return false;
         if (wait_signal(set, 50)) {
@@ -141,15 +154,19 @@ static void watch_memory_store(struct app *app, struct memory_watch *w)
 static void app_down(struct app *app)
 {
     admin_stop(app->admin);
-    loop_stop(app->loop); /* no request is open: nothing is left for it to do */
-    front_stop(app->front);
+    for (unsigned i = 0; i < app->nloops; i++)
+        loop_stop(app->loops[i]); /* no request is open: nothing is left for them to do */
+    for (unsigned i = 0; i < app->nloops; i++)
+        front_stop(app->fronts[i]);
     if (app->pl)
         pipeline_stop(app->pl);
-    upstream_free(app->up);
+    for (unsigned i = 0; i < app->nloops; i++)
+        upstream_free(app->ups[i]);
     worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
     store_free(app->st);
     pipeline_free(app->pl);
-    loop_free(app->loop);
+    for (unsigned i = 0; i < app->nloops; i++)
+        loop_free(app->loops[i]);
 }
 
 static int app_up(struct app *app)
@@ -163,6 +180,7 @@ static int app_up(struct app *app)
         .max_capture_bytes = capture,
         .max_connections = cfg->max_connections,
     };
+    long ncpu;
     int err;
 
     err = worker_pool_new(STORE_THREADS, &app->pool);
@@ -183,30 +201,36 @@ static int app_up(struct app *app)
             return err;
         }
     }
-    err = loop_new(&app->loop);
-    if (err < 0) {
-        log_error("cannot create the event loop: %s", strerror(-err));
-        return err;
-    }
-    err = upstream_new(&uo, app->loop, &app->up);
-    if (err < 0) {
-        log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
-                  strerror(-err));
-        return err;
-    }
-    err = pipeline_new(cfg, app->st, app->up, app->pool, &app->pl);
+    err = pipeline_new(cfg, app->st, app->pool, &app->pl);
     if (err < 0)
         return err;
-    err = front_start(cfg, app->pl, app->loop, &app->front);
-    if (err < 0) {
-        log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
-                  cfg->listen.text);
-        return err;
+    ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    app->nloops = ncpu < 1 ? 1 : ncpu > MAX_LOOPS ? MAX_LOOPS : (unsigned)ncpu;
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = loop_new(&app->loops[i]);
+        if (err < 0) {
+            log_error("cannot create an event loop: %s", strerror(-err));
+            return err;
+        }
+        err = upstream_new(&uo, app->loops[i], &app->ups[i]);
+        if (err < 0) {
+            log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
+                      strerror(-err));
+            return err;
+        }
+        err = front_start(cfg, app->pl, app->loops[i], app->ups[i], &app->fronts[i]);
+        if (err < 0) {
+            log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
+                      cfg->listen.text);
+            return err;
+        }
     }
-    err = loop_start(app->loop);
-    if (err < 0) {
-        log_error("cannot start the event loop thread: %s", strerror(-err));
-        return err;
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = loop_start(app->loops[i]);
+        if (err < 0) {
+            log_error("cannot start an event loop thread: %s", strerror(-err));
+            return err;
+        }
     }
     err = admin_start(cfg, app->st, &app->admin);
     if (err < 0) {
@@ -266,22 +290,25 @@ int main(int argc, char **argv)
         watch_memory_store(&app, &watch);
     } while (!sig);
     log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),
-             front_requests(app.front), app.cfg.shutdown_timeout_ms / 1000.0);
-    front_quiesce(app.front);
+             app_requests(&app), app.cfg.shutdown_timeout_ms / 1000.0);
+    for (unsigned i = 0; i < app.nloops; i++)
+        front_quiesce(app.fronts[i]);
     pipeline_quiesce(app.pl);
     if (!drain(&app, &set, now_ms() + app.cfg.shutdown_timeout_ms, &forced) && !forced) {
         /* Cut the upstream calls still running: their locks are released and
          * their clients answered, which the store needs a moment for. */
         log_warn("--shutdown-timeout reached with %u requests open: cancelling them",
-                 front_requests(app.front));
+                 app_requests(&app));
         pipeline_detach_upstream(app.pl);
-        upstream_free(app.up);
-        app.up = NULL;
+        for (unsigned i = 0; i < app.nloops; i++) {
+            upstream_free(app.ups[i]);
+            app.ups[i] = NULL;
+        }
         (void)drain(&app, &set, now_ms() + 2 * app.cfg.store_timeout_ms + 1000, &forced);
     }
-    if (forced || front_requests(app.front) > 0) {
+    if (forced || app_requests(&app) > 0) {
         log_warn("exiting with %u requests open; their locks expire within --lock-ttl",
-                 front_requests(app.front));
+                 app_requests(&app));
         _exit(0);
     }
     app_down(&app);

@@ -36,8 +36,8 @@ struct pipeline {
     const struct config *cfg;
     struct store *st;
     struct worker_pool *pool;
-    pthread_mutex_t up_lock; /* guards <up> against pipeline_detach_upstream() */
-    struct upstream *up;     /* borrowed; NULL once detached */
+    pthread_rwlock_t up_lock; /* guards <detached> against forwarding */
+    bool detached;            /* no request is forwarded any more */
     atomic_uint inflight;
     atomic_bool stopping;
     atomic_bool draining; /* SIGTERM: no duplicate is held any more */
@@ -668,10 +668,10 @@ static void forward(struct req *r)
         .proto = "http",
     };
     r->upstream_sent_us = metrics_now_us();
-    pthread_mutex_lock(&pl->up_lock);
-    if (pl->up)
-        err = upstream_submit(pl->up, &r->up_req, on_upstream, r);
-    pthread_mutex_unlock(&pl->up_lock);
+    pthread_rwlock_rdlock(&pl->up_lock);
+    if (!pl->detached && r->up)
+        err = upstream_submit(r->up, &r->up_req, on_upstream, r);
+    pthread_rwlock_unlock(&pl->up_lock);
     if (err < 0)
         on_upstream(r, err, NULL, 0);
 }
@@ -973,8 +973,8 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
 
 /* ---- Lifecycle ---- */
 
-int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up,
-                 struct worker_pool *pool, struct pipeline **ret)
+int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
+                 struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
 
@@ -982,9 +982,8 @@ int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up
         return -ENOMEM;
     pl->cfg = cfg;
     pl->st = st;
-    pl->up = up;
     pl->pool = pool;
-    pthread_mutex_init(&pl->up_lock, NULL);
+    pthread_rwlock_init(&pl->up_lock, NULL);
     pthread_mutex_init(&pl->wait_lock, NULL);
     pthread_mutex_init(&pl->lease_lock, NULL);
     pl->beat_every_ms = cfg->lock_ttl_ms / 3 ? cfg->lock_ttl_ms / 3 : 1;
@@ -1013,9 +1012,9 @@ unsigned pipeline_inflight(const struct pipeline *pl) { return atomic_load(&pl->
 
 void pipeline_detach_upstream(struct pipeline *pl)
 {
-    pthread_mutex_lock(&pl->up_lock);
-    pl->up = NULL;
-    pthread_mutex_unlock(&pl->up_lock);
+    pthread_rwlock_wrlock(&pl->up_lock);
+    pl->detached = true;
+    pthread_rwlock_unlock(&pl->up_lock);
 }
 
 void pipeline_stop(struct pipeline *pl) { atomic_store(&pl->stopping, true); }
@@ -1026,7 +1025,7 @@ void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
         return;
-    pthread_mutex_destroy(&pl->up_lock);
+    pthread_rwlock_destroy(&pl->up_lock);
     pthread_mutex_destroy(&pl->wait_lock);
     pthread_mutex_destroy(&pl->lease_lock);
     free(pl);

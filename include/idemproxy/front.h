@@ -12,13 +12,16 @@ struct config;
 struct front;
 struct loop;
 struct pipeline;
+struct upstream;
 
-/* Listens on cfg->listen and serves through <pl>, run by <loop> (all
- * borrowed: they must outlive the front end; the loop must not be running
- * yet). Returns 0 with it in <ret>, or a negative errno (-EADDRINUSE and the
- * like when the address cannot be bound). */
+/* Listens on cfg->listen and serves through <pl>, run by <loop>, forwarding
+ * to <up> (which runs on the same loop); all borrowed: they must outlive the
+ * front end, and the loop must not be running yet. Several front ends may
+ * listen on one address (SO_REUSEPORT: the kernel spreads connections over
+ * them). Returns 0 with it in <ret>, or a negative errno (-EADDRINUSE and
+ * the like when the address cannot be bound). */
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
-                struct front **ret);
+                struct upstream *up, struct front **ret);
 
 /* Stops accepting new connections; open ones are still served. Any thread. */
 void front_quiesce(struct front *f);

@@ -64,7 +64,8 @@ struct req {
     struct req *wait_next;    /* in the pipeline's waiting list */
     req_done_fn *done;
     void *done_ctx;
-    void *conn; /* the front end's handle of the client connection */
+    void *conn;          /* the front end's handle of the client connection */
+    struct upstream *up; /* where it is forwarded: the one on the front end's loop */
 
     /* The answer, set once by the pipeline. */
     struct record *answer; /* owned reference */
@@ -72,10 +73,10 @@ struct req {
     enum outcome outcome;
 };
 
-/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off),
- * <up> and <pool>: they must outlive it. Returns 0 or -ENOMEM. */
-int pipeline_new(const struct config *cfg, struct store *st, struct upstream *up,
-                 struct worker_pool *pool, struct pipeline **ret);
+/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off)
+ * and <pool>: they must outlive it. Returns 0 or -ENOMEM. */
+int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
+                 struct pipeline **ret);
 
 /* Returns a new request bound to <pl>, or NULL on OOM. */
 struct req *req_new(struct pipeline *pl);
@@ -112,8 +113,8 @@ void pipeline_account(struct pipeline *pl, struct req *r);
 /* Requests between pipeline_run() and their callback. */
 unsigned pipeline_inflight(const struct pipeline *pl);
 
-/* Makes every later forward fail with 502 instead of reaching <up>, so the
- * upstream can be freed while requests still finish. Thread-safe. */
+/* Makes every later forward fail with 502 instead of reaching an upstream, so
+ * the upstreams can be freed while requests still finish. Thread-safe. */
 void pipeline_detach_upstream(struct pipeline *pl);
 
 /* On SIGTERM: duplicates held by --wait get their 409 at once (within
