@@ -27,7 +27,7 @@ struct loop {
     bool stopping;
 };
 
-static _Thread_local const struct loop *current;
+static _Thread_local struct loop *current;
 
 int loop_new(struct loop **ret)
 {
@@ -171,6 +171,8 @@ void loop_call(struct loop *l, loop_fn *fn, void *ctx)
 }
 
 bool loop_on_thread(const struct loop *l) { return current == l; }
+
+struct loop *loop_current(void) { return current; }
 
 static void *loop_main(void *arg)
 {

@@ -63,6 +63,9 @@ void loop_call(struct loop *l, loop_fn *fn, void *ctx);
 /* True on the loop's thread. */
 bool loop_on_thread(const struct loop *l);
 
+/* The loop whose thread this is, or NULL. */
+struct loop *loop_current(void);
+
 /* Starts the loop's thread. Returns 0 or a negative errno. */
 int loop_start(struct loop *l);
 
