@@ -346,8 +346,10 @@ void front_stop(struct front *f)
 {
     if (!f)
         return;
-    if (f->watched)
+    if (f->watched) {
         loop_watch_del(f->loop, &f->watch);
+        loop_timer_del(f->loop, &f->timer);
+    }
     MHD_stop_daemon(f->d);
     if (f->quiesced_fd >= 0)
         close(f->quiesced_fd);

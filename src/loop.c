@@ -74,6 +74,16 @@ int loop_timer_add(struct loop *l, struct loop_timer *t)
     return 0;
 }
 
+void loop_timer_del(struct loop *l, struct loop_timer *t)
+{
+    for (unsigned i = 0; i < l->ntimers; i++) {
+        if (l->timers[i] == t) {
+            l->timers[i] = l->timers[--l->ntimers];
+            return;
+        }
+    }
+}
+
 static void wake(struct loop *l)
 {
     uint64_t one = 1;

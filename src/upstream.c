@@ -680,7 +680,7 @@ static void teardown(void *ctx)
     }
     curl_multi_cleanup(up->multi); /* its sockets leave the loop */
     up->multi = NULL;
-    up->timer.due_ms = UINT64_MAX;
+    loop_timer_del(up->loop, &up->timer);
 }
 
 static void nothing(void *ctx) { (void)ctx; }

@@ -49,8 +49,12 @@ int loop_watch_add(struct loop *l, struct loop_watch *w, uint32_t events);
 int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
 void loop_watch_del(struct loop *l, struct loop_watch *w);
 
-/* Registers <t> for good; before loop_start() only. Returns 0 or -ENOSPC. */
+/* Registers <t>; before loop_start() only. Returns 0 or -ENOSPC. */
 int loop_timer_add(struct loop *l, struct loop_timer *t);
+
+/* Unregisters <t>, so that its memory may go: on the loop thread, outside
+ * timer callbacks, or once the loop has stopped. */
+void loop_timer_del(struct loop *l, struct loop_timer *t);
 
 /* Runs <t>->fn on the loop thread, in posting order. Any thread. Returns 0, or
  * -ECANCELED once the loop has stopped: then it never runs. */

@@ -112,6 +112,9 @@ def test_client_disconnect_does_not_cancel(proxy, upstream):
     s.sendall(req)
     s.close()
     t0 = time.monotonic()
+    # The gone client's request reaches the upstream before any duplicate is
+    # sent: connections may be served by different event loops, in any order.
+    wait_for(lambda: upstream.hits("/slow") == 1, timeout=5, what="the upstream call")
     wait_completed(p, key, ("POST", "/slow?ms=800", [("Idempotency-Key", key)], body),
                    timeout=6)
     assert time.monotonic() - t0 >= 0.5
