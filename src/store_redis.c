@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* The Redis store. The hot operations (acquire, complete, release, extend)
- * each run one embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on one
- * asynchronous hiredis connection, owned by one loop thread: callers queue
- * ops, the loop sends every op queued in one write (pipelining) and calls
- * back from that thread as the replies come, in order. The operator calls
- * (inspect, purge), the readiness PING and the --wait subscriber stay on
- * blocking connections: one per worker pool thread, used by that thread only,
- * so no lock guards them. */
+ * each run one embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on an
+ * asynchronous hiredis connection of the calling event loop's own, driven by
+ * that loop: a request's ops are sent and answered on the thread that serves
+ * it, without waking another. Ops queued in one loop turn go out in one write
+ * (pipelining); replies call back on the loop thread, in order. Ops from
+ * other threads (heartbeats, --wait retries) are queued for the first loop.
+ * The operator calls (inspect, purge), the readiness PING and the --wait
+ * subscriber stay on blocking connections: one per worker pool thread, used
+ * by that thread only, so no lock guards them. */
 #include "idemproxy/store_redis.h"
 
 #include <assert.h>
@@ -19,12 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
 #include "lua_scripts.h"
@@ -70,6 +73,37 @@ struct op_list {
     struct op *head, *tail;
 };
 
+/* One event loop's connection for the hot operations, driven by that loop:
+ * a watch on the socket, a timer for the deadlines (and for work put off to
+ * a later turn), a task for ops queued from other threads. Everything below
+ * <stopping> belongs to the loop thread (or, once the loop has stopped, to
+ * the thread freeing the store). */
+struct rconn {
+    struct store_redis *st;
+    struct loop *loop; /* borrowed */
+    struct loop_watch watch;
+    struct loop_timer timer; /* registered on <loop> for good */
+    struct loop_task task;   /* posted when <queue> stops being empty */
+    pthread_mutex_t mu;
+    struct op_list queue;  /* guarded by mu: ops from other threads */
+    bool stopping;         /* guarded by mu: refuse ops from other threads */
+    redisAsyncContext *ac; /* NULL: not connected */
+    uint32_t events;       /* what the watch asks epoll for; 0: not watched */
+    uint64_t connect_due_ms;
+    uint64_t retry_at_ms;   /* no connect attempt before this */
+    uint64_t backoff_ms;    /* the wait after the last failed connect; 0: it worked */
+    unsigned setup_left;    /* AUTH, SELECT replies still awaited */
+    bool tcp_up;            /* connected, maybe not set up yet */
+    bool ready_to_send;     /* connected and set up */
+    bool want_write;        /* hiredis has output to flush */
+    bool gone;              /* hiredis let ac go; conn_gone() not run yet */
+    bool drop;              /* drop ac (asked from inside hiredis) */
+    int drop_err;           /* what the ops on a dropped connection get; 0: -ECONNRESET */
+    struct op_list later;   /* called on the loop thread, not sendable at once */
+    struct op_list waiting; /* waiting for the connection to be set up */
+    struct op_list sent;    /* sent, oldest first */
+};
+
 struct store_redis {
     struct store base;
     struct worker_pool *pool;   /* borrowed */
@@ -77,29 +111,9 @@ struct store_redis {
     struct timeval timeout;
     uint64_t timeout_ms;
 
-    /* The hot operations: queued by any thread, run by the loop thread. */
-    pthread_t loop;
-    bool loop_started;
-    int wake_fd; /* eventfd: written when an op lands in an empty queue */
-    pthread_mutex_t mu;
-    struct op_list queue; /* guarded by mu */
-    bool stopping;        /* guarded by mu: refuse new ops, end the loop once idle */
-    /* The loop thread's own: */
-    redisAsyncContext *ac; /* NULL: not connected */
-    uint64_t now;          /* now_ms() at the last wake-up */
-    uint64_t connect_due_ms;
-    uint64_t retry_at_ms;     /* no connect attempt before this */
-    uint64_t backoff_ms;      /* the wait after the last failed connect; 0: it worked */
-    unsigned setup_left;      /* AUTH, SELECT replies still awaited */
-    bool tcp_up;              /* connected, maybe not set up yet */
-    bool ready_to_send;       /* connected and set up */
-    bool want_write;          /* hiredis has output to flush */
-    bool gone;                /* hiredis let ac go; conn_gone() not run yet */
-    bool drop;                /* drop ac (asked from inside hiredis) */
-    int drop_err;             /* what the ops on a dropped connection get; 0: -ECONNRESET */
-    bool self_queued;         /* an op was queued from the loop thread */
-    struct op_list waiting;   /* taken from the queue, not sent yet */
-    struct op_list sent;      /* sent, oldest first */
+    struct rconn *rconns; /* owned array, one per loop */
+    unsigned nrconns;
+    atomic_bool stopping;     /* refuse ops called on a loop thread */
     struct redis_conn *conns; /* owned array, one per pool thread, used by that thread only */
     unsigned nconns;
     atomic_bool ready;
@@ -499,7 +513,7 @@ static int parse_ok_or_stale(const redisReply *r, struct store_result *res)
     return -EPROTO;
 }
 
-/* ---- the hot operations: one pipelined connection, one loop thread ---- */
+/* ---- the hot operations: one pipelined connection per event loop ---- */
 
 static void op_list_push(struct op_list *l, struct op *op)
 {
@@ -556,7 +570,7 @@ static void set_ready(struct store_redis *st, bool ready)
 }
 
 /* Calls <op> back with <err>, or with the result <reply> holds (err 0), and
- * frees it. Loop thread only, with <op> on no list. */
+ * frees it. On its connection's loop thread, with <op> on no list. */
 static void op_finish(struct op *op, int err, const redisReply *reply)
 {
     struct store_result res = { .rec = NULL };
@@ -581,23 +595,64 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
     op_free(op);
 }
 
-/* Fails every op of <l> with <err>. */
+/* Fails every op of <l> with <err>. Takes the list first: a callback may
+ * call again, and that op must not get this connection's error. */
 static void op_list_fail(struct op_list *l, int err)
 {
+    struct op_list ops = *l;
     struct op *op;
 
-    while ((op = l->head)) {
-        op_list_unlink(l, op);
+    *l = (struct op_list){ NULL, NULL };
+    while ((op = ops.head)) {
+        op_list_unlink(&ops, op);
         op_finish(op, err, NULL);
     }
+}
+
+/* Brings the timer forward to <due_ms>. */
+static void timer_arm(struct rconn *c, uint64_t due_ms)
+{
+    if (due_ms < c->timer.due_ms)
+        c->timer.due_ms = due_ms;
+}
+
+/* Sets the timer to the connection's next deadline: the connect's while it
+ * is being set up, else the oldest op's. */
+static void timer_rearm(struct rconn *c)
+{
+    uint64_t due = UINT64_MAX;
+
+    if (c->later.head)
+        due = 0;
+    else if (c->ac && !c->ready_to_send)
+        due = c->connect_due_ms;
+    else if (c->ac && c->sent.head)
+        due = c->sent.head->sent_ms + c->st->timeout_ms;
+    c->timer.due_ms = due;
+}
+
+/* Asks epoll for what hiredis needs: always input (EOF while idle shows at
+ * once), output while it has some to flush or while the connect runs (that
+ * is how it completes). */
+static void watch_update(struct rconn *c)
+{
+    uint32_t events = EPOLLIN;
+
+    if (!c->ac || !c->events)
+        return;
+    if (c->want_write || !(c->ac->c.flags & REDIS_CONNECTED))
+        events |= EPOLLOUT;
+    if (events != c->events && loop_watch_mod(c->loop, &c->watch, events) == 0)
+        c->events = events;
 }
 
 static void on_reply(redisAsyncContext *ac, void *r, void *privdata);
 
 /* Queues the script of <op> on the connection (EVALSHA, or EVAL once Redis
  * said NOSCRIPT): hiredis formats it into its output buffer, a copy of the
- * body too, which the next write sends along with every other op queued. */
-static int op_send(struct store_redis *st, struct op *op)
+ * body too, which the next write sends along with every other op queued
+ * meanwhile (pipelining). */
+static int op_send(struct rconn *c, struct op *op, uint64_t now)
 {
     const struct lua_script *s = &lua_scripts[op->script];
     const char *argv[8];
@@ -637,10 +692,12 @@ static int op_send(struct store_redis *st, struct op *op)
         lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
         argv[argc++] = ttl;
     }
-    if (redisAsyncCommandArgv(st->ac, on_reply, op, argc, argv, lens) != REDIS_OK)
+    if (redisAsyncCommandArgv(c->ac, on_reply, op, argc, argv, lens) != REDIS_OK)
         return -ECONNRESET;
-    op->sent_ms = st->now;
-    op_list_push(&st->sent, op);
+    op->sent_ms = now;
+    if (!c->sent.head)
+        timer_arm(c, now + c->st->timeout_ms);
+    op_list_push(&c->sent, op);
     return 0;
 }
 
@@ -648,14 +705,15 @@ static int op_send(struct store_redis *st, struct op *op)
  * for every op still waiting, before its cleanup hook runs). */
 static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    struct store_redis *st = ac->data;
+    struct rconn *c = ac->data;
+    struct store_redis *st = c->st;
     struct op *op = privdata;
     const redisReply *reply = r;
 
-    op_list_unlink(&st->sent, op);
+    op_list_unlink(&c->sent, op);
     if (!reply) {
         set_ready(st, false);
-        op_finish(op, st->drop_err ? st->drop_err : -ECONNRESET, NULL);
+        op_finish(op, c->drop_err ? c->drop_err : -ECONNRESET, NULL);
         return;
     }
     /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) means it
@@ -663,7 +721,7 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     if (reply->type == REDIS_REPLY_ERROR && !op->eval && is_error_reply(reply, "NOSCRIPT")) {
         set_ready(st, true);
         op->eval = true; /* EVAL caches it again for the EVALSHAs after it */
-        if (op_send(st, op) < 0)
+        if (op_send(c, op, now_ms()) < 0)
             op_finish(op, -ECONNRESET, NULL);
         return;
     }
@@ -674,118 +732,142 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
 /* A reply to AUTH or SELECT: anything but a status fails the connection. */
 static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    struct store_redis *st = ac->data;
+    struct rconn *c = ac->data;
     const redisReply *reply = r;
 
     (void)privdata;
     if (!reply)
         return; /* going: conn_gone() fails what waited for it */
     if (reply->type != REDIS_REPLY_STATUS) {
-        st->drop_err = -EPROTO;
-        st->drop = true; /* not from inside hiredis: the loop drops it */
+        c->drop_err = -EPROTO;
+        c->drop = true; /* not from inside hiredis: conn_service() drops it */
         return;
     }
-    if (--st->setup_left == 0)
-        st->ready_to_send = true;
+    if (--c->setup_left == 0)
+        c->ready_to_send = true;
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
 {
-    struct store_redis *st = ac->data;
+    struct rconn *c = ac->data;
     int saved_errno = errno; /* redisCheckSocketError() left SO_ERROR there */
 
     if (status != REDIS_OK) {
-        st->drop_err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
+        c->drop_err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
         return; /* hiredis frees the context next */
     }
-    st->tcp_up = true;
-    if (st->setup_left == 0)
-        st->ready_to_send = true;
+    c->tcp_up = true;
+    if (c->setup_left == 0)
+        c->ready_to_send = true;
 }
 
-/* The event adapter: hiredis says when it has output to flush; the loop
- * always polls for input (no read hooks needed). */
-static void ev_add_write(void *p) { ((struct store_redis *)p)->want_write = true; }
-static void ev_del_write(void *p) { ((struct store_redis *)p)->want_write = false; }
+/* The event adapter: hiredis says when it has output to flush; the watch
+ * always asks for input (no read hooks needed). */
+static void ev_add_write(void *p)
+{
+    struct rconn *c = p;
+
+    c->want_write = true;
+    watch_update(c);
+}
+
+static void ev_del_write(void *p)
+{
+    struct rconn *c = p;
+
+    c->want_write = false;
+    watch_update(c);
+}
 
 /* Runs once per context, however it goes (error, EOF, redisAsyncFree), after
- * hiredis called back every op it held. */
+ * hiredis called back every op it held and before it closes the socket. */
 static void ev_cleanup(void *p)
 {
-    struct store_redis *st = p;
+    struct rconn *c = p;
 
-    st->ac = NULL;
-    st->gone = true;
+    if (c->events)
+        loop_watch_del(c->loop, &c->watch);
+    c->events = 0;
+    c->ac = NULL;
+    c->gone = true;
 }
 
-static void backoff_start(struct store_redis *st)
+static void backoff_start(struct rconn *c)
 {
-    st->backoff_ms = st->backoff_ms ? st->backoff_ms * 2 : BACKOFF_FIRST_MS;
-    if (st->backoff_ms > BACKOFF_MAX_MS)
-        st->backoff_ms = BACKOFF_MAX_MS;
-    st->retry_at_ms = now_ms() + st->backoff_ms;
+    c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_FIRST_MS;
+    if (c->backoff_ms > BACKOFF_MAX_MS)
+        c->backoff_ms = BACKOFF_MAX_MS;
+    c->retry_at_ms = now_ms() + c->backoff_ms;
 }
 
 /* After hiredis let the context go: fails the ops that waited for it to be
  * set up, and backs off when it never was. */
-static void conn_gone(struct store_redis *st)
+static void conn_gone(struct rconn *c)
 {
-    int err = st->drop_err ? st->drop_err : st->tcp_up ? -ECONNRESET : -ECONNREFUSED;
+    int err = c->drop_err ? c->drop_err : c->tcp_up ? -ECONNRESET : -ECONNREFUSED;
 
-    st->gone = false;
-    set_ready(st, false);
-    if (!st->ready_to_send)
-        backoff_start(st);
-    st->ready_to_send = st->tcp_up = st->drop = false;
-    st->want_write = false;
-    st->drop_err = 0;
-    op_list_fail(&st->sent, err); /* empty: hiredis called them back */
-    op_list_fail(&st->waiting, err);
+    c->gone = false;
+    set_ready(c->st, false);
+    if (!c->ready_to_send)
+        backoff_start(c);
+    c->ready_to_send = c->tcp_up = c->drop = false;
+    c->want_write = false;
+    c->drop_err = 0;
+    op_list_fail(&c->sent, err); /* empty: hiredis called them back */
+    op_list_fail(&c->waiting, err);
 }
 
-/* Drops the connection from the loop (never from inside hiredis): hiredis
- * calls back every op it holds, with <err>. */
-static void conn_drop(struct store_redis *st, int err)
+/* Drops the connection (never from inside hiredis): hiredis calls back every
+ * op it holds, with <err>. */
+static void conn_drop(struct rconn *c, int err)
 {
-    st->drop_err = err;
-    redisAsyncFree(st->ac);
-    if (st->gone)
-        conn_gone(st);
+    c->drop_err = err;
+    redisAsyncFree(c->ac);
+    if (c->gone)
+        conn_gone(c);
 }
 
 /* Starts a non-blocking connect, with AUTH and SELECT queued behind it. */
-static void conn_start(struct store_redis *st)
+static void conn_start(struct rconn *c, uint64_t now)
 {
+    struct store_redis *st = c->st;
     redisAsyncContext *ac = redisAsyncConnect(st->url.host, (int)st->url.port);
-    int saved_errno = errno;
+    int saved_errno = errno, err = 0;
 
-    if (!ac || ac->err) {
+    if (!ac)
+        err = -ENOMEM;
+    else if (ac->err)
+        err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
+    else {
+        c->watch.fd = ac->c.fd;
+        err = loop_watch_add(c->loop, &c->watch, EPOLLIN | EPOLLOUT);
+    }
+    if (err < 0) {
         if (ac)
-            redisAsyncFree(ac);
+            redisAsyncFree(ac); /* no hooks set yet: nothing runs */
         set_ready(st, false);
-        backoff_start(st);
-        op_list_fail(&st->waiting, !ac                        ? -ENOMEM
-                                   : saved_errno == ETIMEDOUT ? -ETIMEDOUT
-                                                              : -ECONNREFUSED);
+        backoff_start(c);
+        op_list_fail(&c->waiting, err);
         return;
     }
-    ac->data = st;
-    ac->ev.data = st;
+    c->events = EPOLLIN | EPOLLOUT;
+    c->ac = ac;
+    ac->data = c;
+    ac->ev.data = c;
     ac->ev.addWrite = ev_add_write;
     ac->ev.delWrite = ev_del_write;
     ac->ev.cleanup = ev_cleanup;
     redisAsyncSetConnectCallback(ac, on_connect);
     redisEnableKeepAlive(&ac->c);
-    st->ac = ac;
-    st->connect_due_ms = st->now + st->timeout_ms;
-    st->setup_left = 0;
+    c->connect_due_ms = now + st->timeout_ms;
+    c->setup_left = 0;
     /* Queued first: no op goes out before both answered. */
     if (st->url.password) {
         const char *argv[] = { "AUTH", st->url.password };
         size_t lens[] = { 4, strlen(st->url.password) };
 
         if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
-            st->setup_left++;
+            c->setup_left++;
     }
     if (st->url.db != 0) {
         char db[16];
@@ -793,29 +875,30 @@ static void conn_start(struct store_redis *st)
         size_t lens[] = { 6, (size_t)snprintf(db, sizeof(db), "%u", st->url.db) };
 
         if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
-            st->setup_left++;
+            c->setup_left++;
     }
 }
 
 /* Sends what waits, connects, or fails it fast inside the backoff. */
-static void loop_dispatch(struct store_redis *st)
+static void conn_dispatch(struct rconn *c, uint64_t now)
 {
     struct op *op;
 
-    if (!st->waiting.head)
+    op_list_splice(&c->waiting, &c->later);
+    if (!c->waiting.head)
         return;
-    if (st->ac && st->ready_to_send) {
-        while ((op = st->waiting.head)) {
-            op_list_unlink(&st->waiting, op);
-            if (op_send(st, op) < 0)
+    if (c->ac && c->ready_to_send) {
+        while ((op = c->waiting.head)) {
+            op_list_unlink(&c->waiting, op);
+            if (op_send(c, op, now) < 0)
                 op_finish(op, -ECONNRESET, NULL);
         }
-    } else if (!st->ac) {
-        if (st->now < st->retry_at_ms) {
-            set_ready(st, false);
-            op_list_fail(&st->waiting, -ECONNREFUSED);
+    } else if (!c->ac) {
+        if (now < c->retry_at_ms) {
+            set_ready(c->st, false);
+            op_list_fail(&c->waiting, -ECONNREFUSED);
         } else {
-            conn_start(st);
+            conn_start(c, now);
         }
     }
 }
@@ -823,101 +906,116 @@ static void loop_dispatch(struct store_redis *st)
 /* Drops a connection that does not answer within --store-timeout: every op
  * on it fails with -ETIMEDOUT, and a late reply can never be read as the
  * answer to a later op. */
-static void loop_check_timeouts(struct store_redis *st)
+static void conn_check_timeouts(struct rconn *c, uint64_t now)
 {
-    if (!st->ac)
+    if (!c->ac)
         return;
-    if (!st->ready_to_send && st->now >= st->connect_due_ms)
-        conn_drop(st, -ETIMEDOUT);
-    else if (st->ready_to_send && st->sent.head &&
-             st->now >= st->sent.head->sent_ms + st->timeout_ms)
-        conn_drop(st, -ETIMEDOUT);
+    if (!c->ready_to_send && now >= c->connect_due_ms)
+        conn_drop(c, -ETIMEDOUT);
+    else if (c->ready_to_send && c->sent.head && now >= c->sent.head->sent_ms + c->st->timeout_ms)
+        conn_drop(c, -ETIMEDOUT);
 }
 
-/* The poll() timeout: until the earliest deadline, -1 for none. */
-static int loop_poll_timeout(const struct store_redis *st)
+/* What follows any event: lets a dead connection go, enforces the deadlines,
+ * sends or connects, and sets the timer. A new connect waits for the timer
+ * (<may_connect> false) when one was just let go: the epoll events already
+ * read could still hold one for the old socket, on the same watch. */
+static void conn_service(struct rconn *c, bool may_connect)
 {
-    uint64_t due;
+    uint64_t now = now_ms();
+    bool had = c->ac != NULL;
 
-    if (!st->ac)
-        return -1;
-    if (!st->ready_to_send)
-        due = st->connect_due_ms;
-    else if (st->sent.head)
-        due = st->sent.head->sent_ms + st->timeout_ms;
-    else
-        return -1;
-    if (due <= st->now)
-        return 0;
-    return due - st->now > INT_MAX ? INT_MAX : (int)(due - st->now);
+    if (c->gone)
+        conn_gone(c);
+    if (c->drop && c->ac)
+        conn_drop(c, c->drop_err);
+    conn_check_timeouts(c, now);
+    if (c->gone)
+        conn_gone(c);
+    if (may_connect || c->ac || !had)
+        conn_dispatch(c, now);
+    if (c->gone)
+        conn_gone(c);
+    timer_rearm(c); /* <later> holds what waits for the timer */
 }
 
-static _Thread_local struct store_redis *loop_store; /* set on a loop thread */
-
-static void *loop_main(void *arg)
+/* Reads and writes what epoll (or poll) says the socket is ready for. */
+static void conn_handle_io(struct rconn *c, bool readable, bool writable)
 {
-    struct store_redis *st = arg;
+    if (c->ac && readable)
+        redisAsyncHandleRead(c->ac);
+    if (c->ac && writable)
+        redisAsyncHandleWrite(c->ac);
+}
 
-    loop_store = st;
+static void conn_on_events(void *ctx, uint32_t events)
+{
+    struct rconn *c = ctx;
+
+    conn_handle_io(c, events & (EPOLLIN | EPOLLHUP | EPOLLERR), events & EPOLLOUT);
+    conn_service(c, false);
+}
+
+static void conn_on_timer(void *ctx) { conn_service(ctx, true); }
+
+/* Takes the ops other threads queued. */
+static void conn_take_queue(struct rconn *c)
+{
+    struct op_list batch;
+
+    pthread_mutex_lock(&c->mu);
+    batch = c->queue;
+    c->queue = (struct op_list){ NULL, NULL };
+    pthread_mutex_unlock(&c->mu);
+    op_list_splice(&c->later, &batch);
+}
+
+static void conn_on_task(void *ctx)
+{
+    struct rconn *c = ctx;
+
+    conn_take_queue(c);
+    conn_service(c, false);
+}
+
+/* Runs the connection until every op it accepted has called back, then
+ * closes it. On the loop thread, or on any thread once the loop has stopped:
+ * either way nothing else drives it meanwhile. No op is accepted any more. */
+static void conn_finish(void *ctx)
+{
+    struct rconn *c = ctx;
+
     for (;;) {
-        struct pollfd pfd[2] = { { .fd = st->wake_fd, .events = POLLIN }, { .fd = -1 } };
-        struct op_list batch;
-        bool stopping;
+        struct pollfd pfd;
+        uint64_t now;
+        bool idle;
         int n;
 
-        if (st->ac) {
-            pfd[1].fd = st->ac->c.fd;
-            /* Always read: EOF while idle shows at once. Write while the
-             * connect is in progress: that is how it completes. */
-            pfd[1].events = POLLIN;
-            if (st->want_write || !(st->ac->c.flags & REDIS_CONNECTED))
-                pfd[1].events |= POLLOUT;
-        }
-        n = poll(pfd, 2, st->self_queued ? 0 : loop_poll_timeout(st));
-        st->self_queued = false;
-        st->now = now_ms();
-        if (n > 0 && (pfd[0].revents & POLLIN)) {
-            uint64_t v;
-
-            if (read(st->wake_fd, &v, sizeof(v)) < 0) {
-                /* EAGAIN: another read took it */
-            }
-        }
-        if (n > 0 && st->ac && pfd[1].revents) {
-            if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))
-                redisAsyncHandleRead(st->ac);
-            if (st->ac && (pfd[1].revents & POLLOUT))
-                redisAsyncHandleWrite(st->ac);
-        }
-        if (st->gone)
-            conn_gone(st);
-        if (st->drop && st->ac)
-            conn_drop(st, st->drop_err);
-        loop_check_timeouts(st);
-
-        pthread_mutex_lock(&st->mu);
-        batch = st->queue;
-        st->queue = (struct op_list){ NULL, NULL };
-        stopping = st->stopping;
-        pthread_mutex_unlock(&st->mu);
-        op_list_splice(&st->waiting, &batch);
-        loop_dispatch(st);
-        /* Write at once what was just queued, rather than after one more poll(). */
-        if (st->ac && st->want_write && (st->ac->c.flags & REDIS_CONNECTED))
-            redisAsyncHandleWrite(st->ac);
-        if (st->gone)
-            conn_gone(st);
-        if (stopping && !st->waiting.head && !st->sent.head && !st->self_queued) {
-            pthread_mutex_lock(&st->mu);
-            stopping = !st->queue.head; /* nothing was queued from a callback meanwhile */
-            pthread_mutex_unlock(&st->mu);
-            if (stopping)
-                break;
-        }
+        conn_take_queue(c);
+        conn_service(c, true);
+        pthread_mutex_lock(&c->mu);
+        idle = !c->queue.head && !c->later.head && !c->waiting.head && !c->sent.head;
+        pthread_mutex_unlock(&c->mu);
+        if (idle)
+            break;
+        if (!c->ac)
+            continue; /* conn_service() failed or sends it next */
+        pfd = (struct pollfd){ .fd = c->ac->c.fd, .events = POLLIN };
+        if (c->want_write || !(c->ac->c.flags & REDIS_CONNECTED))
+            pfd.events |= POLLOUT;
+        now = now_ms();
+        n = poll(&pfd, 1,
+                 c->timer.due_ms <= now            ? 0
+                 : c->timer.due_ms - now > INT_MAX ? INT_MAX
+                                                   : (int)(c->timer.due_ms - now));
+        if (n > 0)
+            conn_handle_io(c, pfd.revents & (POLLIN | POLLHUP | POLLERR), pfd.revents & POLLOUT);
     }
-    if (st->ac)
-        conn_drop(st, -ECONNRESET); /* idle: no op is left on it */
-    return NULL;
+    if (c->ac)
+        conn_drop(c, -ECONNRESET); /* idle: no op is left on it */
+    if (c->gone)
+        conn_gone(c);
+    c->timer.due_ms = UINT64_MAX;
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
@@ -942,35 +1040,49 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
     return 0;
 }
 
-/* Hands <op> to the loop thread. On failure (-ECANCELED: the store is being
- * freed) <op> is freed and nothing calls back. */
+/* Hands <op> to a connection. On one of the store's loop threads, that
+ * loop's own: sent at once when it can be (hiredis writes it once the socket
+ * is writable), never called back inside this call. From any other thread,
+ * queued for the first loop under its lock. On failure (-ECANCELED: the
+ * store is being freed or the loop has stopped) <op> is freed and nothing
+ * calls back. */
 static int op_submit(struct op *op)
 {
     struct store_redis *st = op->st;
-    bool wake;
+    struct loop *cur = loop_current();
+    struct rconn *c = &st->rconns[0];
+    bool was_empty;
+    int err = 0;
 
-    pthread_mutex_lock(&st->mu);
-    if (st->stopping) {
-        pthread_mutex_unlock(&st->mu);
-        op_free(op);
-        return -ECANCELED;
-    }
-    /* Only the first op of a batch wakes the loop: it takes the whole queue. */
-    wake = !st->queue.head;
-    op_list_push(&st->queue, op);
-    pthread_mutex_unlock(&st->mu);
-    if (wake) {
-        if (loop_store == st) {
-            st->self_queued = true; /* from a callback: the loop looks again before it sleeps */
-        } else {
-            uint64_t one = 1;
-
-            if (write(st->wake_fd, &one, sizeof(one)) < 0) {
-                /* EAGAIN: the counter is full, so a wake-up is pending anyway */
-            }
+    for (unsigned i = 0; cur && i < st->nrconns; i++) {
+        if (st->rconns[i].loop != cur)
+            continue;
+        c = &st->rconns[i];
+        if (atomic_load_explicit(&st->stopping, memory_order_relaxed)) {
+            op_free(op);
+            return -ECANCELED;
         }
+        if (c->ac && c->ready_to_send && !c->drop && op_send(c, op, now_ms()) == 0)
+            return 0;
+        /* Connecting, or hiredis is letting it go: the timer sees to it this turn. */
+        op_list_push(&c->later, op);
+        timer_arm(c, 0);
+        return 0;
     }
-    return 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->stopping) {
+        err = -ECANCELED;
+    } else {
+        /* Only the first op of a batch posts the task: it takes the whole queue. */
+        was_empty = !c->queue.head;
+        op_list_push(&c->queue, op);
+        if (was_empty && (err = loop_post(c->loop, &c->task)) < 0)
+            op_list_unlink(&c->queue, op);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (err < 0)
+        op_free(op);
+    return err;
 }
 
 static struct store_redis *to_redis(struct store *st) { return (struct store_redis *)st; }
@@ -1447,23 +1559,23 @@ static void redis_free(struct store *base)
         if (!queued)
             pinger_destroy(pg);
     }
-    if (st->loop_started) {
-        uint64_t one = 1;
-
-        /* The loop calls back everything accepted before it ends. */
-        pthread_mutex_lock(&st->mu);
-        st->stopping = true;
-        pthread_mutex_unlock(&st->mu);
-        if (write(st->wake_fd, &one, sizeof(one)) < 0) {
-            /* EAGAIN: a wake-up is pending anyway */
-        }
-        pthread_join(st->loop, NULL);
+    /* Refuse new ops everywhere first: a callback run while one connection
+     * finishes could otherwise call on another that has finished already. */
+    atomic_store(&st->stopping, true);
+    for (unsigned i = 0; i < st->nrconns; i++) {
+        pthread_mutex_lock(&st->rconns[i].mu);
+        st->rconns[i].stopping = true;
+        pthread_mutex_unlock(&st->rconns[i].mu);
     }
+    /* Each is finished by its loop thread, or right here once its loop has
+     * stopped: everything accepted calls back before this returns. */
+    for (unsigned i = 0; i < st->nrconns; i++)
+        loop_call(st->rconns[i].loop, conn_finish, &st->rconns[i]);
     store_calls_done(&st->calls); /* inspect and purge */
 
-    if (st->wake_fd >= 0)
-        close(st->wake_fd);
-    pthread_mutex_destroy(&st->mu);
+    for (unsigned i = 0; i < st->nrconns; i++)
+        pthread_mutex_destroy(&st->rconns[i].mu);
+    free(st->rconns);
     for (unsigned i = 0; st->conns && i < st->nconns; i++)
         conn_close(&st->conns[i]);
     free(st->conns);
@@ -1485,14 +1597,18 @@ static const struct store_ops redis_ops = {
 };
 
 int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_ms,
-                    struct store **ret)
+                    struct loop *const *loops, unsigned nloops, struct store **ret)
 {
     struct store_redis *st;
     struct pinger *pg;
     int err;
 
-    if (!pool || timeout_ms == 0)
+    if (!pool || timeout_ms == 0 || !loops || nloops == 0)
         return -EINVAL;
+    for (unsigned i = 0; i < nloops; i++) {
+        if (!loops[i])
+            return -EINVAL;
+    }
     st = calloc(1, sizeof(*st));
     if (!st)
         return -ENOMEM;
@@ -1507,24 +1623,35 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
                                     .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
     st->timeout_ms = timeout_ms;
     atomic_init(&st->ready, false);
+    atomic_init(&st->stopping, false);
     store_calls_init(&st->calls);
-    pthread_mutex_init(&st->mu, NULL);
-    st->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));
+    st->rconns = calloc(nloops, sizeof(*st->rconns));
     pg = calloc(1, sizeof(*pg));
-    if (!st->conns || !pg || st->wake_fd < 0) {
-        err = st->wake_fd < 0 ? -errno : -ENOMEM;
+    if (!st->conns || !st->rconns || !pg) {
         free(pg);
         redis_free(&st->base);
-        return err;
+        return -ENOMEM;
     }
-    if (pthread_create(&st->loop, NULL, loop_main, st) != 0) {
-        free(pg);
-        redis_free(&st->base);
-        return -EAGAIN;
+    for (unsigned i = 0; i < nloops; i++) {
+        struct rconn *c = &st->rconns[i];
+
+        c->st = st;
+        c->loop = loops[i];
+        c->watch = (struct loop_watch){ .fn = conn_on_events, .ctx = c, .fd = -1 };
+        c->timer = (struct loop_timer){ .fn = conn_on_timer, .ctx = c, .due_ms = UINT64_MAX };
+        c->task = (struct loop_task){ .fn = conn_on_task, .ctx = c };
+        pthread_mutex_init(&c->mu, NULL);
+        st->nrconns++;
+        /* Last: a timer cannot be taken back, so nothing may fail after it. */
+        err = loop_timer_add(loops[i], &c->timer);
+        if (err < 0) {
+            free(pg);
+            redis_free(&st->base);
+            return err;
+        }
     }
-    st->loop_started = true;
     pthread_mutex_init(&pg->mu, NULL);
     pg->st = st;
     st->pinger = pg;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
@@ -240,10 +241,27 @@ static struct store *store_open(void)
     return st;
 }
 
+/* The loops of the Redis store made last (NULL for the memory store): it
+ * runs its connections on them, so they are stopped before it is freed (as
+ * the program does) and freed after it. */
+#define REDIS_LOOPS 2
+static struct loop *redis_loops[REDIS_LOOPS];
+
+static void redis_loops_free(void)
+{
+    for (int i = 0; i < REDIS_LOOPS; i++) {
+        loop_free(redis_loops[i]);
+        redis_loops[i] = NULL;
+    }
+}
+
 /* Frees <st> and checks that every accepted call has called back once. */
 static void store_close(struct store *st)
 {
+    for (int i = 0; i < REDIS_LOOPS; i++)
+        loop_stop(redis_loops[i]);
     store_free(st);
+    redis_loops_free();
     CHECK_EQ_INT(atomic_load(&callbacks), atomic_load(&accepted));
 }
 
@@ -1169,9 +1187,28 @@ static void url_with_db(char *buf, size_t size, unsigned db)
     url_free(&u);
 }
 
+/* A Redis store on loops of its own, created first and started after it. */
+static int redis_new(const char *url, struct worker_pool *p, uint64_t timeout_ms,
+                     struct store **ret)
+{
+    int err = 0;
+
+    if (redis_loops[0])
+        abort(); /* one Redis store at a time: store_close() frees its loops */
+    for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
+        err = loop_new(&redis_loops[i]);
+    if (err == 0)
+        err = store_redis_new(url, p, timeout_ms, redis_loops, REDIS_LOOPS, ret);
+    for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
+        err = loop_start(redis_loops[i]);
+    if (err < 0)
+        redis_loops_free();
+    return err;
+}
+
 static int make_redis(struct worker_pool *p, struct store **ret)
 {
-    return store_redis_new(redis_url, p, 1000, ret);
+    return redis_new(redis_url, p, 1000, ret);
 }
 
 static void test_redis_parse_url(void)
@@ -1262,8 +1299,11 @@ static void test_redis_refuses_bad_arguments(void)
     struct record *rec = sample_record(200, "x");
     int before = atomic_load(&callbacks);
 
-    CHECK_EQ_INT(store_redis_new("http://nope", pool, 1000, &st), -EINVAL);
-    CHECK_EQ_INT(store_redis_new(redis_url, pool, 0, &st), -EINVAL);
+    /* Refused before they touch the loops (those of st0, running already). */
+    CHECK_EQ_INT(store_redis_new("http://nope", pool, 1000, redis_loops, REDIS_LOOPS, &st),
+                 -EINVAL);
+    CHECK_EQ_INT(store_redis_new(redis_url, pool, 0, redis_loops, REDIS_LOOPS, &st), -EINVAL);
+    CHECK_EQ_INT(store_redis_new(redis_url, pool, 1000, redis_loops, 0, &st), -EINVAL);
     CHECK(st == NULL);
     CHECK_EQ_INT(acquire(st0, "", fp_a, &t, 1000).ret, -EINVAL);
     CHECK_EQ_INT(acquire(st0, "k", fp_a, &t, 0).ret, -EINVAL);
@@ -1325,7 +1365,7 @@ static void test_redis_one_key_per_idempotency_key(void)
     redisReply *r;
 
     url_with_db(url, sizeof(url), db);
-    CHECK_EQ_INT(store_redis_new(url, pool, 1000, &st), 0);
+    CHECK_EQ_INT(redis_new(url, pool, 1000, &st), 0);
     if (!st)
         return;
     key_make(key, sizeof(key), "onekey");
@@ -1430,7 +1470,7 @@ static void test_redis_down_fails_fast_with_backoff(void)
     snprintf(url, sizeof(url), "redis://127.0.0.1:%u", port);
     CHECK_EQ_INT(worker_pool_new(1, &one), 0);
     /* Starts without Redis. */
-    CHECK_EQ_INT(store_redis_new(url, one, 200, &st), 0);
+    CHECK_EQ_INT(redis_new(url, one, 200, &st), 0);
     if (!st)
         return;
     CHECK(!store_is_ready(st));
@@ -1470,7 +1510,7 @@ static void test_redis_timeout_frees_the_connection(void)
 
     /* One thread: the calls after the pause must use the connection that timed out. */
     CHECK_EQ_INT(worker_pool_new(1, &one), 0);
-    CHECK_EQ_INT(store_redis_new(redis_url, one, 200, &st), 0);
+    CHECK_EQ_INT(redis_new(redis_url, one, 200, &st), 0);
     if (!st)
         return;
     key_make(key, sizeof(key), "timeout");
