@@ -156,14 +156,16 @@ static void app_down(struct app *app)
     admin_stop(app->admin);
     for (unsigned i = 0; i < app->nloops; i++)
         loop_stop(app->loops[i]); /* no request is open: nothing is left for them to do */
-    for (unsigned i = 0; i < app->nloops; i++)
-        front_stop(app->fronts[i]);
     if (app->pl)
         pipeline_stop(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)
         upstream_free(app->ups[i]);
     worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
-    store_free(app->st);
+    store_free(app->st);         /* with the loops stopped: finishes on this thread */
+    /* Last: a pool thread that answered the last request may still be in the
+     * front end's callback until the pool is joined. */
+    for (unsigned i = 0; i < app->nloops; i++)
+        front_stop(app->fronts[i]);
     pipeline_free(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)
         loop_free(app->loops[i]);
@@ -188,8 +190,19 @@ static int app_up(struct app *app)
         log_error("cannot start the store threads: %s", strerror(-err));
         return err;
     }
+    /* The loops first (not started): the Redis store puts a connection on each. */
+    ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    app->nloops = ncpu < 1 ? 1 : ncpu > MAX_LOOPS ? MAX_LOOPS : (unsigned)ncpu;
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = loop_new(&app->loops[i]);
+        if (err < 0) {
+            log_error("cannot create an event loop: %s", strerror(-err));
+            return err;
+        }
+    }
     if (cfg->enabled && cfg->redis_url) {
-        err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, &app->st);
+        err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, app->loops,
+                              app->nloops, &app->st);
         if (err < 0) {
             log_error("--redis %s: cannot use this URL: %s", cfg->redis_url, strerror(-err));
             return err;
@@ -204,14 +217,7 @@ static int app_up(struct app *app)
     err = pipeline_new(cfg, app->st, app->pool, &app->pl);
     if (err < 0)
         return err;
-    ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    app->nloops = ncpu < 1 ? 1 : ncpu > MAX_LOOPS ? MAX_LOOPS : (unsigned)ncpu;
     for (unsigned i = 0; i < app->nloops; i++) {
-        err = loop_new(&app->loops[i]);
-        if (err < 0) {
-            log_error("cannot create an event loop: %s", strerror(-err));
-            return err;
-        }
         err = upstream_new(&uo, app->loops[i], &app->ups[i]);
         if (err < 0) {
             log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
