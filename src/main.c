@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "idemproxy/admin.h"
@@ -48,6 +49,23 @@ static int wait_signal(const sigset_t *set, uint64_t ms)
     int sig = sigtimedwait(set, NULL, &ts);
 
     return sig > 0 ? sig : 0;
+}
+
+/* True when another socket listens on <a>. The front ends set SO_REUSEPORT
+ * (each loop gets its share of the connections), so a second proxy started
+ * on the same address would silently share its traffic, each with its own
+ * memory store: a probe without SO_REUSEPORT finds it first. */
+static bool listen_address_taken(const struct config_addr *a)
+{
+    int one = 1, fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool taken;
+
+    if (fd < 0)
+        return false; /* MHD reports what is wrong */
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)); /* TIME_WAIT is fine */
+    taken = bind(fd, (const struct sockaddr *)&a->sa, a->sa_len) < 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
 }
 
 static unsigned app_requests(const struct app *app)
@@ -217,6 +235,11 @@ static int app_up(struct app *app)
     err = pipeline_new(cfg, app->st, app->pool, &app->pl);
     if (err < 0)
         return err;
+    if (listen_address_taken(&cfg->listen)) {
+        log_error("--listen %s: cannot listen there: another process listens on it",
+                  cfg->listen.text);
+        return -EADDRINUSE;
+    }
     for (unsigned i = 0; i < app->nloops; i++) {
         err = upstream_new(&uo, app->loops[i], &app->ups[i]);
         if (err < 0) {

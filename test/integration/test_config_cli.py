@@ -196,3 +196,31 @@ def test_ipv6_listen(proxy, upstream):
     s.close()
     assert data.startswith(b"HTTP/1.1 201")
     assert p.alive()
+
+
+def test_listen_address_held_by_another_process_is_refused():
+    """A listener elsewhere on --listen: exit 1 with one line naming the option."""
+    port = free_port()
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    try:
+        r = run_binary(["--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:%d" % port,
+                        "--admin-listen", "127.0.0.1:%d" % free_port()])
+    finally:
+        s.close()
+    assert r.returncode == 1
+    assert b"--listen 127.0.0.1:%d: cannot listen there" % port in r.stderr, r.stderr
+
+
+def test_second_proxy_on_the_same_listen_address_is_refused(proxy, upstream):
+    """The front ends share the address between their event loops (SO_REUSEPORT):
+    a second idemproxy started there by mistake must not share it (each with its
+    own memory store, a retry could run on the other one)."""
+    p = proxy()
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:%d" % p.port,
+                    "--admin-listen", "127.0.0.1:%d" % free_port()])
+    assert r.returncode == 1
+    assert b"another process listens on it" in r.stderr, r.stderr
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"  # the first one still serves
