@@ -178,7 +178,9 @@ static void on_kick(void *ctx)
 {
     struct front *f = ctx;
 
-    atomic_store(&f->kick_posted, false);
+    /* An exchange, not a store: it reads what the last poster wrote, so the
+     * resumes made before those posts are seen by the MHD_run() this asks for. */
+    (void)atomic_exchange(&f->kick_posted, false);
     f->timer.due_ms = 0;
 }
 
@@ -309,10 +311,13 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     f->timer = (struct loop_timer){ .fn = on_timer, .ctx = f, .due_ms = 0 };
     f->kick = (struct loop_task){ .fn = on_kick, .ctx = f };
     err = loop_timer_add(loop, &f->timer);
-    if (err == 0)
-        err = loop_watch_add(loop, &f->watch, EPOLLIN);
     if (err < 0)
         goto fail;
+    err = loop_watch_add(loop, &f->watch, EPOLLIN);
+    if (err < 0) {
+        loop_timer_del(loop, &f->timer);
+        goto fail;
+    }
     f->watched = true;
     *ret = f;
     return 0;
