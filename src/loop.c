@@ -16,6 +16,13 @@ struct loop {
     int epfd;
     int wakefd; /* eventfd: a task was posted, or the stop */
     struct loop_watch wake;
+    /* The watch of each descriptor, by fd. An event is dispatched through
+     * this, not through a pointer kept in the kernel: a watch deleted (and
+     * freed) while the same epoll_wait() batch is handled gets no stale
+     * event; a new one on a reused fd may get a spurious one, which is
+     * harmless for non-blocking sockets. */
+    struct loop_watch **byfd;
+    int nbyfd;
     struct loop_timer *timers[LOOP_TIMERS];
     unsigned ntimers;
     pthread_t thread;
@@ -49,14 +56,29 @@ int loop_new(struct loop **ret)
 
 int loop_watch_add(struct loop *l, struct loop_watch *w, uint32_t events)
 {
-    struct epoll_event ev = { .events = events, .data.ptr = w };
+    struct epoll_event ev = { .events = events, .data.fd = w->fd };
 
-    return epoll_ctl(l->epfd, EPOLL_CTL_ADD, w->fd, &ev) < 0 ? -errno : 0;
+    if (w->fd < 0)
+        return -EBADF;
+    if (w->fd >= l->nbyfd) {
+        int n = w->fd < 64 ? 128 : 2 * w->fd;
+        struct loop_watch **byfd = realloc(l->byfd, (size_t)n * sizeof(*byfd));
+
+        if (!byfd)
+            return -ENOMEM;
+        memset(byfd + l->nbyfd, 0, (size_t)(n - l->nbyfd) * sizeof(*byfd));
+        l->byfd = byfd;
+        l->nbyfd = n;
+    }
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, w->fd, &ev) < 0)
+        return -errno;
+    l->byfd[w->fd] = w;
+    return 0;
 }
 
 int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events)
 {
-    struct epoll_event ev = { .events = events, .data.ptr = w };
+    struct epoll_event ev = { .events = events, .data.fd = w->fd };
 
     return epoll_ctl(l->epfd, EPOLL_CTL_MOD, w->fd, &ev) < 0 ? -errno : 0;
 }
@@ -64,6 +86,8 @@ int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events)
 void loop_watch_del(struct loop *l, struct loop_watch *w)
 {
     (void)epoll_ctl(l->epfd, EPOLL_CTL_DEL, w->fd, NULL); /* the fd may be closed already */
+    if (w->fd >= 0 && w->fd < l->nbyfd && l->byfd[w->fd] == w)
+        l->byfd[w->fd] = NULL;
 }
 
 int loop_timer_add(struct loop *l, struct loop_timer *t)
@@ -200,8 +224,11 @@ static void *loop_main(void *arg)
         }
         n = epoll_wait(l->epfd, evs, LOOP_EVENTS, due <= now ? 0 : (int)(due - now));
         for (int i = 0; i < n; i++) {
-            struct loop_watch *w = evs[i].data.ptr;
+            int fd = evs[i].data.fd;
+            struct loop_watch *w = fd < l->nbyfd ? l->byfd[fd] : NULL;
 
+            if (!w)
+                continue; /* deleted while this batch was handled */
             if (w == &l->wake) {
                 if (run_tasks(l))
                     goto out;
@@ -261,5 +288,6 @@ void loop_free(struct loop *l)
     if (l->wakefd >= 0)
         close(l->wakefd);
     pthread_mutex_destroy(&l->mu);
+    free(l->byfd);
     free(l);
 }

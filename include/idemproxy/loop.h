@@ -43,8 +43,10 @@ struct loop_task {
 /* Creates a loop (not running yet). Returns 0 or a negative errno. */
 int loop_new(struct loop **ret);
 
-/* Adds, changes or removes the epoll registration of <w> (EPOLLIN, EPOLLOUT).
- * Any thread; the callback only ever runs on the loop thread. */
+/* Adds, changes or removes the epoll registration of <w> (EPOLLIN, EPOLLOUT),
+ * one watch per descriptor. On the loop thread, or while the loop does not
+ * run. Once deleted, <w> gets no event, not even one of the batch being
+ * handled: it may be freed at once. */
 int loop_watch_add(struct loop *l, struct loop_watch *w, uint32_t events);
 int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
 void loop_watch_del(struct loop *l, struct loop_watch *w);

@@ -164,6 +164,55 @@ static void test_loop_watch_reports_a_readable_fd(void)
     close(fds[1]);
 }
 
+/* Two watches ready in one batch, each deleting the other: exactly one runs. */
+struct rival {
+    struct loop_watch watch;
+    struct loop *l;
+    struct rival *other;
+    atomic_int *ran;
+};
+
+static void on_rival(void *ctx, uint32_t events)
+{
+    struct rival *r = ctx;
+
+    (void)events;
+    loop_watch_del(r->l, &r->watch);
+    loop_watch_del(r->l, &r->other->watch);
+    atomic_fetch_add(r->ran, 1);
+}
+
+static void test_loop_watch_deleted_in_the_same_batch_gets_no_event(void)
+{
+    struct loop *l;
+    atomic_int ran = 0;
+    struct rival a, b;
+    int pa[2], pb[2];
+
+    CHECK_EQ_INT(pipe(pa), 0);
+    CHECK_EQ_INT(pipe(pb), 0);
+    CHECK_EQ_INT(write(pa[1], "x", 1), 1); /* both readable before the loop starts */
+    CHECK_EQ_INT(write(pb[1], "x", 1), 1);
+    CHECK_EQ_INT(loop_new(&l), 0);
+    a = (struct rival){
+        .watch = { .fn = on_rival, .ctx = &a, .fd = pa[0] }, .l = l, .other = &b, .ran = &ran
+    };
+    b = (struct rival){
+        .watch = { .fn = on_rival, .ctx = &b, .fd = pb[0] }, .l = l, .other = &a, .ran = &ran
+    };
+    CHECK_EQ_INT(loop_watch_add(l, &a.watch, EPOLLIN), 0);
+    CHECK_EQ_INT(loop_watch_add(l, &b.watch, EPOLLIN), 0);
+    CHECK_EQ_INT(loop_start(l), 0);
+    CHECK(wait_for(&ran, 1));
+    usleep(50000); /* time for a wrong second call */
+    CHECK_EQ_INT(atomic_load(&ran), 1);
+    loop_free(l);
+    close(pa[0]);
+    close(pa[1]);
+    close(pb[0]);
+    close(pb[1]);
+}
+
 static void test_loop_stop_runs_what_was_posted_and_refuses_the_rest(void)
 {
     struct seen s = { 0 };
@@ -186,4 +235,5 @@ static void test_loop_stop_runs_what_was_posted_and_refuses_the_rest(void)
 TEST_MAIN(test_loop_runs_posted_tasks_in_order_on_its_thread,
           test_loop_call_waits_and_runs_on_the_loop, test_loop_timer_fires_when_due,
           test_loop_watch_reports_a_readable_fd,
+          test_loop_watch_deleted_in_the_same_batch_gets_no_event,
           test_loop_stop_runs_what_was_posted_and_refuses_the_rest)
