@@ -1015,7 +1015,7 @@ static void conn_finish(void *ctx)
         conn_drop(c, -ECONNRESET); /* idle: no op is left on it */
     if (c->gone)
         conn_gone(c);
-    c->timer.due_ms = UINT64_MAX;
+    loop_timer_del(c->loop, &c->timer); /* the loop may go on without the store */
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,

@@ -37,12 +37,11 @@ int store_redis_parse_url(const char *url, struct store_redis_url *ret);
  * -EINVAL for a bad URL or no loops, -ENOMEM, -EAGAIN or -ENOSPC (a loop has
  * no timer left).
  *
- * The loops must outlive the store and must not run once it is freed (its
- * timers stay registered on them): stop them before store_free(), which then
- * finishes the connections on the calling thread; free them after. Ops called
- * while a loop is stopped and the store not freed yet are refused with
- * -ECANCELED. Even on failure, the loops may hold a timer of the store's:
- * free them unstarted then. */
+ * The loops must outlive the store. store_free() finishes each connection on
+ * its loop's thread, or on the calling thread once that loop has stopped, and
+ * takes its timer off the loop. Ops called while a loop is stopped and the
+ * store not freed yet are refused with -ECANCELED. Even on failure, the loops
+ * may hold a timer of the store's: free them unstarted then. */
 int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_ms,
                     struct loop *const *loops, unsigned nloops, struct store **ret);
 
