@@ -11,10 +11,12 @@
  * by that thread only, so no lock guards them. */
 #include "idemproxy/store_redis.h"
 
+#include <arpa/inet.h>
 #include <assert.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <limits.h>
+#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -110,6 +112,12 @@ struct store_redis {
     struct store_redis_url url; /* owns url.password */
     struct timeval timeout;
     uint64_t timeout_ms;
+
+    /* The host's address, numeric: the loops connect to it, so that no loop
+     * thread ever waits on a name lookup. Looked up when the store is made
+     * and again with every readiness PING, on a pool thread. */
+    pthread_mutex_t addr_mu;
+    char addr[INET6_ADDRSTRLEN]; /* "" while the name has not resolved */
 
     struct rconn *rconns; /* owned array, one per loop */
     unsigned nrconns;
@@ -828,13 +836,54 @@ static void conn_drop(struct rconn *c, int err)
 }
 
 /* Starts a non-blocking connect, with AUTH and SELECT queued behind it. */
+/* Looks the host of <st> up (blocking: never on a loop thread) and keeps an
+ * address for the loops' connects, IPv4 first (a non-blocking connect takes
+ * one address only; Redis listens on IPv4 more often than not, and
+ * "localhost" may list ::1 first). A failed lookup keeps the last address. */
+static void resolve_host(struct store_redis *st)
+{
+    static const int families[] = { AF_INET, AF_INET6 };
+    char addr[INET6_ADDRSTRLEN] = "";
+
+    for (size_t i = 0; i < ARRAY_SIZE(families) && !addr[0]; i++) {
+        struct addrinfo hints = { .ai_family = families[i], .ai_socktype = SOCK_STREAM };
+        struct addrinfo *res = NULL;
+
+        if (getaddrinfo(st->url.host, NULL, &hints, &res) != 0 || !res)
+            continue;
+        if (res->ai_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)res->ai_addr)->sin_addr,
+                      addr, sizeof(addr));
+        else if (res->ai_family == AF_INET6)
+            inet_ntop(AF_INET6,
+                      &((const struct sockaddr_in6 *)(const void *)res->ai_addr)->sin6_addr, addr,
+                      sizeof(addr));
+        freeaddrinfo(res);
+    }
+    if (!addr[0])
+        return;
+    pthread_mutex_lock(&st->addr_mu);
+    memcpy(st->addr, addr, sizeof(addr));
+    pthread_mutex_unlock(&st->addr_mu);
+}
+
 static void conn_start(struct rconn *c, uint64_t now)
 {
     struct store_redis *st = c->st;
-    redisAsyncContext *ac = redisAsyncConnect(st->url.host, (int)st->url.port);
-    int saved_errno = errno, err = 0;
+    char addr[INET6_ADDRSTRLEN];
+    redisAsyncContext *ac = NULL;
+    int saved_errno = 0, err = 0;
 
-    if (!ac)
+    pthread_mutex_lock(&st->addr_mu);
+    memcpy(addr, st->addr, sizeof(addr));
+    pthread_mutex_unlock(&st->addr_mu);
+    if (addr[0]) {
+        ac = redisAsyncConnect(addr, (int)st->url.port); /* numeric: no lookup */
+        saved_errno = errno;
+    }
+    if (!addr[0])
+        err = -ECONNREFUSED; /* the name does not resolve (yet): the PING job retries it */
+    else if (!ac)
         err = -ENOMEM;
     else if (ac->err)
         err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
@@ -1536,6 +1585,7 @@ static void ping_run(void *arg)
         size_t lens[] = { 4 };
         redisReply *reply = NULL;
 
+        resolve_host(st); /* for the loops' next connects */
         if (command(st, 1, argv, lens, &reply) == 0)
             freeReplyObject(reply);
     }
@@ -1579,6 +1629,7 @@ static void redis_free(struct store *base)
     for (unsigned i = 0; st->conns && i < st->nconns; i++)
         conn_close(&st->conns[i]);
     free(st->conns);
+    pthread_mutex_destroy(&st->addr_mu);
     free(st->url.password);
     free(st);
 }
@@ -1624,6 +1675,8 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st->timeout_ms = timeout_ms;
     atomic_init(&st->ready, false);
     atomic_init(&st->stopping, false);
+    pthread_mutex_init(&st->addr_mu, NULL);
+    resolve_host(st); /* here, before any loop runs; then by the PING job */
     store_calls_init(&st->calls);
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));

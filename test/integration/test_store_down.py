@@ -156,3 +156,33 @@ def test_redis_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
     assert time.monotonic() - t0 < 2.5, "the client waited on the store retries"
     assert upstream.hits("/slow") == 1
     wait_for(lambda: "retrying" in p.stderr(), timeout=3, what="a background retry of complete")
+
+
+@redis_only
+def test_redis_by_host_name_redis(proxy, upstream, rdb, redis_server):
+    """--redis with a host name: it is looked up off the event loops (at start and
+    with every readiness PING) and the loops connect to its address."""
+    p = proxy(redis_url="redis://localhost:%d" % redis_server.port)
+    wait_for(lambda: readyz(p) == 200, timeout=10, interval=0.2, what="/readyz 200")
+    key = new_key()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    assert redis_record(rdb, key)["state"] == b"C"
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
+    assert st == 201 and hone(h, REPLAY) == "true"
+
+
+@redis_only
+def test_redis_host_name_that_does_not_resolve_is_503_redis(proxy, upstream):
+    """A name that does not resolve: the proxy starts, is not ready, and answers
+    enforced requests 503 store_unavailable at once; nothing reaches the upstream."""
+    p = proxy(redis_url="redis://no-such-host.invalid:6379")
+    assert readyz(p) == 503
+    t0 = time.monotonic()
+    assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"), 503,
+                   "store_unavailable")
+    assert time.monotonic() - t0 < 3.0
+    assert upstream.hits() == 0
+    st, h, _ = p.request("GET", "/echo")  # passthrough is unaffected
+    assert st == 201 and hone(h, REPLAY) is None
+    assert upstream.hits("/echo") == 1
