@@ -184,8 +184,9 @@ static void on_kick(void *ctx)
     f->timer.due_ms = 0;
 }
 
-/* The pipeline's callback, on the loop thread or a store thread: the answer
- * is in. MHD runs in the loop's next turn and sends it. */
+/* The pipeline's callback, on this loop's thread or another one (a worker, or
+ * the loop that carried a Redis call made off-loop): the answer is in. MHD runs in the loop's next
+ * turn and sends it. */
 static void on_done(struct req *r, void *ctx)
 {
     struct front *f = ctx;

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The per-request idempotency state machine. pipeline_begin() and
- * pipeline_body() run on the front end's thread; from pipeline_run() on, the
- * request moves with its store calls (acquire, complete, release: on a store
- * thread, or on the calling thread with the memory store) and the upstream
- * thread (forwarding), one thread at a time, until its done callback hands it
- * back. Held locks live in a refcounted lease that one periodic heartbeat job
- * keeps alive. */
+ * pipeline_body() run on the front end's event loop; from pipeline_run() on,
+ * the request follows its store calls (acquire, complete, release) and its
+ * upstream call, whose callbacks mostly come back on that same loop (a held
+ * duplicate's retry or a heartbeat runs on a worker thread), one thread at a
+ * time, until its done callback hands it back. Held locks live in a refcounted lease that one
+ * periodic heartbeat job keeps alive. */
 #include "idemproxy/pipeline.h"
 
 #include <pthread.h>

@@ -2,8 +2,8 @@
 /* One event loop on one thread: file descriptors watched with epoll, a few
  * timers looked at every turn, and tasks posted from any thread. The front
  * end (libmicrohttpd driven from outside) and the upstream (curl's
- * multi_socket API) share it, so a request that needs no store thread is
- * read, forwarded and answered without changing threads. */
+ * multi_socket API) share it, and so does the Redis store's connection, so a
+ * request is read, forwarded and answered without changing threads. */
 #ifndef IDEMPROXY_LOOP_H
 #define IDEMPROXY_LOOP_H
 

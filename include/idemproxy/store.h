@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* The idempotency store: one interface (an ops table), two implementations
  * with the same state machine, TTLs and fencing (SPEC §2). When an operation
- * is accepted (returns 0) its callback runs exactly once: later on a store
- * thread (Redis), or before the call returns (the memory store, whose work is
- * shorter than a hand-off). A caller must not hold a lock that its callback
- * takes. */
+ * is accepted (returns 0) its callback runs exactly once: later, when the
+ * answer comes (Redis: on the event loop whose connection carried the call),
+ * or before the call returns (the memory store, whose work is shorter than a
+ * hand-off). A caller must not hold a lock that its callback takes. */
 #ifndef IDEMPROXY_STORE_H
 #define IDEMPROXY_STORE_H
 
