@@ -3,7 +3,9 @@
 -- C completed), fp, token, ts (Redis time in ms of the last state change,
 -- for operators), and once completed head and body.
 -- Returns {"acquired"}, {"mismatch"}, {"in_flight"} or {"completed", head, body}.
-local h = redis.call('HMGET', KEYS[1], 'state', 'fp')
+-- One HMGET reads all four fields: a replay, the common case of a known key,
+-- costs one call (head and body are absent while the key is locked).
+local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body')
 local state, fp = h[1], h[2]
 if not state then
     local t = redis.call('TIME')
@@ -18,5 +20,4 @@ end
 if state == 'L' then
     return {'in_flight'}
 end
-local r = redis.call('HMGET', KEYS[1], 'head', 'body')
-return {'completed', r[1], r[2]}
+return {'completed', h[3], h[4]}
