@@ -43,7 +43,6 @@ struct upstream {
     struct loop *loop; /* borrowed */
     char *base_url;    /* owned */
     size_t base_len;
-    const char *prefix; /* in <base_url>: the path prefix, "" if none */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
 
@@ -133,16 +132,6 @@ static int map_curl_error(const struct xfer *x, CURLcode cc)
     }
 }
 
-/* tchar of RFC 9110 section 5.6.2 */
-static bool is_tchar(unsigned char c)
-{
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-        return true;
-    return c && strchr("!#$%&'*+-.^_`|~", c);
-}
-
-static bool is_ows(char c) { return c == ' ' || c == '\t'; }
-
 /* One raw response header line. A status line starts a new response: the
  * headers of an interim 1xx answer must not reach the record. Lines after the
  * final header block are trailers, dropped. */
@@ -150,7 +139,6 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
 {
     struct xfer *x = userdata;
     size_t total = size * n, len = total;
-    const char *colon;
     struct span name, value;
     int r;
 
@@ -180,28 +168,8 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     if (!x->in_head)
         return total;
 
-    colon = memchr(data, ':', len);
-    if (!colon || colon == data)
-        goto malformed; /* includes obs-fold, which starts with OWS */
-    name = (struct span){ .base = data, .len = (size_t)(colon - data) };
-    for (size_t i = 0; i < name.len; i++) {
-        if (!is_tchar((unsigned char)name.base[i]))
-            goto malformed;
-    }
-    value = (struct span){ .base = colon + 1, .len = len - name.len - 1 };
-    while (value.len > 0 && is_ows(value.base[0])) {
-        value.base++;
-        value.len--;
-    }
-    while (value.len > 0 && is_ows(value.base[value.len - 1])) {
-        value.len--;
-    }
-    for (size_t i = 0; i < value.len; i++) {
-        unsigned char c = (unsigned char)value.base[i];
-
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            goto malformed; /* a stray CR or NUL would split or cut the replayed header */
-    }
+    if (record_parse_header_line((struct span){ .base = data, .len = len }, &name, &value) < 0)
+        goto malformed;
     r = record_add_header(x->rec, name, value);
     if (r < 0) {
         x->err = r; /* -E2BIG: more headers than a record may keep */
@@ -369,6 +337,47 @@ static bool span_is(struct span s, const char *lit)
     return s.len == n && memcmp(s.base, lit, n) == 0; /* methods are case-sensitive */
 }
 
+bool upstream_target_verbatim(struct span target)
+{
+    if (target.len == 0 || target.base[0] != '/')
+        return false;
+    for (size_t i = 0; i < target.len; i++) {
+        unsigned char c = (unsigned char)target.base[i];
+
+        if (c <= 0x20 || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
+int upstream_compose_url(struct span base_url, struct span target, struct buf *url,
+                         size_t *ret_target_at)
+{
+    size_t start = url->len, prefix = 0;
+    int r;
+
+    /* The path prefix starts at the first '/' past the authority. */
+    for (size_t i = 0; i + 3 <= base_url.len; i++) {
+        if (memcmp(base_url.base + i, "://", 3) == 0) {
+            prefix = i + 3;
+            break;
+        }
+    }
+    while (prefix < base_url.len && base_url.base[prefix] != '/')
+        prefix++;
+    r = buf_append(url, base_url.base, base_url.len);
+    if (r == 0)
+        r = buf_append(url, target.base, target.len);
+    if (r == 0)
+        r = buf_append(url, "", 1);
+    if (r < 0) {
+        url->len = start;
+        return r;
+    }
+    *ret_target_at = upstream_target_verbatim(target) ? start + prefix : SIZE_MAX;
+    return 0;
+}
+
 /* Sets every option of <x>'s easy handle for <req>. */
 static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
 {
@@ -377,16 +386,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     CURLcode cc = CURLE_OK;
     long timeout = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
     int r = -ENOMEM;
-    bool verbatim = req->target.len > 0 && req->target.base[0] == '/';
-
-    /* curl percent-encodes some bytes of a URL's path (8-bit ones): the
-     * request line takes the target as received instead, and the URL only
-     * says where to connect (and still has curl reject control bytes). */
-    for (size_t i = 0; verbatim && i < req->target.len; i++) {
-        unsigned char c = (unsigned char)req->target.base[i];
-
-        verbatim = c > 0x20 && c != 0x7f;
-    }
+    size_t at;
 
 #define SET(opt, val)                                                                              \
     do {                                                                                           \
@@ -396,15 +396,12 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     } while (0)
 
     url->len = method->len = 0;
-    if (buf_append(url, up->base_url, up->base_len) < 0 ||
-        buf_append(url, req->target.base, req->target.len) < 0 || buf_append(url, "", 1) < 0 ||
+    if (upstream_compose_url((struct span){ .base = up->base_url, .len = up->base_len },
+                             req->target, url, &at) < 0 ||
         buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
         goto out;
-    if (verbatim) {
-        size_t at = url->len - 1 - req->target.len - strlen(up->prefix);
-
+    if (at != SIZE_MAX)
         SET(CURLOPT_REQUEST_TARGET, url->data + at); /* prefix and target, from the copy */
-    }
 
     SET(CURLOPT_PRIVATE, x);
     SET(CURLOPT_URL, url->data);
@@ -719,9 +716,6 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
         curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, on_timer) != CURLM_OK ||
         curl_multi_setopt(up->multi, CURLMOPT_TIMERDATA, up) != CURLM_OK)
         goto fail;
-    up->prefix = strstr(up->base_url, "://");
-    up->prefix = up->prefix ? up->prefix + 3 : up->base_url;
-    up->prefix += strcspn(up->prefix, "/"); /* past the authority */
     if (opt->max_connections > 0) {
         long n = (long)opt->max_connections;
 

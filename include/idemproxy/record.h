@@ -40,6 +40,15 @@ void record_unref(struct record *rec);
  * RECORD_MAX_HEADERS, or -ENOMEM. */
 int record_add_header(struct record *rec, struct span name, struct span value);
 
+/* Parses one response header line <line> as the upstream sent it, without
+ * its CRLF or LF: a name of RFC 9110 tchar bytes, ':', then the value with the
+ * optional whitespace around it trimmed. Returns 0 with views into <line> in
+ * <ret_name> and <ret_value>, or -EINVAL (both untouched) when it is malformed:
+ * no ':', an empty name or one holding a byte outside tchar (so an obs-fold
+ * continuation, which starts with whitespace, is malformed), or a control
+ * byte other than HTAB, or DEL, in the value. */
+int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value);
+
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
 

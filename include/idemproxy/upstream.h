@@ -7,8 +7,9 @@
 
 #include "idemproxy/common.h"
 
-struct record;
+struct buf;
 struct loop;
+struct record;
 struct upstream;
 
 struct upstream_header {
@@ -42,6 +43,23 @@ struct upstream_options {
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
     unsigned max_connections; /* kept-alive connections to the upstream */
 };
+
+/* True when the raw request target <target> goes into the request line
+ * exactly as received (CURLOPT_REQUEST_TARGET): it is in origin-form (starts
+ * with '/') and holds no byte at or below 0x20 and no DEL. curl would
+ * percent-encode the 8-bit bytes of a URL's path; any other target
+ * (absolute-form, '*', control bytes) goes through the URL, where curl
+ * rejects what it must. */
+bool upstream_target_verbatim(struct span target);
+
+/* Appends to <url> the URL curl is given for <target> on <base_url>
+ * (scheme://host[:port][/prefix], no trailing '/'): the two joined, then a
+ * NUL. When upstream_target_verbatim(<target>), <ret_target_at> is the offset
+ * in <url> of the request line's target, the base URL's path prefix and
+ * <target> running to that NUL; otherwise SIZE_MAX. Returns 0, or -E2BIG past
+ * the limit of <url> or -ENOMEM (<url> unchanged, <ret_target_at> untouched). */
+int upstream_compose_url(struct span base_url, struct span target, struct buf *url,
+                         size_t *ret_target_at);
 
 /* Creates the upstream client, run by <loop> (borrowed: it must outlive the
  * client; it must not be running yet). Returns 0 with it in <ret>, or a
