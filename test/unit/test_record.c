@@ -167,6 +167,49 @@ static void test_record_connection_listed(void)
     CHECK(!record_is_connection_listed(NULL, S("X-A")));
 }
 
+/* One upstream header line: name, ':', value with its OWS trimmed; views
+ * into the line. */
+static void check_line(const char *line, const char *name, const char *value)
+{
+    struct span n = { 0 }, v = { 0 };
+
+    CHECK_EQ_INT(record_parse_header_line(S(line), &n, &v), 0);
+    CHECK(n.len == strlen(name) && memcmp(n.base, name, n.len) == 0);
+    CHECK(v.len == strlen(value) && (!v.len || memcmp(v.base, value, v.len) == 0));
+}
+
+static void test_record_parse_header_line(void)
+{
+    static const char *const malformed[] = {
+        "",             /* nothing */
+        "No-Colon",     /* no ':' */
+        ": value",      /* empty name */
+        " Folded: x",   /* obs-fold continuation: starts with whitespace */
+        "\tFolded: x",  /* the same with a tab */
+        "Bad Name: x",  /* a space in the name */
+        "Bad(Name): x", /* a delimiter in the name */
+        "X-A: a\rb",    /* a CR inside the value would split the replayed header */
+        "X-A: a\x7f",   /* DEL */
+        "X-A: \x01",    /* another control byte */
+    };
+    struct span n = S("kept"), v = S("kept");
+
+    check_line("Content-Type: application/json", "Content-Type", "application/json");
+    check_line("X-Empty:", "X-Empty", "");
+    check_line("X-Ows: \t padded \t ", "X-Ows", "padded");
+    check_line("X-Tab: a\tb", "X-Tab", "a\tb");
+    check_line("X-Colons: a:b::c", "X-Colons", "a:b::c");
+    check_line("X-8bit: caf\xc3\xa9", "X-8bit", "caf\xc3\xa9");
+    check_line("!#$%&'*+-.^_`|~09azAZ: v", "!#$%&'*+-.^_`|~09azAZ", "v");
+    for (size_t i = 0; i < ARRAY_SIZE(malformed); i++)
+        CHECK_EQ_INT(record_parse_header_line(S(malformed[i]), &n, &v), -EINVAL);
+    /* a NUL inside the value, which a C string cannot show */
+    CHECK_EQ_INT(record_parse_header_line((struct span){ "X-A: a\0b", 8 }, &n, &v), -EINVAL);
+    /* refused lines leave the outputs alone */
+    CHECK(n.len == 4 && memcmp(n.base, "kept", 4) == 0);
+    CHECK(v.len == 4 && memcmp(v.base, "kept", 4) == 0);
+}
+
 static void test_record_filter_hop_by_hop(void)
 {
     static const char *const h[] = {
@@ -482,6 +525,6 @@ static void test_record_mem_bytes_counts_every_allocation(void)
 TEST_MAIN(test_record_mem_bytes_counts_every_allocation, test_record_new_is_empty,
           test_record_refcount, test_record_add_header_copies, test_record_add_header_caps,
           test_record_header_get, test_record_hop_by_hop_table, test_record_connection_listed,
-          test_record_filter_hop_by_hop, test_record_round_trips, test_record_encoding_is_exact,
-          test_record_decode_rejects_malformed, test_record_decode_header_count_limit,
-          test_record_decode_survives_corruption)
+          test_record_parse_header_line, test_record_filter_hop_by_hop, test_record_round_trips,
+          test_record_encoding_is_exact, test_record_decode_rejects_malformed,
+          test_record_decode_header_count_limit, test_record_decode_survives_corruption)
