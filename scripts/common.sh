@@ -50,3 +50,61 @@ s.bind(("127.0.0.1", int(sys.argv[1])))
 s.listen(1)
 PYEOF
 }
+
+# The libFuzzer targets of test/fuzz/ (scripts/fuzz, and a short run in scripts/test).
+# libfuzzer-14-dev is Debian's libFuzzer; clang links the copy in libclang-rt-14-dev.
+FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libfuzzer-14-dev)
+FUZZ_TARGETS=(fuzz_idemkey fuzz_target fuzz_headers fuzz_record fuzz_config)
+
+# build_fuzz DIR configures DIR once with clang-14, ASan+UBSan and the fuzz
+# targets, and builds it. c_args instrument libidem for coverage as well.
+build_fuzz() {
+    CC=clang-14 build "$1" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dbuildtype=debugoptimized -Dc_args="-fsanitize=fuzzer-no-link"
+}
+
+# fuzz_max_len TARGET prints the longest input worth trying on TARGET.
+fuzz_max_len() {
+    case $1 in
+    fuzz_idemkey) echo 1024 ;;  # a key is at most 255 bytes, plus scope lines
+    fuzz_config) echo 2048 ;;   # a command line
+    fuzz_target) echo 8192 ;;   # a long request target
+    *) echo 16384 ;;            # header blocks and stored records
+    esac
+}
+
+# run_fuzz DIR TARGET SECONDS runs the built TARGET of DIR over its seed corpus
+# test/fuzz/corpus/TARGET (the regression cases), then fuzzes for SECONDS. New
+# inputs go to DIR/corpus/TARGET (test/fuzz is only read), what fails to
+# DIR/crashes/TARGET-*, the output to DIR/TARGET.log. Fails when TARGET found
+# something (crash, sanitizer report, leak, timeout, failed check), printing
+# the input and how to run it again.
+run_fuzz() {
+    local dir=$1 t=$2 secs=$3 exe work crashes log rc
+    exe=$dir/test/fuzz/$t
+    work=$dir/corpus/$t
+    crashes=$dir/crashes
+    log=$dir/$t.log
+    [ -x "$exe" ] || { echo "$t: $exe is not built" >&2; return 1; }
+    mkdir -p "$work" "$crashes"
+    # UBSan only reports by default: make it fail the run.
+    ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1" \
+        timeout $((secs + 120)) "$exe" -max_total_time="$secs" -max_len="$(fuzz_max_len "$t")" \
+        -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$crashes/$t-" \
+        "$work" "$IDEMPROXY_ROOT/test/fuzz/corpus/$t" >"$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        echo "$t: clean, $(sed -n 's/^stat::number_of_executed_units: *//p' "$log") runs in $secs s," \
+            "corpus $(find "$work" -type f | wc -l) inputs" >&2
+        return 0
+    fi
+    local found
+    found=$(grep -o "Test unit written to .*" "$log" | tail -1 | sed 's/Test unit written to //')
+    echo "$t: FAILED (exit $rc); from $log:" >&2
+    grep -E "ERROR|FUZZ_CHECK|SUMMARY|runtime error|==[0-9]+==" "$log" | head -20 >&2
+    if [ -n "$found" ]; then
+        echo "$t: input $found; run it again with: $exe $found" >&2
+        echo "  (keep it as test/fuzz/corpus/$t/regress-<what> once fixed)" >&2
+    fi
+    return 1
+}

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/* Configuration values: each value parser, the Redis URL parser, and
+ * config_load() with flags and environment built from the input. Input: NUL
+ * separated strings; the first goes to every value parser, all of them make
+ * argv, except "IDEMPROXY_..."/"IDEMPOTENCY_..." ones holding '=', which make
+ * the environment. */
+#define _GNU_SOURCE /* RTLD_NEXT */
+#include <dlfcn.h>
+#include <math.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+#include "fuzz.h"
+#include "idemproxy/config.h"
+#include "idemproxy/store_redis.h"
+
+#define MAX_PARTS 64
+
+typedef int getaddrinfo_fn(const char *, const char *, const struct addrinfo *, struct addrinfo **);
+
+/* Host names would reach the resolver, and through it the network: slow and
+ * not reproducible. Every lookup is numeric here, a name fails as unknown. */
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+                struct addrinfo **res)
+{
+    static getaddrinfo_fn *real;
+    struct addrinfo h = { .ai_family = AF_UNSPEC };
+
+    if (!real)
+        real = (getaddrinfo_fn *)dlsym(RTLD_NEXT, "getaddrinfo");
+    FUZZ_CHECK(real != NULL);
+    if (hints)
+        h = *hints;
+    h.ai_flags |= AI_NUMERICHOST;
+    return real(node, service, &h, res);
+}
+
+static bool all_digits(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    }
+    return n > 0;
+}
+
+static void check_bytes(const char *s)
+{
+    size_t v = 1234, n = strlen(s);
+
+    if (config_parse_bytes(s, &v) < 0) {
+        FUZZ_CHECK(v == 1234);
+        return;
+    }
+    /* digits, then at most one of K, M, G in either case */
+    FUZZ_CHECK(n > 0);
+    if (!all_digits(s, n)) {
+        FUZZ_CHECK(all_digits(s, n - 1) && strchr("kKmMgG", s[n - 1]));
+        FUZZ_CHECK(v % 1024 == 0);
+    } else {
+        FUZZ_CHECK(v == strtoull(s, NULL, 10));
+    }
+}
+
+static void check_seconds(const char *s)
+{
+    uint64_t ms = 0;
+    const char *dot = strchr(s, '.');
+
+    if (config_parse_seconds(s, &ms) < 0)
+        return;
+    FUZZ_CHECK(ms >= 1);
+    if (!dot || dot - s < 9) {
+        /* decimal only, and within a millisecond of what it says */
+        double want = strtod(s, NULL) * 1000.0;
+
+        FUZZ_CHECK(strspn(s, "0123456789.") == strlen(s));
+        FUZZ_CHECK(fabs((double)ms - want) <= 1.0 || (want < 1.0 && ms == 1));
+    }
+}
+
+static void check_addr(const char *s)
+{
+    struct config_addr a;
+
+    if (config_parse_addr(s, &a) < 0)
+        return;
+    FUZZ_CHECK(strcmp(a.text, s) == 0);
+    FUZZ_CHECK(a.sa_len > 0 && a.sa_len <= sizeof(a.sa));
+    FUZZ_CHECK(a.sa.ss_family == AF_INET || a.sa.ss_family == AF_INET6);
+}
+
+static void check_status_list(const char *s)
+{
+    bool set[600];
+
+    memset(set, 0xaa, sizeof(set));
+    if (config_parse_status_list(s, set) < 0)
+        return;
+    for (size_t i = 0; i < 600; i++)
+        FUZZ_CHECK(set[i] == false || set[i] == true);
+    for (size_t i = 0; i < 100; i++)
+        FUZZ_CHECK(!set[i]); /* statuses are 100-599 */
+}
+
+static void check_redis_url(const char *s)
+{
+    struct store_redis_url u = { .port = 1 };
+
+    if (store_redis_parse_url(s, &u) < 0)
+        return;
+    FUZZ_CHECK(u.port >= 1 && u.port <= 65535);
+    FUZZ_CHECK(u.host[0] != '\0' && strlen(u.host) < sizeof(u.host));
+    FUZZ_CHECK(u.db <= 2147483647u);
+    free(u.password);
+}
+
+static void check_load(char **parts, size_t n)
+{
+    char *argv[MAX_PARTS + 2], *envp[MAX_PARTS + 1], err[256];
+    int argc = 0, nenv = 0, r;
+    struct config cfg;
+
+    argv[argc++] = "idemproxy";
+    for (size_t i = 0; i < n; i++) {
+        bool env = (strncmp(parts[i], "IDEMPROXY_", 10) == 0 ||
+                    strncmp(parts[i], "IDEMPOTENCY_", 12) == 0) &&
+                   strchr(parts[i], '=');
+
+        if (env)
+            envp[nenv++] = parts[i];
+        else
+            argv[argc++] = parts[i];
+    }
+    argv[argc] = NULL;
+    envp[nenv] = NULL;
+
+    memset(&cfg, 0, sizeof(cfg));
+    memset(err, 'x', sizeof(err));
+    r = config_load(&cfg, argc, argv, envp, err, sizeof(err));
+    FUZZ_CHECK(memchr(err, '\0', sizeof(err)) != NULL);
+    if (r < 0) {
+        FUZZ_CHECK(r == -EINVAL || r == -ENOMEM);
+        FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n')); /* one line naming the option */
+    } else if (!cfg.show_help && !cfg.show_version) {
+        FUZZ_CHECK(cfg.upstream != NULL && cfg.ttl_ms <= cfg.max_ttl_ms);
+        FUZZ_CHECK(strncasecmp(cfg.upstream, "http", 4) == 0 && !strpbrk(cfg.upstream, "?#"));
+        FUZZ_CHECK(cfg.nmethods <= CONFIG_MAX_LIST && cfg.nscope_headers <= CONFIG_MAX_LIST);
+        FUZZ_CHECK(cfg.key_header && cfg.replay_header && cfg.key_prefix && cfg.ttl_header);
+        FUZZ_CHECK(cfg.listen.sa_len > 0 && cfg.admin_listen.sa_len > 0);
+    }
+    config_done(&cfg);
+    config_done(&cfg); /* idempotent */
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct span in = { .base = (const char *)data, .len = size };
+    struct span spans[MAX_PARTS];
+    char *parts[MAX_PARTS];
+    size_t n = fuzz_split(in, '\0', spans, ARRAY_SIZE(spans));
+
+    /* The last part may hold NULs (more than MAX_PARTS): it ends at the first. */
+    for (size_t i = 0; i < n; i++)
+        parts[i] = fuzz_strdup(spans[i]);
+    check_bytes(parts[0]);
+    check_seconds(parts[0]);
+    {
+        bool b;
+
+        (void)config_parse_bool(parts[0], &b);
+    }
+    check_addr(parts[0]);
+    check_status_list(parts[0]);
+    check_redis_url(parts[0]);
+    check_load(parts, n);
+    for (size_t i = 0; i < n; i++)
+        free(parts[i]);
+    return 0;
+}

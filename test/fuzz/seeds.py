@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+# Writes the hand-written seed corpora into corpus/<target>/ (run once, from
+# anywhere; the files are committed). Regression cases (regress-*) are kept
+# by hand and never rewritten here. The record seeds follow record.c's
+# layout: "IDR1", u16 status, u8 flags, u32 nheaders, then per header
+# u32 name_len, name, u32 value_len, value; all big-endian.
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data.encode("latin-1") if isinstance(data, str) else data)
+
+
+# fuzz_idemkey: the header value; lines after the first only feed the scope.
+for name, v in {
+    "bare": "8e03978e-40d5-43e8-bc93-6894a57f9324",
+    "bare-symbols": "a!#$%&'*+-.^_`|~:;<=>?@[]{}/",
+    "quoted": '"order-1234"',
+    "quoted-escapes": r'"a\"b\\c"',
+    "max-255": "k" * 255,
+    "max-255-quoted": '"' + "q" * 255 + '"',
+    "too-long-256": "k" * 256,
+    "empty-quoted": '""',
+    "unterminated": '"abc',
+    "bad-escape": r'"a\nb"',
+    "after-quote": '"abc"def',
+    "bare-comma": "a,b",
+    "space": "a b",
+    "8bit": "cl\xe9",
+    "scope-lines": "key-1\nBearer abc\n\x01\n",
+}.items():
+    write("fuzz_idemkey", name, v)
+
+# fuzz_target: selector byte, then "<method> <target>"; selector bit 7: base URL first.
+for name, v in {
+    "origin": "\x00POST /pay",
+    "query": "\x01POST /pay?a=1&b=%20x&c",
+    "percent": "\x02PUT /a%2Fb/%E2%82%AC?q=%ZZ",
+    "absolute-form": "\x00GET http://other.example/x?y",
+    "asterisk": "\x03OPTIONS *",
+    "8bit": "\x04POST /caf\xe9/\xff?\x80=1",
+    "dot-segments": "\x05GET /a/../b/./c//d",
+    "space-ctl": "\x06POST /a b\tc\x7f",
+    "empty": "\x07POST ",
+    "fragment": "\x00GET /x#frag",
+    "own-base": "\x80http://10.0.0.1:81/base\nPATCH /p?x",
+    "own-base-noscheme": "\x80host/a/b\nPOST /c",
+}.items():
+    write("fuzz_target", name, v)
+
+# fuzz_headers: header blocks as upstreams send them.
+write("fuzz_headers", "plain",
+      "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 17\r\n"
+      "Location: /orders/1\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n")
+write("fuzz_headers", "connection-listed",
+      "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Internal ,x-debug\r\nX-Internal: 1\r\n"
+      "X-Debug: yes\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nConnection: Foo\r\n"
+      "Foo: bar\r\nVary: Accept\r\n\r\n")
+write("fuzz_headers", "interim-1xx",
+      "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+      "HTTP/1.1 200 OK\r\nETag: \"x\"\r\n\r\nTrailer-Field: t\r\n")
+write("fuzz_headers", "obs-fold",
+      "HTTP/1.1 200 OK\r\nX-Long: first\r\n  continued\r\n\tmore\r\n\r\n")
+write("fuzz_headers", "malformed",
+      "HTTP/1.1 200 OK\r\n: empty-name\r\nBad Name: x\r\nNoColon\r\nX-Ctl: a\x01b\r\n"
+      "X-Cr: a\rb\r\nX-Del: \x7f\r\nX-Nul: a\x00b\r\nX-Empty:\r\nX-Ows:  \t v \t \r\n"
+      "X-8bit: caf\xe9\r\n")
+write("fuzz_headers", "hop-by-hop",
+      "HTTP/1.1 200 OK\nTE: trailers\nTrailer: X\nUpgrade: h2c\nProxy-Authenticate: Basic\n"
+      "Proxy-Authorization: x\nProxy-Connection: close\nKEEP-ALIVE: 1\ncontent-length: 0\n"
+      "Date: Sun, 22 Nov 2026 03:16:35 GMT\n\n")
+write("fuzz_headers", "many", "HTTP/1.1 200 OK\r\n" + "".join("X-H%d: %d\r\n" % (i, i) for i in range(260)))
+
+
+def record(status, headers, flags=0):
+    out = b"IDR1" + struct.pack(">HBI", status, flags, len(headers))
+    for n, v in headers:
+        out += struct.pack(">I", len(n)) + n + struct.pack(">I", len(v)) + v
+    return out
+
+
+def record_input(head, body):
+    return struct.pack(">I", len(head)) + head + body
+
+
+write("fuzz_record", "empty-200", record_input(record(200, []), b""))
+write("fuzz_record", "created-json", record_input(
+    record(201, [(b"Content-Type", b"application/json"), (b"Location", b"/orders/1")]),
+    b'{"id":1,"ok":true}'))
+write("fuzz_record", "repeats-empty-value", record_input(
+    record(200, [(b"Set-Cookie", b"a=1"), (b"Set-Cookie", b"b=2"), (b"X-Empty", b"")]), b"body"))
+write("fuzz_record", "too-large", record_input(record(0, [], flags=1), b""))
+write("fuzz_record", "status-599-8bit", record_input(record(599, [(b"X", b"caf\xe9")]), b"\x00\xff"))
+write("fuzz_record", "bad-magic", record_input(b"IDR2" + record(200, [])[4:], b""))
+write("fuzz_record", "truncated", record_input(record(200, [(b"A", b"bbbb")])[:-2], b""))
+write("fuzz_record", "trailing", record_input(record(204, []) + b"x", b""))
+write("fuzz_record", "nul-in-name", record_input(record(200, [(b"A\x00B", b"v")]), b""))
+write("fuzz_record", "count-too-big", record_input(
+    b"IDR1" + struct.pack(">HBI", 200, 0, 0xFFFFFFFF), b""))
+write("fuzz_record", "max-headers", record_input(
+    record(200, [(b"H%d" % i, b"v") for i in range(256)]), b""))
+
+# fuzz_config: NUL-separated; the first string goes to every value parser.
+for name, v in {
+    "bytes-1M": "1M",
+    "bytes-big": "17179869183G",
+    "seconds": "30s",
+    "seconds-frac": "0.5",
+    "seconds-tiny": "0.0004",
+    "bool": "Yes",
+    "addr-v4": "127.0.0.1:8080",
+    "addr-v6": "[::1]:8080",
+    "addr-name": "localhost:80",
+    "status-list": "5xx, 429,404",
+    "redis-url": "redis://:pw@host:6379/2",
+    "redis-user": "redis://user:p%40ss/w@[::1]:7000/15",
+    "redis-bad": "redis://host:0/x?y",
+    "load-minimal": "x\x00--upstream\x00http://127.0.0.1:3000",
+    "load-full": "0\x00--upstream=https://api.example.com/v1/\x00--redis\x00redis://127.0.0.1:6379/1\x00"
+                 "--methods\x00post,PUT\x00--scope-header\x00Authorization\x00--scope-header\x00X-Tenant\x00"
+                 "--ttl\x000.5\x00--max-ttl\x00100\x00--no-cache-status\x005xx,429\x00--max-body\x001M\x00"
+                 "--listen\x00[::1]:8080\x00--log-format\x00json\x00--require-key",
+    "load-env": "x\x00IDEMPROXY_UPSTREAM=http://h:1\x00IDEMPROXY_TTL=abc\x00IDEMPOTENCY_ENABLED=off",
+    "load-help": "x\x00--key-prefix\x00-h\x00--version\x00--help",
+    "load-memory-budget": "x\x00--upstream\x00http://h\x00--memory-max-bytes\x001K\x00--max-response\x001M",
+    "load-bad": "x\x00--ttl\x00\x00--upstream\x00ftp://h\x00stray",
+}.items():
+    write("fuzz_config", name, v)
