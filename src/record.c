@@ -170,6 +170,35 @@ int record_parse_header_line(struct span line, struct span *ret_name, struct spa
     return 0;
 }
 
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+int record_parse_status_line(struct span line, unsigned *ret_status)
+{
+    const char *p = line.base;
+    size_t at, n = line.len;
+    unsigned code;
+
+    if (n < 5 || memcmp(p, "HTTP/", 5) != 0)
+        return -EINVAL;
+    if (n >= 8 && is_digit(p[5]) && p[6] == '.' && is_digit(p[7]))
+        at = 8; /* HTTP/1.1 */
+    else if (n >= 6 && (p[5] == '2' || p[5] == '3'))
+        at = 6; /* HTTP/2, as curl writes it */
+    else
+        return -EINVAL;
+    if (n < at + 4 || p[at] != ' ' || !is_digit(p[at + 1]) || !is_digit(p[at + 2]) ||
+        !is_digit(p[at + 3]))
+        return -EINVAL;
+    if (n > at + 4 && p[at + 4] != ' ')
+        return -EINVAL; /* a fourth digit, or anything glued to the code */
+    code = (unsigned)(p[at + 1] - '0') * 100 + (unsigned)(p[at + 2] - '0') * 10 +
+           (unsigned)(p[at + 3] - '0');
+    if (code < 100)
+        return -EINVAL;
+    *ret_status = code;
+    return 0;
+}
+
 bool record_is_connection_listed(const char *connection, struct span name)
 {
     const char *p = connection;

@@ -148,6 +148,10 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
             len--;
     }
     if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        unsigned status;
+
+        if (record_parse_status_line((struct span){ .base = data, .len = len }, &status) < 0)
+            goto malformed; /* curl would take it for a 200 */
         if (x->rec->nheaders > 0) {
             struct record *fresh = record_new(x->up->max_capture_bytes);
 

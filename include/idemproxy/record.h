@@ -49,6 +49,13 @@ int record_add_header(struct record *rec, struct span name, struct span value);
  * byte other than HTAB, or DEL, in the value. */
 int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value);
 
+/* Checks one status line <line> as the upstream sent it, without its CRLF or
+ * LF: "HTTP/" DIGIT "." DIGIT (or "HTTP/2", "HTTP/3"), SP, three digits from
+ * 100, then the end or SP and any reason phrase. Returns 0 with the code in
+ * <ret_status>, or -EINVAL (untouched). libcurl takes any line starting
+ * with "HTTP/" for a 200 of an old server; this is what refuses that. */
+int record_parse_status_line(struct span line, unsigned *ret_status);
+
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
 

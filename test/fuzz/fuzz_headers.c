@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Header lines captured from the upstream, as the transfer's header callback
- * sees them: each line parsed (record_parse_header_line), the accepted ones
- * added to a record, then the hop-by-hop filter. Input: a header block, lines
- * split at '\n' with one trailing '\r' dropped. */
+ * sees them: each line parsed (record_parse_status_line, record_parse_header_line), the accepted
+ * ones added to a record, then the hop-by-hop filter. Input: a header block, lines split at '\n'
+ * with one trailing '\r' dropped. */
 #include <stdlib.h>
 
 #include "fuzz.h"
@@ -127,8 +127,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         if (line.len > 0 && line.base[line.len - 1] == '\r')
             line.len--;
-        if (line.len == 0 || (line.len >= 5 && memcmp(line.base, "HTTP/", 5) == 0))
-            continue; /* the end of a block, or a status line: not headers */
+        if (line.len >= 5 && memcmp(line.base, "HTTP/", 5) == 0) {
+            unsigned status = 0;
+
+            /* a status line: accepted only as version, SP, a code of 100-999 */
+            if (record_parse_status_line(line, &status) == 0)
+                FUZZ_CHECK(status >= 100 && status <= 999 && line.len >= 10 &&
+                           memchr(line.base, ' ', line.len) != NULL);
+            continue;
+        }
+        if (line.len == 0)
+            continue; /* the end of a block */
         r = record_parse_header_line(line, &name, &value);
         check_line(line, r, name, value);
         if (r < 0)

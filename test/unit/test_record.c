@@ -210,6 +210,34 @@ static void test_record_parse_header_line(void)
     CHECK(v.len == 4 && memcmp(v.base, "kept", 4) == 0);
 }
 
+static void test_record_parse_status_line(void)
+{
+    static const char *const bad[] = {
+        "HTTP/x.y 200 OK", /* libcurl makes a 200 of these */
+        "HTTP/ 200 OK",    "HTTP/banana",      "HTTP/1.1",
+        "HTTP/1.1 ",       "HTTP/1.1 20",      "HTTP/1.1 2000",
+        "HTTP/1.1 20a OK", "HTTP/1.1  200 OK", "HTTP/1.1 099 Low",
+        "HTTP/1.1 200OK",  "HTTP/20 200",      "HTTP/1 200",
+        "http/1.1 200 OK", "ICY 200 OK",       "",
+    };
+    unsigned status = 7;
+
+    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 201 Created"), &status), 0);
+    CHECK_EQ_INT(status, 201);
+    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.0 404"), &status), 0);
+    CHECK_EQ_INT(status, 404);
+    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 100 "), &status), 0);
+    CHECK_EQ_INT(status, 100);
+    CHECK_EQ_INT(record_parse_status_line(S("HTTP/2 503 "), &status), 0);
+    CHECK_EQ_INT(status, 503);
+    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 599 any reason \x80"), &status), 0);
+    CHECK_EQ_INT(status, 599);
+    status = 7;
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
+        CHECK_EQ_INT(record_parse_status_line(S(bad[i]), &status), -EINVAL);
+    CHECK_EQ_INT(status, 7);
+}
+
 static void test_record_filter_hop_by_hop(void)
 {
     static const char *const h[] = {
@@ -525,6 +553,7 @@ static void test_record_mem_bytes_counts_every_allocation(void)
 TEST_MAIN(test_record_mem_bytes_counts_every_allocation, test_record_new_is_empty,
           test_record_refcount, test_record_add_header_copies, test_record_add_header_caps,
           test_record_header_get, test_record_hop_by_hop_table, test_record_connection_listed,
-          test_record_parse_header_line, test_record_filter_hop_by_hop, test_record_round_trips,
-          test_record_encoding_is_exact, test_record_decode_rejects_malformed,
-          test_record_decode_header_count_limit, test_record_decode_survives_corruption)
+          test_record_parse_header_line, test_record_parse_status_line,
+          test_record_filter_hop_by_hop, test_record_round_trips, test_record_encoding_is_exact,
+          test_record_decode_rejects_malformed, test_record_decode_header_count_limit,
+          test_record_decode_survives_corruption)
