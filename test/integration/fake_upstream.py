@@ -13,7 +13,20 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
   /chunked              200 with a chunked body
   /reset                reads the request, then resets the connection unanswered
   /connection-header    200 with Connection: close, X-Private, Keep-Alive headers
+  /truncated?promise=N&send=M
+                        200 announcing Content-Length N, sends M < N body bytes,
+                        then closes the connection (FIN): a body cut short
+  /stall-body?ms=N      200 announcing Content-Length 100, sends 10 body bytes,
+                        sleeps N ms, then closes: stalls mid-body
+  /close                reads the request, then closes the connection (FIN)
+                        without a byte of answer (curl's "empty reply")
+  /bad-status?kind=K    reads the request, writes one raw malformed answer
+                        (BAD_STATUS[K]: a status line curl must refuse, or
+                        bytes that are not HTTP at all), then closes
+  /bad-chunked          200 chunked, then a chunk size that is not hex, then closes
   anything else         200 JSON {"unknown": path}
+
+Every fault endpoint counts as a hit like the others (the request did arrive).
 """
 import email.utils
 import json
@@ -26,6 +39,18 @@ from urllib.parse import parse_qs, urlsplit
 
 DATE_BASE = 978307200  # 2001-01-01: no real clock will produce these dates
 HOLD_MAX = 60.0  # a /hold the test forgot to release still ends
+
+# /bad-status?kind=K: raw answers with a malformed status line (or none at all).
+BAD_STATUS = {
+    "garbage": b"\x16\x03\x01\x00\xa5garbage, not HTTP\r\n\r\n",
+    "no-version": b"200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "bad-version": b"HTTP/x.y 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "letters": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\nok",
+    "short-code": b"HTTP/1.1 20 OK\r\nContent-Length: 2\r\n\r\nok",
+    "long-code": b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\nok",
+    "no-code": b"HTTP/1.1\r\nContent-Length: 2\r\n\r\nok",
+    "headers-only": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
+}
 
 
 def fake_date(seq):
@@ -144,6 +169,27 @@ class _Handler(BaseHTTPRequestHandler):
                                        struct.pack("ii", 1, 0))
             self.close_connection = True
             self.connection.close()
+        elif path == "/truncated":
+            promise = int(query.get("promise", ["1000"])[0])
+            send = int(query.get("send", ["10"])[0])
+            self._raw_then_close(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                b"Content-Length: %d\r\n\r\n" % promise + big_body(send))
+        elif path == "/stall-body":
+            ms = int(query.get("ms", ["1000"])[0])
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                             b"Content-Length: 100\r\n\r\n" + big_body(10))
+            self.wfile.flush()
+            time.sleep(ms / 1000.0)
+            self._raw_then_close(b"")
+        elif path == "/close":
+            self._raw_then_close(b"")
+        elif path == "/bad-status":
+            self._raw_then_close(BAD_STATUS[query.get("kind", ["garbage"])[0]])
+        elif path == "/bad-chunked":
+            self._raw_then_close(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n"
+                                 b"5\r\nhello\r\nzz\r\nnot a chunk\r\n0\r\n\r\n")
         elif path == "/connection-header":
             self._json(200, {"seq": seq}, seq, extra=[
                 ("Connection", "close, X-Private"),
@@ -155,6 +201,17 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, {"seq": seq, "unknown": path, "target": self.path,
                              "method": self.command}, seq)
+
+    def _raw_then_close(self, data):
+        """Writes raw bytes (no framing of ours), then closes with a FIN."""
+        if data:
+            self.wfile.write(data)
+            self.wfile.flush()
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
 
