@@ -22,6 +22,7 @@
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
+#include "idemproxy/upstream.h"
 
 /* Each client connection's memory pool: its request line and header section,
  * parsed in place, and its answer's header block. MHD clears the pool for
@@ -141,6 +142,76 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t len)
                   (socklen_t)len);
 }
 
+static bool span_is_digits(struct span s)
+{
+    for (size_t i = 0; i < s.len; i++) {
+        if (s.base[i] < '0' || s.base[i] > '9')
+            return false;
+    }
+    return s.len > 0;
+}
+
+const char *front_framing_error(const struct upstream_header *headers, size_t n,
+                                unsigned *ret_status)
+{
+    const struct span *cl = NULL, *te = NULL;
+
+    *ret_status = 400;
+    for (size_t i = 0; i < n; i++) {
+        struct span name = headers[i].name, value = headers[i].value;
+
+        if (!record_is_token(name))
+            return "a header field name that is not a token (a space before its colon, or a "
+                   "folded line)";
+        if (span_eq_nocase(name, SPAN_LIT("Content-Length"))) {
+            if (!span_is_digits(value))
+                return "a Content-Length that is not a number";
+            if (cl && (cl->len != value.len || memcmp(cl->base, value.base, value.len) != 0))
+                return "two different Content-Length values";
+            cl = &headers[i].value;
+        } else if (span_eq_nocase(name, SPAN_LIT("Transfer-Encoding"))) {
+            if (te)
+                return "two Transfer-Encoding fields";
+            te = &headers[i].value;
+        }
+    }
+    if (te && cl)
+        return "both Content-Length and Transfer-Encoding";
+    if (te && !span_eq_nocase(*te, SPAN_LIT("chunked"))) {
+        *ret_status = 501;
+        return "a transfer coding other than chunked";
+    }
+    return NULL;
+}
+
+/* Answers the request with <status> and closes the connection: its framing
+ * cannot be trusted, so neither can anything after it on the connection. */
+static enum MHD_Result refuse_framing(struct MHD_Connection *conn, struct req *r, unsigned status,
+                                      const char *why)
+{
+    /* not const: MHD takes void * */
+    static char bad[] = "Bad Request: the message framing is ambiguous\n",
+                unknown[] = "Not Implemented: a transfer coding other than chunked\n";
+    char *body = status == 501 ? unknown : bad;
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    log_info("refused %.*s %.*s from %s: %s (%u)", (int)r->method.len, r->method.base,
+             (int)r->target.len, r->target.base, r->client_ip, why, status);
+    r->answered = true;
+    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    if (MHD_add_response_header(resp, "Content-Type", "text/plain") == MHD_NO ||
+        MHD_add_response_header(resp, "Connection", "close") == MHD_NO) {
+        MHD_destroy_response(resp);
+        return MHD_NO;
+    }
+    ret = MHD_queue_response(conn, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static void record_unref_cb(void *cls) { record_unref(cls); }
 
 /* Queues the answer of <r>. The response borrows the record's body (no copy)
@@ -205,6 +276,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     struct front *f = cls;
     struct req *r = *con_cls;
+    const char *why;
+    unsigned status;
 
     (void)url;
     (void)version;
@@ -222,6 +295,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             (int)r->nheaders)
             return MHD_NO;
         client_ip(conn, r->client_ip, sizeof(r->client_ip));
+        if ((why = front_framing_error(r->headers, r->nheaders, &status)))
+            return refuse_framing(conn, r, status, why);
         if (pipeline_begin(f->pl, r))
             return send_answer(f, conn, r);
         return MHD_YES;

@@ -140,6 +140,15 @@ static bool is_tchar(unsigned char c)
     return c && strchr("!#$%&'*+-.^_`|~", c);
 }
 
+bool record_is_token(struct span s)
+{
+    for (size_t i = 0; i < s.len; i++) {
+        if (!is_tchar((unsigned char)s.base[i]))
+            return false;
+    }
+    return s.len > 0;
+}
+
 int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value)
 {
     const char *colon = line.len ? memchr(line.base, ':', line.len) : NULL;
@@ -148,10 +157,8 @@ int record_parse_header_line(struct span line, struct span *ret_name, struct spa
     if (!colon || colon == line.base)
         return -EINVAL; /* includes obs-fold, which starts with OWS */
     name = (struct span){ .base = line.base, .len = (size_t)(colon - line.base) };
-    for (size_t i = 0; i < name.len; i++) {
-        if (!is_tchar((unsigned char)name.base[i]))
-            return -EINVAL;
-    }
+    if (!record_is_token(name))
+        return -EINVAL;
     value = (struct span){ .base = colon + 1, .len = line.len - name.len - 1 };
     while (value.len > 0 && is_ows(value.base[0])) {
         value.base++;

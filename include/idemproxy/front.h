@@ -14,6 +14,21 @@ struct loop;
 struct pipeline;
 struct upstream;
 
+struct upstream_header;
+
+/* Checks the message framing of a request's header section (RFC 9112 section
+ * 6), as libmicrohttpd parsed it: it takes the first of several
+ * Content-Length or Transfer-Encoding fields, accepts both together, reads
+ * an unknown transfer coding until the connection closes, and keeps a name
+ * with a space before its colon. What one parser could read as one request
+ * and another as two is refused here. Returns NULL when the framing is
+ * clear, or why not, with the status to answer in <ret_status>: 400 for a
+ * field name that is not a token, a Content-Length that is not digits, two
+ * that differ, two Transfer-Encoding fields, or both headers; 501 for a
+ * transfer coding other than chunked alone. */
+const char *front_framing_error(const struct upstream_header *headers, size_t n,
+                                unsigned *ret_status);
+
 /* Listens on cfg->listen and serves through <pl>, run by <loop>, forwarding
  * to <up> (which runs on the same loop); all borrowed: they must outlive the
  * front end, and the loop must not be running yet. Several front ends may
