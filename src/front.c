@@ -122,6 +122,10 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
     struct req *r = cls;
 
     (void)kind;
+    /* RFC 9110 section 5.5: the whitespace around a value is not part of it;
+     * libmicrohttpd strips only what comes before. */
+    while (value_size > 0 && (value[value_size - 1] == ' ' || value[value_size - 1] == '\t'))
+        value_size--;
     if (req_add_header(r, (struct span){ key, key_size }, (struct span){ value, value_size }) < 0)
         return MHD_NO;
     return MHD_YES;
