@@ -31,6 +31,18 @@
  * answers a larger one with 431. */
 #define FRONT_CONNECTION_MEMORY (24u << 10)
 
+/* A client connection while its header section is due. libmicrohttpd's
+ * connection timeout counts idle time only: a client sending one byte a
+ * second would hold its connection for ever. --client-timeout bounds the
+ * whole header section instead, from the connection's start or the end of
+ * its previous request. */
+struct fconn {
+    struct fconn *prev, *next; /* in front.heads, oldest first, while linked */
+    uint64_t since_ms;
+    MHD_socket fd;
+    bool linked;
+};
+
 struct front {
     const struct config *cfg;
     struct pipeline *pl;
@@ -47,6 +59,7 @@ struct front {
     int quiesced_fd;     /* the listening socket after front_quiesce(), -1 before */
     struct upstream *up; /* borrowed: the upstream on the same loop */
     atomic_uint requests;
+    struct fconn *heads_first, *heads_last; /* header sections due, oldest first */
 };
 
 /* Open client sockets of every front end of the process (one per loop, on
@@ -68,16 +81,78 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
     return MHD_NO;
 }
 
+/* Loop thread (or the thread stopping the daemon), like every MHD callback. */
+static void heads_unlink(struct front *f, struct fconn *c)
+{
+    if (!c || !c->linked)
+        return;
+    *(c->prev ? &c->prev->next : &f->heads_first) = c->next;
+    *(c->next ? &c->next->prev : &f->heads_last) = c->prev;
+    c->prev = c->next = NULL;
+    c->linked = false;
+}
+
+/* A header section is due from now. */
+static void heads_append(struct front *f, struct fconn *c)
+{
+    if (!c)
+        return;
+    heads_unlink(f, c);
+    c->since_ms = now_ms();
+    c->prev = f->heads_last;
+    *(f->heads_last ? &f->heads_last->next : &f->heads_first) = c;
+    f->heads_last = c;
+    c->linked = true;
+}
+
+static struct fconn *conn_fconn(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    return ci ? ci->socket_context : NULL;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    (void)cls;
-    (void)conn;
-    (void)socket_context;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+    struct front *f = cls;
+    struct fconn *c;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+
         atomic_fetch_add_explicit(&connections, 1, memory_order_relaxed);
-    else
-        atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
+        c = ci ? calloc(1, sizeof(*c)) : NULL; /* without it: only the idle timeout */
+        if (c) {
+            c->fd = ci->connect_fd;
+            heads_append(f, c);
+        }
+        *socket_context = c;
+        return;
+    }
+    atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
+    c = *socket_context;
+    heads_unlink(f, c);
+    free(c);
+    *socket_context = NULL;
+}
+
+/* Cuts off the connections whose header section is overdue: shutdown() makes
+ * libmicrohttpd read the end of the stream and close the connection itself.
+ * Returns when the next one is due. */
+static uint64_t heads_expire(struct front *f)
+{
+    uint64_t now = now_ms(), limit = f->cfg->client_timeout_ms;
+    struct fconn *c;
+
+    while ((c = f->heads_first) && now - c->since_ms >= limit) {
+        heads_unlink(f, c);
+        log_debug("closed a connection: no complete header section within --client-timeout");
+        (void)shutdown(c->fd, SHUT_RDWR);
+    }
+    return c ? c->since_ms + limit : UINT64_MAX;
 }
 
 /* Runs first for every request, with the target exactly as received (the
@@ -107,8 +182,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct front *f = cls;
     struct req *r = *con_cls;
 
-    (void)conn;
     (void)toe;
+    heads_append(f, conn_fconn(conn)); /* the next request's header section is due */
     if (!r)
         return;
     *con_cls = NULL;
@@ -292,6 +367,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (!r->method.base) {
+        heads_unlink(f, conn_fconn(conn)); /* the header section is in */
         r->method = span_from_cstr(method);
         /* MHD counts the header whose copy failed too: a request is never
          * forwarded with some of its headers missing. */
@@ -341,13 +417,17 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 static void front_run(struct front *f)
 {
     MHD_UNSIGNED_LONG_LONG ms;
+    uint64_t heads_due;
 
     f->rerun = false;
     (void)MHD_run(f->d);
+    heads_due = heads_expire(f);
     if (f->rerun) /* resumed from inside MHD_run(): an answer found at once */
         f->timer.due_ms = 0;
     else
         f->timer.due_ms = MHD_get_timeout(f->d, &ms) == MHD_YES ? now_ms() + ms : UINT64_MAX;
+    if (heads_due < f->timer.due_ms)
+        f->timer.due_ms = heads_due;
 }
 
 static void on_events(void *ctx, uint32_t events)
