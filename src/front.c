@@ -60,6 +60,7 @@ struct front {
     struct upstream *up; /* borrowed: the upstream on the same loop */
     atomic_uint requests;
     struct fconn *heads_first, *heads_last; /* header sections due, oldest first */
+    bool reserved; /* on_accept() took a slot that its connection has not started in yet */
 };
 
 /* Open client sockets of every front end of the process (one per loop, on
@@ -68,15 +69,26 @@ static atomic_uint connections;
 
 /* Beyond --max-connections a new connection is closed at once: MHD itself
  * would leave it waiting in the listen backlog (it stops accepting at its
- * limit when suspend/resume is on), which a client sees as a hang. */
+ * limit when suspend/resume is on), which a client sees as a hang. The slot
+ * is taken here, in one atomic step: the loops accept at the same time, and
+ * a look then an add let two of them take the last slot. MHD starts the
+ * connection (on_connection) right after, on this thread; when it could not,
+ * the next accept gives the slot back. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
 {
     struct front *f = cls;
 
     (void)addr;
     (void)addrlen;
-    if (atomic_load_explicit(&connections, memory_order_relaxed) < f->cfg->max_connections)
+    if (f->reserved) /* the last one accepted never started */
+        atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
+    f->reserved = false;
+    if (atomic_fetch_add_explicit(&connections, 1, memory_order_relaxed) <
+        f->cfg->max_connections) {
+        f->reserved = true;
         return MHD_YES;
+    }
+    atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
     log_debug("refused a connection: --max-connections (%u) reached", f->cfg->max_connections);
     return MHD_NO;
 }
@@ -123,7 +135,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
-        atomic_fetch_add_explicit(&connections, 1, memory_order_relaxed);
+        if (f->reserved)
+            f->reserved = false; /* its slot was taken in on_accept() */
+        else
+            atomic_fetch_add_explicit(&connections, 1, memory_order_relaxed);
         c = ci ? calloc(1, sizeof(*c)) : NULL; /* without it: only the idle timeout */
         if (c) {
             c->fd = ci->connect_fd;
