@@ -16,12 +16,28 @@ static void check_key(const struct idemkey *k)
         FUZZ_CHECK(k->buf[i] >= 0x21 && k->buf[i] <= 0x7e);
 }
 
+/* Writes the quoted form of <k> (its '"' and '\' escaped, in quotes) to
+ * <out>, which holds 2 * IDEMKEY_MAX + 2 bytes; returns its length. */
+static size_t quote_key(const struct idemkey *k, char *out)
+{
+    size_t n = 0;
+
+    out[n++] = '"';
+    for (size_t i = 0; i < k->len; i++) {
+        if (k->buf[i] == '"' || k->buf[i] == '\\')
+            out[n++] = '\\';
+        out[n++] = k->buf[i];
+    }
+    out[n++] = '"';
+    return n;
+}
+
 /* An accepted value is the canonical form of its key: bare, the key itself;
- * quoted, the key with '"' and '\' escaped, in quotes. */
+ * quoted, quote_key(). */
 static void check_canonical(struct span v, const struct idemkey *k)
 {
     char quoted[2 * IDEMKEY_MAX + 2];
-    size_t n = 0;
+    size_t n;
 
     if (v.base[0] != '"') {
         FUZZ_CHECK(v.len == k->len && memcmp(v.base, k->buf, k->len) == 0);
@@ -29,13 +45,7 @@ static void check_canonical(struct span v, const struct idemkey *k)
                    !memchr(k->buf, '\\', k->len));
         return;
     }
-    quoted[n++] = '"';
-    for (size_t i = 0; i < k->len; i++) {
-        if (k->buf[i] == '"' || k->buf[i] == '\\')
-            quoted[n++] = '\\';
-        quoted[n++] = k->buf[i];
-    }
-    quoted[n++] = '"';
+    n = quote_key(k, quoted);
     FUZZ_CHECK(v.len == n && memcmp(v.base, quoted, n) == 0);
 }
 
@@ -95,20 +105,14 @@ static void check_reparse(const struct idemkey *k)
 {
     char quoted[2 * IDEMKEY_MAX + 2];
     struct idemkey again = { .len = 0 };
-    size_t n = 0;
+    size_t n;
 
     if (!memchr(k->buf, ',', k->len) && !memchr(k->buf, '"', k->len) &&
         !memchr(k->buf, '\\', k->len)) {
         FUZZ_CHECK(idemkey_parse((struct span){ .base = k->buf, .len = k->len }, &again) == 0);
         FUZZ_CHECK(again.len == k->len && memcmp(again.buf, k->buf, k->len) == 0);
     }
-    quoted[n++] = '"';
-    for (size_t i = 0; i < k->len; i++) {
-        if (k->buf[i] == '"' || k->buf[i] == '\\')
-            quoted[n++] = '\\';
-        quoted[n++] = k->buf[i];
-    }
-    quoted[n++] = '"';
+    n = quote_key(k, quoted);
     again.len = 0;
     FUZZ_CHECK(idemkey_parse((struct span){ .base = quoted, .len = n }, &again) == 0);
     FUZZ_CHECK(again.len == k->len && memcmp(again.buf, k->buf, k->len) == 0);

@@ -153,6 +153,22 @@ def raw_request(port, data, timeout=15.0, host="127.0.0.1"):
         s.close()
 
 
+def recv_until_closed(s, what="the connection"):
+    """Reads socket <s> until the peer closes it (a reset counts); fails the
+    test when the socket's timeout runs out first. Returns what was read."""
+    data = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except ConnectionResetError:
+        return data
+    except socket.timeout:
+        pytest.fail("%s was not closed within %s s" % (what, s.gettimeout()))
+
+
 def redis_keys(r, key, prefix="idem:"):
     """Store keys for idempotency key <key> (any scope)."""
     return sorted(k.decode() for k in r.scan_iter(match="%s*:%s" % (prefix, key), count=1000))

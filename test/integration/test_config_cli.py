@@ -3,8 +3,8 @@ import socket
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, new_key, redis_keys,
-                      run_binary, store_independent)
+from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, new_key,
+                      recv_until_closed, redis_keys, run_binary, store_independent)
 
 OPTIONS = [
     "--listen", "--upstream", "--redis", "--admin-listen", "--methods", "--key-header",
@@ -187,12 +187,7 @@ def test_ipv6_listen(proxy, upstream):
     p = proxy("--listen", "[::1]:%d" % port)
     s = socket.create_connection(("::1", port), timeout=5)
     s.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
+    data = recv_until_closed(s)
     s.close()
     assert data.startswith(b"HTTP/1.1 201")
     assert p.alive()

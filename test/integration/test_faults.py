@@ -10,6 +10,7 @@ test_upstream_reset_is_502_and_never_resent), a response over --max-response
 whole request (test_heartbeat.py test_client_disconnect_does_not_cancel,
 test_client_disconnect_during_upstream_wait), a dead proxy's lock expiring
 (test_heartbeat.py test_lock_of_killed_proxy_expires_shared_redis)."""
+import contextlib
 import json
 import signal
 import socket
@@ -19,8 +20,8 @@ import pytest
 
 from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
                       assert_problem, hone, in_thread, keyed, metrics_value, new_key,
-                      redis_keys, redis_only, redis_state, start_held, wait_completed,
-                      wait_for)
+                      recv_until_closed, redis_keys, redis_only, redis_state, start_held,
+                      wait_completed, wait_for)
 from fake_upstream import BAD_STATUS, big_body
 
 STORE_ERRORS = "idemproxy_store_errors_total"
@@ -112,6 +113,28 @@ def wait_store_back(p, timeout=6.0, streak=6):
     wait_for(serves, timeout=timeout, interval=0.05, what="the store to serve on every loop")
 
 
+@contextlib.contextmanager
+def frozen_after_answer(p, private_redis, upstream, key):
+    """Holds <key>'s request at the upstream, freezes Redis (SIGSTOP: a
+    partition, its data survives) and lets the upstream answer: the client
+    gets the answer at once and the failed complete is counted. Yields (the
+    time of the freeze, the body answered); thaws Redis on the way out."""
+    first = start_held(p, key)
+    errors0 = metric(p, STORE_ERRORS)
+    private_redis.proc.send_signal(signal.SIGSTOP)
+    t_stop = time.monotonic()
+    try:
+        upstream.release(key)
+        st, h, body = first()
+        assert st == 200 and hone(h, REPLAY) == "false", (st, body[:200])
+        assert time.monotonic() - t_stop < 1.5, "the client waited on the store"
+        wait_for(lambda: metric(p, STORE_ERRORS) > errors0, timeout=3,
+                 what="the failed complete to be counted")
+        yield t_stop, body
+    finally:
+        private_redis.proc.send_signal(signal.SIGCONT)
+
+
 def warm_up(p, n=4):
     """Opens kept-alive upstream connections, so a fault hits a reused one
     (where libcurl, left alone, would silently send the request again)."""
@@ -164,22 +187,10 @@ def test_redis_frozen_past_lock_ttl_lock_expires_retry_once_redis(proxy, upstrea
     p = on_private_redis(proxy, private_redis, "--lock-ttl", "2", "--store-timeout", "0.3")
     key = new_key()
     req = hold_req(key)
-    first = start_held(p, key)
-    errors0 = metric(p, STORE_ERRORS)
-    private_redis.proc.send_signal(signal.SIGSTOP)
-    t_stop = time.monotonic()
-    try:
-        upstream.release(key)
-        st, h, body = first()
-        assert st == 200 and hone(h, REPLAY) == "false", (st, body[:200])
-        assert time.monotonic() - t_stop < 1.5, "the client waited on the store"
-        wait_for(lambda: metric(p, STORE_ERRORS) > errors0, timeout=3,
-                 what="the failed complete to be counted")
+    with frozen_after_answer(p, private_redis, upstream, key) as (t_stop, _):
         wait_for(lambda: "giving up" in p.stderr(), timeout=6,
                  what="the proxy to stop retrying the complete (--lock-ttl 2)")
         time.sleep(max(0.0, t_stop + 2.5 - time.monotonic()))  # past the lock's own TTL
-    finally:
-        private_redis.proc.send_signal(signal.SIGCONT)
     # The lock is still in Redis's memory, but its TTL ran out while frozen.
     wait_for(lambda: redis_keys(p.rdb, key) == [], timeout=2,
              what="the expired lock to be gone")
@@ -200,21 +211,9 @@ def test_redis_frozen_briefly_complete_retried_no_second_execution_redis(proxy, 
     p = on_private_redis(proxy, private_redis, "--lock-ttl", "5", "--store-timeout", "0.3")
     key = new_key()
     req = hold_req(key)
-    first = start_held(p, key)
-    errors0 = metric(p, STORE_ERRORS)
-    private_redis.proc.send_signal(signal.SIGSTOP)
-    t_stop = time.monotonic()
-    try:
-        upstream.release(key)
-        st, h, body = first()
-        assert st == 200 and hone(h, REPLAY) == "false", (st, body[:200])
-        assert time.monotonic() - t_stop < 1.5, "the client waited on the store"
-        wait_for(lambda: metric(p, STORE_ERRORS) > errors0, timeout=3,
-                 what="the failed complete to be counted")
+    with frozen_after_answer(p, private_redis, upstream, key) as (t_stop, body):
         wait_for(lambda: "retrying" in p.stderr(), timeout=3, what="a retry of the complete")
         time.sleep(max(0.0, t_stop + 1.5 - time.monotonic()))
-    finally:
-        private_redis.proc.send_signal(signal.SIGCONT)
     wait_completed(p, key, req, timeout=6)
     assert_completed(p, key, req, body=body)
     assert upstream.hits("/hold") == 1
@@ -431,17 +430,7 @@ def test_client_stalled_mid_body_past_client_timeout_locks_nothing(proxy, upstre
         s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nIdempotency-Key: " + key.encode() +
                   b"\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
         t0 = time.monotonic()
-        data = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except ConnectionResetError:
-            pass
-        except socket.timeout:
-            pytest.fail("stalled client not disconnected within 6 s")
+        data = recv_until_closed(s, "the stalled client")
         assert 0.5 <= time.monotonic() - t0 < 5
         assert data == b"" or data.startswith(b"HTTP/1.1 408"), data[:100]
     finally:

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, hone, in_thread, keyed,
-                      new_key, redis_keys, store_independent, wait_for)
+from conftest import (REPLAY, assert_completed, assert_free, hone, in_thread, keyed, new_key,
+                      recv_until_closed, redis_keys, store_independent, wait_for)
 
 # A complete request that a smuggling shape hides where one reading of the
 # framing sees body bytes and another sees the next request.
@@ -527,12 +527,7 @@ def test_connection_flood_beyond_max_connections(proxy, upstream):
         # The kept ones are served.
         for s in kept[:5]:
             s.sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = recv_until_closed(s)
             assert data.startswith(b"HTTP/1.1 201"), data[:100]
     finally:
         for s in socks:

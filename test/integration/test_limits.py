@@ -6,8 +6,8 @@ import time
 import pytest
 
 from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, keyed,
-                      new_key, redis_keys, redis_only, redis_state, start_slow,
-                      store_independent, wait_for)
+                      new_key, recv_until_closed, redis_keys, redis_only, redis_state,
+                      start_slow, store_independent, wait_for)
 from fake_upstream import big_body
 
 
@@ -306,17 +306,7 @@ def test_client_timeout_disconnects_stalled_client(proxy, upstream):
     try:
         s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc")
         t0 = time.monotonic()
-        data = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except ConnectionResetError:
-            pass
-        except socket.timeout:
-            pytest.fail("stalled client not disconnected within 6 s")
+        data = recv_until_closed(s, "the stalled client")
         elapsed = time.monotonic() - t0
         assert 0.5 <= elapsed < 5, elapsed
         assert data == b"" or data.startswith(b"HTTP/1.1 408"), data[:100]
@@ -350,12 +340,7 @@ def test_max_connections(proxy, upstream):
             extra.close()
         # The held connections are still served.
         held[0].sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        data = b""
-        while True:
-            chunk = held[0].recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = recv_until_closed(held[0])
         assert data.startswith(b"HTTP/1.1 201"), data[:100]
     finally:
         for s in held:
