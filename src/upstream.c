@@ -43,6 +43,7 @@ struct upstream {
     struct loop *loop; /* borrowed */
     char *base_url;    /* owned */
     size_t base_len;
+    size_t prefix_at; /* in <base_url>: where its path prefix starts */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
 
@@ -354,21 +355,27 @@ bool upstream_target_verbatim(struct span target)
     return true;
 }
 
-int upstream_compose_url(struct span base_url, struct span target, struct buf *url,
-                         size_t *ret_target_at)
+size_t upstream_prefix_at(struct span base_url)
 {
-    size_t start = url->len, prefix = 0;
-    int r;
+    size_t at = 0;
 
-    /* The path prefix starts at the first '/' past the authority. */
     for (size_t i = 0; i + 3 <= base_url.len; i++) {
         if (memcmp(base_url.base + i, "://", 3) == 0) {
-            prefix = i + 3;
+            at = i + 3;
             break;
         }
     }
-    while (prefix < base_url.len && base_url.base[prefix] != '/')
-        prefix++;
+    while (at < base_url.len && base_url.base[at] != '/')
+        at++;
+    return at;
+}
+
+int upstream_compose_url(struct span base_url, size_t prefix_at, struct span target,
+                         struct buf *url, size_t *ret_target_at)
+{
+    size_t start = url->len;
+    int r;
+
     r = buf_append(url, base_url.base, base_url.len);
     if (r == 0)
         r = buf_append(url, target.base, target.len);
@@ -378,7 +385,7 @@ int upstream_compose_url(struct span base_url, struct span target, struct buf *u
         url->len = start;
         return r;
     }
-    *ret_target_at = upstream_target_verbatim(target) ? start + prefix : SIZE_MAX;
+    *ret_target_at = upstream_target_verbatim(target) ? start + prefix_at : SIZE_MAX;
     return 0;
 }
 
@@ -401,7 +408,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
 
     url->len = method->len = 0;
     if (upstream_compose_url((struct span){ .base = up->base_url, .len = up->base_len },
-                             req->target, url, &at) < 0 ||
+                             up->prefix_at, req->target, url, &at) < 0 ||
         buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
         goto out;
     if (at != SIZE_MAX)
@@ -713,6 +720,7 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
         up->base_len--; /* the target brings its own '/' */
     }
     up->base_url = strndup(opt->base_url, up->base_len);
+    up->prefix_at = upstream_prefix_at((struct span){ .base = opt->base_url, .len = up->base_len });
     up->multi = curl_multi_init();
     if (!up->base_url || !up->multi || !up->idle ||
         curl_multi_setopt(up->multi, CURLMOPT_SOCKETFUNCTION, on_socket) != CURLM_OK ||

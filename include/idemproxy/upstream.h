@@ -52,14 +52,19 @@ struct upstream_options {
  * rejects what it must. */
 bool upstream_target_verbatim(struct span target);
 
-/* Appends to <url> the URL curl is given for <target> on <base_url>
- * (scheme://host[:port][/prefix], no trailing '/'): the two joined, then a
- * NUL. When upstream_target_verbatim(<target>), <ret_target_at> is the offset
- * in <url> of the request line's target, the base URL's path prefix and
- * <target> running to that NUL; otherwise SIZE_MAX. Returns 0, or -E2BIG past
- * the limit of <url> or -ENOMEM (<url> unchanged, <ret_target_at> untouched). */
-int upstream_compose_url(struct span base_url, struct span target, struct buf *url,
-                         size_t *ret_target_at);
+/* The offset in <base_url> (scheme://host[:port][/prefix]) of its path
+ * prefix: the first '/' past the authority, or its length when it has none. */
+size_t upstream_prefix_at(struct span base_url);
+
+/* Appends to <url> the URL curl is given for <target> on <base_url> (no
+ * trailing '/'; its path prefix at <prefix_at>, from upstream_prefix_at()):
+ * the two joined, then a NUL. When upstream_target_verbatim(<target>),
+ * <ret_target_at> is the offset in <url> of the request line's target, the
+ * path prefix and <target> running to that NUL; otherwise SIZE_MAX. Returns
+ * 0, or -E2BIG past the limit of <url> or -ENOMEM (<url> unchanged,
+ * <ret_target_at> untouched). */
+int upstream_compose_url(struct span base_url, size_t prefix_at, struct span target,
+                         struct buf *url, size_t *ret_target_at);
 
 /* Creates the upstream client, run by <loop> (borrowed: it must outlive the
  * client; it must not be running yet). Returns 0 with it in <ret>, or a
