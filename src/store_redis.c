@@ -943,12 +943,14 @@ static void conn_dispatch(struct rconn *c, uint64_t now)
                 op_finish(op, -ECONNRESET, NULL);
         }
     } else if (!c->ac) {
-        if (now < c->retry_at_ms) {
-            set_ready(c->st, false);
+        /* Inside the backoff, ops fail fast; but once Redis is known to
+         * answer again (the readiness PING or another loop's connection got
+         * through), waiting out this loop's backoff (up to 1 s) would only
+         * turn away requests that Redis can serve. */
+        if (now < c->retry_at_ms && !atomic_load_explicit(&c->st->ready, memory_order_relaxed))
             op_list_fail(&c->waiting, -ECONNREFUSED);
-        } else {
+        else
             conn_start(c, now);
-        }
     }
 }
 
