@@ -5,17 +5,25 @@
 #include "idemproxy/admin.h"
 
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <strings.h>
+
+#include <openssl/crypto.h>
 
 #include "idemproxy/admin_keys.h"
 #include "idemproxy/buf.h"
 #include "idemproxy/config.h"
 #include "idemproxy/metrics.h"
+#include "idemproxy/problem.h"
+#include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
 struct admin {
     struct store *st;
     const char *key_prefix; /* borrowed from the configuration */
+    const char *token;      /* borrowed: --admin-token-file's secret, NULL: none */
+    bool loopback;          /* the admin address is a loopback one */
     struct MHD_Daemon *d;
 };
 
@@ -59,21 +67,78 @@ static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *
     return ret;
 }
 
+/* Answers with the problem <p> (its status, headers and JSON body). */
+static enum MHD_Result reply_problem(struct MHD_Connection *conn, enum problem p,
+                                    const char *detail)
+{
+    struct record *rec = problem_new(p, detail);
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    if (!rec)
+        return MHD_NO;
+    resp = MHD_create_response_from_buffer(rec->body.len, rec->body.data, MHD_RESPMEM_MUST_COPY);
+    for (size_t i = 0; resp && i < rec->nheaders; i++)
+        (void)MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value);
+    if (resp && p == PROBLEM_ADMIN_UNAUTHORIZED)
+        (void)MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"idemproxy admin\"");
+    if (resp)
+        (void)MHD_add_response_header(resp, "Cache-Control", "no-store");
+    ret = resp ? MHD_queue_response(conn, problem_status(p), resp) : MHD_NO;
+    MHD_destroy_response(resp);
+    record_unref(rec);
+    return ret;
+}
+
+/* /keys reads stored answers and deletes keys: with a token, only for a
+ * request that carries it; without one, only on a loopback admin address.
+ * Returns true when the request may go on; otherwise <ret> is the refusal. */
+static bool keys_allowed(const struct admin *a, struct MHD_Connection *conn, enum MHD_Result *ret)
+{
+    const char *auth;
+    size_t len;
+
+    if (!a->token) {
+        if (a->loopback)
+            return true;
+        *ret = reply_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
+                             "/keys is served without --admin-token-file only on a loopback "
+                             "--admin-listen address.");
+        return false;
+    }
+    auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    len = strlen(a->token);
+    /* Compared in constant time: the time taken says nothing of the token. */
+    if (auth && strncasecmp(auth, "Bearer ", 7) == 0 && strlen(auth + 7) == len &&
+        CRYPTO_memcmp(auth + 7, a->token, len) == 0)
+        return true;
+    *ret = reply_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
+                         "/keys requires Authorization: Bearer <the token of "
+                         "--admin-token-file>.");
+    return false;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
 {
     struct admin *a = cls;
+    enum MHD_Result ret;
 
     (void)version;
     (void)upload_data;
-    (void)con_cls;
     if (*upload_data_size) {
         *upload_data_size = 0; /* no admin path takes a body */
         return MHD_YES;
     }
-    if (strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0)
-        return admin_keys_serve(conn, a->st, a->key_prefix, url, method);
+    if (strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0) {
+        if (!keys_allowed(a, conn, &ret))
+            return ret;
+        if (!*con_cls)
+            return reply(conn, 500, "out of memory\n");
+        /* the raw target: MHD's decoded <url> would end at a %00 */
+        return admin_keys_serve(conn, a->st, a->key_prefix, *con_cls, method);
+    }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(conn, 405, "method not allowed\n");
     if (strcmp(url, "/healthz") == 0)
@@ -88,6 +153,42 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return reply(conn, 404, "not found: try /healthz, /readyz or /metrics\n");
 }
 
+/* Keeps the raw target of each request: /keys decodes its key itself. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)cls;
+    (void)conn;
+    return strdup(uri); /* NULL on OOM: the decoded URL is used */
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    free(*con_cls);
+    *con_cls = NULL;
+}
+
+bool admin_is_loopback(const struct config *cfg)
+{
+    const struct sockaddr_storage *sa = &cfg->admin_listen.sa;
+
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+
+        return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
+    }
+    return false;
+}
+
 int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
 {
     struct admin *a = calloc(1, sizeof(*a));
@@ -97,10 +198,14 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
         return -ENOMEM;
     a->st = st;
     a->key_prefix = cfg->key_prefix;
+    a->token = cfg->admin_token;
+    a->loopback = admin_is_loopback(cfg);
     if (cfg->admin_listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,
-                            &cfg->admin_listen.sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
+                            &cfg->admin_listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                            MHD_OPTION_CONNECTION_LIMIT, 64u,
                             MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_LISTENING_ADDRESS_REUSE,
                             1u, MHD_OPTION_END);
     if (!a->d) {

@@ -127,18 +127,55 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
     return reply_json(conn, status, json_pack("{s:s}", "error", msg));
 }
 
-/* A key as the proxy stores it: 1-255 bytes in 0x21-0x7E (unquoted). */
-static bool key_is_valid(const char *k)
+static int hex_value(char c)
 {
-    size_t n = strlen(k);
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
 
-    if (n == 0 || n > 255)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)k[i] < 0x21 || (unsigned char)k[i] > 0x7e)
-            return false;
+/* Decodes the key of the raw target <raw> ("/keys/<key>[?query]", as the
+ * client sent it) into <ret> (256 bytes): %XX decoded, the result a key as
+ * the proxy stores it, 1-255 bytes in 0x21-0x7E (unquoted). Decoded here,
+ * not by the HTTP layer, whose C string would end at a %00. Returns 0 or
+ * -EINVAL. */
+static int decode_key(const char *raw, char *ret)
+{
+    size_t n = 0, at, end = strcspn(raw, "?");
+    char path[4096];
+
+    for (size_t i = 0; i < end; i++) {
+        char c = raw[i];
+
+        if (c == '%') {
+            int hi = i + 2 < end ? hex_value(raw[i + 1]) : -1;
+            int lo = hi >= 0 ? hex_value(raw[i + 2]) : -1;
+
+            if (lo < 0)
+                return -EINVAL;
+            c = (char)(hi << 4 | lo);
+            i += 2;
+        }
+        if (n == sizeof(path))
+            return -EINVAL;
+        path[n++] = c;
     }
-    return true;
+    if (n < strlen(ADMIN_KEYS_PATH) || memcmp(path, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) != 0)
+        return -EINVAL;
+    at = strlen(ADMIN_KEYS_PATH);
+    if (n - at == 0 || n - at > 255)
+        return -EINVAL;
+    for (size_t i = at; i < n; i++) {
+        if ((unsigned char)path[i] < 0x21 || (unsigned char)path[i] > 0x7e)
+            return -EINVAL;
+    }
+    memcpy(ret, path + at, n - at);
+    ret[n - at] = '\0';
+    return 0;
 }
 
 static bool scope_is_valid(const char *s)
@@ -264,9 +301,9 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
 }
 
 enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, const char *prefix,
-                                 const char *url, const char *method)
+                                 const char *target, const char *method)
 {
-    const char *key = url + strlen(ADMIN_KEYS_PATH);
+    char key[256];
     const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
     bool is_get = strcmp(method, "GET") == 0, is_delete = strcmp(method, "DELETE") == 0;
 
@@ -274,7 +311,7 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, 
         return reply_error(conn, 405, "GET or DELETE");
     if (!st)
         return reply_error(conn, 404, "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
-    if (!key_is_valid(key))
+    if (decode_key(target, key) < 0)
         return reply_error(conn, 400,
                            "key: 1 to 255 bytes of 0x21-0x7E, as stored (unquoted), "
                            "percent-encoded in the path");

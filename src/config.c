@@ -12,6 +12,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "idemproxy/http.h"
+#include "idemproxy/upstream.h"
+
 #define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
 #define COUNT_MAX 1000000u
 #define WHY_MAX 256
@@ -33,6 +36,7 @@ enum kind {
     K_CHOICE,     /* an enum: the index in <choices> */
     K_COUNT,      /* unsigned, 1..COUNT_MAX */
     K_ACTION,     /* bool set to true: --help, --version */
+    K_TOKEN_FILE, /* --admin-token-file: the path, and its first line in cfg->admin_token */
 };
 
 /* How a bad value of each kind is explained: "'<v>' is not <what> (<expect>)". */
@@ -42,7 +46,8 @@ static const struct {
 } kind_info[] = {
     [K_ADDR] = { "an address", "use HOST:PORT or [IPv6]:PORT, a port from 1 to 65535 and a host "
                                "that resolves" },
-    [K_URL] = { "an upstream URL", "use http:// or https://, with no query or fragment, e.g. "
+    [K_URL] = { "an upstream URL", "use http:// or https://, a host, an optional port and path "
+                                   "prefix, no user info, query or fragment, e.g. "
                                    "http://127.0.0.1:3000" },
     [K_REDIS] = { "a Redis URL", "use redis://[:password@]host:port[/db]" },
     [K_STR] = { "a string", "any text" },
@@ -60,6 +65,8 @@ static const struct {
     [K_CHOICE] = { "a valid choice", NULL },
     [K_COUNT] = { "a whole number", "use 1 to 1000000" },
     [K_ACTION] = { "an action", "takes no value" },
+    [K_TOKEN_FILE] = { "a token file", "its first line is the token: 1 to 4096 visible ASCII "
+                                       "characters, no spaces" },
 };
 
 struct opt {
@@ -163,6 +170,10 @@ static const struct opt opts[] = {
     { NULL, "IDEMPOTENCY_ENABLED", "BOOL", "true",
       "false turns enforcement off: every request is passed through", K_BOOL, F(enabled), 0, NULL,
       true },
+    { "--admin-token-file", "IDEMPROXY_ADMIN_TOKEN_FILE", "FILE", NULL,
+      "/keys on the admin listener requires Authorization: Bearer <the file's first line>; "
+      "none: /keys is served only on a loopback admin address",
+      K_TOKEN_FILE, F(admin_token_file), 0, NULL, false },
     { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help), 0,
       NULL, false },
     { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, F(show_version), 0,
@@ -398,24 +409,6 @@ bool config_is_enforced(const struct config *cfg, struct span method)
     return false;
 }
 
-/* RFC 9110 tchar. */
-static bool is_tchar(unsigned char c)
-{
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           (c && strchr("!#$%&'*+-.^_`|~", c));
-}
-
-static bool is_token(struct span s)
-{
-    if (s.len == 0)
-        return false;
-    for (size_t i = 0; i < s.len; i++) {
-        if (!is_tchar((unsigned char)s.base[i]))
-            return false;
-    }
-    return true;
-}
-
 static int parse_count(const char *s, unsigned *ret)
 {
     unsigned long v = 0;
@@ -468,25 +461,75 @@ static bool has_ctl(const char *s)
     return false;
 }
 
-/* scheme://authority[/prefix], one trailing '/' dropped. The rest is curl's to judge. */
+/* scheme://host[:port][/prefix], as the upstream module will read it (libcurl's
+ * URL API), with no user info, query or fragment; one trailing '/' dropped. */
 static int set_upstream(char **slot, const char *v)
 {
-    size_t skip, len = strlen(v);
-    const char *authority;
+    struct upstream_base base;
+    size_t len = strlen(v);
+    int r;
 
-    if (strncasecmp(v, "http://", 7) == 0)
-        skip = 7;
-    else if (strncasecmp(v, "https://", 8) == 0)
-        skip = 8;
-    else
+    if (has_ctl(v) || (strncasecmp(v, "http://", 7) != 0 && strncasecmp(v, "https://", 8) != 0))
         return -EINVAL;
-    authority = v + skip;
-    /* strchr() also matches the final NUL: an empty authority is refused too. */
-    if (strchr("/:", *authority) || strpbrk(v, "?#") || has_ctl(v))
-        return -EINVAL;
+    r = upstream_base_parse(v, &base);
+    if (r < 0)
+        return r;
+    upstream_base_done(&base);
     if (v[len - 1] == '/')
         len--;
     return replace_string(slot, v, len);
+}
+
+#define TOKEN_MAX 4096
+
+/* Reads the secret of a token file <path>: its first line, without the line
+ * end and the whitespace around it, into <secret_slot>; the path into
+ * <path_slot>. Nothing changes on failure. */
+static int set_token_file(char **path_slot, char **secret_slot, const char *path)
+{
+    char buf[TOKEN_MAX + 2], *secret;
+    struct span t;
+    size_t n;
+    FILE *f;
+    int r;
+
+    f = fopen(path, "re");
+    if (!f)
+        return -errno;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    r = ferror(f) ? -EIO : 0;
+    fclose(f);
+    if (r < 0)
+        return r;
+    buf[n] = '\0';
+    t = span_from_cstr(buf);
+    t.len = strcspn(buf, "\r\n");
+    while (t.len > 0 && (t.base[0] == ' ' || t.base[0] == '\t')) {
+        t.base++;
+        t.len--;
+    }
+    while (t.len > 0 && (t.base[t.len - 1] == ' ' || t.base[t.len - 1] == '\t'))
+        t.len--;
+    r = t.len == 0 || t.len > TOKEN_MAX ? -EINVAL : 0;
+    for (size_t i = 0; r == 0 && i < t.len; i++) {
+        if ((unsigned char)t.base[i] < 0x21 || (unsigned char)t.base[i] > 0x7e)
+            r = -EINVAL;
+    }
+    if (r == 0) {
+        secret = strndup(t.base, t.len);
+        r = secret ? replace_string(path_slot, path, strlen(path)) : -ENOMEM;
+        if (r == 0) {
+            if (*secret_slot)
+                explicit_bzero(*secret_slot, strlen(*secret_slot));
+            free(*secret_slot);
+            *secret_slot = secret;
+        } else if (secret) {
+            explicit_bzero(secret, t.len);
+            free(secret);
+        }
+    }
+    explicit_bzero(buf, sizeof(buf));
+    return r;
 }
 
 static int set_redis(char **slot, const char *v)
@@ -524,7 +567,7 @@ static int list_set(char **list, size_t *n, const char *v, bool append, bool upp
         const char *end = strchr(p, ',');
         struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
 
-        if (!is_token(e)) {
+        if (!http_is_token(e)) {
             r = -EINVAL;
             goto fail;
         }
@@ -576,11 +619,11 @@ static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool 
     case K_STR:
         return replace_string(field, v, strlen(v));
     case K_HEADER:
-        if (!is_token(span_from_cstr(v)))
+        if (!http_is_token(span_from_cstr(v)))
             return -EINVAL;
         return replace_string(field, v, strlen(v));
     case K_HEADER_OPT:
-        if (*v && !is_token(span_from_cstr(v)))
+        if (*v && !http_is_token(span_from_cstr(v)))
             return -EINVAL;
         return replace_string(field, v, strlen(v));
     case K_METHODS:
@@ -604,6 +647,8 @@ static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool 
     case K_ACTION:
         *(bool *)field = true;
         return 0;
+    case K_TOKEN_FILE:
+        return set_token_file(&cfg->admin_token_file, &cfg->admin_token, v); /* the only one */
     }
     return -EINVAL;
 }
@@ -673,6 +718,8 @@ static void value_err(const struct opt *o, bool from_env, const char *v, int r, 
         snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
     if (r == -ENOMEM)
         set_err(err, errlen, "%s: out of memory", src);
+    else if (o->kind == K_TOKEN_FILE && r != -EINVAL)
+        set_err(err, errlen, "%s: cannot read '%s': %s", src, val, strerror(-r));
     else if (r == -E2BIG)
         set_err(err, errlen, "%s: too many entries (at most %d)", src, CONFIG_MAX_LIST);
     else
@@ -895,6 +942,12 @@ void config_done(struct config *cfg)
     cfg->key_prefix = NULL;
     free(cfg->ttl_header);
     cfg->ttl_header = NULL;
+    free(cfg->admin_token_file);
+    cfg->admin_token_file = NULL;
+    if (cfg->admin_token)
+        explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
+    free(cfg->admin_token);
+    cfg->admin_token = NULL;
     list_clear(cfg->methods, &cfg->nmethods);
     list_clear(cfg->scope_headers, &cfg->nscope_headers);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/http.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
@@ -180,6 +181,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     (void)conn;
     if (!r)
         return NULL;
+    r->head_uri = uri; /* front_head_hidden() checks its place in the header section */
     r->target_buf = strdup(uri);
     if (!r->target_buf) {
         req_free(r);
@@ -236,74 +238,80 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t len)
                   (socklen_t)len);
 }
 
-static bool span_is_digits(struct span s)
+#define HEAD_HIDDEN                                                                                \
+    "a header section whose bytes the HTTP layer could not pass on whole (a NUL byte in the "     \
+    "request line or a field value, or a folded field line)"
+
+/* Whether <p> (<len> bytes) lies inside <head>; its offset in <ret_at>. The
+ * pointers come from libmicrohttpd and may point elsewhere (a folded line is
+ * moved): they are compared as integers, and only read once inside. */
+static bool head_offset(struct span head, const char *p, size_t len, size_t *ret_at)
 {
-    for (size_t i = 0; i < s.len; i++) {
-        if (s.base[i] < '0' || s.base[i] > '9')
-            return false;
-    }
-    return s.len > 0;
+    uintptr_t a = (uintptr_t)head.base, x = (uintptr_t)p;
+
+    if (!p || x < a || x - a > head.len || len > head.len - (x - a))
+        return false;
+    *ret_at = (size_t)(x - a);
+    return true;
 }
 
-const char *front_framing_error(const struct upstream_header *headers, size_t n,
-                                unsigned *ret_status)
+/* Skips from <at> between <min> and <max> NUL bytes (the parser's line ends). */
+static bool head_line_end(struct span head, size_t *at, size_t min, size_t max)
 {
-    const struct span *cl = NULL, *te = NULL;
+    size_t n = 0;
 
-    *ret_status = 400;
+    while (*at < head.len && n < max && head.base[*at] == '\0') {
+        (*at)++;
+        n++;
+    }
+    return n >= min;
+}
+
+static size_t head_skip_ows(struct span head, size_t at)
+{
+    while (at < head.len && (head.base[at] == ' ' || head.base[at] == '\t'))
+        at++;
+    return at;
+}
+
+const char *front_head_hidden(struct span head, struct span method, struct span uri,
+                              struct span version, const struct http_header *h, size_t n)
+{
+    size_t at, start;
+
+    /* The request line: method, its SP (now a NUL), maybe more spaces, the
+     * target, its SP (now a NUL), the version. */
+    if (method.base != head.base || method.len >= head.len || head.base[method.len] != '\0')
+        return HEAD_HIDDEN;
+    at = method.len + 1;
+    while (at < head.len && head.base[at] == ' ')
+        at++;
+    if (!head_offset(head, uri.base, uri.len, &start) || start != at)
+        return HEAD_HIDDEN;
+    at += uri.len;
+    if (at >= head.len || head.base[at] != '\0')
+        return HEAD_HIDDEN;
+    at++;
+    if (!head_offset(head, version.base, version.len, &start) || start != at)
+        return HEAD_HIDDEN;
+    at += version.len;
     for (size_t i = 0; i < n; i++) {
-        struct span name = headers[i].name, value = headers[i].value;
-
-        if (!record_is_token(name))
-            return "a header field name that is not a token (a space before its colon, or a "
-                   "folded line)";
-        if (span_eq_nocase(name, SPAN_LIT("Content-Length"))) {
-            if (!span_is_digits(value))
-                return "a Content-Length that is not a number";
-            if (cl && (cl->len != value.len || memcmp(cl->base, value.base, value.len) != 0))
-                return "two different Content-Length values";
-            cl = &headers[i].value;
-        } else if (span_eq_nocase(name, SPAN_LIT("Transfer-Encoding"))) {
-            if (te)
-                return "two Transfer-Encoding fields";
-            te = &headers[i].value;
-        }
+        /* a line end (CRLF or LF), the name, its colon (now a NUL), OWS, the value */
+        if (!head_line_end(head, &at, 1, 2) ||
+            !head_offset(head, h[i].name.base, h[i].name.len, &start) || start != at)
+            return HEAD_HIDDEN;
+        at += h[i].name.len;
+        if (at >= head.len || head.base[at] != '\0')
+            return HEAD_HIDDEN;
+        at = head_skip_ows(head, at + 1);
+        if (!head_offset(head, h[i].value.base, h[i].value.len, &start) || start != at)
+            return HEAD_HIDDEN;
+        at = head_skip_ows(head, at + h[i].value.len); /* trailing whitespace, cut from the value */
     }
-    if (te && cl)
-        return "both Content-Length and Transfer-Encoding";
-    if (te && !span_eq_nocase(*te, SPAN_LIT("chunked"))) {
-        *ret_status = 501;
-        return "a transfer coding other than chunked";
-    }
+    /* the last line's end and the blank line */
+    if (!head_line_end(head, &at, 2, 4) || at != head.len)
+        return HEAD_HIDDEN;
     return NULL;
-}
-
-/* Answers the request with <status> and closes the connection: its framing
- * cannot be trusted, so neither can anything after it on the connection. */
-static enum MHD_Result refuse_framing(struct MHD_Connection *conn, struct req *r, unsigned status,
-                                      const char *why)
-{
-    /* not const: MHD takes void * */
-    static char bad[] = "Bad Request: the message framing is ambiguous\n",
-                unknown[] = "Not Implemented: a transfer coding other than chunked\n";
-    char *body = status == 501 ? unknown : bad;
-    struct MHD_Response *resp;
-    enum MHD_Result ret;
-
-    log_info("refused %.*s %.*s from %s: %s (%u)", (int)r->method.len, r->method.base,
-             (int)r->target.len, r->target.base, r->client_ip, why, status);
-    r->answered = true;
-    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_PERSISTENT);
-    if (!resp)
-        return MHD_NO;
-    if (MHD_add_response_header(resp, "Content-Type", "text/plain") == MHD_NO ||
-        MHD_add_response_header(resp, "Connection", "close") == MHD_NO) {
-        MHD_destroy_response(resp);
-        return MHD_NO;
-    }
-    ret = MHD_queue_response(conn, status, resp);
-    MHD_destroy_response(resp);
-    return ret;
 }
 
 static void record_unref_cb(void *cls) { record_unref(cls); }
@@ -370,11 +378,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     struct front *f = cls;
     struct req *r = *con_cls;
-    const char *why;
-    unsigned status;
+    const union MHD_ConnectionInfo *size;
 
     (void)url;
-    (void)version;
     if (!r)
         return MHD_NO;
     if (r->answered) {
@@ -390,8 +396,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             (int)r->nheaders)
             return MHD_NO;
         client_ip(conn, r->client_ip, sizeof(r->client_ip));
-        if ((why = front_framing_error(r->headers, r->nheaders, &status)))
-            return refuse_framing(conn, r, status, why);
+        r->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+        size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+        r->head_error = front_head_hidden(
+            (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->method,
+            (struct span){ .base = r->head_uri, .len = r->target.len }, span_from_cstr(version),
+            r->headers, r->nheaders);
         if (pipeline_begin(f->pl, r))
             return send_answer(f, conn, r);
         return MHD_YES;

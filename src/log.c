@@ -13,7 +13,7 @@
 #include <jansson.h>
 
 #define LOG_MSG_MAX 2048                     /* longer messages are cut and end with "..." */
-#define LOG_LINE_MAX (LOG_MSG_MAX * 6 + 128) /* JSON escapes a byte into at most \u00XX */
+#define LOG_LINE_MAX (LOG_MSG_MAX * 6 + 128) /* a byte escapes into at most \u00XX (JSON) */
 /* An access line keeps this much of the target, and half of it of the key. */
 #define LOG_FIELD_MAX 1024
 
@@ -66,35 +66,121 @@ static void write_all(const char *p, size_t n)
     }
 }
 
-/* Keeps a text line on one line: a message may quote client input. */
-static void flatten(char *s)
+/* Appends <n> bytes of <p> to <out> (<cap> bytes, <*len> used), keeping room
+ * for a NUL; what does not fit is dropped. */
+static void put(char *out, size_t cap, size_t *len, const char *p, size_t n)
 {
-    for (; *s; s++) {
-        if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
-            *s = ' ';
-    }
+    if (*len >= cap)
+        return;
+    if (n > cap - 1 - *len)
+        n = cap - 1 - *len;
+    memcpy(out + *len, p, n);
+    *len += n;
+    out[*len] = '\0';
 }
 
-/* Replaces bytes that are not ASCII, so jansson (UTF-8 only) accepts any message. */
-static void to_ascii(char *s)
+/* Appends <s> escaped for a text line, so that a line stays one line and its
+ * fields stay apart whatever bytes a client sent: printable ASCII as is, but
+ * '"' and '\\' escaped with a backslash, every other byte (controls, DEL,
+ * 8-bit) as \xHH. At most <max> bytes of <s> are taken; more ends in "...". */
+static void put_escaped(char *out, size_t cap, size_t *len, struct span s, size_t max)
 {
-    for (; *s; s++) {
-        if ((unsigned char)*s >= 0x80)
-            *s = '?';
+    static const char hex[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < s.len && i < max; i++) {
+        unsigned char c = (unsigned char)s.base[i];
+        char e[4] = { '\\', (char)c, 0, 0 };
+
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+            put(out, cap, len, (const char *)&c, 1);
+        else if (c == '"' || c == '\\')
+            put(out, cap, len, e, 2);
+        else {
+            e[1] = 'x';
+            e[2] = hex[c >> 4];
+            e[3] = hex[c & 15];
+            put(out, cap, len, e, 4);
+        }
     }
+    if (s.len > max)
+        put(out, cap, len, "...", 3);
+}
+
+/* The length of the well-formed UTF-8 sequence (RFC 3629) at <p>, <n> bytes
+ * left, or 0 when there is none. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    size_t need;
+    uint32_t cp;
+
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        need = 2;
+        cp = p[0] & 0x1f;
+    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+        need = 3;
+        cp = p[0] & 0x0f;
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        need = 4;
+        cp = p[0] & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < need)
+        return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    if ((need == 3 && cp < 0x800) || (need == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0; /* overlong, past Unicode, or a surrogate */
+    return need;
+}
+
+/* A JSON string of at most <max> bytes of <s>: well-formed UTF-8 as is
+ * (jansson escapes quotes and controls), each other byte, and NUL (which many
+ * JSON readers refuse as \u0000), as the text \xHH, so every line is valid
+ * JSON and nothing is dropped. NULL on OOM. */
+static json_t *json_span(struct span s, size_t max)
+{
+    static const char hex[] = "0123456789abcdef";
+    char copy[LOG_MSG_MAX * 4];
+    size_t len = 0;
+
+    if (max > LOG_MSG_MAX)
+        max = LOG_MSG_MAX;
+    if (s.len > max)
+        s.len = max;
+    for (size_t i = 0; i < s.len;) {
+        size_t n = s.base[i] ? utf8_len((const unsigned char *)s.base + i, s.len - i) : 0;
+
+        if (n > 0) {
+            memcpy(copy + len, s.base + i, n);
+            len += n;
+            i += n;
+        } else {
+            unsigned char c = (unsigned char)s.base[i++];
+
+            copy[len++] = '\\';
+            copy[len++] = 'x';
+            copy[len++] = hex[c >> 4];
+            copy[len++] = hex[c & 15];
+        }
+    }
+    return json_stringn(copy, len);
 }
 
 static size_t format_json(char *line, size_t linelen, const char *stamp, const char *level,
-                          char *msg)
+                          const char *msg)
 {
     json_t *obj;
     size_t n;
 
-    obj = json_pack("{s:s, s:s, s:s}", "time", stamp, "level", level, "msg", msg);
-    if (!obj) {
-        to_ascii(msg); /* invalid UTF-8 */
-        obj = json_pack("{s:s, s:s, s:s}", "time", stamp, "level", level, "msg", msg);
-    }
+    obj = json_pack("{s:s, s:s, s:o}", "time", stamp, "level", level, "msg",
+                    json_span(span_from_cstr(msg), LOG_MSG_MAX));
     if (!obj)
         return 0;
     n = json_dumpb(obj, line, linelen - 1, JSON_COMPACT);
@@ -103,27 +189,6 @@ static size_t format_json(char *line, size_t linelen, const char *stamp, const c
         return 0;
     line[n++] = '\n';
     return n;
-}
-
-/* A JSON string of at most <max> bytes of <s>; bytes that are not UTF-8
- * become '?'. Returns NULL on OOM. */
-static json_t *json_span(struct span s, size_t max)
-{
-    char copy[LOG_FIELD_MAX];
-    json_t *v;
-
-    if (s.len > max)
-        s.len = max;
-    v = json_stringn(s.base ? s.base : "", s.len);
-    if (v || s.len > sizeof(copy) - 1)
-        return v;
-    memcpy(copy, s.base, s.len);
-    copy[s.len] = '\0';
-    for (size_t i = 0; i < s.len; i++) {
-        if ((unsigned char)copy[i] >= 0x80 || copy[i] == '\0')
-            copy[i] = '?';
-    }
-    return json_stringn(copy, s.len);
 }
 
 static size_t format_access_json(char *line, size_t linelen, const char *stamp,
@@ -139,7 +204,7 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
     err |= json_object_set_new(obj, "level", json_string("info"));
     err |= json_object_set_new(obj, "msg", json_string("access"));
     err |= json_object_set_new(obj, "method", json_span(a->method, LOG_FIELD_MAX / 8));
-    err |= json_object_set_new(obj, "target", json_span(a->target, LOG_FIELD_MAX - 1));
+    err |= json_object_set_new(obj, "target", json_span(a->target, LOG_FIELD_MAX));
     err |= json_object_set_new(obj, "status", json_integer(a->status));
     err |= json_object_set_new(obj, "outcome", json_string(a->outcome));
     if (a->key.base)
@@ -158,9 +223,8 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
 
 void log_access(const struct log_access *a)
 {
-    char msg[LOG_MSG_MAX], line[LOG_LINE_MAX], stamp[40], key[LOG_FIELD_MAX + 8], up[32];
-    size_t n;
-    int r;
+    char line[LOG_LINE_MAX], stamp[40], num[96];
+    size_t n = 0;
 
     if (!log_enabled(CONFIG_LOG_INFO))
         return;
@@ -168,32 +232,28 @@ void log_access(const struct log_access *a)
     if (atomic_load_explicit(&log_format, memory_order_relaxed) == CONFIG_LOG_JSON) {
         n = format_access_json(line, sizeof(line), stamp, a);
     } else {
-        key[0] = '\0';
-        if (a->key.base)
-            snprintf(key, sizeof(key), " key=%.*s",
-                     (int)(a->key.len < LOG_FIELD_MAX / 2 ? a->key.len : LOG_FIELD_MAX / 2),
-                     a->key.base);
+        put(line, sizeof(line), &n, stamp, strlen(stamp));
+        put(line, sizeof(line), &n, " info access ", 13);
+        put_escaped(line, sizeof(line), &n, a->method, LOG_FIELD_MAX / 8);
+        put(line, sizeof(line), &n, " ", 1);
+        put_escaped(line, sizeof(line), &n, a->target, LOG_FIELD_MAX);
+        snprintf(num, sizeof(num), " %u %s", a->status, a->outcome);
+        put(line, sizeof(line), &n, num, strlen(num));
+        if (a->key.base) {
+            put(line, sizeof(line), &n, " key=", 5);
+            put_escaped(line, sizeof(line), &n, a->key, LOG_FIELD_MAX / 2);
+        }
         if (a->has_upstream)
-            snprintf(up, sizeof(up), "%llu.%03llu", (unsigned long long)(a->upstream_us / 1000),
+            snprintf(num, sizeof(num), " upstream_ms=%llu.%03llu",
+                     (unsigned long long)(a->upstream_us / 1000),
                      (unsigned long long)(a->upstream_us % 1000));
         else
-            snprintf(up, sizeof(up), "-");
-        r = snprintf(msg, sizeof(msg),
-                     "access %.*s %.*s %u %s%s upstream_ms=%s total_ms=%llu.%03llu "
-                     "bytes=%zu",
-                     (int)(a->method.len < 64 ? a->method.len : 64),
-                     a->method.base ? a->method.base : "",
-                     (int)(a->target.len < LOG_FIELD_MAX ? a->target.len : LOG_FIELD_MAX),
-                     a->target.base ? a->target.base : "", a->status, a->outcome, key, up,
-                     (unsigned long long)(a->total_us / 1000),
-                     (unsigned long long)(a->total_us % 1000), a->bytes);
-        if (r < 0)
-            return;
-        if ((size_t)r >= sizeof(msg))
-            memcpy(msg + sizeof(msg) - 4, "...", 4);
-        flatten(msg);
-        r = snprintf(line, sizeof(line), "%s info %s\n", stamp, msg);
-        n = r < 0 ? 0 : (size_t)r < sizeof(line) ? (size_t)r : sizeof(line) - 1;
+            snprintf(num, sizeof(num), " upstream_ms=-");
+        put(line, sizeof(line), &n, num, strlen(num));
+        snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu\n",
+                 (unsigned long long)(a->total_us / 1000),
+                 (unsigned long long)(a->total_us % 1000), a->bytes);
+        put(line, sizeof(line), &n, num, strlen(num));
     }
     if (n > 0)
         write_all(line, n);
@@ -222,9 +282,13 @@ void log_write(enum config_log_level level, const char *fmt, ...)
     if (atomic_load_explicit(&log_format, memory_order_relaxed) == CONFIG_LOG_JSON) {
         n = format_json(line, sizeof(line), stamp, name, msg);
     } else {
-        flatten(msg);
-        r = snprintf(line, sizeof(line), "%s %s %s\n", stamp, name, msg);
-        n = r < 0 ? 0 : (size_t)r < sizeof(line) ? (size_t)r : sizeof(line) - 1;
+        n = 0;
+        put(line, sizeof(line), &n, stamp, strlen(stamp));
+        put(line, sizeof(line), &n, " ", 1);
+        put(line, sizeof(line), &n, name, strlen(name));
+        put(line, sizeof(line), &n, " ", 1);
+        put_escaped(line, sizeof(line), &n, span_from_cstr(msg), LOG_MSG_MAX);
+        put(line, sizeof(line), &n, "\n", 1);
     }
     if (n > 0)
         write_all(line, n);

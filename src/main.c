@@ -313,6 +313,13 @@ int main(int argc, char **argv)
     log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
              app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,
              store_desc(&app.cfg, storedesc, sizeof(storedesc)));
+    if (app.cfg.admin_token)
+        log_info("admin /keys requires the bearer token of --admin-token-file %s",
+                 app.cfg.admin_token_file);
+    else if (!admin_is_loopback(&app.cfg))
+        log_warn("admin on %s, not a loopback address, and no --admin-token-file: /keys answers "
+                 "403 (health, readiness and metrics stay open)",
+                 app.cfg.admin_listen.text);
 
     do {
         sig = wait_signal(&set, 1000);

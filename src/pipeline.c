@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/http.h"
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
@@ -181,17 +182,21 @@ static const struct span *find_header(const struct req *r, struct span name, siz
     return found;
 }
 
-/* Parses a decimal integer of 1-15 digits, nothing else. */
+/* Parses a decimal integer of one or more digits, nothing else; a value past
+ * UINT64_MAX is UINT64_MAX: "99999999999999999999999" is still a positive
+ * integer, only a large one. */
 static int parse_uint(struct span s, uint64_t *ret)
 {
     uint64_t v = 0;
 
-    if (s.len == 0 || s.len > 15)
+    if (s.len == 0)
         return -EINVAL;
     for (size_t i = 0; i < s.len; i++) {
+        uint64_t d = (uint64_t)(s.base[i] - '0');
+
         if (s.base[i] < '0' || s.base[i] > '9')
             return -EINVAL;
-        v = v * 10 + (uint64_t)(s.base[i] - '0');
+        v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
     }
     *ret = v;
     return 0;
@@ -261,6 +266,57 @@ static int build_store_key(const struct pipeline *pl, struct req *r, const struc
     return err;
 }
 
+/* Refuses <r> with a bad_request answer: <status> 400 or 501, <why> in the
+ * problem's detail and in the log (the client's bytes escaped there). */
+static int refuse_bad_request(struct req *r, unsigned status, const char *why)
+{
+    char detail[256];
+
+    snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
+    log_info("refused %.*s %.*s from %s: %s (%u)", (int)(r->method.len < 64 ? r->method.len : 64),
+             r->method.base ? r->method.base : "",
+             (int)(r->target.len < 1024 ? r->target.len : 1024),
+             r->target.base ? r->target.base : "", r->client_ip, why, status);
+    set_problem(r, status == 501 ? PROBLEM_NOT_IMPLEMENTED : PROBLEM_BAD_REQUEST,
+                OUTCOME_BAD_REQUEST, detail);
+    return 1;
+}
+
+/* The HTTP-level checks of SPEC §7: nothing malformed is forwarded, locked or
+ * keyed. Sets what is forwarded (<r>->fwd_target, <r>->fwd_host). Returns 0,
+ * or 1 with the bad_request answer set. */
+static int check_head(struct req *r)
+{
+    struct http_target t;
+    const char *why;
+    unsigned status = 400;
+
+    if (r->head_error)
+        return refuse_bad_request(r, 400, r->head_error);
+    why = http_check_request_line(r->method, r->target, &t, &status);
+    if (!why)
+        why = http_check_fields(r->headers, r->nheaders, r->http11, &status);
+    if (why)
+        return refuse_bad_request(r, status, why);
+    r->fwd_target = t.path;
+    if (t.form == HTTP_TARGET_ABSOLUTE) {
+        r->fwd_host = t.authority;
+        if (t.needs_slash) {
+            r->fwd_target_buf = malloc(t.path.len + 2);
+            if (!r->fwd_target_buf) {
+                set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                            "Out of memory while reading the request.");
+                return 1;
+            }
+            r->fwd_target_buf[0] = '/';
+            memcpy(r->fwd_target_buf + 1, t.path.base, t.path.len);
+            r->fwd_target_buf[t.path.len + 1] = '\0';
+            r->fwd_target = (struct span){ .base = r->fwd_target_buf, .len = t.path.len + 1 };
+        }
+    }
+    return 0;
+}
+
 int pipeline_begin(struct pipeline *pl, struct req *r)
 {
     const struct config *cfg = pl->cfg;
@@ -272,6 +328,8 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     r->start_ms = now_ms();
     r->start_us = metrics_now_us();
     r->outcome = OUTCOME_PASSTHROUGH;
+    if (check_head(r))
+        return 1;
     if (cfg->enabled && config_is_enforced(cfg, r->method)) {
         v = find_header(r, span_from_cstr(cfg->key_header), &n);
         if (n == 0 && cfg->require_key) {
@@ -292,7 +350,7 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
                 return 1;
             }
             if (build_store_key(pl, r, &key) < 0 ||
-                fingerprint_init(&r->fp, r->method, r->target) < 0) {
+                fingerprint_init(&r->fp, r->method, r->fwd_target) < 0) {
                 set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                             "Out of memory while reading the request.");
                 return 1;
@@ -660,7 +718,8 @@ static void forward(struct req *r)
 
     r->up_req = (struct upstream_request){
         .method = r->method,
-        .target = r->target,
+        .target = r->fwd_target,
+        .host = r->fwd_host,
         .headers = r->headers,
         .nheaders = r->nheaders,
         .body = buf_span(&r->body),
@@ -1046,14 +1105,14 @@ int req_add_header(struct req *r, struct span name, struct span value)
 {
     if (r->nheaders == r->headers_cap) {
         size_t cap = r->headers_cap ? r->headers_cap * 2 : 16;
-        struct upstream_header *h = realloc(r->headers, cap * sizeof(*h));
+        struct http_header *h = realloc(r->headers, cap * sizeof(*h));
 
         if (!h)
             return -ENOMEM;
         r->headers = h;
         r->headers_cap = cap;
     }
-    r->headers[r->nheaders++] = (struct upstream_header){ .name = name, .value = value };
+    r->headers[r->nheaders++] = (struct http_header){ .name = name, .value = value };
     return 0;
 }
 
@@ -1062,6 +1121,7 @@ void req_free(struct req *r)
     if (!r)
         return;
     free(r->target_buf);
+    free(r->fwd_target_buf);
     free(r->headers);
     buf_done(&r->body);
     fingerprint_done(&r->fp);

@@ -58,6 +58,11 @@ struct record *problem_new(enum problem p, const char *detail)
     if ((d->status == 409 || d->status == 503) &&
         record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)
         goto fail;
+    /* Framing or bytes the proxy could not trust: nothing after this request
+     * on the connection can be trusted either. */
+    if ((p == PROBLEM_BAD_REQUEST || p == PROBLEM_NOT_IMPLEMENTED) &&
+        record_add_header(rec, SPAN_LIT("Connection"), SPAN_LIT("close")) < 0)
+        goto fail;
     if (buf_append(&rec->body, body, len) < 0)
         goto fail;
     free(body);

@@ -3,6 +3,8 @@
 
 #include "idemproxy/record.h"
 
+#include "idemproxy/http.h"
+
 #define RECORD_MAGIC "IDR1"
 #define RECORD_MAGIC_LEN 4
 #define RECORD_FLAG_TOO_LARGE 0x01u
@@ -132,23 +134,6 @@ bool record_is_hop_by_hop(struct span name)
 
 static bool is_ows(char c) { return c == ' ' || c == '\t'; }
 
-/* tchar of RFC 9110 section 5.6.2 */
-static bool is_tchar(unsigned char c)
-{
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-        return true;
-    return c && strchr("!#$%&'*+-.^_`|~", c);
-}
-
-bool record_is_token(struct span s)
-{
-    for (size_t i = 0; i < s.len; i++) {
-        if (!is_tchar((unsigned char)s.base[i]))
-            return false;
-    }
-    return s.len > 0;
-}
-
 int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value)
 {
     const char *colon = line.len ? memchr(line.base, ':', line.len) : NULL;
@@ -157,7 +142,7 @@ int record_parse_header_line(struct span line, struct span *ret_name, struct spa
     if (!colon || colon == line.base)
         return -EINVAL; /* includes obs-fold, which starts with OWS */
     name = (struct span){ .base = line.base, .len = (size_t)(colon - line.base) };
-    if (!record_is_token(name))
+    if (!http_is_token(name))
         return -EINVAL;
     value = (struct span){ .base = colon + 1, .len = line.len - name.len - 1 };
     while (value.len > 0 && is_ows(value.base[0])) {
@@ -166,12 +151,8 @@ int record_parse_header_line(struct span line, struct span *ret_name, struct spa
     }
     while (value.len > 0 && is_ows(value.base[value.len - 1]))
         value.len--;
-    for (size_t i = 0; i < value.len; i++) {
-        unsigned char c = (unsigned char)value.base[i];
-
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return -EINVAL; /* a stray CR or NUL would split or cut the replayed header */
-    }
+    if (!http_is_field_value(value))
+        return -EINVAL; /* a stray CR or NUL would split or cut the replayed header */
     *ret_name = name;
     *ret_value = value;
     return 0;

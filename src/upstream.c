@@ -41,9 +41,7 @@ struct xfer {
 struct upstream {
     CURLM *multi;      /* owned; loop thread only */
     struct loop *loop; /* borrowed */
-    char *base_url;    /* owned */
-    size_t base_len;
-    size_t prefix_at; /* in <base_url>: where its path prefix starts */
+    struct upstream_base base; /* owned: where every transfer connects, and the path prefix */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
 
@@ -58,7 +56,7 @@ struct upstream {
     struct loop_timer timer; /* curl's timer */
     CURL **idle;             /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
-    struct buf conn, xff, line, url, method; /* scratch, reused */
+    struct buf conn, xff, line, target, method; /* scratch, reused */
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -278,7 +276,7 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
                              h_accept = SPAN_LIT("Accept"), h_ctype = SPAN_LIT("Content-Type");
     struct buf *conn = &up->conn, *xff = &up->xff, *line = &up->line;
     struct curl_slist *list = NULL;
-    const struct span *host = NULL;
+    const struct span *host = req->host.base ? &req->host : NULL;
     bool has_accept = false, has_ctype = false;
     int r = -ENOMEM;
 
@@ -293,7 +291,7 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
         goto out;
 
     for (size_t i = 0; i < req->nheaders; i++) {
-        const struct upstream_header *h = &req->headers[i];
+        const struct http_header *h = &req->headers[i];
 
         if (record_is_hop_by_hop(h->name) || record_is_connection_listed(conn->data, h->name) ||
             span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
@@ -304,7 +302,9 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
                 goto out;
             continue; /* one merged X-Forwarded-For goes out below */
         }
-        if (span_eq_nocase(h->name, h_host) && !host) {
+        if (span_eq_nocase(h->name, h_host)) {
+            if (req->host.base)
+                continue; /* replaced by the absolute-form target's authority, below */
             host = &h->value;
         }
         has_accept = has_accept || span_eq_nocase(h->name, h_accept);
@@ -314,6 +314,8 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
     }
 
     /* Keep curl from inventing headers the client did not send. */
+    if (req->host.base && add_line(&list, line, h_host, req->host) < 0)
+        goto out;
     if ((!has_accept && add_raw(&list, "Accept:") < 0) ||
         (!has_ctype && add_raw(&list, "Content-Type:") < 0) || add_raw(&list, "Expect:") < 0)
         goto out;
@@ -342,62 +344,99 @@ static bool span_is(struct span s, const char *lit)
     return s.len == n && memcmp(s.base, lit, n) == 0; /* methods are case-sensitive */
 }
 
-bool upstream_target_verbatim(struct span target)
+int upstream_base_parse(const char *url, struct upstream_base *ret)
 {
-    if (target.len == 0 || target.base[0] != '/')
-        return false;
-    for (size_t i = 0; i < target.len; i++) {
-        unsigned char c = (unsigned char)target.base[i];
+    static const CURLUPart gone[] = { CURLUPART_USER, CURLUPART_PASSWORD, CURLUPART_OPTIONS,
+                                      CURLUPART_QUERY, CURLUPART_FRAGMENT };
+    CURLU *u = curl_url();
+    char *scheme = NULL, *path = NULL, *origin = NULL, *prefix = NULL, *part;
+    const char *authority;
+    size_t len;
+    int r = -EINVAL;
 
-        if (c <= 0x20 || c == 0x7f)
-            return false;
-    }
-    return true;
-}
-
-size_t upstream_prefix_at(struct span base_url)
-{
-    size_t at = 0;
-
-    for (size_t i = 0; i + 3 <= base_url.len; i++) {
-        if (memcmp(base_url.base + i, "://", 3) == 0) {
-            at = i + 3;
-            break;
+    if (!u)
+        return -ENOMEM;
+    /* libcurl reads "http:///api" as the host "api": an authority must be there. */
+    authority = url ? strstr(url, "://") : NULL;
+    if (!authority || strchr("/:?#", authority[3]))
+        goto out;
+    if (curl_url_set(u, CURLUPART_URL, url, CURLU_PATH_AS_IS) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0))
+        goto out;
+    for (size_t i = 0; i < ARRAY_SIZE(gone); i++) {
+        part = NULL;
+        if (curl_url_get(u, gone[i], &part, 0) == CURLUE_OK) {
+            curl_free(part);
+            goto out; /* user info, query or fragment: no place in an upstream */
         }
     }
-    while (at < base_url.len && base_url.base[at] != '/')
-        at++;
-    return at;
+    if (curl_url_get(u, CURLUPART_HOST, &part, 0) != CURLUE_OK)
+        goto out;
+    curl_free(part);
+    if (curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
+        goto out;
+    r = -ENOMEM;
+    if (curl_url_set(u, CURLUPART_PATH, "/", 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_URL, &part, 0) != CURLUE_OK)
+        goto out;
+    origin = strdup(part);
+    curl_free(part);
+    len = strlen(path);
+    while (len > 0 && path[len - 1] == '/')
+        len--; /* the target brings its own '/' */
+    prefix = strndup(path, len);
+    if (!origin || !prefix)
+        goto out;
+    *ret = (struct upstream_base){ .origin = origin, .prefix = prefix };
+    origin = prefix = NULL;
+    r = 0;
+out:
+    free(origin);
+    free(prefix);
+    curl_free(scheme);
+    curl_free(path);
+    curl_url_cleanup(u);
+    return r;
 }
 
-int upstream_compose_url(struct span base_url, size_t prefix_at, struct span target,
-                         struct buf *url, size_t *ret_target_at)
+void upstream_base_done(struct upstream_base *b)
 {
-    size_t start = url->len;
+    if (!b)
+        return;
+    free(b->origin);
+    free(b->prefix);
+    b->origin = b->prefix = NULL;
+}
+
+int upstream_request_target(struct span prefix, struct span target, struct buf *out)
+{
+    size_t start = out->len;
+    bool asterisk = target.len == 1 && target.base[0] == '*';
     int r;
 
-    r = buf_append(url, base_url.base, base_url.len);
+    if (!asterisk && !http_is_origin_form(target))
+        return -EINVAL;
+    if (asterisk && prefix.len > 0)
+        target = (struct span){ .base = "", .len = 0 };
+    r = buf_append(out, prefix.base, prefix.len);
     if (r == 0)
-        r = buf_append(url, target.base, target.len);
+        r = buf_append(out, target.base, target.len);
     if (r == 0)
-        r = buf_append(url, "", 1);
-    if (r < 0) {
-        url->len = start;
-        return r;
-    }
-    *ret_target_at = upstream_target_verbatim(target) ? start + prefix_at : SIZE_MAX;
-    return 0;
+        r = buf_append(out, "", 1);
+    if (r < 0)
+        out->len = start;
+    return r;
 }
 
 /* Sets every option of <x>'s easy handle for <req>. */
 static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
 {
     CURL *e = x->easy;
-    struct buf *url = &up->url, *method = &up->method;
+    struct buf *target = &up->target, *method = &up->method;
     CURLcode cc = CURLE_OK;
     long timeout = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
-    int r = -ENOMEM;
-    size_t at;
+    int r;
 
 #define SET(opt, val)                                                                              \
     do {                                                                                           \
@@ -406,16 +445,19 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
         }                                                                                          \
     } while (0)
 
-    url->len = method->len = 0;
-    if (upstream_compose_url((struct span){ .base = up->base_url, .len = up->base_len },
-                             up->prefix_at, req->target, url, &at) < 0 ||
-        buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
-        goto out;
-    if (at != SIZE_MAX)
-        SET(CURLOPT_REQUEST_TARGET, url->data + at); /* prefix and target, from the copy */
+    target->len = method->len = 0;
+    r = upstream_request_target(span_from_cstr(up->base.prefix), req->target, target);
+    if (r < 0)
+        return r;
+    if (buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
+        return -ENOMEM;
 
+    /* The URL is the fixed origin, parsed once at start-up: it says where to
+     * connect and nothing else. The request line's target is given as is. */
     SET(CURLOPT_PRIVATE, x);
-    SET(CURLOPT_URL, url->data);
+    SET(CURLOPT_URL, up->base.origin);
+    SET(CURLOPT_REQUEST_TARGET, target->data);
+    SET(CURLOPT_PROTOCOLS_STR, "http,https");
     SET(CURLOPT_PATH_AS_IS, 1L);
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_PROXY, ""); /* never a proxy from http_proxy and friends */
@@ -449,11 +491,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
 #undef SET
     x->may_resend = span_is(req->method, "GET") || span_is(req->method, "HEAD") ||
                     span_is(req->method, "OPTIONS") || span_is(req->method, "TRACE");
-    if (cc == CURLE_OK) {
-        r = 0;
-    }
-out: /* curl copied the strings */
-    return r;
+    return cc == CURLE_OK ? 0 : -ENOMEM; /* curl copied the strings */
 }
 
 static int xfer_start(struct upstream *up, struct xfer *x);
@@ -711,18 +749,16 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     up->loop = loop;
     up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
     up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
-    up->conn = up->xff = up->line = up->url = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    up->conn = up->xff = up->line = up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
-    up->base_len = strlen(opt->base_url);
-    while (up->base_len > 0 && opt->base_url[up->base_len - 1] == '/') {
-        up->base_len--; /* the target brings its own '/' */
-    }
-    up->base_url = strndup(opt->base_url, up->base_len);
-    up->prefix_at = upstream_prefix_at((struct span){ .base = opt->base_url, .len = up->base_len });
+    r = upstream_base_parse(opt->base_url, &up->base);
+    if (r < 0)
+        goto fail;
+    r = -ENOMEM;
     up->multi = curl_multi_init();
-    if (!up->base_url || !up->multi || !up->idle ||
+    if (!up->multi || !up->idle ||
         curl_multi_setopt(up->multi, CURLMOPT_SOCKETFUNCTION, on_socket) != CURLM_OK ||
         curl_multi_setopt(up->multi, CURLMOPT_SOCKETDATA, up) != CURLM_OK ||
         curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, on_timer) != CURLM_OK ||
@@ -761,9 +797,9 @@ void upstream_free(struct upstream *up)
     buf_done(&up->conn);
     buf_done(&up->xff);
     buf_done(&up->line);
-    buf_done(&up->url);
+    buf_done(&up->target);
     buf_done(&up->method);
     pthread_mutex_destroy(&up->lock);
-    free(up->base_url);
+    upstream_base_done(&up->base);
     free(up);
 }

@@ -13,11 +13,13 @@
 
 struct store;
 
-/* Answers <method> on <url> (which starts with ADMIN_KEYS_PATH; MHD has
- * percent-decoded it) for the store <st> (NULL when enforcement is off) whose
- * keys start with <prefix>. Runs on the admin thread and waits, bounded, for
- * the store. Returns what MHD_queue_response() returns. */
+/* Answers <method> on the raw request target <target> (as the client sent
+ * it: its path, once percent-decoded here, starts with ADMIN_KEYS_PATH) for
+ * the store <st> (NULL when enforcement is off) whose keys start with
+ * <prefix>. Access control is the caller's (admin.c). Runs on the admin
+ * thread and waits, bounded, for the store. Returns what MHD_queue_response()
+ * returns. */
 enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, const char *prefix,
-                                 const char *url, const char *method);
+                                 const char *target, const char *method);
 
 #endif

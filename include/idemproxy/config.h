@@ -67,6 +67,8 @@ struct config {
     enum config_log_format log_format;         /* --log-format, default text */
     enum config_log_level log_level;           /* --log-level, default info */
     bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
+    char *admin_token_file; /* --admin-token-file, NULL: none */
+    char *admin_token;      /* its first line: the secret /keys asks for */
     bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
     bool show_version; /* --version was given */
 };

@@ -14,20 +14,24 @@ struct loop;
 struct pipeline;
 struct upstream;
 
-struct upstream_header;
+struct http_header;
 
-/* Checks the message framing of a request's header section (RFC 9112 section
- * 6), as libmicrohttpd parsed it: it takes the first of several
- * Content-Length or Transfer-Encoding fields, accepts both together, reads
- * an unknown transfer coding until the connection closes, and keeps a name
- * with a space before its colon. What one parser could read as one request
- * and another as two is refused here. Returns NULL when the framing is
- * clear, or why not, with the status to answer in <ret_status>: 400 for a
- * field name that is not a token, a Content-Length that is not digits, two
- * that differ, two Transfer-Encoding fields, or both headers; 501 for a
- * transfer coding other than chunked alone. */
-const char *front_framing_error(const struct upstream_header *headers, size_t n,
-                                unsigned *ret_status);
+/* libmicrohttpd 0.9.75 parses a header section in place, in one buffer, and
+ * hands out the method, the target, the version and each field as C strings:
+ * a NUL a client sent inside one of them ends it there, and the rest is lost
+ * without a sign (key "abc\0zzz" would be key "abc"). This finds such bytes:
+ * <head> is the header section as parsed in place (it starts at the method;
+ * its length is MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE), <method>, <uri>
+ * (as the URI callback saw it) and <version> views into it, and <h> the <n>
+ * fields in order (values without their trailing whitespace). In between
+ * there may only be what the parser replaced or skipped: the NUL of each
+ * separator and line end, spaces after the method, whitespace around a value.
+ * Returns NULL when every byte is accounted for, or why not (a NUL inside a
+ * part, or a folded field line, which the parser moves elsewhere). A NUL
+ * right before a line's end cannot be told from a CR: what precedes it is
+ * all the client sent, so nothing is lost. */
+const char *front_head_hidden(struct span head, struct span method, struct span uri,
+                              struct span version, const struct http_header *h, size_t n);
 
 /* Listens on cfg->listen and serves through <pl>, run by <loop>, forwarding
  * to <up> (which runs on the same loop); all borrowed: they must outlive the

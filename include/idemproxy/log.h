@@ -12,7 +12,11 @@ void log_setup(enum config_log_level level, enum config_log_format format);
 /* True when a message at <level> would be written. */
 bool log_enabled(enum config_log_level level);
 
-/* Writes one line: time, level, message (in JSON: {"time","level","msg"}). */
+/* Writes one line: time, level, message (in JSON: {"time","level","msg"}).
+ * A message may quote what a client sent: in text, every byte outside
+ * printable ASCII becomes \xHH and '"' and '\' get a backslash, so a line
+ * stays one line; in JSON, bytes that are not UTF-8 (and NUL) become the text
+ * \xHH, so every line is valid JSON. */
 void log_write(enum config_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -31,7 +35,8 @@ struct log_access {
     size_t bytes; /* response body bytes */
 };
 
-/* Writes the access line of <a> at info level. Text:
+/* Writes the access line of <a> at info level, its client fields (method,
+ * target, key) escaped as log_write() escapes a message. Text:
  * "<time> info access <method> <target> <status> <outcome> key=<key>
  * upstream_ms=<ms|-> total_ms=<ms> bytes=<n>" (key= left out when absent).
  * JSON: {"time","level","msg":"access","method","target","status","outcome",

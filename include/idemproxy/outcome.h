@@ -16,7 +16,8 @@
     X(INVALID_KEY, "invalid_key")                                                                  \
     X(TOO_LARGE, "too_large")                                                                      \
     X(STORE_ERROR, "store_error")                                                                  \
-    X(UPSTREAM_ERROR, "upstream_error")
+    X(UPSTREAM_ERROR, "upstream_error")                                                            \
+    X(BAD_REQUEST, "bad_request")
 
 enum outcome {
 #define X(id, label) OUTCOME_##id,
@@ -43,7 +44,11 @@ enum outcome {
     X(UPSTREAM_UNAVAILABLE, 502, "upstream_unavailable", "Upstream unavailable", "about:blank")    \
     X(UPSTREAM_TIMEOUT, 504, "upstream_timeout", "Upstream timed out", "about:blank")              \
     X(RESPONSE_TOO_LARGE, 502, "response_too_large", "Original response was too large to keep",    \
-      "about:blank")
+      "about:blank")                                                                               \
+    X(BAD_REQUEST, 400, "bad_request", "Bad request", "about:blank")                               \
+    X(NOT_IMPLEMENTED, 501, "bad_request", "Not implemented", "about:blank")                       \
+    X(ADMIN_UNAUTHORIZED, 401, "unauthorized", "Admin token required", "about:blank")              \
+    X(ADMIN_FORBIDDEN, 403, "forbidden", "Not served on this admin address", "about:blank")
 
 enum problem {
 #define X(id, status, code, title, type) PROBLEM_##id,

@@ -33,15 +33,26 @@ struct req {
     struct span method;
     struct span target;              /* raw request target, exactly as received */
     char *target_buf;                /* owned: the bytes of <target> */
-    struct upstream_header *headers; /* owned array; the spans borrow the front end's memory */
+    const char *head_uri; /* where libmicrohttpd parsed the target, in its own buffer */
+    struct http_header *headers; /* owned array; the spans borrow the front end's memory */
     size_t nheaders, headers_cap;
     char client_ip[64];
+    bool http11; /* HTTP/1.1 (a Host field is required), not 1.0 */
+    /* Set by the front end when the HTTP layer hid bytes of the header
+     * section from it (a NUL inside a value or the target): why, or NULL. */
+    const char *head_error;
     bool answered; /* the front end queued the answer */
 
     /* Pipeline state. */
     struct pipeline *pl;
     struct buf body; /* owned, limited by --max-body */
     bool enforced;   /* the idempotency rules apply (a valid key was given) */
+    /* What is forwarded and fingerprinted: the target in origin-form (or "*"),
+     * borrowing <target_buf> or <fwd_target_buf>, and the Host an absolute-form
+     * target names (base NULL: the client's Host). */
+    struct span fwd_target;
+    char *fwd_target_buf; /* owned: "/" + path, for an absolute-form target without one */
+    struct span fwd_host;
     bool running;    /* pipeline_run() was called */
     struct fingerprint fp;
     uint8_t digest[FINGERPRINT_LEN];
@@ -88,10 +99,12 @@ int req_add_header(struct req *r, struct span name, struct span value);
  * pipeline_run() and its callback. */
 void req_free(struct req *r);
 
-/* Called once the request line and headers are in. Decides passthrough or
- * enforcement and checks the key and the announced body size. Returns 0 to go
- * on with the body, or 1 when the answer is already decided (a 400 or 413 in
- * <r>->answer). */
+/* Called once the request line and headers are in. Refuses what is malformed
+ * at the HTTP level (bad_request: <r>->head_error, the request line, the
+ * header fields and their framing), decides passthrough or enforcement, and
+ * checks the key and the announced body size. Returns 0 to go on with the
+ * body, or 1 when the answer is already decided (a 400, 413 or 501 in
+ * <r>->answer; a bad_request answer closes the connection). */
 int pipeline_begin(struct pipeline *pl, struct req *r);
 
 /* Feeds <n> body bytes: buffered (once) and hashed. Past --max-body the body is

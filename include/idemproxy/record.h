@@ -40,9 +40,6 @@ void record_unref(struct record *rec);
  * RECORD_MAX_HEADERS, or -ENOMEM. */
 int record_add_header(struct record *rec, struct span name, struct span value);
 
-/* True when <s> is an RFC 9110 token (a field name): one or more tchar. */
-bool record_is_token(struct span s);
-
 /* Parses one response header line <line> as the upstream sent it, without
  * its CRLF or LF: a name of RFC 9110 tchar bytes, ':', then the value with the
  * optional whitespace around it trimmed. Returns 0 with views into <line> in

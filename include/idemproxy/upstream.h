@@ -6,22 +6,24 @@
 #define IDEMPROXY_UPSTREAM_H
 
 #include "idemproxy/common.h"
+#include "idemproxy/http.h"
 
 struct buf;
 struct loop;
 struct record;
 struct upstream;
 
-struct upstream_header {
-    struct span name, value;
-};
-
 /* What to forward. Everything is borrowed and must stay valid until the
  * callback has run. */
 struct upstream_request {
     struct span method;
-    struct span target; /* raw request target, exactly as received: appended to the base URL */
-    const struct upstream_header *headers; /* the client's headers, in order */
+    /* The target in origin-form (checked: http_is_origin_form()), or "*": it
+     * goes into the request line after the upstream's path prefix. */
+    struct span target;
+    /* The Host to send in place of the client's (absolute-form: its
+     * authority), or base NULL to forward the client's Host unchanged. */
+    struct span host;
+    const struct http_header *headers; /* the client's headers, in order */
     size_t nheaders;
     struct span body;
     const char *client_ip; /* appended to X-Forwarded-For */
@@ -44,27 +46,31 @@ struct upstream_options {
     unsigned max_connections; /* kept-alive connections to the upstream */
 };
 
-/* True when the raw request target <target> goes into the request line
- * exactly as received (CURLOPT_REQUEST_TARGET): it is in origin-form (starts
- * with '/') and holds no byte at or below 0x20 and no DEL. curl would
- * percent-encode the 8-bit bytes of a URL's path; any other target
- * (absolute-form, '*', control bytes) goes through the URL, where curl
- * rejects what it must. */
-bool upstream_target_verbatim(struct span target);
+/* The fixed part of every upstream request, from --upstream: where to
+ * connect, and the path prefix of every target. */
+struct upstream_base {
+    char *origin; /* owned: "scheme://host[:port]/", as libcurl's URL API rebuilt it */
+    char *prefix; /* owned: the path prefix without its trailing '/', "" for none */
+};
 
-/* The offset in <base_url> (scheme://host[:port][/prefix]) of its path
- * prefix: the first '/' past the authority, or its length when it has none. */
-size_t upstream_prefix_at(struct span base_url);
+/* Parses the upstream URL <url> with libcurl's URL API: http or https, a
+ * host, an optional port and path; no user info, query or fragment. Returns 0
+ * with the parts in <ret> (free with upstream_base_done()), -EINVAL when <url>
+ * is not such a URL (<ret> untouched), or -ENOMEM. Any thread. */
+int upstream_base_parse(const char *url, struct upstream_base *ret);
 
-/* Appends to <url> the URL curl is given for <target> on <base_url> (no
- * trailing '/'; its path prefix at <prefix_at>, from upstream_prefix_at()):
- * the two joined, then a NUL. When upstream_target_verbatim(<target>),
- * <ret_target_at> is the offset in <url> of the request line's target, the
- * path prefix and <target> running to that NUL; otherwise SIZE_MAX. Returns
- * 0, or -E2BIG past the limit of <url> or -ENOMEM (<url> unchanged,
- * <ret_target_at> untouched). */
-int upstream_compose_url(struct span base_url, size_t prefix_at, struct span target,
-                         struct buf *url, size_t *ret_target_at);
+/* Frees what upstream_base_parse() filled. NULL-safe, idempotent. */
+void upstream_base_done(struct upstream_base *b);
+
+/* Appends to <out> the request line's target for the checked <target> (see
+ * struct upstream_request) behind the path <prefix>: <prefix> then <target>;
+ * for "*", "*" alone without a prefix and the prefix itself with one (an
+ * OPTIONS of the whole API behind it); then a NUL. The client's bytes never
+ * reach libcurl's URL parser: the connection goes to the base's origin, and
+ * this is what curl sends as the target (CURLOPT_REQUEST_TARGET). Returns 0,
+ * -EINVAL when <target> is neither "*" nor in origin-form (nothing appended),
+ * or -E2BIG/-ENOMEM from <out> (nothing appended). */
+int upstream_request_target(struct span prefix, struct span target, struct buf *out);
 
 /* Creates the upstream client, run by <loop> (borrowed: it must outlive the
  * client; it must not be running yet). Returns 0 with it in <ret>, or a
@@ -75,7 +81,9 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
  * those named in Connection, Expect, Content-Length and the client's
  * X-Forwarded-Proto/-Host dropped), the client's Host unchanged,
  * X-Forwarded-For appended with req->client_ip, X-Forwarded-Proto and
- * X-Forwarded-Host (the client's Host) set, no Expect: 100-continue, body.
+ * X-Forwarded-Host (the Host sent) set, no Expect: 100-continue, body; to
+ * the origin of --upstream only, whatever the target. With req->host, the
+ * client's Host fields are replaced by it.
  * <req> and everything it points to are borrowed: they must stay unchanged
  * until <done> runs (the loop thread reads them when it starts the
  * transfer, and the body while sending it). Returns 0 when accepted (<done>

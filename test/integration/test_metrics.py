@@ -7,7 +7,7 @@ from conftest import (assert_problem, hone, memory_only, metrics_value, new_key,
                       redis_only, start_held, start_slow, store_independent, wait_for)
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
-            "invalid_key", "too_large", "store_error", "upstream_error")
+            "invalid_key", "too_large", "store_error", "upstream_error", "bad_request")
 TYPES = ("counter", "gauge", "histogram")
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(r"^(%s)(\{(.*)\})? (\S+)$" % NAME)
@@ -149,11 +149,14 @@ def test_metrics_count_outcomes(proxy, upstream):
     p.request("POST", "/echo", body=b"x")
     p.request("POST", "/echo", [("Idempotency-Key", '"a b"')], b"x")
     p.request("GET", "/echo")
+    assert p.raw(b"GET /echo HTTP/1.1\r\nHost: t\r\nX: a\rb\r\n\r\n")[0] == 400
+    assert p.raw(b"CONNECT t:443 HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 501
     m = p.metrics()
 
     def count(outcome):
         return metrics_value(m, "idemproxy_requests_total", {"outcome": outcome}) or 0
 
+    assert count("bad_request") == 2
     assert count("executed") == 1
     assert count("replayed") == 1
     assert count("mismatch") == 1

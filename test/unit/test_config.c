@@ -1,16 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* The option table: defaults, flag > env > default, value parsers, error lines,
- * --help; and the two log line formats. */
+ * --help. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "check.h"
 #include "idemproxy/config.h"
-#include "idemproxy/log.h"
 
 #define UPSTREAM "http://127.0.0.1:3000"
 #define REDIS "redis://127.0.0.1:6379"
@@ -852,87 +849,6 @@ static void test_config_done_is_idempotent(void)
     CHECK(c.upstream == NULL);
 }
 
-/* Runs <fn> with fd 2 on a pipe and returns what it wrote (static buffer). */
-static const char *capture_stderr(void (*fn)(void))
-{
-    static char out[16384];
-    int fds[2], saved = dup(2);
-    ssize_t n;
-
-    out[0] = '\0';
-    if (saved < 0 || pipe(fds) != 0)
-        return out;
-    fflush(stderr);
-    dup2(fds[1], 2);
-    close(fds[1]);
-    fn();
-    dup2(saved, 2);
-    close(saved);
-    n = read(fds[0], out, sizeof(out) - 1);
-    close(fds[0]);
-    out[n > 0 ? n : 0] = '\0';
-    return out;
-}
-
-static void log_some(void)
-{
-    log_info("hidden");
-    log_warn("disk %d%% full\nsecond line", 93);
-    log_error("boom");
-}
-
-static void log_json_some(void)
-{
-    log_debug("hidden");
-    log_info("quote \" and \xff byte");
-}
-
-static void check_stamp(const char *s)
-{
-    /* 2026-11-21T10:00:00.123Z */
-    CHECK(strlen(s) >= 24);
-    CHECK(s[4] == '-' && s[7] == '-' && s[10] == 'T' && s[13] == ':' && s[16] == ':');
-    CHECK(s[19] == '.' && s[23] == 'Z');
-}
-
-static void test_log_text_and_json(void)
-{
-    const char *out, *line2;
-    json_t *j;
-    json_error_t jerr;
-
-    log_setup(CONFIG_LOG_WARN, CONFIG_LOG_TEXT);
-    CHECK(log_enabled(CONFIG_LOG_ERROR));
-    CHECK(log_enabled(CONFIG_LOG_WARN));
-    CHECK(!log_enabled(CONFIG_LOG_INFO));
-    CHECK(!log_enabled(CONFIG_LOG_DEBUG));
-    out = capture_stderr(log_some);
-    check_stamp(out);
-    CHECK(strncmp(out + 24, " warn disk 93% full second line\n", 32) == 0);
-    line2 = strchr(out, '\n');
-    CHECK(line2 != NULL);
-    if (line2) {
-        check_stamp(line2 + 1);
-        CHECK_EQ_STR(line2 + 25, " error boom\n");
-    }
-    CHECK(strstr(out, "hidden") == NULL);
-
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
-    out = capture_stderr(log_json_some);
-    CHECK(strstr(out, "hidden") == NULL);
-    CHECK(strncmp(out, "{\"time\":\"", 9) == 0);
-    CHECK(strchr(out, '\n') == out + strlen(out) - 1);
-    j = json_loads(out, 0, &jerr);
-    CHECK(j != NULL);
-    if (j) {
-        check_stamp(json_string_value(json_object_get(j, "time")));
-        CHECK_EQ_STR(json_string_value(json_object_get(j, "level")), "info");
-        CHECK_EQ_STR(json_string_value(json_object_get(j, "msg")), "quote \" and ? byte");
-        json_decref(j);
-    }
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
-}
-
 TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_flag_beats_env_beats_default, test_config_ttl_precedence, test_config_enabled,
           test_config_parse_bytes, test_config_parse_seconds, test_config_wait_allows_zero,
@@ -940,4 +856,4 @@ TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_equals_form, test_config_require_key_forms, test_config_scope_headers,
           test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
           test_config_required_options, test_config_help_and_version, test_config_print_help,
-          test_config_done_is_idempotent, test_log_text_and_json)
+          test_config_done_is_idempotent)

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* HTTP/1.1 grammar for what clients send (RFC 9110, RFC 9112): tokens, field
+ * values, authorities, request-target forms, message framing. Pure functions
+ * on borrowed bytes, any thread: they say what is well-formed and why not;
+ * the pipeline decides what to answer. */
+#ifndef IDEMPROXY_HTTP_H
+#define IDEMPROXY_HTTP_H
+
+#include "idemproxy/common.h"
+
+/* One header field of a request, as received. */
+struct http_header {
+    struct span name, value;
+};
+
+/* True when <s> is an RFC 9110 token (a method, a field name): one or more
+ * tchar. */
+bool http_is_token(struct span s);
+
+/* True when <v> may be a field value as received (RFC 9110 section 5.5): no
+ * control byte but HTAB (no NUL, CR or LF), no DEL. obs-text (0x80-0xFF) is
+ * allowed. */
+bool http_is_field_value(struct span v);
+
+/* True when <a> is an authority without user info (RFC 3986 uri-host and an
+ * optional port): an IP-literal in brackets, or a reg-name / IPv4 of
+ * unreserved, sub-delims and pct-encoded bytes, then ":" and digits. Empty
+ * only when <allow_empty> (a Host field may be empty; an absolute-form target
+ * may not). */
+bool http_is_authority(struct span a, bool allow_empty);
+
+/* True when <t> is a request target in origin-form as idemproxy forwards it:
+ * '/' first, then no control byte, space, DEL or '#'. Other bytes outside
+ * RFC 3986 (8-bit bytes, quotes, braces) are passed on as received, as most
+ * servers do. */
+bool http_is_origin_form(struct span t);
+
+enum http_target_form {
+    HTTP_TARGET_ORIGIN,   /* /path?query */
+    HTTP_TARGET_ABSOLUTE, /* http://authority/path?query (or https) */
+    HTTP_TARGET_ASTERISK, /* "*", OPTIONS only */
+};
+
+/* A request target, classified. */
+struct http_target {
+    enum http_target_form form;
+    /* The path and query to forward, a view into the target: the target itself
+     * (origin-form), what follows the authority (absolute-form: "", "/p?q" or
+     * "?q"), or "*". */
+    struct span path;
+    bool needs_slash;      /* absolute-form whose path is "" or starts with '?': "/" goes first */
+    struct span authority; /* absolute-form only: the Host it names */
+};
+
+/* Checks the request line's <method> and raw <target> (RFC 9112 section 3).
+ * Returns NULL with the target in <ret>, or why the request is refused, with
+ * the status in <ret_status>: 501 for CONNECT, 400 for a method that is not a
+ * token, an asterisk-form target with another method than OPTIONS, an
+ * absolute-form target with user info, an empty or malformed authority or a
+ * malformed path, and any other form (authority-form, a bare word, control
+ * bytes, space, '#'). <ret> is untouched on refusal. */
+const char *http_check_request_line(struct span method, struct span target,
+                                    struct http_target *ret, unsigned *ret_status);
+
+/* Checks the <n> header fields <h> of a request (RFC 9110 section 5, RFC 9112
+ * section 6): every name a token, every value a field value, at most one Host
+ * (required when <host_required>, as for HTTP/1.1) and a valid one, and a
+ * framing that no two parsers can read differently: at most one
+ * Transfer-Encoding, not both it and Content-Length, Content-Length digits
+ * only and the same in every copy. Returns NULL when the fields are clear, or
+ * why not, with the status in <ret_status>: 501 for a transfer coding other
+ * than chunked alone, 400 for the rest. */
+const char *http_check_fields(const struct http_header *h, size_t n, bool host_required,
+                              unsigned *ret_status);
+
+#endif

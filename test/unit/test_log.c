@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: MIT */
+/* The two log line formats: levels, one line per event whatever bytes a
+ * client sent (escaped in text, valid JSON with bytes that are not UTF-8
+ * escaped), and only the fields of an access line. */
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "check.h"
+#include "idemproxy/log.h"
+
+/* Runs <fn> with fd 2 on a pipe and returns what it wrote (static buffer). */
+static const char *capture_stderr(void (*fn)(void))
+{
+    static char out[65536];
+    int fds[2], saved = dup(2);
+    ssize_t n, got = 0;
+
+    out[0] = '\0';
+    if (saved < 0 || pipe(fds) != 0)
+        return out;
+    fflush(stderr);
+    dup2(fds[1], 2);
+    close(fds[1]);
+    fn();
+    dup2(saved, 2);
+    close(saved);
+    while ((n = read(fds[0], out + got, sizeof(out) - 1 - (size_t)got)) > 0)
+        got += n;
+    close(fds[0]);
+    out[got] = '\0';
+    return out;
+}
+
+static void check_stamp(const char *s)
+{
+    /* 2026-11-21T10:00:00.123Z */
+    CHECK(strlen(s) >= 24);
+    CHECK(s[4] == '-' && s[7] == '-' && s[10] == 'T' && s[13] == ':' && s[16] == ':');
+    CHECK(s[19] == '.' && s[23] == 'Z');
+}
+
+static size_t count_lines(const char *s)
+{
+    size_t n = 0;
+
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static void log_some(void)
+{
+    log_info("hidden");
+    log_warn("disk %d%% full\nsecond line", 93);
+    log_error("boom");
+}
+
+static void log_json_some(void)
+{
+    log_debug("hidden");
+    log_info("quote \" and \xff byte");
+}
+
+static void test_log_text_and_json(void)
+{
+    const char *out, *line2;
+    json_t *j;
+    json_error_t jerr;
+
+    log_setup(CONFIG_LOG_WARN, CONFIG_LOG_TEXT);
+    CHECK(log_enabled(CONFIG_LOG_ERROR));
+    CHECK(log_enabled(CONFIG_LOG_WARN));
+    CHECK(!log_enabled(CONFIG_LOG_INFO));
+    CHECK(!log_enabled(CONFIG_LOG_DEBUG));
+    out = capture_stderr(log_some);
+    check_stamp(out);
+    CHECK(strncmp(out + 24, " warn disk 93% full\\x0asecond line\n", 35) == 0);
+    line2 = strchr(out, '\n');
+    CHECK(line2 != NULL);
+    if (line2) {
+        check_stamp(line2 + 1);
+        CHECK_EQ_STR(line2 + 25, " error boom\n");
+    }
+    CHECK(strstr(out, "hidden") == NULL);
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    out = capture_stderr(log_json_some);
+    CHECK(strstr(out, "hidden") == NULL);
+    CHECK(strncmp(out, "{\"time\":\"", 9) == 0);
+    CHECK(strchr(out, '\n') == out + strlen(out) - 1);
+    j = json_loads(out, 0, &jerr);
+    CHECK(j != NULL);
+    if (j) {
+        check_stamp(json_string_value(json_object_get(j, "time")));
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "level")), "info");
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "msg")), "quote \" and \\xff byte");
+        json_decref(j);
+    }
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+}
+
+/* Every byte value, a forged line, quotes, a NUL, invalid and valid UTF-8. */
+static const char hostile[] = "/a\"b\\c\r\n2026-01-01T00:00:00.000Z error forged key=x\0zz\x1b[31m"
+                              "\x7f\xc3\xa9\xff\xc0\xaf\xed\xa0\x80 \t";
+static char all_bytes[256];
+
+static void log_hostile_access(void)
+{
+    for (int i = 0; i < 256; i++)
+        all_bytes[i] = (char)i;
+    log_access(&(struct log_access){
+        .method = SPAN_LIT("PO\"ST"),
+        .target = { hostile, sizeof(hostile) - 1 },
+        .key = { all_bytes, sizeof(all_bytes) },
+        .status = 400,
+        .outcome = "bad_request",
+        .total_us = 1500,
+        .bytes = 12,
+    });
+    log_warn("upstream %s failed", hostile); /* a message quoting client bytes */
+}
+
+static void test_log_hostile_bytes_text(void)
+{
+    const char *out;
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    out = capture_stderr(log_hostile_access);
+    CHECK_EQ_INT(count_lines(out), 2);
+    for (const char *p = out; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+
+        CHECK((c >= 0x20 && c < 0x7f) || c == '\n'); /* no control or 8-bit byte survives */
+        if (c == '"')
+            CHECK(p > out && p[-1] == '\\');
+    }
+    CHECK(strstr(out, " info access PO\\\"ST /a\\\"b\\\\c\\x0d\\x0a2026-01-01T00:00:00.000Z "
+                      "error forged key=x\\x00zz\\x1b[31m\\x7f\\xc3\\xa9\\xff") != NULL);
+    CHECK(strstr(out, " 400 bad_request key=\\x00\\x01") != NULL);
+    CHECK(strstr(out, "\\x1f !\\\"#") != NULL);
+    CHECK(strstr(out, " upstream_ms=- total_ms=1.500 bytes=12\n") != NULL);
+    CHECK(strstr(out, " warn upstream /a\\\"b\\\\c\\x0d\\x0a2026") != NULL);
+}
+
+static void test_log_hostile_bytes_json(void)
+{
+    const char *out, *line;
+    json_error_t jerr;
+    json_t *j;
+    size_t n = 0;
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    out = capture_stderr(log_hostile_access);
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    CHECK_EQ_INT(count_lines(out), 2);
+    for (line = out; *line; line = strchr(line, '\n') + 1, n++) {
+        j = json_loadb(line, (size_t)(strchr(line, '\n') - line), 0, &jerr);
+        CHECK(j != NULL);
+        if (!j)
+            break;
+        if (n == 0) {
+            const char *target = json_string_value(json_object_get(j, "target"));
+            json_t *key = json_object_get(j, "key");
+
+            CHECK_EQ_STR(json_string_value(json_object_get(j, "method")), "PO\"ST");
+            /* JSON carries the bytes that are UTF-8; the rest, and NUL, is \xHH */
+            CHECK(json_string_length(json_object_get(j, "target")) > 60);
+            CHECK(target && strncmp(target, "/a\"b\\c\r\n2026-01-01T00:00:00.000Z error forged "
+                                            "key=x", 48) == 0);
+            CHECK(target && strstr(target, "key=x\\x00zz\x1b[31m\x7f\xc3\xa9\\xff\\xc0\\xaf\\xed"
+                                           "\\xa0\\x80 \t"));
+            CHECK(json_is_string(key) && json_string_length(key) > 256);
+            CHECK(json_integer_value(json_object_get(j, "status")) == 400);
+            CHECK_EQ_STR(json_string_value(json_object_get(j, "outcome")), "bad_request");
+        } else {
+            CHECK_EQ_STR(json_string_value(json_object_get(j, "level")), "warn");
+        }
+        json_decref(j);
+    }
+    CHECK_EQ_INT(n, 2);
+}
+
+TEST_MAIN(test_log_text_and_json, test_log_hostile_bytes_text, test_log_hostile_bytes_json)
