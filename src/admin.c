@@ -90,32 +90,18 @@ static enum MHD_Result reply_problem(struct MHD_Connection *conn, enum problem p
     return ret;
 }
 
-/* /keys reads stored answers and deletes keys: with a token, only for a
- * request that carries it; without one, only on a loopback admin address.
- * Returns true when the request may go on; otherwise <ret> is the refusal. */
-static bool keys_allowed(const struct admin *a, struct MHD_Connection *conn, enum MHD_Result *ret)
+enum admin_access admin_keys_access(const char *token, bool loopback, const char *authorization)
 {
-    const char *auth;
     size_t len;
 
-    if (!a->token) {
-        if (a->loopback)
-            return true;
-        *ret = reply_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
-                             "/keys is served without --admin-token-file only on a loopback "
-                             "--admin-listen address.");
-        return false;
-    }
-    auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    len = strlen(a->token);
+    if (!token)
+        return loopback ? ADMIN_ACCESS_ALLOWED : ADMIN_ACCESS_FORBIDDEN;
+    len = strlen(token);
     /* Compared in constant time: the time taken says nothing of the token. */
-    if (auth && strncasecmp(auth, "Bearer ", 7) == 0 && strlen(auth + 7) == len &&
-        CRYPTO_memcmp(auth + 7, a->token, len) == 0)
-        return true;
-    *ret = reply_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
-                         "/keys requires Authorization: Bearer <the token of "
-                         "--admin-token-file>.");
-    return false;
+    if (authorization && strncasecmp(authorization, "Bearer ", 7) == 0 &&
+        strlen(authorization + 7) == len && CRYPTO_memcmp(authorization + 7, token, len) == 0)
+        return ADMIN_ACCESS_ALLOWED;
+    return ADMIN_ACCESS_UNAUTHORIZED;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -123,7 +109,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   size_t *upload_data_size, void **con_cls)
 {
     struct admin *a = cls;
-    enum MHD_Result ret;
 
     (void)version;
     (void)upload_data;
@@ -132,8 +117,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0) {
-        if (!keys_allowed(a, conn, &ret))
-            return ret;
+        switch (admin_keys_access(
+            a->token, a->loopback,
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"))) {
+        case ADMIN_ACCESS_FORBIDDEN:
+            return reply_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
+                                 "/keys is served without --admin-token-file only on a loopback "
+                                 "--admin-listen address.");
+        case ADMIN_ACCESS_UNAUTHORIZED:
+            return reply_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
+                                 "/keys requires Authorization: Bearer <the token of "
+                                 "--admin-token-file>.");
+        case ADMIN_ACCESS_ALLOWED:
+            break;
+        }
         if (!*con_cls)
             return reply(conn, 500, "out of memory\n");
         /* the raw target: MHD's decoded <url> would end at a %00 */

@@ -705,12 +705,36 @@ static void choices_text(const char *const *choices, char *out, size_t outlen)
     }
 }
 
+/* <v> with the user info of a URL (what lies between "://" and the last '@'
+ * before the path) as "***", so that an error line never shows a password. */
+static void mask_userinfo(const char *v, char *out, size_t outlen)
+{
+    const char *start = strstr(v, "://"), *at, *end;
+
+    snprintf(out, outlen, "%s", v);
+    if (!start)
+        return;
+    start += 3;
+    end = start + strcspn(start, "/?#");
+    at = NULL;
+    for (const char *p = start; p < end; p++) {
+        if (*p == '@')
+            at = p;
+    }
+    if (at)
+        snprintf(out, outlen, "%.*s***%s", (int)(start - v), v, at);
+}
+
 static void value_err(const struct opt *o, bool from_env, const char *v, int r, char *err,
                       size_t errlen)
 {
-    char src[128], val[80], expect[128];
+    char src[128], val[80], expect[128], masked[512];
 
     source_name(o, from_env, src, sizeof(src));
+    if (o->kind == K_URL || o->kind == K_REDIS) {
+        mask_userinfo(v, masked, sizeof(masked));
+        v = masked;
+    }
     quote_value(v, val, sizeof(val));
     if (o->kind == K_CHOICE)
         choices_text(o->choices, expect, sizeof(expect));

@@ -22,6 +22,18 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret);
  * only place /keys is served without --admin-token-file. */
 bool admin_is_loopback(const struct config *cfg);
 
+enum admin_access {
+    ADMIN_ACCESS_ALLOWED,
+    ADMIN_ACCESS_UNAUTHORIZED, /* 401: the token is required and was not given */
+    ADMIN_ACCESS_FORBIDDEN,    /* 403: no token configured, and not a loopback address */
+};
+
+/* Whether a /keys request may be served: with <token> (--admin-token-file's
+ * secret) only when <authorization> (its Authorization header, NULL when
+ * absent) is "Bearer <token>" (scheme case-insensitive, compared in constant
+ * time); without one only when <loopback>. */
+enum admin_access admin_keys_access(const char *token, bool loopback, const char *authorization);
+
 /* Stops and frees. NULL-safe. */
 void admin_stop(struct admin *a);
 

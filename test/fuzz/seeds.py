@@ -51,6 +51,20 @@ for name, v in {
     "fragment": "\x00GET /x#frag",
     "own-base": "\x80http://10.0.0.1:81/base\nPATCH /p?x",
     "own-base-noscheme": "\x80host/a/b\nPOST /c",
+    # the shapes that once steered a request elsewhere when glued to the base
+    "userinfo": "\x00GET @127.0.0.1:6202/x",
+    "port-digit": "\x04GET 1/x",
+    "host-suffix": "\x05GET .other.example/x",
+    "port-colon": "\x04GET :6202/x",
+    "double-slash": "\x01GET //127.0.0.1:6202/x",
+    "absolute-userinfo": "\x00GET http://u:p@127.0.0.1:6202/x",
+    "absolute-https": "\x01POST HTTPS://[::1]:6202?q",
+    "connect": "\x00CONNECT 127.0.0.1:6202",
+    "asterisk-get": "\x00GET *",
+    "backslash": "\x00GET \\\\127.0.0.1\\x",
+    "own-base-userinfo": "\x80http://user:pw@h:80/p\nGET /x",
+    "own-base-query": "\x80http://h/p?q=1\nGET /x",
+    "own-base-no-authority": "\x80http:///api\nGET /x",
 }.items():
     write("fuzz_target", name, v)
 
