@@ -15,7 +15,8 @@ MESON = os.path.join(REPO, "meson.build")
 
 # README's default column is prose where there is no literal default; these are
 # the words it may use, and what --help shows for them (None: no default).
-README_PROSE_DEFAULTS = {"required": None, "none: memory store": None, "off": "false"}
+README_PROSE_DEFAULTS = {"required": None, "none: memory store": None, "none": None,
+                         "off": "false"}
 
 
 # --------------------------------------------------------------------------- --help
@@ -203,7 +204,7 @@ def test_manpage_has_the_sections():
     for name in ("NAME", "SYNOPSIS", "DESCRIPTION"):
         assert "\n.SH %s\n" % name in src
     admin = [tag for tag, _ in sections["ADMIN ENDPOINTS"]]
-    assert admin == ["/healthz", "/readyz", "/metrics"], admin
+    assert admin == ["/healthz", "/readyz", "/metrics", "/keys/key"], admin
     exits = [tag for tag, _ in sections["EXIT STATUS"]]
     assert exits == ["0", "1", "2"], exits
     outcomes = " ".join(tag for tag, _ in sections["DESCRIPTION"])
