@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
@@ -127,17 +128,6 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
     return reply_json(conn, status, json_pack("{s:s}", "error", msg));
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes the key of the raw target <raw> ("/keys/<key>[?query]", as the
  * client sent it) into <ret> (256 bytes): %XX decoded, the result a key as
  * the proxy stores it, 1-255 bytes in 0x21-0x7E (unquoted). Decoded here,
@@ -145,29 +135,13 @@ static int hex_value(char c)
  * -EINVAL. */
 static int decode_key(const char *raw, char *ret)
 {
-    size_t n = 0, at, end = strcspn(raw, "?");
+    size_t n, at = strlen(ADMIN_KEYS_PATH);
+    struct span in = { .base = raw, .len = strcspn(raw, "?") };
     char path[4096];
 
-    for (size_t i = 0; i < end; i++) {
-        char c = raw[i];
-
-        if (c == '%') {
-            int hi = i + 2 < end ? hex_value(raw[i + 1]) : -1;
-            int lo = hi >= 0 ? hex_value(raw[i + 2]) : -1;
-
-            if (lo < 0)
-                return -EINVAL;
-            c = (char)(hi << 4 | lo);
-            i += 2;
-        }
-        if (n == sizeof(path))
-            return -EINVAL;
-        path[n++] = c;
-    }
-    if (n < strlen(ADMIN_KEYS_PATH) || memcmp(path, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) != 0)
+    if (in.len > sizeof(path) || http_percent_decode(in, path, &n) < 0)
         return -EINVAL;
-    at = strlen(ADMIN_KEYS_PATH);
-    if (n - at == 0 || n - at > 255)
+    if (n < at || memcmp(path, ADMIN_KEYS_PATH, at) != 0 || n - at == 0 || n - at > 255)
         return -EINVAL;
     for (size_t i = at; i < n; i++) {
         if ((unsigned char)path[i] < 0x21 || (unsigned char)path[i] > 0x7e)

@@ -20,6 +20,7 @@ static bool is_hex(unsigned char c)
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+
 bool http_is_token(struct span s)
 {
     for (size_t i = 0; i < s.len; i++) {
@@ -38,6 +39,39 @@ bool http_is_field_value(struct span v)
             return false;
     }
     return true;
+}
+
+static int hex_value(unsigned char c)
+{
+    if (is_digit(c))
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int http_percent_decode(struct span in, char *out, size_t *ret_len)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < in.len; i++) {
+        char c = in.base[i];
+
+        if (c == '%') {
+            int hi = i + 2 < in.len ? hex_value((unsigned char)in.base[i + 1]) : -1;
+            int lo = hi >= 0 ? hex_value((unsigned char)in.base[i + 2]) : -1;
+
+            if (lo < 0)
+                return -EINVAL;
+            c = (char)(hi << 4 | lo);
+            i += 2;
+        }
+        out[n++] = c;
+    }
+    *ret_len = n;
+    return 0;
 }
 
 /* unreserved / sub-delims of RFC 3986, the bytes of a reg-name besides %XX */

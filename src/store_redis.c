@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <assert.h>
+#include <ctype.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <limits.h>
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/http.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
@@ -150,21 +152,11 @@ struct op {
 
 /* ---- redis:// URLs ---- */
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decodes [<p>, <end>) into a new string (NULL for an empty one). */
 static int decode_userinfo_part(const char *p, const char *end, char **ret)
 {
-    char *s, *o;
+    size_t n;
+    char *s;
 
     if (p == end) {
         *ret = NULL;
@@ -173,21 +165,12 @@ static int decode_userinfo_part(const char *p, const char *end, char **ret)
     s = malloc((size_t)(end - p) + 1);
     if (!s)
         return -ENOMEM;
-    for (o = s; p < end; p++) {
-        if (*p == '%') {
-            int hi = end - p > 2 ? hex_val(p[1]) : -1, lo = hi >= 0 ? hex_val(p[2]) : -1;
-
-            if (lo < 0 || (hi == 0 && lo == 0)) {
-                free(s);
-                return -EINVAL; /* a bad escape, or %00 which AUTH could not carry */
-            }
-            *o++ = (char)(hi << 4 | lo);
-            p += 2;
-        } else {
-            *o++ = *p;
-        }
+    if (http_percent_decode((struct span){ .base = p, .len = (size_t)(end - p) }, s, &n) < 0 ||
+        memchr(s, '\0', n)) {
+        free(s);
+        return -EINVAL; /* a bad escape, or %00 which AUTH could not carry */
     }
-    *o = '\0';
+    s[n] = '\0';
     *ret = s;
     return 0;
 }
@@ -244,7 +227,7 @@ int store_redis_parse_url(const char *url, struct store_redis_url *ret)
             port = host_end + 2;
         }
         for (const char *c = host; c < host_end; c++) {
-            if (!(*c == ':' || *c == '.' || hex_val(*c) >= 0))
+            if (!(*c == ':' || *c == '.' || isxdigit((unsigned char)*c)))
                 return -EINVAL;
         }
     } else {

@@ -35,6 +35,12 @@ bool http_is_authority(struct span a, bool allow_empty);
  * servers do. */
 bool http_is_origin_form(struct span t);
 
+/* Percent-decodes <in> (RFC 3986 section 2.1) into <out>, which has room for
+ * <in>.len bytes (decoding only shrinks). %00 decodes to a NUL like any other
+ * byte: the caller judges what it may hold. Returns 0 with the decoded length
+ * in <ret_len>, or -EINVAL for a '%' not followed by two hex digits. */
+int http_percent_decode(struct span in, char *out, size_t *ret_len);
+
 enum http_target_form {
     HTTP_TARGET_ORIGIN,   /* /path?query */
     HTTP_TARGET_ABSOLUTE, /* http://authority/path?query (or https) */

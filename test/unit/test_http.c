@@ -229,6 +229,24 @@ static void test_http_target_refused(void)
     CHECK_EQ_INT(line("", SPAN_LIT("/y"), &t), 400);
 }
 
+static void test_http_percent_decode(void)
+{
+    char out[32];
+    size_t n = 99;
+
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT("a%2Fb%41%7e"), out, &n), 0);
+    CHECK(n == 5 && memcmp(out, "a/bA~", 5) == 0);
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT("abc%00zzz"), out, &n), 0);
+    CHECK(n == 7 && memcmp(out, "abc\0zzz", 7) == 0); /* the NUL is there for the caller */
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT(""), out, &n), 0);
+    CHECK_EQ_INT(n, 0);
+    n = 99;
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT("a%2"), out, &n), -EINVAL);
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT("a%zz"), out, &n), -EINVAL);
+    CHECK_EQ_INT(http_percent_decode(SPAN_LIT("%"), out, &n), -EINVAL);
+    CHECK_EQ_INT(n, 99); /* untouched on failure */
+}
+
 TEST_MAIN(test_http_framing_clear, test_http_framing_refused, test_http_field_bytes,
           test_http_host_field, test_http_authority, test_http_target_forms,
-          test_http_target_refused)
+          test_http_target_refused, test_http_percent_decode)
