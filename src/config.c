@@ -99,8 +99,8 @@ static const struct opt opts[] = {
     { "--listen", "IDEMPROXY_LISTEN", "HOST:PORT", "127.0.0.1:8080",
       "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, F(listen), 0, NULL, false },
     { "--upstream", "IDEMPROXY_UPSTREAM", "URL", NULL,
-      "required: the API to protect, http:// or https://; a path prefix is prepended to every "
-      "target",
+      "required: the API to protect, http:// or https:// (no user info, query or fragment); "
+      "every request goes there, a path prefix before every target",
       K_URL, F(upstream), 0, NULL, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
       "Redis store, redis://[:password@]host:port[/db]; none: in-process memory store", K_REDIS,
