@@ -338,6 +338,17 @@ def test_space_in_the_target_and_two_hosts_are_refused(proxy, upstream):
     assert st == 201 and upstream.hits() == 1
 
 
+@store_independent
+def test_obs_fold_is_refused(proxy, upstream):
+    """libmicrohttpd joins a continuation line onto the field's name
+    (X-A: a + " b" became X-Ab: a); RFC 9112 §5.2 lets a server refuse it."""
+    p = proxy()
+    for fold in (b" b", b"\tb", b"  b: c"):
+        assert_bad_request(p.port, b"GET /echo HTTP/1.1\r\nHost: t\r\nX-A: a\r\n" + fold +
+                           b"\r\nY: 1\r\n\r\n")
+    assert upstream.hits() == 0
+
+
 def test_framing_refusals_are_bad_request_problems(proxy, upstream):
     p = proxy()
     key = new_key()
