@@ -213,12 +213,13 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
     assert p.request("GET", "/echo")[0] == 201                             # passthrough
     assert post(new_key(), "/reset")[0] == 502                             # upstream_error
     assert p.request("GET", "/reset")[0] == 502                            # upstream_error
+    assert p.raw(b"GET /a%00 HTTP/1.1\r\nHost: t\r\nX: \x01\r\n\r\n")[0] == 400  # bad_request
 
     fams = scrape(p)
     got = requests_by_outcome(fams)
     assert got == {"passthrough": 1, "executed": 3, "replayed": 2, "in_flight": 1,
                    "mismatch": 1, "missing_key": 1, "invalid_key": 1, "too_large": 1,
-                   "store_error": 0, "upstream_error": 2}, got
+                   "store_error": 0, "upstream_error": 2, "bad_request": 1}, got
     assert histogram_count(fams, "idemproxy_request_duration_seconds") == sum(got.values())
     # Forwarded: GET /echo, k1, k2, k3, the keyed /reset and GET /reset.
     assert histogram_count(fams, "idemproxy_upstream_duration_seconds") == 6
