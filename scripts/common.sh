@@ -24,15 +24,51 @@ ensure_packages() {
 BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcurl4-openssl-dev
     libhiredis-dev libjansson-dev libssl-dev curl)
 
-# build DIR [meson options...] configures DIR once and builds it.
+# build DIR [meson options...] configures DIR (again from scratch when it was
+# configured with other options or another compiler) and builds it.
 build() {
-    local dir=$1
+    local dir=$1 want have
     shift
+    want="CC=${CC:-} $*"
+    have=$(cat "$dir/.idemproxy-setup" 2>/dev/null)
+    if [ -f "$dir/build.ninja" ] && [ "$want" != "$have" ]; then
+        echo "==> $dir was set up with '${have:-unknown options}': setting it up again with '$want'" >&2
+        rm -rf "$dir"
+    fi
     if [ ! -f "$dir/build.ninja" ]; then
         meson setup "$dir" "$IDEMPROXY_ROOT" "$@" >"$dir.setup.log" 2>&1 ||
             { cat "$dir.setup.log" >&2; echo "meson setup $dir failed" >&2; return 1; }
+        echo "$want" >"$dir/.idemproxy-setup"
     fi
     ninja -C "$dir" >&2 || { echo "build in $dir failed" >&2; return 1; }
+}
+
+say() { echo "==> $*" >&2; }
+
+# running PID succeeds while PID exists and has not exited (a zombie has).
+running() {
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    s=${s##*) }
+    [ "${s%% *}" != Z ]
+}
+
+# stop_pid PID SECONDS [NAME]: SIGTERM (an nginx master stops its workers),
+# SIGKILL after SECONDS (saying so when NAME is given); returns the exit status
+# of PID, a child of this shell.
+stop_pid() {
+    local pid=$1 secs=$2 name=${3:-} i
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return; }
+    for ((i = 0; i < secs * 10; i++)); do
+        running "$pid" || break
+        sleep 0.1
+    done
+    if running "$pid"; then
+        [ -n "$name" ] && say "$name (pid $pid) did not stop within $secs s: killing it"
+        kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
 }
 
 # free_port prints a TCP port that is free on 127.0.0.1 right now.
@@ -54,7 +90,7 @@ PYEOF
 # The libFuzzer targets of test/fuzz/ (scripts/fuzz, and a short run in scripts/test).
 # libfuzzer-14-dev is Debian's libFuzzer; clang links the copy in libclang-rt-14-dev.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev libfuzzer-14-dev)
-FUZZ_TARGETS=(fuzz_idemkey fuzz_target fuzz_headers fuzz_record fuzz_config)
+mapfile -t FUZZ_TARGETS <"$IDEMPROXY_ROOT/test/fuzz/targets.txt" # test/fuzz/meson.build reads it too
 
 # build_fuzz DIR configures DIR once with clang-14, ASan+UBSan and the fuzz
 # targets, and builds it. c_args instrument libidem for coverage as well.

@@ -20,6 +20,7 @@
 #include "idemproxy/store_redis.h"
 #include "idemproxy/upstream.h"
 #include "idemproxy/worker.h"
+#include "idemproxy_version.h"
 
 #define STORE_THREADS 8
 #define MAX_LOOPS 8 /* event loops: one per CPU, up to this */

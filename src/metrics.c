@@ -13,6 +13,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
+#include "idemproxy_version.h"
 
 static const uint64_t bucket_bounds_us[] = METRICS_BUCKET_BOUNDS_US;
 _Static_assert(ARRAY_SIZE(bucket_bounds_us) + 1 == METRICS_NBUCKETS, "one +Inf bucket");

@@ -5,8 +5,9 @@
  * redis-server and exports it), and that Redis to itself while it runs: it
  * pauses and kills clients and counts keys with DBSIZE. Also here: Redis-only
  * behaviour (script cache loss, one key per idempotency key, connection
- * failures), the redis:// URL parser, the memory store's budget (eviction,
- * background reclaim, accounting), and the worker pool the stores run on. */
+ * failures), and the memory store's budget (eviction, background reclaim,
+ * accounting). The worker pool and the redis:// URL parser, which need no
+ * store, are unit tests (test_worker.c, test_store_redis_url.c). */
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -1211,87 +1212,6 @@ static int make_redis(struct worker_pool *p, struct store **ret)
     return redis_new(redis_url, p, 1000, ret);
 }
 
-static void test_redis_parse_url(void)
-{
-    struct store_redis_url u = { .port = 1, .db = 7 };
-
-    CHECK_EQ_INT(store_redis_parse_url("redis://localhost", &u), 0);
-    CHECK_EQ_STR(u.host, "localhost");
-    CHECK_EQ_INT(u.port, 6379);
-    CHECK_EQ_INT(u.db, 0);
-    CHECK(u.password == NULL);
-
-    CHECK_EQ_INT(store_redis_parse_url("redis://127.0.0.1:6380/3", &u), 0);
-    CHECK_EQ_STR(u.host, "127.0.0.1");
-    CHECK_EQ_INT(u.port, 6380);
-    CHECK_EQ_INT(u.db, 3);
-    CHECK(u.password == NULL);
-
-    CHECK_EQ_INT(store_redis_parse_url("redis://:s3cret@h:1/", &u), 0);
-    CHECK_EQ_STR(u.host, "h");
-    CHECK_EQ_INT(u.port, 1);
-    CHECK_EQ_INT(u.db, 0);
-    CHECK_EQ_STR(u.password, "s3cret");
-    url_free(&u);
-
-    CHECK_EQ_INT(store_redis_parse_url("REDIS://user:p%40ss:w/rd@[::1]:7000/15", &u), 0);
-    CHECK_EQ_STR(u.host, "::1");
-    CHECK_EQ_INT(u.port, 7000);
-    CHECK_EQ_INT(u.db, 15);
-    CHECK_EQ_STR(u.password, "p@ss:w/rd"); /* the user ignored */
-    url_free(&u);
-
-    CHECK_EQ_INT(store_redis_parse_url("redis://onlypass@h", &u), 0); /* as redis-cli reads it */
-    CHECK_EQ_STR(u.password, "onlypass");
-    url_free(&u);
-    CHECK_EQ_INT(store_redis_parse_url("redis://user:@h", &u), 0);
-    CHECK(u.password == NULL);
-
-    u = (struct store_redis_url){ .port = 42, .db = 9 };
-    static const char *const bad[] = {
-        NULL,
-        "",
-        "redis://",
-        "redis:///0",
-        "redis://:pw@",
-        "redis://:pw@:6379",
-        "rediss://h",
-        "http://h:6379",
-        "unix:///tmp/redis.sock",
-        "h:6379",
-        "redis:/h",
-        "redis://h:",
-        "redis://h:0",
-        "redis://h:65536",
-        "redis://h:99999999999",
-        "redis://h:6x",
-        "redis://h:-1",
-        "redis://h/x",
-        "redis://h/-1",
-        "redis://h/2147483648",
-        "redis://h/1/2",
-        "redis://h?db=1",
-        "redis://h#x",
-        "redis://h h",
-        "redis://[::1",
-        "redis://[::1]x",
-        "redis://[zz]",
-        "redis://:%zz@h",
-        "redis://:%4@h",
-        "redis://:%00@h",
-    };
-    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
-        int r = store_redis_parse_url(bad[i], &u);
-
-        if (r != -EINVAL)
-            fprintf(stderr, "accepted: %s\n", bad[i] ? bad[i] : "(null)");
-        CHECK_EQ_INT(r, -EINVAL);
-    }
-    CHECK_EQ_INT(u.port, 42); /* untouched on failure */
-    CHECK_EQ_INT(u.db, 9);
-    CHECK(u.password == NULL);
-}
-
 static void test_redis_refuses_bad_arguments(void)
 {
     struct store *st = NULL, *st0 = store_open();
@@ -1557,123 +1477,6 @@ static void test_redis_ready_without_traffic(void)
     store_close(st);
 }
 
-/* ---- the worker pool ---- */
-
-struct trace {
-    pthread_mutex_t mu;
-    int order[16];
-    uint64_t at[16];
-    int index[16];
-    int n;
-};
-
-struct traced_job {
-    struct trace *tr;
-    int id;
-    struct worker_pool *p; /* set: try to submit from the job, expecting -ECANCELED */
-    int submit_ret;
-};
-
-static void traced_run(void *arg)
-{
-    struct traced_job *j = arg;
-    struct trace *tr = j->tr;
-
-    if (j->p)
-        j->submit_ret = worker_submit(j->p, traced_run, j);
-    pthread_mutex_lock(&tr->mu);
-    tr->order[tr->n] = j->id;
-    tr->at[tr->n] = now_ms();
-    tr->index[tr->n] = worker_current_index();
-    tr->n++;
-    pthread_mutex_unlock(&tr->mu);
-}
-
-static void test_worker_runs_fifo_on_its_threads(void)
-{
-    struct worker_pool *p = (struct worker_pool *)&p, *keep = p;
-    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct traced_job jobs[8];
-
-    CHECK_EQ_INT(worker_pool_new(0, &p), -EINVAL);
-    CHECK(p == keep); /* untouched on failure */
-    CHECK_EQ_INT(worker_pool_new(1, &p), 0);
-    CHECK_EQ_INT(worker_pool_size(p), 1);
-    CHECK_EQ_INT(worker_current_index(), -1);
-    for (int i = 0; i < 8; i++) {
-        jobs[i] = (struct traced_job){ .tr = &tr, .id = i };
-        CHECK_EQ_INT(worker_submit(p, traced_run, &jobs[i]), 0);
-    }
-    worker_pool_free(p);
-    CHECK_EQ_INT(tr.n, 8);
-    for (int i = 0; i < tr.n; i++) {
-        CHECK_EQ_INT(tr.order[i], i);
-        CHECK_EQ_INT(tr.index[i], 0);
-    }
-}
-
-static void test_worker_runs_delayed_jobs_in_due_order_not_early(void)
-{
-    static const unsigned delays[] = { 180, 60, 0, 240, 120 };
-    struct worker_pool *p = NULL;
-    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct traced_job jobs[ARRAY_SIZE(delays)];
-    uint64_t start;
-    int waited;
-
-    CHECK_EQ_INT(worker_pool_new(3, &p), 0);
-    if (!p)
-        return;
-    CHECK_EQ_INT(worker_pool_size(p), 3);
-    start = now_ms();
-    for (size_t i = 0; i < ARRAY_SIZE(delays); i++) {
-        jobs[i] = (struct traced_job){ .tr = &tr, .id = (int)delays[i] };
-        CHECK_EQ_INT(worker_submit_after(p, delays[i], traced_run, &jobs[i]), 0);
-    }
-    for (waited = 0; waited < 2000; waited += 10) {
-        pthread_mutex_lock(&tr.mu);
-        int n = tr.n;
-        pthread_mutex_unlock(&tr.mu);
-        if (n == (int)ARRAY_SIZE(delays))
-            break;
-        sleep_ms(10);
-    }
-    CHECK_EQ_INT(tr.n, ARRAY_SIZE(delays));
-    for (int i = 0; i < tr.n; i++) {
-        CHECK(i == 0 || tr.order[i] > tr.order[i - 1]);
-        CHECK(tr.at[i] >= start + (uint64_t)tr.order[i]); /* never early */
-        CHECK(tr.at[i] < start + (uint64_t)tr.order[i] + 500);
-        CHECK(tr.index[i] >= 0 && tr.index[i] < 3);
-    }
-    worker_pool_free(p);
-}
-
-static void test_worker_free_runs_pending_delayed_jobs(void)
-{
-    struct worker_pool *p = NULL;
-    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct traced_job late, later, now;
-    uint64_t start;
-
-    CHECK_EQ_INT(worker_pool_new(2, &p), 0);
-    if (!p)
-        return;
-    later = (struct traced_job){ .tr = &tr, .id = 2, .submit_ret = 1 };
-    late = (struct traced_job){ .tr = &tr, .id = 1, .p = p, .submit_ret = 1 };
-    now = (struct traced_job){ .tr = &tr, .id = 0 };
-    CHECK_EQ_INT(worker_submit_after(p, 20000, traced_run, &later), 0);
-    CHECK_EQ_INT(worker_submit_after(p, 10000, traced_run, &late), 0);
-    CHECK_EQ_INT(worker_submit(p, traced_run, &now), 0);
-    start = now_ms();
-    worker_pool_free(p);
-    CHECK(now_ms() - start < 1000); /* run at once, not waited for */
-    CHECK_EQ_INT(tr.n, 3);
-    CHECK_EQ_INT(tr.order[0], 0);
-    /* The two delayed ones were taken in due order (with two threads they may
-     * finish in either order), and a job run at shutdown cannot queue more. */
-    CHECK_EQ_INT(late.submit_ret, -ECANCELED);
-}
-
 /* ---- main ---- */
 
 struct test {
@@ -1700,9 +1503,6 @@ static const struct test contract_tests[] = {
     TEST(test_ready_after_a_successful_call),
     TEST(test_complete_and_release_notify_waiters),
     TEST(test_inspect_lists_every_scope_and_purge_frees),
-    TEST(test_worker_runs_fifo_on_its_threads),
-    TEST(test_worker_runs_delayed_jobs_in_due_order_not_early),
-    TEST(test_worker_free_runs_pending_delayed_jobs),
 };
 
 static const struct test memory_tests[] = {
@@ -1716,7 +1516,6 @@ static const struct test memory_tests[] = {
 };
 
 static const struct test redis_tests[] = {
-    TEST(test_redis_parse_url),
     TEST(test_redis_refuses_bad_arguments),
     TEST(test_redis_script_flush_reloads_scripts),
     TEST(test_redis_one_key_per_idempotency_key),

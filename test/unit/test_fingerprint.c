@@ -1,4 +1,6 @@
 /* SPDX-License-Identifier: MIT */
+#include <openssl/evp.h>
+
 #include "check.h"
 #include "idemproxy/fingerprint.h"
 
@@ -27,13 +29,47 @@ static void test_fingerprint_known_answer(void)
     CHECK_EQ_INT(strlen(hex), FINGERPRINT_HEX);
 }
 
-static void test_fingerprint_is_deterministic(void)
+/* The framed input of SPEC §1, built here byte by byte and hashed in one call
+ * of OpenSSL's: what fingerprint_* computes incrementally must be the same. */
+static void framed_sha256(const char *method, const char *target, const char *body, size_t n,
+                          uint8_t ret[FINGERPRINT_LEN])
 {
-    uint8_t a[FINGERPRINT_LEN], b[FINGERPRINT_LEN];
+    unsigned char in[512];
+    size_t len = 0;
+    const char *parts[] = { method, target };
 
-    fp_of("PUT", "/orders/1", "body", 4, a);
-    fp_of("PUT", "/orders/1", "body", 4, b);
-    CHECK_EQ_MEM(a, b, FINGERPRINT_LEN);
+    for (size_t p = 0; p < 2; p++) {
+        uint64_t l = strlen(parts[p]);
+
+        for (int i = 0; i < 8; i++)
+            in[len++] = (unsigned char)(l >> (56 - 8 * i));
+        memcpy(in + len, parts[p], l);
+        len += l;
+    }
+    memcpy(in + len, body, n);
+    len += n;
+    CHECK(EVP_Digest(in, len, ret, NULL, EVP_sha256(), NULL) == 1);
+}
+
+static void test_fingerprint_is_the_framed_sha256(void)
+{
+    static const struct {
+        const char *method, *target, *body;
+        size_t n;
+    } cases[] = {
+        { "PUT", "/orders/1", "body", 4 },
+        { "POST", "/", "", 0 },
+        { "PATCH", "/a?b=%20c", "\0\1\2", 3 },
+        { "X", "*", "x", 1 },
+    };
+
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        uint8_t got[FINGERPRINT_LEN], want[FINGERPRINT_LEN];
+
+        fp_of(cases[i].method, cases[i].target, cases[i].body, cases[i].n, got);
+        framed_sha256(cases[i].method, cases[i].target, cases[i].body, cases[i].n, want);
+        CHECK_EQ_MEM(got, want, FINGERPRINT_LEN);
+    }
 }
 
 static void test_fingerprint_method_target_body_each_change_it(void)
@@ -156,7 +192,7 @@ static void test_fingerprint_hex_is_lowercase(void)
     CHECK_EQ_STR(hex, "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
 }
 
-TEST_MAIN(test_fingerprint_known_answer, test_fingerprint_is_deterministic,
+TEST_MAIN(test_fingerprint_known_answer, test_fingerprint_is_the_framed_sha256,
           test_fingerprint_method_target_body_each_change_it,
           test_fingerprint_framing_separates_fields, test_fingerprint_body_chunking_does_not_matter,
           test_fingerprint_unstarted_context_fails, test_fingerprint_done_is_safe,

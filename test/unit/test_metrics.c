@@ -4,6 +4,7 @@
 #include "check.h"
 #include "idemproxy/buf.h"
 #include "idemproxy/metrics.h"
+#include "idemproxy_version.h"
 
 /* NUL-terminated copy of <b>'s text, for strstr(). */
 static char *text_of(struct buf *b)
@@ -91,7 +92,7 @@ static void test_metrics_format_counts_every_outcome(void)
     CHECK(strstr(text, "\nidemproxy_inflight 1\n"));
     CHECK(strstr(text, "\nidemproxy_lock_lost_total 1\n"));
     CHECK(strstr(text, "\nidemproxy_store_errors_total 2\n"));
-    CHECK(strstr(text, "\nidemproxy_build_info{version=\"0.1.0\"} 1\n"));
+    CHECK(strstr(text, "\nidemproxy_build_info{version=\"" IDEMPROXY_VERSION "\"} 1\n"));
     CHECK(!strstr(text, "idemproxy_memory_store")); /* no store given */
     metrics_inflight_add(-1);
     buf_done(&out);

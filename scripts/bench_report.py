@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""Prints scripts/bench's report: the markdown table of the README's
+Performance section, from the raw results scripts/bench wrote.
+
+  bench_report.py RESULTS MEMORY DATE MACHINE COMMAND REPS DUR SLOW_DUR NGINX_WORKERS VERSIONS CLK_TCK
+
+RESULTS has one line per wrk run: label, target, repetition, connections, then
+key=value fields (requests, duration_us, p50_us, p99_us, status_err,
+socket_err, proxy_ticks, redis_ticks, rss_kib, stored_kib), tab-separated.
+MEMORY has one line per store of scenario 6: target|records|measure|delta|rss|evictions.
+"""
+import sys, statistics, math
+results, memory, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, clk = sys.argv[1:]
+tick_us = 1e6 / int(clk)
+runs = {}      # (label, target) -> [run]
+order = []
+for line in open(results):
+    label, target, rep, conns, kv, extra = line.rstrip("\n").split("\t")
+    r = dict(x.split("=") for x in (kv + " " + extra).split())
+    r = {k: float(v) for k, v in r.items()}
+    r["rep"] = int(rep); r["conns"] = int(conns)
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    if (label, target) not in runs:
+        runs[(label, target)] = []
+        order.append((label, target))
+    runs[(label, target)].append(r)
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+def ms(us):
+    return "–" if us is None else f"{us / 1000:.2f} ms" if us < 100000 else f"{us / 1e6:.3f} s"
+
+def num(x, fmt):
+    return "–" if x is None else format(x, fmt)
+
+print(f"Measured {date} on {machine}; `{command}`.  ")
+print(f"{versions}; nginx `worker_processes {nginx_workers}`. "
+      f"Medians of {reps} repetition(s), targets in turn in each; wrk `-t2`, {dur} s per run"
+      + (f" ({slow_dur} s in scenario 5)" if slow_dur != "0" else "") + ".\n")
+print("| scenario | target | req/s | × nginx | p50 | p99 | proxy CPU µs/req | redis CPU µs/req | notes |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+for label, target in order:
+    rs = runs[(label, target)]
+    ratios = []
+    for r in rs:
+        ref = [n for n in runs.get((label, "nginx"), []) if n["rep"] == r["rep"]]
+        if ref and ref[0]["rps"] > 0:
+            ratios.append(r["rps"] / ref[0]["rps"])
+    cpu = med([r["proxy_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs])
+    rcpu = med([r["redis_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs]) \
+        if target == "idemproxy-redis" else None
+    notes = []
+    errs = sum(r["status_err"] for r in rs); serrs = sum(r["socket_err"] for r in rs)
+    total = sum(r["requests"] for r in rs)
+    if label.startswith("5."):
+        # The ideal: each connection completes one request a second. In a run of D
+        # whole seconds that is D - 1 answers per connection: the D-th would land just
+        # after the end, as every answer takes a little more than 1 s.
+        secs = int(slow_dur) - 1
+        pct = med([100 * r["requests"] / (r["conns"] * secs) for r in rs])
+        notes.append(f"{pct:.1f}% of ideal ({rs[0]['conns'] * secs:,} answers in {slow_dur} s)")
+        notes.append(f"peak RSS {med([r['rss_kib'] for r in rs]) / 1024:.1f} MiB")
+        stored = med([r["stored_kib"] for r in rs])
+        if stored:
+            notes.append(f"of which {stored / 1024:.1f} MiB the answers it stores "
+                         "(idemproxy_memory_store_bytes)")
+    if errs:
+        notes.append(f"{errs:.0f} non-2xx of {total:.0f}")
+    if serrs:
+        notes.append(f"{serrs:.0f} socket errors")
+    print(f"| {label} | {target} | {num(med([r['rps'] for r in rs]), ',.0f')} | "
+          f"{num(med(ratios), '.2f') if target != 'nginx' else '1'} | {ms(med([r['p50_us'] for r in rs]))} | "
+          f"{ms(med([r['p99_us'] for r in rs]))} | {num(cpu, '.1f')} | {num(rcpu, '.1f')} | {'; '.join(notes)} |")
+
+mem = [l.strip().split("|") for l in open(memory) if l.strip()]
+if mem:
+    print("\n6. Memory per stored record, after 100,000 stored answers of 1 KiB (`POST /kib`, new keys):\n")
+    print("| store | records stored | measure | delta | bytes/record | idemproxy RSS growth/record | evictions |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for target, records, what, delta, rss, ev in mem:
+        n = int(records)
+        per = f"{int(delta) / n:,.0f}" if n else "–"
+        rper = f"{int(rss) / n:,.0f}" if n else "–"
+        print(f"| {target} | {n:,} | {what} | {int(delta):,} | {per} | {rper} | {ev} |")
+print("\nCPU µs/req: utime+stime of the proxy process (nginx: its workers) over the run, "
+      "per request completed; redis: redis-server's, on idemproxy-redis rows. "
+      "× nginx: the median of the per-repetition ratios.")

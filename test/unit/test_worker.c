@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/* The worker pool (worker.h): jobs in order on its threads, delayed jobs in
+ * due order and never early, pending delayed jobs run at free. */
+#include <pthread.h>
+#include <time.h>
+
+#include "check.h"
+#include "idemproxy/worker.h"
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+struct trace {
+    pthread_mutex_t mu;
+    int order[16];
+    uint64_t at[16];
+    int index[16];
+    int n;
+};
+
+struct traced_job {
+    struct trace *tr;
+    int id;
+    struct worker_pool *p; /* set: try to submit from the job, expecting -ECANCELED */
+    int submit_ret;
+};
+
+static void traced_run(void *arg)
+{
+    struct traced_job *j = arg;
+    struct trace *tr = j->tr;
+
+    if (j->p)
+        j->submit_ret = worker_submit(j->p, traced_run, j);
+    pthread_mutex_lock(&tr->mu);
+    tr->order[tr->n] = j->id;
+    tr->at[tr->n] = now_ms();
+    tr->index[tr->n] = worker_current_index();
+    tr->n++;
+    pthread_mutex_unlock(&tr->mu);
+}
+
+static void test_worker_runs_fifo_on_its_threads(void)
+{
+    struct worker_pool *p = (struct worker_pool *)&p, *keep = p;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job jobs[8];
+
+    CHECK_EQ_INT(worker_pool_new(0, &p), -EINVAL);
+    CHECK(p == keep); /* untouched on failure */
+    CHECK_EQ_INT(worker_pool_new(1, &p), 0);
+    CHECK_EQ_INT(worker_pool_size(p), 1);
+    CHECK_EQ_INT(worker_current_index(), -1);
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (struct traced_job){ .tr = &tr, .id = i };
+        CHECK_EQ_INT(worker_submit(p, traced_run, &jobs[i]), 0);
+    }
+    worker_pool_free(p);
+    CHECK_EQ_INT(tr.n, 8);
+    for (int i = 0; i < tr.n; i++) {
+        CHECK_EQ_INT(tr.order[i], i);
+        CHECK_EQ_INT(tr.index[i], 0);
+    }
+}
+
+static void test_worker_runs_delayed_jobs_in_due_order_not_early(void)
+{
+    static const unsigned delays[] = { 180, 60, 0, 240, 120 };
+    struct worker_pool *p = NULL;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job jobs[ARRAY_SIZE(delays)];
+    uint64_t start;
+    int waited;
+
+    CHECK_EQ_INT(worker_pool_new(3, &p), 0);
+    if (!p)
+        return;
+    CHECK_EQ_INT(worker_pool_size(p), 3);
+    start = now_ms();
+    for (size_t i = 0; i < ARRAY_SIZE(delays); i++) {
+        jobs[i] = (struct traced_job){ .tr = &tr, .id = (int)delays[i] };
+        CHECK_EQ_INT(worker_submit_after(p, delays[i], traced_run, &jobs[i]), 0);
+    }
+    for (waited = 0; waited < 2000; waited += 10) {
+        pthread_mutex_lock(&tr.mu);
+        int n = tr.n;
+        pthread_mutex_unlock(&tr.mu);
+        if (n == (int)ARRAY_SIZE(delays))
+            break;
+        sleep_ms(10);
+    }
+    CHECK_EQ_INT(tr.n, ARRAY_SIZE(delays));
+    for (int i = 0; i < tr.n; i++) {
+        CHECK(i == 0 || tr.order[i] > tr.order[i - 1]);
+        CHECK(tr.at[i] >= start + (uint64_t)tr.order[i]); /* never early */
+        CHECK(tr.at[i] < start + (uint64_t)tr.order[i] + 500);
+        CHECK(tr.index[i] >= 0 && tr.index[i] < 3);
+    }
+    worker_pool_free(p);
+}
+
+static void test_worker_free_runs_pending_delayed_jobs(void)
+{
+    struct worker_pool *p = NULL;
+    struct trace tr = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct traced_job late, later, now;
+    uint64_t start;
+
+    CHECK_EQ_INT(worker_pool_new(2, &p), 0);
+    if (!p)
+        return;
+    later = (struct traced_job){ .tr = &tr, .id = 2, .submit_ret = 1 };
+    late = (struct traced_job){ .tr = &tr, .id = 1, .p = p, .submit_ret = 1 };
+    now = (struct traced_job){ .tr = &tr, .id = 0 };
+    CHECK_EQ_INT(worker_submit_after(p, 20000, traced_run, &later), 0);
+    CHECK_EQ_INT(worker_submit_after(p, 10000, traced_run, &late), 0);
+    CHECK_EQ_INT(worker_submit(p, traced_run, &now), 0);
+    start = now_ms();
+    worker_pool_free(p);
+    CHECK(now_ms() - start < 1000); /* run at once, not waited for */
+    CHECK_EQ_INT(tr.n, 3);
+    CHECK_EQ_INT(tr.order[0], 0);
+    /* The two delayed ones were taken in due order (with two threads they may
+     * finish in either order), and a job run at shutdown cannot queue more. */
+    CHECK_EQ_INT(late.submit_ret, -ECANCELED);
+}
+
+TEST_MAIN(test_worker_runs_fifo_on_its_threads,
+          test_worker_runs_delayed_jobs_in_due_order_not_early,
+          test_worker_free_runs_pending_delayed_jobs)
