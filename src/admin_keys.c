@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "idemproxy/http.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
@@ -152,17 +153,6 @@ static int decode_key(const char *raw, char *ret)
     return 0;
 }
 
-static bool scope_is_valid(const char *s)
-{
-    if (!s || strlen(s) != STORE_SCOPE_HEX)
-        return false;
-    for (size_t i = 0; i < STORE_SCOPE_HEX; i++) {
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    }
-    return true;
-}
-
 static json_t *base64_json(const struct buf *b)
 {
     size_t n = 4 * ((b->len + 2) / 3) + 1;
@@ -180,7 +170,7 @@ static json_t *base64_json(const struct buf *b)
 static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body)
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
-                          info->store_key + prefix_len, (int)STORE_SCOPE_HEX, "state",
+                          info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
                           info->completed ? "completed" : "locked", "fingerprint", info->fp_hex,
                           "age_ms", (json_int_t)info->age_ms, "ttl_ms", (json_int_t)info->ttl_ms);
 
@@ -232,19 +222,17 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, const char *prefix,
                                  const char *key, const char *scope)
 {
+    struct idemkey k = { .len = strlen(key) };
     struct waiter *w;
     char *store_key;
-    size_t n;
     int err;
 
-    if (!scope_is_valid(scope))
+    if (!scope || !idemkey_is_scope(span_from_cstr(scope)))
         return reply_error(conn, 400,
                            "scope: give ?scope=<the 32 hex characters shown by GET /keys/<key>>");
-    n = strlen(prefix) + STORE_SCOPE_HEX + 1 + strlen(key) + 1;
-    store_key = malloc(n);
-    if (!store_key)
+    memcpy(k.buf, key, k.len); /* decode_key() made it 1-255 bytes */
+    if (idemkey_store_key(span_from_cstr(prefix), scope, &k, &store_key) < 0)
         return reply_error(conn, 500, "out of memory");
-    snprintf(store_key, n, "%s%s:%s", prefix, scope, key);
     w = waiter_new();
     if (!w) {
         free(store_key);

@@ -80,11 +80,5 @@ void fingerprint_done(struct fingerprint *fp)
 
 void fingerprint_hex(const uint8_t fp[FINGERPRINT_LEN], char ret[FINGERPRINT_HEX + 1])
 {
-    static const char hex[] = "0123456789abcdef";
-
-    for (size_t i = 0; i < FINGERPRINT_LEN; i++) {
-        ret[2 * i] = hex[fp[i] >> 4];
-        ret[2 * i + 1] = hex[fp[i] & 0xf];
-    }
-    ret[FINGERPRINT_HEX] = '\0';
+    hex_encode(fp, FINGERPRINT_LEN, ret);
 }

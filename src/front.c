@@ -19,6 +19,7 @@
 
 #include "idemproxy/config.h"
 #include "idemproxy/http.h"
+#include "idemproxy/list.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
@@ -38,10 +39,9 @@
  * whole header section instead, from the connection's start or the end of
  * its previous request. */
 struct fconn {
-    struct fconn *prev, *next; /* in front.heads, oldest first, while linked */
+    struct list_node node; /* in front.heads, oldest first, while its header section is due */
     uint64_t since_ms;
     MHD_socket fd;
-    bool linked;
 };
 
 struct front {
@@ -60,7 +60,7 @@ struct front {
     int quiesced_fd;     /* the listening socket after front_quiesce(), -1 before */
     struct upstream *up; /* borrowed: the upstream on the same loop */
     atomic_uint requests;
-    struct fconn *heads_first, *heads_last; /* header sections due, oldest first */
+    struct list heads; /* struct fconn whose header section is due, oldest first */
     bool reserved; /* on_accept() took a slot that its connection has not started in yet */
 };
 
@@ -95,14 +95,10 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
 }
 
 /* Loop thread (or the thread stopping the daemon), like every MHD callback. */
-static void heads_unlink(struct front *f, struct fconn *c)
+static void heads_unlink(struct fconn *c)
 {
-    if (!c || !c->linked)
-        return;
-    *(c->prev ? &c->prev->next : &f->heads_first) = c->next;
-    *(c->next ? &c->next->prev : &f->heads_last) = c->prev;
-    c->prev = c->next = NULL;
-    c->linked = false;
+    if (c)
+        list_remove(&c->node);
 }
 
 /* A header section is due from now. */
@@ -110,12 +106,9 @@ static void heads_append(struct front *f, struct fconn *c)
 {
     if (!c)
         return;
-    heads_unlink(f, c);
+    list_remove(&c->node);
     c->since_ms = now_ms();
-    c->prev = f->heads_last;
-    *(f->heads_last ? &f->heads_last->next : &f->heads_first) = c;
-    f->heads_last = c;
-    c->linked = true;
+    list_append(&f->heads, &c->node);
 }
 
 static struct fconn *conn_fconn(struct MHD_Connection *conn)
@@ -150,7 +143,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     }
     atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
     c = *socket_context;
-    heads_unlink(f, c);
+    heads_unlink(c);
     free(c);
     *socket_context = NULL;
 }
@@ -161,14 +154,18 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static uint64_t heads_expire(struct front *f)
 {
     uint64_t now = now_ms(), limit = f->cfg->client_timeout_ms;
-    struct fconn *c;
+    struct list_node *n;
 
-    while ((c = f->heads_first) && now - c->since_ms >= limit) {
-        heads_unlink(f, c);
+    while ((n = list_first(&f->heads))) {
+        struct fconn *c = list_entry(n, struct fconn, node);
+
+        if (now - c->since_ms < limit)
+            return c->since_ms + limit;
+        heads_unlink(c);
         log_debug("closed a connection: no complete header section within --client-timeout");
         (void)shutdown(c->fd, SHUT_RDWR);
     }
-    return c ? c->since_ms + limit : UINT64_MAX;
+    return UINT64_MAX;
 }
 
 /* Runs first for every request, with the target exactly as received (the
@@ -388,7 +385,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (!r->method.base) {
-        heads_unlink(f, conn_fconn(conn)); /* the header section is in */
+        heads_unlink(conn_fconn(conn)); /* the header section is in */
         r->method = span_from_cstr(method);
         /* MHD counts the header whose copy failed too: a request is never
          * forwarded with some of its headers missing. */
@@ -479,6 +476,7 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     f->loop = loop;
     f->up = up;
     f->quiesced_fd = -1;
+    list_init(&f->heads);
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     f->d = MHD_start_daemon(

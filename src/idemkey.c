@@ -65,17 +65,6 @@ int idemkey_parse(struct span v, struct idemkey *ret)
     return 0;
 }
 
-static void hex_encode(const unsigned char *p, size_t n, char *out)
-{
-    static const char hex[] = "0123456789abcdef";
-
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hex[p[i] >> 4];
-        out[2 * i + 1] = hex[p[i] & 0xf];
-    }
-    out[2 * n] = '\0';
-}
-
 int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1])
 {
     unsigned char md[EVP_MAX_MD_SIZE];
@@ -102,6 +91,29 @@ int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HE
         return -ENOMEM; /* a failed allocation: no scope is safe to use instead */
     hex_encode(md, IDEMKEY_SCOPE_HEX / 2, ret);
     return 0;
+}
+
+bool idemkey_is_scope(struct span s)
+{
+    if (s.len != IDEMKEY_SCOPE_HEX)
+        return false;
+    for (size_t i = 0; i < s.len; i++) {
+        char c = s.base[i];
+
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+    }
+    return true;
+}
+
+bool idemkey_store_key_matches(struct span s, struct span prefix, struct span key)
+{
+    size_t head = prefix.len + IDEMKEY_SCOPE_HEX + 1;
+
+    return s.len == head + key.len && memcmp(s.base, prefix.base, prefix.len) == 0 &&
+           idemkey_is_scope(
+               (struct span){ .base = s.base + prefix.len, .len = IDEMKEY_SCOPE_HEX }) &&
+           s.base[head - 1] == ':' && memcmp(s.base + head, key.base, key.len) == 0;
 }
 
 int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret)

@@ -16,6 +16,7 @@
 
 #include "idemproxy/config.h"
 #include "idemproxy/http.h"
+#include "idemproxy/list.h"
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
@@ -51,7 +52,7 @@ struct pipeline {
     /* The heartbeat: one periodic job extends every lease due, so a request
      * costs the pool nothing unless it runs longer than a third of --lock-ttl. */
     pthread_mutex_t lease_lock; /* guards the list and the heartbeat fields of leases */
-    struct lease *leases;       /* every active lease, each with a reference */
+    struct list leases;         /* every active struct lease, each with a reference */
     uint64_t beat_every_ms;     /* a lease is extended this long after its last extend */
     uint64_t beat_check_ms;     /* how often the job looks for leases due */
 };
@@ -70,8 +71,7 @@ struct lease {
     uint64_t tick_sent_ms;           /* the heartbeat's extend in progress */
     uint64_t tick_sent_us;
     /* Under pl->lease_lock: */
-    struct lease *beat_next, *beat_prev; /* in pl->leases while <listed> */
-    bool listed;
+    struct list_node beat; /* in pl->leases while listed */
     bool extending;           /* an extend is in progress */
     uint64_t next_beat_ms;    /* the next extend is due then */
     struct lease *due_next;   /* the heartbeat job's own list */
@@ -398,17 +398,8 @@ static void lease_unlist(struct lease *l)
     bool listed;
 
     pthread_mutex_lock(&pl->lease_lock);
-    listed = l->listed;
-    if (listed) {
-        if (l->beat_prev)
-            l->beat_prev->beat_next = l->beat_next;
-        else
-            pl->leases = l->beat_next;
-        if (l->beat_next)
-            l->beat_next->beat_prev = l->beat_prev;
-        l->beat_next = l->beat_prev = NULL;
-        l->listed = false;
-    }
+    listed = list_is_linked(&l->beat);
+    list_remove(&l->beat);
     pthread_mutex_unlock(&pl->lease_lock);
     if (listed)
         lease_unref(l);
@@ -489,12 +480,14 @@ static void heartbeat(void *ctx)
 {
     struct pipeline *pl = ctx;
     struct lease *due = NULL, *l;
+    struct list_node *n, *tmp;
     uint64_t now = now_ms();
 
     if (atomic_load(&pl->stopping))
         return;
     pthread_mutex_lock(&pl->lease_lock);
-    for (l = pl->leases; l; l = l->beat_next) {
+    list_for_each_safe(&pl->leases, n, tmp) {
+        l = list_entry(n, struct lease, beat);
         if (!l->extending && now >= l->next_beat_ms && atomic_load(&l->active)) {
             l->extending = true;
             l->due_next = due;
@@ -529,11 +522,7 @@ static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
     atomic_init(&l->valid_until_ms, acquired_at_ms + pl->cfg->lock_ttl_ms);
     l->next_beat_ms = acquired_at_ms + pl->beat_every_ms;
     pthread_mutex_lock(&pl->lease_lock);
-    l->listed = true;
-    l->beat_next = pl->leases;
-    if (pl->leases)
-        pl->leases->beat_prev = l;
-    pl->leases = l;
+    list_append(&pl->leases, &l->beat);
     pthread_mutex_unlock(&pl->lease_lock);
     return l;
 }
@@ -1045,6 +1034,7 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     pthread_rwlock_init(&pl->up_lock, NULL);
     pthread_mutex_init(&pl->wait_lock, NULL);
     pthread_mutex_init(&pl->lease_lock, NULL);
+    list_init(&pl->leases);
     pl->beat_every_ms = cfg->lock_ttl_ms / 3 ? cfg->lock_ttl_ms / 3 : 1;
     pl->beat_check_ms = pl->beat_every_ms / 4;
     if (pl->beat_check_ms < BEAT_CHECK_MIN_MS)

@@ -14,7 +14,6 @@
 
 int store_token_new(struct store_token *ret)
 {
-    static const char hex[] = "0123456789abcdef";
     static _Thread_local unsigned char block[STORE_RAND_BLOCK];
     static _Thread_local size_t used = STORE_RAND_BLOCK;
     unsigned char *raw;
@@ -27,12 +26,8 @@ int store_token_new(struct store_token *ret)
     }
     raw = block + used;
     used += STORE_TOKEN_HEX / 2;
-    for (size_t i = 0; i < STORE_TOKEN_HEX / 2; i++) {
-        t.hex[2 * i] = hex[raw[i] >> 4];
-        t.hex[2 * i + 1] = hex[raw[i] & 0xf];
-        raw[i] = 0;
-    }
-    t.hex[STORE_TOKEN_HEX] = '\0';
+    hex_encode(raw, STORE_TOKEN_HEX / 2, t.hex);
+    memset(raw, 0, STORE_TOKEN_HEX / 2);
     *ret = t;
     return 0;
 }
@@ -93,23 +88,6 @@ void store_info_list_done(struct store_info_list *l)
     free(l->items);
     l->items = NULL;
     l->n = 0;
-}
-
-/* Is <s> = <prefix> + 32 lowercase hex + ":" + <key>? */
-bool store_key_matches(struct span s, struct span prefix, struct span key)
-{
-    size_t head = prefix.len + STORE_SCOPE_HEX + 1;
-
-    if (s.len != head + key.len || memcmp(s.base, prefix.base, prefix.len) != 0 ||
-        s.base[head - 1] != ':' || memcmp(s.base + head, key.base, key.len) != 0)
-        return false;
-    for (size_t i = prefix.len; i < head - 1; i++) {
-        char c = s.base[i];
-
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return false;
-    }
-    return true;
 }
 
 int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info)

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
 
@@ -799,7 +800,7 @@ static void inspect_run(void *arg)
                 struct store_info info;
 
                 if (now >= e->expires_ms ||
-                    !store_key_matches((struct span){ e->key, e->key_len }, prefix, key))
+                    !idemkey_store_key_matches((struct span){ e->key, e->key_len }, prefix, key))
                     continue;
                 err = entry_info(e, now, job->with_body, &info);
                 if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {

@@ -30,7 +30,9 @@
 #include <unistd.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/http.h"
+#include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
@@ -71,11 +73,6 @@ struct subscriber {
     int fd; /* of the live connection, -1: none; shut down to stop the thread */
 };
 
-struct op;
-
-struct op_list {
-    struct op *head, *tail;
-};
 
 /* One event loop's connection for the hot operations, driven by that loop:
  * a watch on the socket, a timer for the deadlines (and for work put off to
@@ -89,7 +86,7 @@ struct rconn {
     struct loop_timer timer; /* registered on <loop> for good */
     struct loop_task task;   /* posted when <queue> stops being empty */
     pthread_mutex_t mu;
-    struct op_list queue;  /* guarded by mu: ops from other threads */
+    struct list queue;     /* guarded by mu: struct op from other threads */
     bool stopping;         /* guarded by mu: refuse ops from other threads */
     redisAsyncContext *ac; /* NULL: not connected */
     uint32_t events;       /* what the watch asks epoll for; 0: not watched */
@@ -103,9 +100,9 @@ struct rconn {
     bool gone;              /* hiredis let ac go; conn_gone() not run yet */
     bool drop;              /* drop ac (asked from inside hiredis) */
     int drop_err;           /* what the ops on a dropped connection get; 0: -ECONNRESET */
-    struct op_list later;   /* called on the loop thread, not sendable at once */
-    struct op_list waiting; /* waiting for the connection to be set up */
-    struct op_list sent;    /* sent, oldest first */
+    struct list later;   /* struct op called on the loop thread, not sendable at once */
+    struct list waiting; /* waiting for the connection to be set up */
+    struct list sent;    /* sent, oldest first */
 };
 
 struct store_redis {
@@ -135,7 +132,7 @@ struct store_redis {
 /* One accepted hot operation, owned by the store until it calls back. */
 struct op {
     struct store_redis *st;
-    struct op *prev, *next; /* on the queue, waiting or sent */
+    struct list_node node; /* on the queue, waiting or sent */
     uint64_t sent_ms;
     bool eval; /* Redis said NOSCRIPT: sent again as EVAL */
     enum lua_script_id script;
@@ -506,43 +503,11 @@ static int parse_ok_or_stale(const redisReply *r, struct store_result *res)
 
 /* ---- the hot operations: one pipelined connection per event loop ---- */
 
-static void op_list_push(struct op_list *l, struct op *op)
+static struct op *op_first(const struct list *l)
 {
-    op->next = NULL;
-    op->prev = l->tail;
-    if (l->tail)
-        l->tail->next = op;
-    else
-        l->head = op;
-    l->tail = op;
-}
+    struct list_node *n = list_first(l);
 
-static void op_list_unlink(struct op_list *l, struct op *op)
-{
-    if (op->prev)
-        op->prev->next = op->next;
-    else
-        l->head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else
-        l->tail = op->prev;
-    op->prev = op->next = NULL;
-}
-
-/* Moves all of <from> to the end of <to>. */
-static void op_list_splice(struct op_list *to, struct op_list *from)
-{
-    if (!from->head)
-        return;
-    if (to->tail) {
-        to->tail->next = from->head;
-        from->head->prev = to->tail;
-    } else {
-        to->head = from->head;
-    }
-    to->tail = from->tail;
-    *from = (struct op_list){ NULL, NULL };
+    return n ? list_entry(n, struct op, node) : NULL;
 }
 
 static void op_free(struct op *op)
@@ -588,14 +553,15 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
 
 /* Fails every op of <l> with <err>. Takes the list first: a callback may
  * call again, and that op must not get this connection's error. */
-static void op_list_fail(struct op_list *l, int err)
+static void op_list_fail(struct list *l, int err)
 {
-    struct op_list ops = *l;
+    struct list ops;
     struct op *op;
 
-    *l = (struct op_list){ NULL, NULL };
-    while ((op = ops.head)) {
-        op_list_unlink(&ops, op);
+    list_init(&ops);
+    list_splice(&ops, l);
+    while ((op = op_first(&ops))) {
+        list_remove(&op->node);
         op_finish(op, err, NULL);
     }
 }
@@ -613,12 +579,12 @@ static void timer_rearm(struct rconn *c)
 {
     uint64_t due = UINT64_MAX;
 
-    if (c->later.head)
+    if (!list_is_empty(&c->later))
         due = 0;
     else if (c->ac && !c->ready_to_send)
         due = c->connect_due_ms;
-    else if (c->ac && c->sent.head)
-        due = c->sent.head->sent_ms + c->st->timeout_ms;
+    else if (c->ac && !list_is_empty(&c->sent))
+        due = op_first(&c->sent)->sent_ms + c->st->timeout_ms;
     c->timer.due_ms = due;
 }
 
@@ -686,9 +652,9 @@ static int op_send(struct rconn *c, struct op *op, uint64_t now)
     if (redisAsyncCommandArgv(c->ac, on_reply, op, argc, argv, lens) != REDIS_OK)
         return -ECONNRESET;
     op->sent_ms = now;
-    if (!c->sent.head)
+    if (list_is_empty(&c->sent))
         timer_arm(c, now + c->st->timeout_ms);
-    op_list_push(&c->sent, op);
+    list_append(&c->sent, &op->node);
     return 0;
 }
 
@@ -701,7 +667,7 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     struct op *op = privdata;
     const redisReply *reply = r;
 
-    op_list_unlink(&c->sent, op);
+    list_remove(&op->node);
     if (!reply) {
         set_ready(st, false);
         op_finish(op, c->drop_err ? c->drop_err : -ECONNRESET, NULL);
@@ -916,12 +882,12 @@ static void conn_dispatch(struct rconn *c, uint64_t now)
 {
     struct op *op;
 
-    op_list_splice(&c->waiting, &c->later);
-    if (!c->waiting.head)
+    list_splice(&c->waiting, &c->later);
+    if (list_is_empty(&c->waiting))
         return;
     if (c->ac && c->ready_to_send) {
-        while ((op = c->waiting.head)) {
-            op_list_unlink(&c->waiting, op);
+        while ((op = op_first(&c->waiting))) {
+            list_remove(&op->node);
             if (op_send(c, op, now) < 0)
                 op_finish(op, -ECONNRESET, NULL);
         }
@@ -946,7 +912,8 @@ static void conn_check_timeouts(struct rconn *c, uint64_t now)
         return;
     if (!c->ready_to_send && now >= c->connect_due_ms)
         conn_drop(c, -ETIMEDOUT);
-    else if (c->ready_to_send && c->sent.head && now >= c->sent.head->sent_ms + c->st->timeout_ms)
+    else if (c->ready_to_send && !list_is_empty(&c->sent) &&
+             now >= op_first(&c->sent)->sent_ms + c->st->timeout_ms)
         conn_drop(c, -ETIMEDOUT);
 }
 
@@ -995,13 +962,9 @@ static void conn_on_timer(void *ctx) { conn_service(ctx, true); }
 /* Takes the ops other threads queued. */
 static void conn_take_queue(struct rconn *c)
 {
-    struct op_list batch;
-
     pthread_mutex_lock(&c->mu);
-    batch = c->queue;
-    c->queue = (struct op_list){ NULL, NULL };
+    list_splice(&c->later, &c->queue);
     pthread_mutex_unlock(&c->mu);
-    op_list_splice(&c->later, &batch);
 }
 
 static void conn_on_task(void *ctx)
@@ -1028,7 +991,8 @@ static void conn_finish(void *ctx)
         conn_take_queue(c);
         conn_service(c, true);
         pthread_mutex_lock(&c->mu);
-        idle = !c->queue.head && !c->later.head && !c->waiting.head && !c->sent.head;
+        idle = list_is_empty(&c->queue) && list_is_empty(&c->later) &&
+               list_is_empty(&c->waiting) && list_is_empty(&c->sent);
         pthread_mutex_unlock(&c->mu);
         if (idle)
             break;
@@ -1099,7 +1063,7 @@ static int op_submit(struct op *op)
         if (c->ac && c->ready_to_send && !c->drop && op_send(c, op, now_ms()) == 0)
             return 0;
         /* Connecting, or hiredis is letting it go: the timer sees to it this turn. */
-        op_list_push(&c->later, op);
+        list_append(&c->later, &op->node);
         timer_arm(c, 0);
         return 0;
     }
@@ -1108,10 +1072,10 @@ static int op_submit(struct op *op)
         err = -ECANCELED;
     } else {
         /* Only the first op of a batch posts the task: it takes the whole queue. */
-        was_empty = !c->queue.head;
-        op_list_push(&c->queue, op);
+        was_empty = list_is_empty(&c->queue);
+        list_append(&c->queue, &op->node);
         if (was_empty && (err = loop_post(c->loop, &c->task)) < 0)
-            op_list_unlink(&c->queue, op);
+            list_remove(&op->node);
     }
     pthread_mutex_unlock(&c->mu);
     if (err < 0)
@@ -1295,7 +1259,7 @@ static int inspect_all(struct admin_job *job, struct store_info_list *list)
     int err;
 
     err = append_glob_escaped(&pattern, prefix);
-    for (int i = 0; err == 0 && i < STORE_SCOPE_HEX; i++)
+    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
         err = buf_append(&pattern, "?", 1);
     if (err == 0)
         err = buf_append(&pattern, ":", 1);
@@ -1326,8 +1290,8 @@ static int inspect_all(struct admin_job *job, struct store_info_list *list)
             struct store_info info;
 
             if (!reply_is(keys->element[i], REDIS_REPLY_STRING) ||
-                !store_key_matches((struct span){ keys->element[i]->str, keys->element[i]->len },
-                                   prefix, key))
+                !idemkey_store_key_matches(
+                    (struct span){ keys->element[i]->str, keys->element[i]->len }, prefix, key))
                 continue;
             err = inspect_key(job->st, keys->element[i], job->with_body, &info);
             if (err == 1 && (err = store_info_list_add(list, &cap, &info)) < 0) {
@@ -1667,6 +1631,12 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st->conns = calloc(st->nconns, sizeof(*st->conns));
     st->rconns = calloc(nloops, sizeof(*st->rconns));
     pg = calloc(1, sizeof(*pg));
+    for (unsigned i = 0; st->rconns && i < nloops; i++) {
+        list_init(&st->rconns[i].queue);
+        list_init(&st->rconns[i].later);
+        list_init(&st->rconns[i].waiting);
+        list_init(&st->rconns[i].sent);
+    }
     if (!st->conns || !st->rconns || !pg) {
         free(pg);
         redis_free(&st->base);

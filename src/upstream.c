@@ -16,6 +16,7 @@
 #include <curl/curl.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 
@@ -35,7 +36,8 @@ struct xfer {
     bool in_head;      /* between a status line and the blank line ending its header block */
     bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests; /* times curl was about to send the request */
-    struct xfer *next, *prev; /* in the submit queue (next only) or the running list */
+    struct xfer *next;     /* in the submit queue */
+    struct list_node node; /* in the running list */
 };
 
 struct upstream {
@@ -52,7 +54,7 @@ struct upstream {
     bool stopping;
 
     /* Loop thread only: */
-    struct xfer *running;    /* transfers added to <multi> */
+    struct list running;     /* struct xfer added to <multi> */
     struct loop_timer timer; /* curl's timer */
     CURL **idle;             /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
@@ -495,7 +497,6 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
 }
 
 static int xfer_start(struct upstream *up, struct xfer *x);
-static void running_add(struct upstream *up, struct xfer *x);
 
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx)
@@ -519,7 +520,7 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
             xfer_free(x);
             return err;
         }
-        running_add(up, x);
+        list_append(&up->running, &x->node);
         return 0;
     }
     pthread_mutex_lock(&up->lock);
@@ -568,29 +569,6 @@ static int xfer_start(struct upstream *up, struct xfer *x)
     return r;
 }
 
-static void running_add(struct upstream *up, struct xfer *x)
-{
-    x->prev = NULL;
-    x->next = up->running;
-    if (up->running) {
-        up->running->prev = x;
-    }
-    up->running = x;
-}
-
-static void running_remove(struct upstream *up, struct xfer *x)
-{
-    if (x->prev) {
-        x->prev->next = x->next;
-    } else {
-        up->running = x->next;
-    }
-    if (x->next) {
-        x->next->prev = x->prev;
-    }
-    x->next = x->prev = NULL;
-}
-
 /* Reports every transfer curl has finished. */
 static void drain_done(struct upstream *up)
 {
@@ -605,7 +583,7 @@ static void drain_done(struct upstream *up)
             continue;
         (void)curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&x);
         (void)curl_multi_remove_handle(up->multi, x->easy); /* <msg> is invalid from here */
-        running_remove(up, x);
+        list_remove(&x->node);
         xfer_finish(x, map_curl_error(x, cc));
     }
 }
@@ -632,7 +610,7 @@ static void on_drain(void *ctx)
         else if ((err = xfer_start(up, x)) < 0)
             xfer_finish(x, err);
         else
-            running_add(up, x);
+            list_append(&up->running, &x->node);
     }
 }
 
@@ -713,14 +691,16 @@ static void on_timer_due(void *ctx)
 static void teardown(void *ctx)
 {
     struct upstream *up = ctx;
-    struct xfer *x;
+    struct list_node *n;
 
     pthread_mutex_lock(&up->lock);
     up->stopping = true;
     pthread_mutex_unlock(&up->lock);
     on_drain(up); /* what other threads queued, cancelled */
-    while ((x = up->running)) {
-        running_remove(up, x);
+    while ((n = list_first(&up->running))) {
+        struct xfer *x = list_entry(n, struct xfer, node);
+
+        list_remove(n);
         (void)curl_multi_remove_handle(up->multi, x->easy);
         xfer_finish(x, -ECANCELED);
     }
@@ -747,6 +727,7 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
         return -ENOMEM;
     pthread_mutex_init(&up->lock, NULL);
     up->loop = loop;
+    list_init(&up->running);
     up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
     up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
     up->conn = up->xff = up->line = up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);

@@ -42,6 +42,19 @@ static inline bool span_eq_nocase(struct span a, struct span b)
     return true;
 }
 
+/* Writes the <n> bytes of <p> as 2 * <n> lowercase hex characters and a NUL
+ * into <out>: the one hex encoder (fingerprints, scopes, tokens). */
+static inline void hex_encode(const uint8_t *p, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 0xf];
+    }
+    out[2 * n] = '\0';
+}
+
 /* Monotonic milliseconds: every duration in idemproxy is measured with this. */
 static inline uint64_t now_ms(void)
 {

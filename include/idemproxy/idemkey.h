@@ -29,7 +29,16 @@ int idemkey_parse(struct span v, struct idemkey *ret);
 int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HEX + 1]);
 
 /* Builds the store key "<prefix><scope>:<key>" as a new NUL-terminated heap
- * string in <ret> (the caller frees it). Returns 0 or -ENOMEM. */
+ * string in <ret> (the caller frees it). Returns 0 or -ENOMEM. The one place
+ * the store-key layout is written; idemkey_store_key_matches() reads it. */
 int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret);
+
+/* True when <s> is a scope as idemkey_scope() writes it: IDEMKEY_SCOPE_HEX
+ * lowercase hex characters. */
+bool idemkey_is_scope(struct span s);
+
+/* True when <s> is a store key of the idempotency key <key> under <prefix>,
+ * in any scope: <prefix>, a scope, ':', <key>. */
+bool idemkey_store_key_matches(struct span s, struct span prefix, struct span key);
 
 #endif

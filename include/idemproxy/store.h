@@ -195,12 +195,6 @@ void store_calls_end(struct store_calls *c);
 /* Waits until every accepted call of <c> has called back, then destroys <c>. */
 void store_calls_done(struct store_calls *c);
 
-#define STORE_SCOPE_HEX 32 /* the scope part of a store key: 16 bytes of SHA-256, hex */
-
-/* True when <s> is a store key of the idempotency key <key> under <prefix>:
- * <prefix>, 32 lowercase hex characters, ':', <key>. */
-bool store_key_matches(struct span s, struct span prefix, struct span key);
-
 /* Appends <info> (its owned parts move into <l>) to <l>, whose capacity is
  * <cap>. Returns 0 or -ENOMEM (then <info> still belongs to the caller). */
 int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info);

@@ -222,8 +222,29 @@ static void test_idemkey_store_key_joins_parts(void)
     free(s);
 }
 
+/* The layout idemkey_store_key() writes is the one the stores and /keys
+ * read back. */
+static void test_idemkey_store_key_matches_its_own_layout(void)
+{
+    static const char scope[] = "0123456789abcdef0123456789abcdef";
+    struct idemkey k = { .len = 3, .buf = "a:b" };
+    char *sk = NULL;
+
+    CHECK(idemkey_is_scope(SPAN_LIT("0123456789abcdef0123456789abcdef")));
+    CHECK(!idemkey_is_scope(SPAN_LIT("0123456789ABCDEF0123456789abcdef")));
+    CHECK(!idemkey_is_scope(SPAN_LIT("0123456789abcdef0123456789abcde")));
+    CHECK(!idemkey_is_scope(SPAN_LIT("0123456789abcdef0123456789abcdeg")));
+    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("idem:"), scope, &k, &sk), 0);
+    CHECK(sk && idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
+    CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a")));
+    CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idex:"), SPAN_LIT("a:b")));
+    CHECK(!idemkey_store_key_matches(SPAN_LIT("idem:0123:a:b"), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
+    free(sk);
+}
+
 TEST_MAIN(test_idemkey_parses_bare_token, test_idemkey_parses_sf_string,
           test_idemkey_both_forms_are_the_same_key, test_idemkey_rejects_empty,
           test_idemkey_rejects_bad_sf_strings, test_idemkey_rejects_bad_bare_tokens,
           test_idemkey_length_limit, test_idemkey_scope_known_answers,
-          test_idemkey_scope_separates_lists, test_idemkey_store_key_joins_parts)
+          test_idemkey_scope_separates_lists, test_idemkey_store_key_joins_parts,
+          test_idemkey_store_key_matches_its_own_layout)
