@@ -12,7 +12,6 @@
 
 #include "idemproxy/buf.h"
 #include "idemproxy/store.h"
-#include "idemproxy/store_memory.h"
 #include "idemproxy_version.h"
 
 static const uint64_t bucket_bounds_us[] = METRICS_BUCKET_BOUNDS_US;
@@ -161,29 +160,11 @@ static int simple(struct buf *out, const char *name, const char *type, const cha
     return err ? err : appendf(out, "%s %llu\n", name, value);
 }
 
-static int format_memory_store(struct buf *out, struct store *st)
+/* A store's own value, as one family of its own. */
+static int emit_simple(void *ctx, const char *name, const char *type, const char *help,
+                       uint64_t value)
 {
-    struct store_memory_stats s;
-    int err;
-
-    store_memory_stats(st, &s);
-    err =
-        simple(out, "idemproxy_memory_store_bytes", "gauge",
-               "Bytes the memory store counts against its budget (keys, locks, records).", s.bytes);
-    if (err == 0)
-        err = simple(out, "idemproxy_memory_store_max_bytes", "gauge",
-                     "The memory store's budget (--memory-max-bytes).", s.max_bytes);
-    if (err == 0)
-        err = simple(out, "idemproxy_memory_store_entries", "gauge",
-                     "Keys the memory store holds: locks and completed records.", s.entries);
-    if (err == 0)
-        err = simple(out, "idemproxy_memory_store_evictions_total", "counter",
-                     "Completed records evicted from the memory store to make room.",
-                     (unsigned long long)s.evictions);
-    if (err == 0)
-        err = simple(out, "idemproxy_memory_store_expired_total", "counter",
-                     "Expired entries the memory store reclaimed.", (unsigned long long)s.expired);
-    return err;
+    return simple(ctx, name, type, help, (unsigned long long)value);
 }
 
 int metrics_format(struct buf *out, struct store *st)
@@ -231,8 +212,8 @@ int metrics_format(struct buf *out, struct store *st)
             simple(out, "idemproxy_store_errors_total", "counter",
                    "Store calls that failed (unreachable, timed out, full).",
                    (unsigned long long)atomic_load_explicit(&m.store_errors, memory_order_relaxed));
-    if (err == 0 && st && store_is_memory(st))
-        err = format_memory_store(out, st);
+    if (err == 0 && st)
+        err = store_metrics(st, emit_simple, out);
     if (err == 0)
         err = family(out, "idemproxy_build_info", "gauge", "The running version, always 1.");
     if (err == 0)

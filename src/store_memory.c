@@ -24,6 +24,7 @@
 
 #include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
+#include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
 
 #define NSHARDS 64 /* a power of two; the shard is the hash's top bits */
@@ -928,6 +929,30 @@ static void memory_free(struct store *base)
     free(st);
 }
 
+/* The gauges of the budget, through the store interface (/metrics). */
+static int memory_metrics(struct store *base, store_metric_fn *emit, void *ctx)
+{
+    struct store_memory_stats s;
+    int err;
+
+    store_memory_stats(base, &s);
+    err = emit(ctx, "idemproxy_memory_store_bytes", "gauge",
+               "Bytes the memory store counts against its budget (keys, locks, records).", s.bytes);
+    if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_max_bytes", "gauge",
+                   "The memory store's budget (--memory-max-bytes).", s.max_bytes);
+    if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_entries", "gauge",
+                   "Keys the memory store holds: locks and completed records.", s.entries);
+    if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_evictions_total", "counter",
+                   "Completed records evicted from the memory store to make room.", s.evictions);
+    if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_expired_total", "counter",
+                   "Expired entries the memory store reclaimed.", s.expired);
+    return err;
+}
+
 static const struct store_ops memory_ops = {
     .name = "memory",
     .acquire = memory_acquire,
@@ -938,6 +963,7 @@ static const struct store_ops memory_ops = {
     .purge = memory_purge,
     .set_notify = memory_set_notify,
     .is_ready = memory_is_ready,
+    .metrics = memory_metrics,
     .free = memory_free,
 };
 

@@ -35,6 +35,7 @@
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
 #include "lua_scripts.h"
 

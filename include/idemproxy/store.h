@@ -8,8 +8,6 @@
 #ifndef IDEMPROXY_STORE_H
 #define IDEMPROXY_STORE_H
 
-#include <pthread.h>
-
 #include "idemproxy/common.h"
 #include "idemproxy/fingerprint.h"
 #include "idemproxy/worker.h"
@@ -67,6 +65,12 @@ void store_info_list_done(struct store_info_list *l);
  * list->items = NULL), or a negative errno and <list> empty. */
 typedef void store_list_fn(void *ctx, int err, struct store_info_list *list);
 
+/* Reports one value of a store's own to /metrics: a Prometheus family <name>
+ * of <type> ("gauge", "counter") described by <help>. Returns 0, or a
+ * negative errno that ends the report. */
+typedef int store_metric_fn(void *ctx, const char *name, const char *type, const char *help,
+                            uint64_t value);
+
 /* Told that <key> was completed or released, so that requests waiting for it
  * may try again. Runs on a store thread or inside a call; must not block. */
 typedef void store_notify_fn(void *ctx, struct span key);
@@ -87,6 +91,7 @@ struct store_ops {
     int (*purge)(struct store *st, struct span store_key, store_done_fn *done, void *ctx);
     int (*set_notify)(struct store *st, store_notify_fn *fn, void *ctx);
     bool (*is_ready)(struct store *st);
+    int (*metrics)(struct store *st, store_metric_fn *emit, void *ctx); /* NULL: none */
     void (*free)(struct store *st);
 };
 
@@ -165,42 +170,18 @@ static inline int store_set_notify(struct store *st, store_notify_fn *fn, void *
 /* True while the store answers (for /readyz). Cheap, any thread. */
 static inline bool store_is_ready(struct store *st) { return st->ops->is_ready(st); }
 
+/* Reports the store's own values (the memory store's budget and evictions)
+ * through <emit>. Returns 0 or the first error of <emit>. Any thread. */
+static inline int store_metrics(struct store *st, store_metric_fn *emit, void *ctx)
+{
+    return st->ops->metrics ? st->ops->metrics(st, emit, ctx) : 0;
+}
+
 /* Frees <st>: every accepted operation has reported back before it returns. NULL-safe. */
 static inline void store_free(struct store *st)
 {
     if (st)
         st->ops->free(st);
 }
-
-/* ---- For store implementations ---- */
-
-/* Counts a store's accepted operations until they have called back, so that
- * its free() can wait for them. Embedded in the store: init, then done. */
-struct store_calls {
-    pthread_mutex_t mu;
-    pthread_cond_t idle;
-    unsigned n; /* accepted, not yet called back */
-};
-
-void store_calls_init(struct store_calls *c);
-
-/* Queues <fn>(<job>) on <pool> as one accepted call of <c>. Returns 0, or
- * the error of worker_submit(): then the call is not counted and <fn> never
- * runs (the caller frees <job>). */
-int store_calls_submit(struct store_calls *c, struct worker_pool *pool, worker_fn *fn, void *job);
-
-/* Marks one accepted call of <c> as called back: its job's last step. */
-void store_calls_end(struct store_calls *c);
-
-/* Waits until every accepted call of <c> has called back, then destroys <c>. */
-void store_calls_done(struct store_calls *c);
-
-/* Appends <info> (its owned parts move into <l>) to <l>, whose capacity is
- * <cap>. Returns 0 or -ENOMEM (then <info> still belongs to the caller). */
-int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info);
-
-/* True when <key> is not empty, <tok> holds STORE_TOKEN_HEX characters and
- * <done> is set: what every operation needs. */
-bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done);
 
 #endif

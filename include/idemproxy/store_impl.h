@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/* What the store implementations share (store.c), kept out of store.h, which
+ * is the interface their callers see: counting accepted calls until they
+ * have called back, the argument check every operation makes, and building
+ * an inspect listing. */
+#ifndef IDEMPROXY_STORE_IMPL_H
+#define IDEMPROXY_STORE_IMPL_H
+
+#include <pthread.h>
+
+#include "idemproxy/store.h"
+
+/* Counts a store's accepted operations until they have called back, so that
+ * its free() can wait for them. Embedded in the store: init, then done. */
+struct store_calls {
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    unsigned n; /* accepted, not yet called back */
+};
+
+void store_calls_init(struct store_calls *c);
+
+/* Queues <fn>(<job>) on <pool> as one accepted call of <c>. Returns 0, or
+ * the error of worker_submit(): then the call is not counted and <fn> never
+ * runs (the caller frees <job>). */
+int store_calls_submit(struct store_calls *c, struct worker_pool *pool, worker_fn *fn, void *job);
+
+/* Marks one accepted call of <c> as called back: its job's last step. */
+void store_calls_end(struct store_calls *c);
+
+/* Waits until every accepted call of <c> has called back, then destroys <c>. */
+void store_calls_done(struct store_calls *c);
+
+/* Appends <info> (its owned parts move into <l>) to <l>, whose capacity is
+ * <cap>. Returns 0 or -ENOMEM (then <info> still belongs to the caller). */
+int store_info_list_add(struct store_info_list *l, size_t *cap, const struct store_info *info);
+
+/* True when <key> is not empty, <tok> holds STORE_TOKEN_HEX characters and
+ * <done> is set: what every operation needs. */
+bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done);
+
+#endif
