@@ -55,6 +55,7 @@ struct pipeline {
     struct list leases;         /* every active struct lease, each with a reference */
     uint64_t beat_every_ms;     /* a lease is extended this long after its last extend */
     uint64_t beat_check_ms;     /* how often the job looks for leases due */
+    struct worker_every *beats; /* owned: the heartbeat job */
 };
 
 /* A held lock. The request, the heartbeat job and the finishing calls (complete
@@ -499,7 +500,6 @@ static void heartbeat(void *ctx)
         due = l->due_next;
         lease_beat(l);
     }
-    (void)worker_submit_after(pl->pool, pl->beat_check_ms, heartbeat, pl); /* fails: stopping */
 }
 
 static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
@@ -1049,7 +1049,8 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
             return err;
         }
     }
-    if (st && worker_submit_after(pool, pl->beat_check_ms, heartbeat, pl) < 0) {
+    if (st && worker_every_start(pool, pl->beat_check_ms, pl->beat_check_ms, heartbeat, pl,
+                                 &pl->beats) < 0) {
         pipeline_free(pl);
         return -ENOMEM;
     }
@@ -1066,7 +1067,12 @@ void pipeline_detach_upstream(struct pipeline *pl)
     pthread_rwlock_unlock(&pl->up_lock);
 }
 
-void pipeline_stop(struct pipeline *pl) { atomic_store(&pl->stopping, true); }
+void pipeline_stop(struct pipeline *pl)
+{
+    atomic_store(&pl->stopping, true);
+    worker_every_stop(pl->beats); /* waits for a heartbeat in progress */
+    pl->beats = NULL;
+}
 
 void pipeline_quiesce(struct pipeline *pl) { atomic_store(&pl->draining, true); }
 
@@ -1074,6 +1080,7 @@ void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
         return;
+    worker_every_stop(pl->beats); /* NULL once pipeline_stop() ran */
     pthread_rwlock_destroy(&pl->up_lock);
     pthread_mutex_destroy(&pl->wait_lock);
     pthread_mutex_destroy(&pl->lease_lock);

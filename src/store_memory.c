@@ -62,19 +62,10 @@ struct shard {
 
 struct store_memory;
 
-/* The periodic reclaim job's state: owned by the job while queued, by the
- * store otherwise (the pattern of the Redis store's pinger). */
-struct reaper {
-    pthread_mutex_t mu;      /* held while a sweep runs: store free waits for it */
-    struct store_memory *st; /* NULL once the store is being freed */
-    bool queued;
-};
-
 struct store_memory {
     struct store base;
     struct worker_pool *pool; /* borrowed */
     size_t max_bytes;
-    uint64_t reap_interval_ms;
     uint64_t seed[2];         /* the hash key: keys come from clients */
     atomic_size_t used;       /* bytes counted against max_bytes, reservations included */
     atomic_size_t lock_bytes; /* of which held by locks: at most max_bytes / 2 */
@@ -85,7 +76,7 @@ struct store_memory {
     struct store_calls calls;
     store_notify_fn *notify; /* set before any operation, then read-only */
     void *notify_ctx;
-    struct reaper *reaper;
+    struct worker_every *reaper; /* owned: sweeps expired entries every reap_interval_ms */
     struct shard shards[NSHARDS];
 };
 
@@ -873,46 +864,13 @@ static bool memory_is_ready(struct store *base)
 
 /* ---- the reclaim job ---- */
 
-static void reaper_destroy(struct reaper *rp)
-{
-    if (!rp)
-        return;
-    pthread_mutex_destroy(&rp->mu);
-    free(rp);
-}
-
-static void reap_run(void *arg)
-{
-    struct reaper *rp = arg;
-    struct store_memory *st;
-
-    pthread_mutex_lock(&rp->mu);
-    st = rp->st;
-    if (!st) {
-        pthread_mutex_unlock(&rp->mu);
-        reaper_destroy(rp); /* the store is gone and left it to this job */
-        return;
-    }
-    sweep_all(st);
-    rp->queued = worker_submit_after(st->pool, st->reap_interval_ms, reap_run, rp) == 0;
-    pthread_mutex_unlock(&rp->mu);
-}
+static void reap_run(void *arg) { sweep_all(arg); }
 
 static void memory_free(struct store *base)
 {
     struct store_memory *st = to_memory(base);
 
-    if (st->reaper) {
-        struct reaper *rp = st->reaper;
-        bool queued;
-
-        pthread_mutex_lock(&rp->mu); /* waits for a sweep in progress */
-        rp->st = NULL;
-        queued = rp->queued;
-        pthread_mutex_unlock(&rp->mu);
-        if (!queued)
-            reaper_destroy(rp);
-    }
+    worker_every_stop(st->reaper); /* waits for a sweep in progress */
     store_calls_done(&st->calls);
 
     for (size_t i = 0; i < NSHARDS; i++) {
@@ -992,7 +950,7 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
                      struct store **ret)
 {
     struct store_memory *st;
-    struct reaper *rp;
+    int err;
 
     if (!pool || max_bytes == 0 || reap_interval_ms == 0)
         return -EINVAL;
@@ -1002,7 +960,6 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     st->base.ops = &memory_ops;
     st->pool = pool;
     st->max_bytes = max_bytes;
-    st->reap_interval_ms = reap_interval_ms;
     atomic_init(&st->used, 0);
     atomic_init(&st->lock_bytes, 0);
     atomic_init(&st->evictions, 0);
@@ -1029,17 +986,11 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
         memory_free(&st->base);
         return -EIO;
     }
-    rp = calloc(1, sizeof(*rp));
-    if (!rp) {
+    err = worker_every_start(pool, reap_interval_ms, reap_interval_ms, reap_run, st, &st->reaper);
+    if (err < 0) {
         memory_free(&st->base);
-        return -ENOMEM;
+        return err;
     }
-    pthread_mutex_init(&rp->mu, NULL);
-    rp->st = st;
-    st->reaper = rp;
-    pthread_mutex_lock(&rp->mu);
-    rp->queued = worker_submit_after(pool, reap_interval_ms, reap_run, rp) == 0;
-    pthread_mutex_unlock(&rp->mu);
     *ret = &st->base;
     return 0;
 }

@@ -53,14 +53,6 @@ struct redis_conn {
 
 struct store_redis;
 
-/* The periodic PING job's state. The job owns it while queued (so the job
- * never touches a freed store); the store owns it otherwise. */
-struct pinger {
-    pthread_mutex_t mu;     /* held while a ping runs: store free waits for it */
-    struct store_redis *st; /* NULL once the store is being freed */
-    bool queued;
-};
-
 /* The thread that listens to NOTIFY_CHANNEL on a connection of its own (a
  * subscribed connection can do nothing else), for --wait. */
 struct subscriber {
@@ -126,7 +118,7 @@ struct store_redis {
     unsigned nconns;
     atomic_bool ready;
     struct store_calls calls;
-    struct pinger *pinger;  /* see struct pinger for who owns it */
+    struct worker_every *pinger; /* owned: PINGs every PING_INTERVAL_MS */
     struct subscriber *sub; /* owned; NULL unless store_set_notify() was called */
 };
 
@@ -1509,38 +1501,17 @@ static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(ba
 
 /* ---- readiness ---- */
 
-static void pinger_destroy(struct pinger *pg)
-{
-    if (!pg)
-        return;
-    pthread_mutex_destroy(&pg->mu);
-    free(pg);
-}
-
 /* PINGs Redis every PING_INTERVAL_MS so that /readyz follows Redis without traffic. */
 static void ping_run(void *arg)
 {
-    struct pinger *pg = arg;
-    struct store_redis *st;
+    struct store_redis *st = arg;
+    const char *argv[] = { "PING" };
+    size_t lens[] = { 4 };
+    redisReply *reply = NULL;
 
-    pthread_mutex_lock(&pg->mu);
-    st = pg->st;
-    if (!st) {
-        pthread_mutex_unlock(&pg->mu);
-        pinger_destroy(pg); /* the store is gone and left it to this job */
-        return;
-    }
-    {
-        const char *argv[] = { "PING" };
-        size_t lens[] = { 4 };
-        redisReply *reply = NULL;
-
-        resolve_host(st); /* for the loops' next connects */
-        if (command(st, 1, argv, lens, &reply) == 0)
-            freeReplyObject(reply);
-    }
-    pg->queued = worker_submit_after(st->pool, PING_INTERVAL_MS, ping_run, pg) == 0;
-    pthread_mutex_unlock(&pg->mu);
+    resolve_host(st); /* for the loops' next connects */
+    if (command(st, 1, argv, lens, &reply) == 0)
+        freeReplyObject(reply);
 }
 
 static void redis_free(struct store *base)
@@ -1548,17 +1519,7 @@ static void redis_free(struct store *base)
     struct store_redis *st = to_redis(base);
 
     sub_stop(st->sub);
-    if (st->pinger) {
-        struct pinger *pg = st->pinger;
-        bool queued;
-
-        pthread_mutex_lock(&pg->mu); /* waits for a ping in progress */
-        pg->st = NULL;
-        queued = pg->queued;
-        pthread_mutex_unlock(&pg->mu);
-        if (!queued)
-            pinger_destroy(pg);
-    }
+    worker_every_stop(st->pinger); /* waits for a ping in progress */
     /* Refuse new ops everywhere first: a callback run while one connection
      * finishes could otherwise call on another that has finished already. */
     atomic_store(&st->stopping, true);
@@ -1601,7 +1562,6 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
                     struct loop *const *loops, unsigned nloops, struct store **ret)
 {
     struct store_redis *st;
-    struct pinger *pg;
     int err;
 
     if (!pool || timeout_ms == 0 || !loops || nloops == 0)
@@ -1631,17 +1591,22 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));
     st->rconns = calloc(nloops, sizeof(*st->rconns));
-    pg = calloc(1, sizeof(*pg));
     for (unsigned i = 0; st->rconns && i < nloops; i++) {
         list_init(&st->rconns[i].queue);
         list_init(&st->rconns[i].later);
         list_init(&st->rconns[i].waiting);
         list_init(&st->rconns[i].sent);
     }
-    if (!st->conns || !st->rconns || !pg) {
-        free(pg);
+    if (!st->conns || !st->rconns) {
         redis_free(&st->base);
         return -ENOMEM;
+    }
+    /* The first ping at once: /readyz should not wait a whole interval. It
+     * uses the pool's connections, not the loops' set up below. */
+    err = worker_every_start(pool, 0, PING_INTERVAL_MS, ping_run, st, &st->pinger);
+    if (err < 0) {
+        redis_free(&st->base);
+        return err;
     }
     for (unsigned i = 0; i < nloops; i++) {
         struct rconn *c = &st->rconns[i];
@@ -1656,18 +1621,10 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
         /* Last: a timer cannot be taken back, so nothing may fail after it. */
         err = loop_timer_add(loops[i], &c->timer);
         if (err < 0) {
-            free(pg);
             redis_free(&st->base);
             return err;
         }
     }
-    pthread_mutex_init(&pg->mu, NULL);
-    pg->st = st;
-    st->pinger = pg;
-    /* The first ping at once: /readyz should not wait a whole interval. */
-    pthread_mutex_lock(&pg->mu);
-    pg->queued = worker_submit_after(pool, 0, ping_run, pg) == 0;
-    pthread_mutex_unlock(&pg->mu);
     *ret = &st->base;
     return 0;
 }

@@ -285,3 +285,77 @@ void worker_pool_free(struct worker_pool *p)
     assert(current_pool != p); /* a pool thread cannot join itself */
     pool_destroy(p);
 }
+
+/* ---- periodic jobs ---- */
+
+/* Owned by its queued run while one is queued (so a run never touches what
+ * its owner freed), by its owner otherwise. */
+struct worker_every {
+    pthread_mutex_t mu; /* held while <fn> runs: worker_every_stop() waits for it */
+    struct worker_pool *pool;
+    worker_fn *fn;
+    void *ctx;
+    uint64_t interval_ms;
+    bool stopped;
+    bool queued;
+};
+
+static void every_destroy(struct worker_every *e)
+{
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static void every_run(void *arg)
+{
+    struct worker_every *e = arg;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stopped) {
+        pthread_mutex_unlock(&e->mu);
+        every_destroy(e); /* stopped while queued: left to this run */
+        return;
+    }
+    e->fn(e->ctx);
+    e->queued = worker_submit_after(e->pool, e->interval_ms, every_run, e) == 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int worker_every_start(struct worker_pool *p, uint64_t first_ms, uint64_t interval_ms,
+                       worker_fn *fn, void *ctx, struct worker_every **ret)
+{
+    struct worker_every *e = calloc(1, sizeof(*e));
+    int err;
+
+    if (!e)
+        return -ENOMEM;
+    e->pool = p;
+    e->fn = fn;
+    e->ctx = ctx;
+    e->interval_ms = interval_ms;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_lock(&e->mu);
+    err = worker_submit_after(p, first_ms, every_run, e);
+    e->queued = err == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (err < 0) {
+        every_destroy(e);
+        return err;
+    }
+    *ret = e;
+    return 0;
+}
+
+void worker_every_stop(struct worker_every *e)
+{
+    bool queued;
+
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu); /* waits for a run in progress */
+    e->stopped = true;
+    queued = e->queued;
+    pthread_mutex_unlock(&e->mu);
+    if (!queued)
+        every_destroy(e);
+}

@@ -8,6 +8,7 @@
 #include "idemproxy/common.h"
 
 struct worker_pool;
+struct worker_every;
 
 /* A job: runs once, on one of the pool's threads. */
 typedef void worker_fn(void *ctx);
@@ -34,5 +35,18 @@ unsigned worker_pool_size(const struct worker_pool *p);
  * due order: their owners see their own shutdown state), joins the threads,
  * frees the pool. NULL-safe. */
 void worker_pool_free(struct worker_pool *p);
+
+/* Runs <fn>(<ctx>) on <p> every <interval_ms>, the first time <first_ms> from
+ * now, one run at a time, until worker_every_stop() (or the pool stops:
+ * worker_pool_free() runs a queued run at once, which queues no more). Returns
+ * 0 with the job in <ret>, or the error of worker_submit_after(): -ECANCELED,
+ * -ENOMEM. */
+int worker_every_start(struct worker_pool *p, uint64_t first_ms, uint64_t interval_ms,
+                       worker_fn *fn, void *ctx, struct worker_every **ret);
+
+/* Stops <e>: waits for a run in progress; <fn> never runs once it returns.
+ * Call before what <ctx> points to goes; <e> is freed (by its queued run, if
+ * one is queued). NULL-safe. */
+void worker_every_stop(struct worker_every *e);
 
 #endif

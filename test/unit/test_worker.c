@@ -130,6 +130,85 @@ static void test_worker_free_runs_pending_delayed_jobs(void)
     CHECK_EQ_INT(late.submit_ret, -ECANCELED);
 }
 
+struct ticks {
+    pthread_mutex_t mu;
+    int n;
+    bool in_run; /* a run is in progress */
+};
+
+static void tick(void *arg)
+{
+    struct ticks *t = arg;
+
+    pthread_mutex_lock(&t->mu);
+    t->in_run = true;
+    pthread_mutex_unlock(&t->mu);
+    sleep_ms(5);
+    pthread_mutex_lock(&t->mu);
+    t->n++;
+    t->in_run = false;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static int ticks_n(struct ticks *t)
+{
+    int n;
+
+    pthread_mutex_lock(&t->mu);
+    n = t->n;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+/* worker_every_*: repeats until stopped, never runs after stop, waits for a
+ * run in progress; stopping while a run is queued leaves the job to free
+ * itself (LeakSanitizer would say otherwise). */
+static void test_worker_every_repeats_until_stopped(void)
+{
+    struct ticks t = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    struct worker_every *e = NULL;
+    struct worker_pool *p = NULL;
+    int n;
+
+    CHECK_EQ_INT(worker_pool_new(2, &p), 0);
+    if (!p)
+        return;
+    CHECK_EQ_INT(worker_every_start(p, 0, 10, tick, &t, &e), 0);
+    for (int waited = 0; ticks_n(&t) < 5 && waited < 2000; waited += 10)
+        sleep_ms(10);
+    CHECK(ticks_n(&t) >= 5);
+    worker_every_stop(e);
+    pthread_mutex_lock(&t.mu);
+    CHECK(!t.in_run); /* stop waited for the run in progress */
+    n = t.n;
+    pthread_mutex_unlock(&t.mu);
+    sleep_ms(50);
+    CHECK_EQ_INT(ticks_n(&t), n); /* and none ran after it */
+
+    /* stopped while its first run is queued far ahead: freed by that run */
+    CHECK_EQ_INT(worker_every_start(p, 60000, 10, tick, &t, &e), 0);
+    worker_every_stop(e);
+    worker_pool_free(p); /* runs the queued run at once: it frees the job, no tick */
+    CHECK_EQ_INT(ticks_n(&t), n);
+    worker_every_stop(NULL);
+}
+
+static void test_worker_every_refused_by_a_stopping_pool(void)
+{
+    struct worker_pool *p = NULL;
+    struct worker_every *e = (struct worker_every *)&p;
+    struct ticks t = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+    CHECK_EQ_INT(worker_pool_new(1, &p), 0);
+    if (!p)
+        return;
+    CHECK_EQ_INT(worker_every_start(p, 60000, 10, tick, &t, &e), 0);
+    worker_pool_free(p); /* its queued run runs at once, then cannot queue another */
+    CHECK_EQ_INT(ticks_n(&t), 1);
+    worker_every_stop(e); /* not queued: freed here */
+}
+
 TEST_MAIN(test_worker_runs_fifo_on_its_threads,
           test_worker_runs_delayed_jobs_in_due_order_not_early,
-          test_worker_free_runs_pending_delayed_jobs)
+          test_worker_free_runs_pending_delayed_jobs, test_worker_every_repeats_until_stopped,
+          test_worker_every_refused_by_a_stopping_pool)
