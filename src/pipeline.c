@@ -8,6 +8,7 @@
  * periodic heartbeat job keeps alive. */
 #include "idemproxy/pipeline.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,7 +41,6 @@ struct pipeline {
     struct worker_pool *pool;
     pthread_rwlock_t up_lock; /* guards <detached> against forwarding */
     bool detached;            /* no request is forwarded any more */
-    atomic_uint inflight;
     atomic_bool stopping;
     atomic_bool draining; /* SIGTERM: no duplicate is held any more */
     /* --wait: the duplicates held until their key is completed or released.
@@ -138,7 +138,6 @@ static void req_finish(struct req *r)
     /* Before the answer can reach the client, who may read /metrics next. */
     metrics_inflight_add(-1);
     r->done(r, r->done_ctx);
-    atomic_fetch_sub_explicit(&pl->inflight, 1, memory_order_release);
 }
 
 static void finish_job(void *ctx) { req_finish(ctx); }
@@ -326,7 +325,6 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     uint64_t announced;
     size_t n;
 
-    r->start_ms = now_ms();
     r->start_us = metrics_now_us();
     r->outcome = OUTCOME_PASSTHROUGH;
     if (check_head(r))
@@ -641,13 +639,12 @@ static void ensure_date(struct record *rec)
     (void)record_add_header(rec, SPAN_LIT("Date"), span_from_cstr(date));
 }
 
-static void on_upstream(void *ctx, int err, struct record *rec, uint64_t elapsed_ms)
+static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct req *r = ctx;
     const struct config *cfg = r->pl->cfg;
     struct record *marker;
 
-    (void)elapsed_ms; /* measured here in microseconds instead */
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     if (err < 0) {
@@ -721,7 +718,7 @@ static void forward(struct req *r)
         err = upstream_submit(r->up, &r->up_req, on_upstream, r);
     pthread_rwlock_unlock(&pl->up_lock);
     if (err < 0)
-        on_upstream(r, err, NULL, 0);
+        on_upstream(r, err, NULL);
 }
 
 static void on_confirmed(void *ctx, int err, const struct store_result *res)
@@ -1003,10 +1000,10 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
 {
     int err;
 
+    assert(r->pl == pl);
     r->running = true;
     r->done = done;
     r->done_ctx = ctx;
-    atomic_fetch_add_explicit(&pl->inflight, 1, memory_order_relaxed);
     metrics_inflight_add(1);
     if (!r->enforced) {
         forward(r);
@@ -1057,8 +1054,6 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     *ret = pl;
     return 0;
 }
-
-unsigned pipeline_inflight(const struct pipeline *pl) { return atomic_load(&pl->inflight); }
 
 void pipeline_detach_upstream(struct pipeline *pl)
 {

@@ -31,7 +31,6 @@ struct xfer {
     struct record *rec;                 /* owned until handed to <done> */
     upstream_done_fn *done;
     void *ctx;
-    uint64_t start_ms;
     int err;           /* why a callback aborted the transfer, or 0 */
     bool in_head;      /* between a status line and the blank line ending its header block */
     bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
@@ -61,10 +60,6 @@ struct upstream {
     struct buf conn, xff, line, target, method; /* scratch, reused */
 };
 
-static pthread_once_t global_once = PTHREAD_ONCE_INIT;
-static CURLcode global_rc;
-
-static void global_init(void) { global_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 /* Frees <x> and what it owns, keeping its easy handle for reuse; the handle
  * must be out of the multi. Loop thread only. NULL-safe. */
@@ -93,7 +88,6 @@ static void xfer_finish(struct xfer *x, int err)
     upstream_done_fn *done = x->done;
     void *ctx = x->ctx;
     struct record *rec = NULL;
-    uint64_t elapsed_ms = now_ms() - x->start_ms;
 
     if (err == 0) {
         long code = 0;
@@ -109,7 +103,7 @@ static void xfer_finish(struct xfer *x, int err)
         }
     }
     xfer_free(x);
-    done(ctx, err, rec, elapsed_ms);
+    done(ctx, err, rec);
 }
 
 static int map_curl_error(const struct xfer *x, CURLcode cc)
@@ -511,7 +505,6 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
     x->req = req;
     x->done = done;
     x->ctx = ctx;
-    x->start_ms = now_ms();
 
     if (loop_on_thread(up->loop)) {
         /* No callback can come from inside: curl reports in a later turn. */
@@ -718,9 +711,6 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
 
     if (!opt || !opt->base_url || !loop)
         return -EINVAL;
-    pthread_once(&global_once, global_init);
-    if (global_rc != CURLE_OK)
-        return -ENOMEM;
 
     up = calloc(1, sizeof(*up));
     if (!up)

@@ -61,7 +61,6 @@ struct req {
     struct lease *lease;            /* reference while the lock is held */
     struct upstream_request up_req; /* what is forwarded: borrows from this request */
     uint64_t ttl_ms;                /* how long a completed answer is kept */
-    uint64_t start_ms;
     uint64_t acquire_sent_ms;
     uint64_t start_us;         /* metrics_now_us() when the headers were in */
     uint64_t store_sent_us;    /* the acquire or confirming extend in progress */
@@ -122,9 +121,6 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
  * answered without pipeline_run() (a 400 or 413), before sending the answer.
  * A second call does nothing. */
 void pipeline_account(struct pipeline *pl, struct req *r);
-
-/* Requests between pipeline_run() and their callback. */
-unsigned pipeline_inflight(const struct pipeline *pl);
 
 /* Makes every later forward fail with 502 instead of reaching an upstream, so
  * the upstreams can be freed while requests still finish. Thread-safe. */

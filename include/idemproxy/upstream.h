@@ -36,8 +36,8 @@ struct upstream_request {
  * callback), or <err> is negative and <rec> NULL: -ECONNREFUSED (could not
  * connect), -ECONNRESET (reset, closed early, malformed answer), -ETIMEDOUT
  * (the whole exchange took longer than the timeout), -E2BIG (the body grew
- * past the capture limit), -ENOMEM. <elapsed_ms> is the time the exchange took. */
-typedef void upstream_done_fn(void *ctx, int err, struct record *rec, uint64_t elapsed_ms);
+ * past the capture limit), -ENOMEM. */
+typedef void upstream_done_fn(void *ctx, int err, struct record *rec);
 
 struct upstream_options {
     const char *base_url;     /* scheme://host[:port][/prefix], no trailing '/' */
@@ -73,8 +73,9 @@ void upstream_base_done(struct upstream_base *b);
 int upstream_request_target(struct span prefix, struct span target, struct buf *out);
 
 /* Creates the upstream client, run by <loop> (borrowed: it must outlive the
- * client; it must not be running yet). Returns 0 with it in <ret>, or a
- * negative errno. */
+ * client; it must not be running yet). curl_global_init() must have been
+ * called: main does, once, before any thread starts, and cleans up at exit.
+ * Returns 0 with it in <ret>, or a negative errno. */
 int upstream_new(const struct upstream_options *opt, struct loop *loop, struct upstream **ret);
 
 /* Forwards <req>: method, raw target, end-to-end headers (hop-by-hop ones,
