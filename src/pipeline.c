@@ -4,8 +4,8 @@
  * the request follows its store calls (acquire, complete, release) and its
  * upstream call, whose callbacks mostly come back on that same loop (a held
  * duplicate's retry or a heartbeat runs on a worker thread), one thread at a
- * time, until its done callback hands it back. Held locks live in a refcounted lease that one
- * periodic heartbeat job keeps alive. */
+ * time, until its done callback hands it back. Held locks are leases
+ * (lease.h: heartbeat, confirmation, the finishing chain and its retries). */
 #include "idemproxy/pipeline.h"
 
 #include <assert.h>
@@ -17,19 +17,15 @@
 
 #include "idemproxy/config.h"
 #include "idemproxy/http.h"
-#include "idemproxy/list.h"
+#include "idemproxy/lease.h"
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/worker.h"
 
-#define FINISH_BACKOFF_MIN_MS 50
-#define FINISH_BACKOFF_MAX_MS 1000
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
-#define BEAT_CHECK_MIN_MS 10 /* the heartbeat job's period: a quarter beat, within these */
-#define BEAT_CHECK_MAX_MS 1000
 
 #define WAIT_BUCKETS 256
 #define WAIT_TICK_MS 50  /* how often deadlines of held duplicates are checked */
@@ -49,57 +45,10 @@ struct pipeline {
     struct req *waiting[WAIT_BUCKETS]; /* lists by hash of the store key */
     unsigned nwaiting;
     bool ticking; /* the deadline job is queued */
-    /* The heartbeat: one periodic job extends every lease due, so a request
-     * costs the pool nothing unless it runs longer than a third of --lock-ttl. */
-    pthread_mutex_t lease_lock; /* guards the list and the heartbeat fields of leases */
-    struct list leases;         /* every active struct lease, each with a reference */
-    uint64_t beat_every_ms;     /* a lease is extended this long after its last extend */
-    uint64_t beat_check_ms;     /* how often the job looks for leases due */
-    struct worker_every *beats; /* owned: the heartbeat job */
-};
-
-/* A held lock. The request, the heartbeat job and the finishing calls (complete
- * or release, retried while the store fails) each hold a reference. */
-struct lease {
-    atomic_int refs;
-    struct pipeline *pl;
-    char *key; /* owned */
-    struct store_token tok;
-    atomic_bool active;              /* the heartbeat goes on while true */
-    atomic_bool lost;                /* lock_lost was counted: once per lease */
-    atomic_bool finishing;           /* complete or release has been sent */
-    _Atomic uint64_t valid_until_ms; /* the lock cannot have lapsed before this */
-    uint64_t tick_sent_ms;           /* the heartbeat's extend in progress */
-    uint64_t tick_sent_us;
-    /* Under pl->lease_lock: */
-    struct list_node beat; /* in pl->leases while listed */
-    bool extending;           /* an extend is in progress */
-    uint64_t next_beat_ms;    /* the next extend is due then */
-    struct lease *due_next;   /* the heartbeat job's own list */
-    uint64_t attempt_sent_us; /* the finishing chain's call in progress */
-    /* The finishing chain only: */
-    struct record *rec; /* owned reference to complete with; NULL: release */
-    uint64_t ttl_ms;
-    uint64_t backoff_ms;
-    struct req *r; /* answered after the first attempt, then NULL */
+    struct leases *leases; /* owned: held locks and their heartbeat (lease.h) */
 };
 
 static void forward(struct req *r);
-
-static struct lease *lease_ref(struct lease *l)
-{
-    atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
-    return l;
-}
-
-static void lease_unref(struct lease *l)
-{
-    if (!l || atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
-        return;
-    record_unref(l->rec);
-    free(l->key);
-    free(l);
-}
 
 static const struct span *find_header(const struct req *r, struct span name, size_t *ret_count);
 
@@ -388,237 +337,20 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
     }
 }
 
-/* ---- Leases: heartbeat, complete, release ---- */
+/* ---- The request path ---- */
 
-/* Takes <l> off the heartbeat list, dropping the list's reference. */
-static void lease_unlist(struct lease *l)
-{
-    struct pipeline *pl = l->pl;
-    bool listed;
-
-    pthread_mutex_lock(&pl->lease_lock);
-    listed = list_is_linked(&l->beat);
-    list_remove(&l->beat);
-    pthread_mutex_unlock(&pl->lease_lock);
-    if (listed)
-        lease_unref(l);
-}
-
-/* Ends the heartbeat of <l>; the caller holds a reference of its own. */
-static void lease_deactivate(struct lease *l)
-{
-    atomic_store(&l->active, false);
-    lease_unlist(l);
-}
-
-/* The heartbeat's extend of <l> has reported back: the next one is due a
- * beat later. Drops the extend's reference. */
-static void lease_beat_done(struct lease *l)
-{
-    struct pipeline *pl = l->pl;
-
-    pthread_mutex_lock(&pl->lease_lock);
-    l->extending = false;
-    l->next_beat_ms = now_ms() + pl->beat_every_ms;
-    pthread_mutex_unlock(&pl->lease_lock);
-    lease_unref(l);
-}
-
-/* A store error <err> in words an operator can act on. */
-static const char *store_strerror(int err)
-{
-    if (err == -ENOSPC)
-        return "the memory store has no room: requests in flight hold their share of "
-               "--memory-max-bytes";
-    return strerror(-err);
-}
-
-static void lock_lost(struct lease *l, const char *when)
-{
-    if (atomic_exchange(&l->lost, true))
-        return;
-    metrics_lock_lost();
-    log_warn("lock_lost: key %s: another request holds it now (%s); nothing was overwritten",
-             l->key, when);
-}
-
-static void on_extended(void *ctx, int err, const struct store_result *res)
-{
-    struct lease *l = ctx;
-
-    (void)res;
-    metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - l->tick_sent_us);
-    if (err == 0) {
-        atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->pl->cfg->lock_ttl_ms);
-    } else if (err == -ESTALE) {
-        lease_deactivate(l);
-        /* Once finishing, our own complete or release may have landed first:
-         * that is no loss. Its own answer says whether the lock was lost. */
-        if (!atomic_load(&l->finishing))
-            lock_lost(l, "heartbeat");
-    } else {
-        metrics_store_error();
-    }
-    lease_beat_done(l);
-}
-
-/* Sends the heartbeat's extend of <l>, under a reference of its own. */
-static void lease_beat(struct lease *l)
-{
-    struct pipeline *pl = l->pl;
-
-    l->tick_sent_ms = now_ms();
-    l->tick_sent_us = metrics_now_us();
-    if (store_extend(pl->st, span_from_cstr(l->key), &l->tok, pl->cfg->lock_ttl_ms, on_extended,
-                     l) < 0)
-        lease_beat_done(l);
-}
-
-/* The periodic heartbeat job: extends every active lease that is due. */
-static void heartbeat(void *ctx)
-{
-    struct pipeline *pl = ctx;
-    struct lease *due = NULL, *l;
-    struct list_node *n, *tmp;
-    uint64_t now = now_ms();
-
-    if (atomic_load(&pl->stopping))
-        return;
-    pthread_mutex_lock(&pl->lease_lock);
-    list_for_each_safe(&pl->leases, n, tmp) {
-        l = list_entry(n, struct lease, beat);
-        if (!l->extending && now >= l->next_beat_ms && atomic_load(&l->active)) {
-            l->extending = true;
-            l->due_next = due;
-            due = lease_ref(l);
-        }
-    }
-    pthread_mutex_unlock(&pl->lease_lock);
-    while ((l = due)) {
-        due = l->due_next;
-        lease_beat(l);
-    }
-}
-
-static struct lease *lease_start(struct req *r, uint64_t acquired_at_ms)
-{
-    struct pipeline *pl = r->pl;
-    struct lease *l = calloc(1, sizeof(*l));
-
-    if (!l)
-        return NULL;
-    l->key = strdup(r->store_key);
-    if (!l->key) {
-        free(l);
-        return NULL;
-    }
-    atomic_init(&l->refs, 2); /* the request's and the heartbeat list's */
-    l->pl = pl;
-    l->tok = r->tok;
-    atomic_init(&l->active, true);
-    atomic_init(&l->finishing, false);
-    atomic_init(&l->valid_until_ms, acquired_at_ms + pl->cfg->lock_ttl_ms);
-    l->next_beat_ms = acquired_at_ms + pl->beat_every_ms;
-    pthread_mutex_lock(&pl->lease_lock);
-    list_append(&pl->leases, &l->beat);
-    pthread_mutex_unlock(&pl->lease_lock);
-    return l;
-}
-
-static void lease_attempt(void *ctx);
-
-static void on_finished(void *ctx, int err, const struct store_result *res)
-{
-    struct lease *l = ctx;
-    struct pipeline *pl = l->pl;
-    struct req *r = l->r;
-
-    (void)res;
-    metrics_store_call(l->rec ? METRICS_STORE_COMPLETE : METRICS_STORE_RELEASE,
-                       metrics_now_us() - l->attempt_sent_us);
-    if (err == -E2BIG && l->rec && !l->rec->too_large) {
-        /* The store can never hold this response (the memory store takes
-         * none over half its budget): keep the marker instead, so it is still
-         * never run twice. */
-        struct record *marker = record_new(0);
-
-        if (marker) {
-            log_warn("key %s: the response (%zu bytes) is larger than the store can hold; "
-                     "duplicates get 502 response_too_large",
-                     l->key, l->rec->body.len);
-            marker->too_large = true;
-            marker->status = l->rec->status;
-            record_unref(l->rec);
-            l->rec = marker;
-            lease_attempt(l);
-            return;
-        }
-    }
-    l->r = NULL;
-    if (err == -ESTALE)
-        lock_lost(l, l->rec ? "complete" : "release");
-    if (err < 0 && err != -ESTALE) {
-        metrics_store_error();
-        if (!atomic_load(&pl->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
-            /* Retrying is safe: the call carries the token. The heartbeat keeps
-             * the lock alive meanwhile; the client need not wait for it. */
-            log_warn("store %s of key %s failed (%s); retrying in %llu ms",
-                     l->rec ? "complete" : "release", l->key, store_strerror(err),
-                     (unsigned long long)l->backoff_ms);
-            if (r)
-                req_finish(r);
-            if (worker_submit_after(pl->pool, l->backoff_ms, lease_attempt, l) == 0) {
-                l->backoff_ms = l->backoff_ms * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS
-                                                                          : l->backoff_ms * 2;
-                return;
-            }
-            r = NULL;
-        }
-        log_error("store %s of key %s failed (%s); giving up: the lock expires within "
-                  "--lock-ttl",
-                  l->rec ? "complete" : "release", l->key, store_strerror(err));
-    }
-    lease_deactivate(l);
-    record_unref(l->rec);
-    l->rec = NULL;
-    if (r)
-        req_finish(r);
-    lease_unref(l);
-}
-
-static void lease_attempt(void *ctx)
-{
-    struct lease *l = ctx;
-    struct pipeline *pl = l->pl;
-    int err;
-
-    l->attempt_sent_us = metrics_now_us();
-    if (l->rec)
-        err = store_complete(pl->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
-                             on_finished, l);
-    else
-        err = store_release(pl->st, span_from_cstr(l->key), &l->tok, on_finished, l);
-    if (err < 0)
-        on_finished(l, err, NULL);
-}
+static void finish_answered(void *ctx) { req_finish(ctx); }
 
 /* Completes the lock of <r> with <rec> (a reference the lease takes over), or
  * releases it when <rec> is NULL; <r> is answered once the first attempt
- * has reported back. */
-static void lease_finish(struct req *r, struct record *rec)
+ * has reported back (store failures are retried without it: lease.h). */
+static void lease_end(struct req *r, struct record *rec)
 {
     struct lease *l = r->lease;
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
-    atomic_store(&l->finishing, true);
-    l->rec = rec;
-    l->ttl_ms = r->ttl_ms;
-    l->backoff_ms = FINISH_BACKOFF_MIN_MS;
-    l->r = r;
-    lease_attempt(l);
+    lease_finish(l, rec, r->ttl_ms, finish_answered, r);
 }
-
-/* ---- The request path ---- */
 
 static bool is_cacheable(const struct config *cfg, unsigned status)
 {
@@ -661,7 +393,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
             return;
         }
         if (err != -E2BIG) {
-            lease_finish(r, NULL); /* nothing was stored: a retry may run */
+            lease_end(r, NULL); /* nothing was stored: a retry may run */
             return;
         }
         /* The upstream did answer: it must never run twice. */
@@ -671,7 +403,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
             marker->too_large = true;
             marker->status = 502;
         }
-        lease_finish(r, marker);
+        lease_end(r, marker);
         return;
     }
     if (!r->lease) {
@@ -681,7 +413,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
     }
     set_answer(r, rec, OUTCOME_EXECUTED, "false");
     if (!is_cacheable(cfg, rec->status)) {
-        lease_finish(r, NULL);
+        lease_end(r, NULL);
         return;
     }
     ensure_date(rec);
@@ -691,10 +423,10 @@ static void on_upstream(void *ctx, int err, struct record *rec)
             marker->too_large = true;
             marker->status = rec->status;
         }
-        lease_finish(r, marker); /* a NULL marker (OOM) releases instead */
+        lease_end(r, marker); /* a NULL marker (OOM) releases instead */
         return;
     }
-    lease_finish(r, record_ref(rec));
+    lease_end(r, record_ref(rec));
 }
 
 static void forward(struct req *r)
@@ -721,29 +453,21 @@ static void forward(struct req *r)
         on_upstream(r, err, NULL);
 }
 
-static void on_confirmed(void *ctx, int err, const struct store_result *res)
+static void on_confirmed(void *ctx, int err)
 {
     struct req *r = ctx;
 
-    (void)res;
-    metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - r->store_sent_us);
     if (err == 0) {
-        atomic_store(&r->lease->valid_until_ms, now_ms() + r->pl->cfg->lock_ttl_ms);
         forward(r);
         return;
     }
-    if (err == -ESTALE) {
-        lease_deactivate(r->lease);
-        lock_lost(r->lease, "before forwarding");
+    if (err == -ESTALE)
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "This request stalled and its lock passed to another request.");
-    } else {
-        metrics_store_error();
+    else
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "The idempotency store could not confirm the lock.");
-        lease_deactivate(r->lease); /* not forwarded: the lock expires within --lock-ttl */
-    }
-    lease_unref(r->lease);
+    lease_abandon(r->lease); /* not forwarded: the lock expires within --lock-ttl */
     r->lease = NULL;
     req_finish(r);
 }
@@ -951,7 +675,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
 
     metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
     if (err == 0 && res->status == STORE_ACQUIRED) {
-        r->lease = lease_start(r, r->acquire_sent_ms);
+        r->lease = lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms);
         if (!r->lease) {
             set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
             req_finish(r); /* the lock expires within --lock-ttl */
@@ -959,10 +683,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         }
         /* A holder that stalled past half its lock TTL confirms the lock first. */
         if (now - r->acquire_sent_ms > pl->cfg->lock_ttl_ms / 2) {
-            r->store_sent_us = metrics_now_us();
-            if (store_extend(pl->st, span_from_cstr(r->store_key), &r->tok, pl->cfg->lock_ttl_ms,
-                             on_confirmed, r) < 0)
-                on_confirmed(r, -ECONNRESET, NULL);
+            lease_confirm(r->lease, on_confirmed, r);
             return;
         }
         forward(r);
@@ -1030,14 +751,6 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     pl->pool = pool;
     pthread_rwlock_init(&pl->up_lock, NULL);
     pthread_mutex_init(&pl->wait_lock, NULL);
-    pthread_mutex_init(&pl->lease_lock, NULL);
-    list_init(&pl->leases);
-    pl->beat_every_ms = cfg->lock_ttl_ms / 3 ? cfg->lock_ttl_ms / 3 : 1;
-    pl->beat_check_ms = pl->beat_every_ms / 4;
-    if (pl->beat_check_ms < BEAT_CHECK_MIN_MS)
-        pl->beat_check_ms = BEAT_CHECK_MIN_MS;
-    if (pl->beat_check_ms > BEAT_CHECK_MAX_MS)
-        pl->beat_check_ms = BEAT_CHECK_MAX_MS;
     if (st && cfg->wait_ms > 0) {
         int err = store_set_notify(st, wait_notify, pl);
 
@@ -1046,10 +759,13 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
             return err;
         }
     }
-    if (st && worker_every_start(pool, pl->beat_check_ms, pl->beat_check_ms, heartbeat, pl,
-                                 &pl->beats) < 0) {
-        pipeline_free(pl);
-        return -ENOMEM;
+    if (st) {
+        int err = leases_new(st, pool, cfg->lock_ttl_ms, &pl->leases);
+
+        if (err < 0) {
+            pipeline_free(pl);
+            return err;
+        }
     }
     *ret = pl;
     return 0;
@@ -1065,8 +781,7 @@ void pipeline_detach_upstream(struct pipeline *pl)
 void pipeline_stop(struct pipeline *pl)
 {
     atomic_store(&pl->stopping, true);
-    worker_every_stop(pl->beats); /* waits for a heartbeat in progress */
-    pl->beats = NULL;
+    leases_stop(pl->leases); /* waits for a heartbeat in progress */
 }
 
 void pipeline_quiesce(struct pipeline *pl) { atomic_store(&pl->draining, true); }
@@ -1075,10 +790,9 @@ void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
         return;
-    worker_every_stop(pl->beats); /* NULL once pipeline_stop() ran */
+    leases_free(pl->leases);
     pthread_rwlock_destroy(&pl->up_lock);
     pthread_mutex_destroy(&pl->wait_lock);
-    pthread_mutex_destroy(&pl->lease_lock);
     free(pl);
 }
 
@@ -1118,9 +832,7 @@ void req_free(struct req *r)
     buf_done(&r->body);
     fingerprint_done(&r->fp);
     free(r->store_key);
-    if (r->lease)
-        lease_deactivate(r->lease); /* freed unfinished: no endless heartbeat */
-    lease_unref(r->lease);
+    lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
     record_unref(r->answer);
     free(r);
 }

@@ -13,6 +13,14 @@
  * lock; a block is wiped as it is used. */
 #define STORE_RAND_BLOCK 512
 
+const char *store_strerror(int err)
+{
+    if (err == -ENOSPC)
+        return "the memory store has no room: requests in flight hold their share of "
+               "--memory-max-bytes";
+    return strerror(-err);
+}
+
 int store_token_new(struct store_token *ret)
 {
     static _Thread_local unsigned char block[STORE_RAND_BLOCK];

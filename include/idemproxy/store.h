@@ -99,6 +99,9 @@ struct store {
     const struct store_ops *ops; /* first member of each implementation */
 };
 
+/* A store error <err> (a negative errno) in words an operator can act on. */
+const char *store_strerror(int err);
+
 /* Fills <ret> with a new random token (OpenSSL RAND_bytes). Returns 0 or -EIO. */
 int store_token_new(struct store_token *ret);
 
