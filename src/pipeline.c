@@ -22,14 +22,12 @@
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
+#include "idemproxy/waitlist.h"
 #include "idemproxy/worker.h"
 
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
 
-#define WAIT_BUCKETS 256
-#define WAIT_TICK_MS 50  /* how often deadlines of held duplicates are checked */
-#define WAIT_POLL_MS 500 /* a held duplicate looks at the store this often even unnotified */
 
 struct pipeline {
     const struct config *cfg;
@@ -37,14 +35,7 @@ struct pipeline {
     struct worker_pool *pool;
     pthread_rwlock_t up_lock; /* guards <detached> against forwarding */
     bool detached;            /* no request is forwarded any more */
-    atomic_bool stopping;
-    atomic_bool draining; /* SIGTERM: no duplicate is held any more */
-    /* --wait: the duplicates held until their key is completed or released.
-     * Not on the path of other requests. */
-    pthread_mutex_t wait_lock;         /* guards the four below */
-    struct req *waiting[WAIT_BUCKETS]; /* lists by hash of the store key */
-    unsigned nwaiting;
-    bool ticking; /* the deadline job is queued */
+    struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases; /* owned: held locks and their heartbeat (lease.h) */
 };
 
@@ -504,167 +495,45 @@ static void acquire_refused(struct req *r, int err)
     req_finish_later(r);
 }
 
-/* ---- --wait: holding duplicates ---- */
+/* ---- --wait: holding duplicates (waitlist.h) ---- */
 
-static unsigned wait_bucket(const char *key)
+static struct req *req_of_wait(struct waitlist_entry *e)
 {
-    uint32_t h = 2166136261u; /* FNV-1a: only this process's own keys are listed here */
-
-    for (; *key; key++)
-        h = (h ^ (unsigned char)*key) * 16777619u;
-    return h % WAIT_BUCKETS;
+    return (struct req *)(void *)((char *)e - offsetof(struct req, wait));
 }
 
-static void wait_tick(void *ctx);
-
-/* Unlinks <r> from its bucket; the caller holds wait_lock. */
-static void wait_unlink(struct pipeline *pl, struct req *r)
+/* A held duplicate's key was completed or released, or it is time to look:
+ * it replays, executes (the first ended without storing), or is held again. */
+static void on_wait_retry(void *ctx, struct waitlist_entry *e)
 {
-    struct req **pp = &pl->waiting[wait_bucket(r->store_key)];
+    struct req *r = req_of_wait(e);
+    int err;
 
-    while (*pp && *pp != r)
-        pp = &(*pp)->wait_next;
-    if (*pp) {
-        *pp = r->wait_next;
-        pl->nwaiting--;
-    }
-    r->wait_next = NULL;
-}
-
-/* Tries the key of a held duplicate again: it replays, executes (the first
- * ended without storing), or is held again. */
-static void wait_retry(struct req *r)
-{
-    int err = acquire_start(r);
-
+    (void)ctx;
+    err = acquire_start(r);
     if (err < 0)
         acquire_refused(r, err);
 }
 
-/* With --wait, holds <r> (whose key is in flight) until the key is completed
- * or released, or the wait runs out. Returns false when it is not held: no
- * --wait, the wait is over, or the proxy is stopping. */
+static void on_wait_expired(void *ctx, struct waitlist_entry *e)
+{
+    struct req *r = req_of_wait(e);
+
+    (void)ctx;
+    set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
+                "A request with this Idempotency-Key is still being processed (waited "
+                "--wait); retry later.");
+    req_finish(r);
+}
+
+/* With --wait, holds <r> (whose key is in flight). Returns false when it is
+ * not held: no --wait, its wait is over, or the proxy is stopping. */
 static bool wait_hold(struct req *r, uint64_t now)
 {
-    struct pipeline *pl = r->pl;
-    bool tick = false;
-
-    if (pl->cfg->wait_ms == 0 || atomic_load(&pl->stopping) || atomic_load(&pl->draining))
+    if (!r->pl->waits)
         return false;
-    if (r->wait_until_ms == 0)
-        r->wait_until_ms = now + pl->cfg->wait_ms;
-    if (now >= r->wait_until_ms)
-        return false;
-    r->wait_poll_at_ms = now + WAIT_POLL_MS;
-    pthread_mutex_lock(&pl->wait_lock);
-    r->wait_next = pl->waiting[wait_bucket(r->store_key)];
-    pl->waiting[wait_bucket(r->store_key)] = r;
-    pl->nwaiting++;
-    if (!pl->ticking)
-        tick = pl->ticking = true;
-    pthread_mutex_unlock(&pl->wait_lock);
-    if (tick && worker_submit_after(pl->pool, WAIT_TICK_MS, wait_tick, pl) < 0) {
-        pthread_mutex_lock(&pl->wait_lock);
-        pl->ticking = false;
-        wait_unlink(pl, r);
-        pthread_mutex_unlock(&pl->wait_lock);
-        return false; /* the pool is stopping */
-    }
-    return true;
-}
-
-/* The store says <key> was completed or released (by any instance): every
- * duplicate held for it tries again. One of them may take the key. */
-static void wait_notify(void *ctx, struct span key)
-{
-    struct pipeline *pl = ctx;
-    struct req *woken = NULL, **pp;
-
-    /* Stopping: the pool may be gone, and every held duplicate was answered. */
-    if (atomic_load(&pl->stopping))
-        return;
-    pthread_mutex_lock(&pl->wait_lock);
-    if (pl->nwaiting > 0 && key.len < 4096) {
-        char k[4096];
-
-        memcpy(k, key.base, key.len);
-        k[key.len] = '\0';
-        pp = &pl->waiting[wait_bucket(k)];
-        while (*pp) {
-            struct req *r = *pp;
-
-            if (strcmp(r->store_key, k) == 0) {
-                *pp = r->wait_next;
-                pl->nwaiting--;
-                r->wait_next = woken;
-                woken = r;
-            } else {
-                pp = &r->wait_next;
-            }
-        }
-    }
-    pthread_mutex_unlock(&pl->wait_lock);
-    while (woken) {
-        struct req *r = woken;
-
-        woken = r->wait_next;
-        r->wait_next = NULL;
-        wait_retry(r);
-    }
-}
-
-/* Every WAIT_TICK_MS while duplicates are held: a held one whose wait ran
- * out gets the 409; one not notified for WAIT_POLL_MS looks at the store (a
- * notification can be lost, e.g. with a Redis connection, or a lock expire). */
-static void wait_tick(void *ctx)
-{
-    struct pipeline *pl = ctx;
-    struct req *expired = NULL, *polled = NULL;
-    uint64_t now = now_ms();
-    bool stopping = atomic_load(&pl->stopping) || atomic_load(&pl->draining);
-
-    pthread_mutex_lock(&pl->wait_lock);
-    for (size_t b = 0; b < WAIT_BUCKETS && pl->nwaiting > 0; b++) {
-        struct req **pp = &pl->waiting[b];
-
-        while (*pp) {
-            struct req *r = *pp;
-
-            if (stopping || now >= r->wait_until_ms || now >= r->wait_poll_at_ms) {
-                *pp = r->wait_next;
-                pl->nwaiting--;
-                if (stopping || now >= r->wait_until_ms) {
-                    r->wait_next = expired;
-                    expired = r;
-                } else {
-                    r->wait_next = polled;
-                    polled = r;
-                }
-            } else {
-                pp = &r->wait_next;
-            }
-        }
-    }
-    pl->ticking =
-        pl->nwaiting > 0 && worker_submit_after(pl->pool, WAIT_TICK_MS, wait_tick, pl) == 0;
-    pthread_mutex_unlock(&pl->wait_lock);
-    while (expired) {
-        struct req *r = expired;
-
-        expired = r->wait_next;
-        r->wait_next = NULL;
-        set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
-                    "A request with this Idempotency-Key is still being processed (waited "
-                    "--wait); retry later.");
-        req_finish(r);
-    }
-    while (polled) {
-        struct req *r = polled;
-
-        polled = r->wait_next;
-        r->wait_next = NULL;
-        wait_retry(r);
-    }
+    r->wait.key = r->store_key;
+    return waitlist_hold(r->pl->waits, &r->wait, now);
 }
 
 static void on_acquired(void *ctx, int err, const struct store_result *res)
@@ -750,10 +619,11 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     pl->st = st;
     pl->pool = pool;
     pthread_rwlock_init(&pl->up_lock, NULL);
-    pthread_mutex_init(&pl->wait_lock, NULL);
     if (st && cfg->wait_ms > 0) {
-        int err = store_set_notify(st, wait_notify, pl);
+        int err = waitlist_new(pool, cfg->wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
 
+        if (err == 0)
+            err = store_set_notify(st, waitlist_notify, pl->waits);
         if (err < 0) {
             pipeline_free(pl);
             return err;
@@ -780,19 +650,19 @@ void pipeline_detach_upstream(struct pipeline *pl)
 
 void pipeline_stop(struct pipeline *pl)
 {
-    atomic_store(&pl->stopping, true);
+    waitlist_stop(pl->waits);
     leases_stop(pl->leases); /* waits for a heartbeat in progress */
 }
 
-void pipeline_quiesce(struct pipeline *pl) { atomic_store(&pl->draining, true); }
+void pipeline_quiesce(struct pipeline *pl) { waitlist_quiesce(pl->waits); }
 
 void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
         return;
     leases_free(pl->leases);
+    waitlist_free(pl->waits);
     pthread_rwlock_destroy(&pl->up_lock);
-    pthread_mutex_destroy(&pl->wait_lock);
     free(pl);
 }
 

@@ -13,6 +13,7 @@
 #include "idemproxy/outcome.h"
 #include "idemproxy/store.h"
 #include "idemproxy/upstream.h"
+#include "idemproxy/waitlist.h"
 
 struct config;
 struct pipeline;
@@ -68,10 +69,7 @@ struct req {
     uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
     bool forwarded;
     bool accounted; /* counted in the metrics and the access log */
-    /* --wait: a duplicate held until the first request ends (see pipeline.c). */
-    uint64_t wait_until_ms;   /* 0: not waiting yet */
-    uint64_t wait_poll_at_ms; /* next look at the store without a notification */
-    struct req *wait_next;    /* in the pipeline's waiting list */
+    struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
     req_done_fn *done;
     void *done_ctx;
     void *conn;          /* the front end's handle of the client connection */
