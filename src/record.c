@@ -110,116 +110,13 @@ const char *record_header_get(const struct record *rec, const char *name)
     return NULL;
 }
 
-static const struct span hop_by_hop[] = {
-    SPAN_LIT("Connection"),
-    SPAN_LIT("Keep-Alive"),
-    SPAN_LIT("Proxy-Connection"),
-    SPAN_LIT("Transfer-Encoding"),
-    SPAN_LIT("TE"),
-    SPAN_LIT("Trailer"),
-    SPAN_LIT("Upgrade"),
-    SPAN_LIT("Proxy-Authenticate"),
-    SPAN_LIT("Proxy-Authorization"),
-    SPAN_LIT("Content-Length"),
-};
-
-bool record_is_hop_by_hop(struct span name)
-{
-    for (size_t i = 0; i < ARRAY_SIZE(hop_by_hop); i++) {
-        if (span_eq_nocase(hop_by_hop[i], name))
-            return true;
-    }
-    return false;
-}
-
-static bool is_ows(char c) { return c == ' ' || c == '\t'; }
-
-int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value)
-{
-    const char *colon = line.len ? memchr(line.base, ':', line.len) : NULL;
-    struct span name, value;
-
-    if (!colon || colon == line.base)
-        return -EINVAL; /* includes obs-fold, which starts with OWS */
-    name = (struct span){ .base = line.base, .len = (size_t)(colon - line.base) };
-    if (!http_is_token(name))
-        return -EINVAL;
-    value = (struct span){ .base = colon + 1, .len = line.len - name.len - 1 };
-    while (value.len > 0 && is_ows(value.base[0])) {
-        value.base++;
-        value.len--;
-    }
-    while (value.len > 0 && is_ows(value.base[value.len - 1]))
-        value.len--;
-    if (!http_is_field_value(value))
-        return -EINVAL; /* a stray CR or NUL would split or cut the replayed header */
-    *ret_name = name;
-    *ret_value = value;
-    return 0;
-}
-
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-int record_parse_status_line(struct span line, unsigned *ret_status)
-{
-    const char *p = line.base;
-    size_t at, n = line.len;
-    unsigned code;
-
-    if (n < 5 || memcmp(p, "HTTP/", 5) != 0)
-        return -EINVAL;
-    if (n >= 8 && is_digit(p[5]) && p[6] == '.' && is_digit(p[7]))
-        at = 8; /* HTTP/1.1 */
-    else if (n >= 6 && (p[5] == '2' || p[5] == '3'))
-        at = 6; /* HTTP/2, as curl writes it */
-    else
-        return -EINVAL;
-    if (n < at + 4 || p[at] != ' ' || !is_digit(p[at + 1]) || !is_digit(p[at + 2]) ||
-        !is_digit(p[at + 3]))
-        return -EINVAL;
-    if (n > at + 4 && p[at + 4] != ' ')
-        return -EINVAL; /* a fourth digit, or anything glued to the code */
-    code = (unsigned)(p[at + 1] - '0') * 100 + (unsigned)(p[at + 2] - '0') * 10 +
-           (unsigned)(p[at + 3] - '0');
-    if (code < 100)
-        return -EINVAL;
-    *ret_status = code;
-    return 0;
-}
-
-bool record_is_connection_listed(const char *connection, struct span name)
-{
-    const char *p = connection;
-
-    if (!connection)
-        return false;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        struct span tok;
-
-        if (!end)
-            end = p + strlen(p);
-        tok = (struct span){ .base = p, .len = (size_t)(end - p) };
-        while (tok.len && is_ows(tok.base[0])) {
-            tok.base++;
-            tok.len--;
-        }
-        while (tok.len && is_ows(tok.base[tok.len - 1]))
-            tok.len--;
-        if (tok.len && span_eq_nocase(tok, name))
-            return true;
-        p = *end ? end + 1 : end;
-    }
-    return false;
-}
-
 static bool listed_in_any_connection(const struct record *rec, struct span name)
 {
     static const struct span conn = SPAN_LIT("Connection");
 
     for (size_t i = 0; i < rec->nheaders; i++) {
         if (span_eq_nocase(span_from_cstr(rec->headers[i].name), conn) &&
-            record_is_connection_listed(rec->headers[i].value, name))
+            http_is_connection_listed(rec->headers[i].value, name))
             return true;
     }
     return false;
@@ -234,7 +131,7 @@ void record_filter_hop_by_hop(struct record *rec)
     for (size_t i = 0; i < n; i++) {
         struct span name = span_from_cstr(rec->headers[i].name);
 
-        drop[i] = record_is_hop_by_hop(name) || listed_in_any_connection(rec, name);
+        drop[i] = http_is_hop_by_hop(name) || listed_in_any_connection(rec, name);
     }
     for (size_t i = 0; i < n; i++) {
         if (drop[i])

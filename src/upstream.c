@@ -18,6 +18,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
@@ -145,7 +146,7 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
         unsigned status;
 
-        if (record_parse_status_line((struct span){ .base = data, .len = len }, &status) < 0)
+        if (http_parse_status_line((struct span){ .base = data, .len = len }, &status) < 0)
             goto malformed; /* curl would take it for a 200 */
         if (x->rec->nheaders > 0) {
             struct record *fresh = record_new(x->up->max_capture_bytes);
@@ -167,7 +168,7 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     if (!x->in_head)
         return total;
 
-    if (record_parse_header_line((struct span){ .base = data, .len = len }, &name, &value) < 0)
+    if (http_parse_field_line((struct span){ .base = data, .len = len }, &name, &value) < 0)
         goto malformed;
     r = record_add_header(x->rec, name, value);
     if (r < 0) {
@@ -289,7 +290,7 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
     for (size_t i = 0; i < req->nheaders; i++) {
         const struct http_header *h = &req->headers[i];
 
-        if (record_is_hop_by_hop(h->name) || record_is_connection_listed(conn->data, h->name) ||
+        if (http_is_hop_by_hop(h->name) || http_is_connection_listed(conn->data, h->name) ||
             span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
             span_eq_nocase(h->name, h_xfh))
             continue;

@@ -79,4 +79,31 @@ const char *http_check_request_line(struct span method, struct span target,
 const char *http_check_fields(const struct http_header *h, size_t n, bool host_required,
                               unsigned *ret_status);
 
+/* ---- what upstreams send ---- */
+
+/* Parses one response header line <line> as the upstream sent it, without
+ * its CRLF or LF: a name of RFC 9110 tchar bytes, ':', then the value with the
+ * optional whitespace around it trimmed. Returns 0 with views into <line> in
+ * <ret_name> and <ret_value>, or -EINVAL (both untouched) when it is malformed:
+ * no ':', an empty name or one holding a byte outside tchar (so an obs-fold
+ * continuation, which starts with whitespace, is malformed), or a control
+ * byte other than HTAB, or DEL, in the value. */
+int http_parse_field_line(struct span line, struct span *ret_name, struct span *ret_value);
+
+/* Checks one status line <line> as the upstream sent it, without its CRLF or
+ * LF: "HTTP/" DIGIT "." DIGIT (or "HTTP/2", "HTTP/3"), SP, three digits from
+ * 100, then the end or SP and any reason phrase. Returns 0 with the code in
+ * <ret_status>, or -EINVAL (untouched). libcurl takes any line starting
+ * with "HTTP/" for a 200 of an old server; this is what refuses that. */
+int http_parse_status_line(struct span line, unsigned *ret_status);
+
+/* True when <name> is a hop-by-hop header (Connection, Keep-Alive,
+ * Proxy-Connection, Transfer-Encoding, TE, Trailer, Upgrade,
+ * Proxy-Authenticate, Proxy-Authorization) or Content-Length. Case-insensitive. */
+bool http_is_hop_by_hop(struct span name);
+
+/* True when <name> is listed, case-insensitively, in the comma-separated
+ * value <connection> of a Connection header (NULL: never). */
+bool http_is_connection_listed(const char *connection, struct span name);
+
 #endif

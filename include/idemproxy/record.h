@@ -40,33 +40,8 @@ void record_unref(struct record *rec);
  * RECORD_MAX_HEADERS, or -ENOMEM. */
 int record_add_header(struct record *rec, struct span name, struct span value);
 
-/* Parses one response header line <line> as the upstream sent it, without
- * its CRLF or LF: a name of RFC 9110 tchar bytes, ':', then the value with the
- * optional whitespace around it trimmed. Returns 0 with views into <line> in
- * <ret_name> and <ret_value>, or -EINVAL (both untouched) when it is malformed:
- * no ':', an empty name or one holding a byte outside tchar (so an obs-fold
- * continuation, which starts with whitespace, is malformed), or a control
- * byte other than HTAB, or DEL, in the value. */
-int record_parse_header_line(struct span line, struct span *ret_name, struct span *ret_value);
-
-/* Checks one status line <line> as the upstream sent it, without its CRLF or
- * LF: "HTTP/" DIGIT "." DIGIT (or "HTTP/2", "HTTP/3"), SP, three digits from
- * 100, then the end or SP and any reason phrase. Returns 0 with the code in
- * <ret_status>, or -EINVAL (untouched). libcurl takes any line starting
- * with "HTTP/" for a 200 of an old server; this is what refuses that. */
-int record_parse_status_line(struct span line, unsigned *ret_status);
-
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
-
-/* True when <name> is a hop-by-hop header (Connection, Keep-Alive,
- * Proxy-Connection, Transfer-Encoding, TE, Trailer, Upgrade,
- * Proxy-Authenticate, Proxy-Authorization) or Content-Length. Case-insensitive. */
-bool record_is_hop_by_hop(struct span name);
-
-/* True when <name> is listed, case-insensitively, in the comma-separated
- * value <connection> of a Connection header (NULL: never). */
-bool record_is_connection_listed(const char *connection, struct span name);
 
 /* Removes from <rec> the hop-by-hop headers, every header named in its
  * Connection headers, and Content-Length, keeping the order of the rest. */

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* Header lines captured from the upstream, as the transfer's header callback
- * sees them: each line parsed (record_parse_status_line, record_parse_header_line), the accepted
+ * sees them: each line parsed (http_parse_status_line, http_parse_field_line), the accepted
  * ones added to a record, then the hop-by-hop filter. Input: a header block, lines split at '\n'
  * with one trailing '\r' dropped. */
 #include <stdlib.h>
 
 #include "fuzz.h"
+#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 
 #define MAX_LINES 512
@@ -66,9 +67,9 @@ static void check_filter(struct record *rec)
     for (size_t i = 0; i < n; i++) {
         struct span name = span_from_cstr(names[i]);
 
-        keep[i] = !record_is_hop_by_hop(name);
+        keep[i] = !http_is_hop_by_hop(name);
         for (size_t j = 0; j < nconn && keep[i]; j++)
-            keep[i] = !record_is_connection_listed(conn[j], name);
+            keep[i] = !http_is_connection_listed(conn[j], name);
     }
     record_filter_hop_by_hop(rec);
     for (size_t i = 0; i < n; i++) {
@@ -83,7 +84,7 @@ static void check_filter(struct record *rec)
     for (size_t i = 0; i < rec->nheaders; i++) {
         struct span name = span_from_cstr(rec->headers[i].name);
 
-        FUZZ_CHECK(!record_is_hop_by_hop(name));
+        FUZZ_CHECK(!http_is_hop_by_hop(name));
         FUZZ_CHECK(!span_eq_nocase(name, SPAN_LIT("Content-Length")));
     }
     for (size_t i = 0; i < n; i++) {
@@ -131,14 +132,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             unsigned status = 0;
 
             /* a status line: accepted only as version, SP, a code of 100-999 */
-            if (record_parse_status_line(line, &status) == 0)
+            if (http_parse_status_line(line, &status) == 0)
                 FUZZ_CHECK(status >= 100 && status <= 999 && line.len >= 10 &&
                            memchr(line.base, ' ', line.len) != NULL);
             continue;
         }
         if (line.len == 0)
             continue; /* the end of a block */
-        r = record_parse_header_line(line, &name, &value);
+        r = http_parse_field_line(line, &name, &value);
         check_line(line, r, name, value);
         if (r < 0)
             continue; /* the transfer fails there; the rest still gets parsed here */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 
 #define S(s) span_from_cstr(s)
@@ -147,24 +148,24 @@ static void test_record_hop_by_hop_table(void)
     };
 
     for (size_t i = 0; i < ARRAY_SIZE(hop); i++)
-        CHECK(record_is_hop_by_hop(S(hop[i])));
+        CHECK(http_is_hop_by_hop(S(hop[i])));
     for (size_t i = 0; i < ARRAY_SIZE(e2e); i++)
-        CHECK(!record_is_hop_by_hop(S(e2e[i])));
+        CHECK(!http_is_hop_by_hop(S(e2e[i])));
 }
 
 static void test_record_connection_listed(void)
 {
-    CHECK(record_is_connection_listed("close, X-Private", S("x-private")));
-    CHECK(record_is_connection_listed("X-A,X-B", S("X-B")));
-    CHECK(record_is_connection_listed(" \tX-A \t, X-B", S("x-a")));
-    CHECK(record_is_connection_listed("keep-alive", S("Keep-Alive")));
-    CHECK(record_is_connection_listed(",,X-A,", S("X-A")));
-    CHECK(!record_is_connection_listed("X-AB", S("X-A")));
-    CHECK(!record_is_connection_listed("X-A", S("X-AB")));
-    CHECK(!record_is_connection_listed("X-A X-B", S("X-B")));
-    CHECK(!record_is_connection_listed("", S("X-A")));
-    CHECK(!record_is_connection_listed(", ,", S("")));
-    CHECK(!record_is_connection_listed(NULL, S("X-A")));
+    CHECK(http_is_connection_listed("close, X-Private", S("x-private")));
+    CHECK(http_is_connection_listed("X-A,X-B", S("X-B")));
+    CHECK(http_is_connection_listed(" \tX-A \t, X-B", S("x-a")));
+    CHECK(http_is_connection_listed("keep-alive", S("Keep-Alive")));
+    CHECK(http_is_connection_listed(",,X-A,", S("X-A")));
+    CHECK(!http_is_connection_listed("X-AB", S("X-A")));
+    CHECK(!http_is_connection_listed("X-A", S("X-AB")));
+    CHECK(!http_is_connection_listed("X-A X-B", S("X-B")));
+    CHECK(!http_is_connection_listed("", S("X-A")));
+    CHECK(!http_is_connection_listed(", ,", S("")));
+    CHECK(!http_is_connection_listed(NULL, S("X-A")));
 }
 
 /* One upstream header line: name, ':', value with its OWS trimmed; views
@@ -173,12 +174,12 @@ static void check_line(const char *line, const char *name, const char *value)
 {
     struct span n = { 0 }, v = { 0 };
 
-    CHECK_EQ_INT(record_parse_header_line(S(line), &n, &v), 0);
+    CHECK_EQ_INT(http_parse_field_line(S(line), &n, &v), 0);
     CHECK(n.len == strlen(name) && memcmp(n.base, name, n.len) == 0);
     CHECK(v.len == strlen(value) && (!v.len || memcmp(v.base, value, v.len) == 0));
 }
 
-static void test_record_parse_header_line(void)
+static void test_http_parse_field_line(void)
 {
     static const char *const malformed[] = {
         "",             /* nothing */
@@ -202,15 +203,15 @@ static void test_record_parse_header_line(void)
     check_line("X-8bit: caf\xc3\xa9", "X-8bit", "caf\xc3\xa9");
     check_line("!#$%&'*+-.^_`|~09azAZ: v", "!#$%&'*+-.^_`|~09azAZ", "v");
     for (size_t i = 0; i < ARRAY_SIZE(malformed); i++)
-        CHECK_EQ_INT(record_parse_header_line(S(malformed[i]), &n, &v), -EINVAL);
+        CHECK_EQ_INT(http_parse_field_line(S(malformed[i]), &n, &v), -EINVAL);
     /* a NUL inside the value, which a C string cannot show */
-    CHECK_EQ_INT(record_parse_header_line((struct span){ "X-A: a\0b", 8 }, &n, &v), -EINVAL);
+    CHECK_EQ_INT(http_parse_field_line((struct span){ "X-A: a\0b", 8 }, &n, &v), -EINVAL);
     /* refused lines leave the outputs alone */
     CHECK(n.len == 4 && memcmp(n.base, "kept", 4) == 0);
     CHECK(v.len == 4 && memcmp(v.base, "kept", 4) == 0);
 }
 
-static void test_record_parse_status_line(void)
+static void test_http_parse_status_line(void)
 {
     static const char *const bad[] = {
         "HTTP/x.y 200 OK", /* libcurl makes a 200 of these */
@@ -222,19 +223,19 @@ static void test_record_parse_status_line(void)
     };
     unsigned status = 7;
 
-    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 201 Created"), &status), 0);
+    CHECK_EQ_INT(http_parse_status_line(S("HTTP/1.1 201 Created"), &status), 0);
     CHECK_EQ_INT(status, 201);
-    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.0 404"), &status), 0);
+    CHECK_EQ_INT(http_parse_status_line(S("HTTP/1.0 404"), &status), 0);
     CHECK_EQ_INT(status, 404);
-    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 100 "), &status), 0);
+    CHECK_EQ_INT(http_parse_status_line(S("HTTP/1.1 100 "), &status), 0);
     CHECK_EQ_INT(status, 100);
-    CHECK_EQ_INT(record_parse_status_line(S("HTTP/2 503 "), &status), 0);
+    CHECK_EQ_INT(http_parse_status_line(S("HTTP/2 503 "), &status), 0);
     CHECK_EQ_INT(status, 503);
-    CHECK_EQ_INT(record_parse_status_line(S("HTTP/1.1 599 any reason \x80"), &status), 0);
+    CHECK_EQ_INT(http_parse_status_line(S("HTTP/1.1 599 any reason \x80"), &status), 0);
     CHECK_EQ_INT(status, 599);
     status = 7;
     for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
-        CHECK_EQ_INT(record_parse_status_line(S(bad[i]), &status), -EINVAL);
+        CHECK_EQ_INT(http_parse_status_line(S(bad[i]), &status), -EINVAL);
     CHECK_EQ_INT(status, 7);
 }
 
@@ -553,7 +554,7 @@ static void test_record_mem_bytes_counts_every_allocation(void)
 TEST_MAIN(test_record_mem_bytes_counts_every_allocation, test_record_new_is_empty,
           test_record_refcount, test_record_add_header_copies, test_record_add_header_caps,
           test_record_header_get, test_record_hop_by_hop_table, test_record_connection_listed,
-          test_record_parse_header_line, test_record_parse_status_line,
+          test_http_parse_field_line, test_http_parse_status_line,
           test_record_filter_hop_by_hop, test_record_round_trips, test_record_encoding_is_exact,
           test_record_decode_rejects_malformed, test_record_decode_header_count_limit,
           test_record_decode_survives_corruption)
