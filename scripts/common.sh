@@ -29,10 +29,10 @@ BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcu
 build() {
     local dir=$1 want have
     shift
-    want="CC=${CC:-} $*"
-    have=$(cat "$dir/.idemproxy-setup" 2>/dev/null)
+    want="${CC:+CC=$CC }meson setup $*"
+    have=$(cat "$dir/.idemproxy-setup" 2>/dev/null || echo "an earlier version of this script")
     if [ -f "$dir/build.ninja" ] && [ "$want" != "$have" ]; then
-        echo "==> $dir was set up with '${have:-unknown options}': setting it up again with '$want'" >&2
+        echo "==> $dir: set up again for '$want' (it was set up by '$have')" >&2
         rm -rf "$dir"
     fi
     if [ ! -f "$dir/build.ninja" ]; then
