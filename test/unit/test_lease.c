@@ -116,6 +116,24 @@ static bool wait_calls(struct fake *f, int op, int n)
     return false;
 }
 
+static struct fake fake;
+static struct worker_pool *pool;
+
+/* Waits until no extend has come for 100 ms (an extend the heartbeat sent
+ * just before a lease ended may still land), up to 3 s. Returns the count. */
+static int quiet_extends(void)
+{
+    int n = calls(&fake, OP_EXTEND);
+
+    for (int waited = 0; waited < 3000; waited += 100) {
+        sleep_ms(100);
+        if (calls(&fake, OP_EXTEND) == n)
+            break;
+        n = calls(&fake, OP_EXTEND);
+    }
+    return n;
+}
+
 static uint64_t lock_lost_total(void)
 {
     struct buf out = BUF_INIT(1 << 20);
@@ -155,8 +173,6 @@ static void on_confirm(void *ctx, int err)
     pthread_mutex_unlock(&t->mu);
 }
 
-static struct fake fake;
-static struct worker_pool *pool;
 
 static struct leases *setup(uint64_t lock_ttl_ms)
 {
@@ -263,17 +279,15 @@ static void test_lease_heartbeat_extends_until_finished(void)
     CHECK(wait_calls(&fake, OP_EXTEND, 4));
     CHECK(lease_valid_until_ms(l) > valid0); /* each extend moves it */
     lease_finish(l, NULL, 1000, on_told, &t);
-    sleep_ms(30); /* an extend in flight may land */
-    n = calls(&fake, OP_EXTEND);
-    sleep_ms(150);
-    CHECK_EQ_INT(calls(&fake, OP_EXTEND), n);
+    n = quiet_extends();
+    sleep_ms(200);
+    CHECK_EQ_INT(calls(&fake, OP_EXTEND), n); /* none after the one in flight, if any */
 
     l = lease_start(ls, "idem:s:k2", &tok, now_ms());
     CHECK(wait_calls(&fake, OP_EXTEND, n + 2));
     lease_abandon(l);
-    sleep_ms(30);
-    n = calls(&fake, OP_EXTEND);
-    sleep_ms(150);
+    n = quiet_extends();
+    sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n);
     leases_stop(ls);
     leases_free(ls);
@@ -289,10 +303,9 @@ static void test_lease_heartbeat_finding_the_lock_taken_counts_lock_lost(void)
 
     fail_next(&fake, OP_EXTEND, -ESTALE);
     CHECK(wait_calls(&fake, OP_EXTEND, 1));
-    sleep_ms(30);
+    n = quiet_extends();
     CHECK_EQ_INT(lock_lost_total(), before + 1);
-    n = calls(&fake, OP_EXTEND);
-    sleep_ms(150);
+    sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n); /* no more extends */
     lease_abandon(l);
     leases_stop(ls);
