@@ -13,6 +13,35 @@
  * lock; a block is wiped as it is used. */
 #define STORE_RAND_BLOCK 512
 
+int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
+                           const struct store_admin_job *args, struct span prefix,
+                           struct span key)
+{
+    struct store_admin_job *job = malloc(sizeof(*job));
+    int err;
+
+    if (!job)
+        return -ENOMEM;
+    *job = *args;
+    job->prefix = strndup(prefix.base ? prefix.base : "", prefix.len);
+    job->key = strndup(key.base ? key.base : "", key.len);
+    job->prefix_len = prefix.len;
+    job->key_len = key.len;
+    err = job->prefix && job->key ? store_calls_submit(calls, pool, fn, job) : -ENOMEM;
+    if (err < 0)
+        store_admin_job_free(job);
+    return err;
+}
+
+void store_admin_job_free(struct store_admin_job *job)
+{
+    if (!job)
+        return;
+    free(job->prefix);
+    free(job->key);
+    free(job);
+}
+
 const char *store_strerror(int err)
 {
     if (err == -ENOSPC)

@@ -734,16 +734,6 @@ static int memory_purge(struct store *base, struct span store_key, store_done_fn
     return 0;
 }
 
-/* One inspect call, owned by its job. */
-struct inspect_job {
-    struct store_memory *st;
-    store_list_fn *done;
-    void *ctx;
-    bool with_body;
-    char *prefix, *key; /* owned copies */
-    size_t prefix_len, key_len;
-};
-
 /* Copies what an operator may see of <e> into <info>. */
 static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
 {
@@ -774,7 +764,7 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
 
 static void inspect_run(void *arg)
 {
-    struct inspect_job *job = arg;
+    struct store_admin_job *job = arg;
     struct store_memory *st = job->st;
     struct store_info_list list = { 0 };
     struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
@@ -805,11 +795,9 @@ static void inspect_run(void *arg)
     }
     if (err < 0)
         store_info_list_done(&list);
-    job->done(job->ctx, err, &list);
+    job->list_done(job->ctx, err, &list);
     store_info_list_done(&list);
-    free(job->prefix);
-    free(job->key);
-    free(job);
+    store_admin_job_free(job);
     store_calls_end(&st->calls);
 }
 
@@ -817,34 +805,13 @@ static int memory_inspect(struct store *base, struct span prefix, struct span ke
                           store_list_fn *done, void *ctx)
 {
     struct store_memory *st = to_memory(base);
-    struct inspect_job *job;
-    int err;
 
     if (!done || key.len == 0)
         return -EINVAL;
-    job = calloc(1, sizeof(*job));
-    if (!job)
-        return -ENOMEM;
-    *job = (struct inspect_job){ .st = st,
-                                 .done = done,
-                                 .ctx = ctx,
-                                 .with_body = with_body,
-                                 .prefix = strndup(prefix.base ? prefix.base : "", prefix.len),
-                                 .key = strndup(key.base, key.len),
-                                 .prefix_len = prefix.len,
-                                 .key_len = key.len };
-    if (!job->prefix || !job->key) {
-        err = -ENOMEM;
-        goto fail;
-    }
-    err = store_calls_submit(&st->calls, st->pool, inspect_run, job);
-    if (err == 0)
-        return 0;
-fail:
-    free(job->prefix);
-    free(job->key);
-    free(job);
-    return err;
+    return store_admin_job_submit(
+        &st->calls, st->pool, inspect_run,
+        &(struct store_admin_job){ .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        prefix, key);
 }
 
 static int memory_set_notify(struct store *base, store_notify_fn *fn, void *ctx)

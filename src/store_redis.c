@@ -1147,23 +1147,6 @@ static int redis_extend(struct store *base, struct span key, const struct store_
 /* ---- for operators: inspect and purge ---- */
 
 /* One inspect or purge call, owned by its job. */
-struct admin_job {
-    struct store_redis *st;
-    store_list_fn *list_done; /* inspect */
-    store_done_fn *done;      /* purge */
-    void *ctx;
-    bool with_body;
-    char *prefix, *key; /* owned; purge: key is the store key */
-    size_t prefix_len, key_len;
-};
-
-static void admin_job_free(struct admin_job *job)
-{
-    free(job->prefix);
-    free(job->key);
-    free(job);
-}
-
 /* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
 static int append_glob_escaped(struct buf *b, struct span s)
 {
@@ -1243,7 +1226,7 @@ out:
 
 /* SCANs for the keys of job->key under every scope (never KEYS: it would
  * stall Redis on a large database), then reads each with the inspect script. */
-static int inspect_all(struct admin_job *job, struct store_info_list *list)
+static int inspect_all(struct store_admin_job *job, struct store_info_list *list)
 {
     struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
     struct buf pattern = BUF_INIT(4096);
@@ -1301,7 +1284,7 @@ out:
 
 static void inspect_run(void *arg)
 {
-    struct admin_job *job = arg;
+    struct store_admin_job *job = arg;
     struct store_redis *st = job->st;
     struct store_info_list list = { 0 };
     int err = inspect_all(job, &list);
@@ -1310,13 +1293,13 @@ static void inspect_run(void *arg)
         store_info_list_done(&list);
     job->list_done(job->ctx, err, &list);
     store_info_list_done(&list);
-    admin_job_free(job);
+    store_admin_job_free(job);
     store_calls_end(&st->calls);
 }
 
 static void purge_run(void *arg)
 {
-    struct admin_job *job = arg;
+    struct store_admin_job *job = arg;
     struct store_redis *st = job->st;
     struct store_result res = { .status = STORE_OK };
     const char *argv[] = { "DEL", job->key };
@@ -1329,58 +1312,32 @@ static void purge_run(void *arg)
         freeReplyObject(r);
     }
     job->done(job->ctx, err, err == 0 ? &res : NULL);
-    admin_job_free(job);
+    store_admin_job_free(job);
     store_calls_end(&st->calls);
-}
-
-static int admin_job_submit(struct store_redis *st, struct admin_job *job, worker_fn *fn,
-                            struct span prefix, struct span key)
-{
-    int err;
-
-    job->st = st;
-    job->prefix = strndup(prefix.base ? prefix.base : "", prefix.len);
-    job->key = strndup(key.base, key.len);
-    job->prefix_len = prefix.len;
-    job->key_len = key.len;
-    if (!job->prefix || !job->key) {
-        admin_job_free(job);
-        return -ENOMEM;
-    }
-    err = store_calls_submit(&st->calls, st->pool, fn, job);
-    if (err < 0)
-        admin_job_free(job);
-    return err;
 }
 
 static int redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                          store_list_fn *done, void *ctx)
 {
-    struct admin_job *job;
+    struct store_redis *st = to_redis(base);
 
     if (!done || !key.base || key.len == 0)
         return -EINVAL;
-    job = calloc(1, sizeof(*job));
-    if (!job)
-        return -ENOMEM;
-    job->list_done = done;
-    job->ctx = ctx;
-    job->with_body = with_body;
-    return admin_job_submit(to_redis(base), job, inspect_run, prefix, key);
+    return store_admin_job_submit(
+        &st->calls, st->pool, inspect_run,
+        &(struct store_admin_job){ .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        prefix, key);
 }
 
 static int redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
 {
-    struct admin_job *job;
+    struct store_redis *st = to_redis(base);
 
     if (!done || !store_key.base || store_key.len == 0)
         return -EINVAL;
-    job = calloc(1, sizeof(*job));
-    if (!job)
-        return -ENOMEM;
-    job->done = done;
-    job->ctx = ctx;
-    return admin_job_submit(to_redis(base), job, purge_run, (struct span){ NULL, 0 }, store_key);
+    return store_admin_job_submit(&st->calls, st->pool, purge_run,
+                                  &(struct store_admin_job){ .st = st, .done = done, .ctx = ctx },
+                                  (struct span){ NULL, 0 }, store_key);
 }
 
 /* ---- notifications for --wait ---- */

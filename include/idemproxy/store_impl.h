@@ -39,4 +39,28 @@ int store_info_list_add(struct store_info_list *l, size_t *cap, const struct sto
  * <done> is set: what every operation needs. */
 bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done);
 
+/* An operator call (inspect or purge) queued on the pool: its arguments,
+ * copied, and its callback. Both stores run theirs this way. */
+struct store_admin_job {
+    void *st;                 /* the implementation */
+    store_list_fn *list_done; /* inspect */
+    store_done_fn *done;      /* purge */
+    void *ctx;
+    bool with_body;
+    char *prefix, *key; /* owned, NUL-terminated copies; purge: <key> is the store key */
+    size_t prefix_len, key_len;
+};
+
+/* Copies <prefix> and <key> into a new job for <st> with the callbacks and
+ * <with_body> of <args>, and queues <fn>(job) on <pool> as one accepted call
+ * of <calls>. Returns 0 (<fn> then owns the job and frees it with
+ * store_admin_job_free()), or -ENOMEM or the error of worker_submit():
+ * nothing is queued. */
+int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
+                           const struct store_admin_job *args, struct span prefix,
+                           struct span key);
+
+/* Frees <job>. NULL-safe. */
+void store_admin_job_free(struct store_admin_job *job);
+
 #endif
