@@ -336,11 +336,8 @@ int main(int argc, char **argv)
          * their clients answered, which the store needs a moment for. */
         log_warn("--shutdown-timeout reached with %u requests open: cancelling them",
                  app_requests(&app));
-        pipeline_detach_upstream(app.pl);
-        for (unsigned i = 0; i < app.nloops; i++) {
-            upstream_free(app.ups[i]);
-            app.ups[i] = NULL;
-        }
+        for (unsigned i = 0; i < app.nloops; i++)
+            upstream_cancel(app.ups[i]); /* a forward from now on gets -ECANCELED: 502 */
         (void)drain(&app, &set, now_ms() + 2 * app.cfg.store_timeout_ms + 1000, &forced);
     }
     if (forced || app_requests(&app) > 0) {

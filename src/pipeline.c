@@ -9,8 +9,6 @@
 #include "idemproxy/pipeline.h"
 
 #include <assert.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -33,8 +31,6 @@ struct pipeline {
     const struct config *cfg;
     struct store *st;
     struct worker_pool *pool;
-    pthread_rwlock_t up_lock; /* guards <detached> against forwarding */
-    bool detached;            /* no request is forwarded any more */
     struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases; /* owned: held locks and their heartbeat (lease.h) */
 };
@@ -422,7 +418,6 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 
 static void forward(struct req *r)
 {
-    struct pipeline *pl = r->pl;
     int err = -ECANCELED;
 
     r->up_req = (struct upstream_request){
@@ -436,10 +431,8 @@ static void forward(struct req *r)
         .proto = "http",
     };
     r->upstream_sent_us = metrics_now_us();
-    pthread_rwlock_rdlock(&pl->up_lock);
-    if (!pl->detached && r->up)
+    if (r->up) /* -ECANCELED once main cancelled the upstreams at shutdown */
         err = upstream_submit(r->up, &r->up_req, on_upstream, r);
-    pthread_rwlock_unlock(&pl->up_lock);
     if (err < 0)
         on_upstream(r, err, NULL);
 }
@@ -618,7 +611,6 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     pl->cfg = cfg;
     pl->st = st;
     pl->pool = pool;
-    pthread_rwlock_init(&pl->up_lock, NULL);
     if (st && cfg->wait_ms > 0) {
         int err = waitlist_new(pool, cfg->wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
 
@@ -641,13 +633,6 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     return 0;
 }
 
-void pipeline_detach_upstream(struct pipeline *pl)
-{
-    pthread_rwlock_wrlock(&pl->up_lock);
-    pl->detached = true;
-    pthread_rwlock_unlock(&pl->up_lock);
-}
-
 void pipeline_stop(struct pipeline *pl)
 {
     waitlist_stop(pl->waits);
@@ -662,7 +647,6 @@ void pipeline_free(struct pipeline *pl)
         return;
     leases_free(pl->leases);
     waitlist_free(pl->waits);
-    pthread_rwlock_destroy(&pl->up_lock);
     free(pl);
 }
 

@@ -680,13 +680,16 @@ static void on_timer_due(void *ctx)
     drain_done(up);
 }
 
-/* Ends every transfer with -ECANCELED and lets the sockets go. Loop thread,
- * or any once the loop has stopped. */
+/* Ends every transfer with -ECANCELED and lets the sockets go; refuses new
+ * ones from then on. Loop thread, or any once the loop has stopped; a second
+ * call does nothing. */
 static void teardown(void *ctx)
 {
     struct upstream *up = ctx;
     struct list_node *n;
 
+    if (!up->multi)
+        return;
     pthread_mutex_lock(&up->lock);
     up->stopping = true;
     pthread_mutex_unlock(&up->lock);
@@ -754,12 +757,17 @@ fail:
     return r;
 }
 
+void upstream_cancel(struct upstream *up)
+{
+    if (up)
+        loop_call(up->loop, teardown, up);
+}
+
 void upstream_free(struct upstream *up)
 {
     if (!up)
         return;
-    if (up->multi)
-        loop_call(up->loop, teardown, up);
+    upstream_cancel(up);
     /* A drain task posted before the stop may still be queued: it runs before
      * this one, and finds nothing to do. */
     loop_call(up->loop, nothing, NULL);

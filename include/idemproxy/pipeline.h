@@ -120,10 +120,6 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
  * A second call does nothing. */
 void pipeline_account(struct pipeline *pl, struct req *r);
 
-/* Makes every later forward fail with 502 instead of reaching an upstream, so
- * the upstreams can be freed while requests still finish. Thread-safe. */
-void pipeline_detach_upstream(struct pipeline *pl);
-
 /* On SIGTERM: duplicates held by --wait get their 409 at once (within
  * 50 ms), and no new one is held, so that draining need not wait for them. */
 void pipeline_quiesce(struct pipeline *pl);

@@ -94,6 +94,12 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
                     void *ctx);
 
 /* Finishes the transfers still running with -ECANCELED (their callbacks run,
+ * on the loop thread) and refuses new ones with -ECANCELED from then on; the
+ * client stays usable as a handle until upstream_free(). Any thread; waits
+ * for the loop to do it. NULL-safe. */
+void upstream_cancel(struct upstream *up);
+
+/* Finishes the transfers still running with -ECANCELED (their callbacks run,
  * on the loop thread while it runs), then frees. NULL-safe. */
 void upstream_free(struct upstream *up);
 
