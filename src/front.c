@@ -24,7 +24,6 @@
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
-#include "idemproxy/upstream.h"
 
 /* Each client connection's memory pool: its request line and header section,
  * parsed in place, and its answer's header block. MHD clears the pool for
@@ -58,7 +57,6 @@ struct front {
     atomic_bool kick_posted;
     bool rerun;          /* a connection was resumed on the loop thread: MHD must run again */
     int quiesced_fd;     /* the listening socket after front_quiesce(), -1 before */
-    struct upstream *up; /* borrowed: the upstream on the same loop */
     atomic_uint requests;
     struct list heads; /* struct fconn whose header section is due, oldest first */
     bool reserved; /* on_accept() took a slot that its connection has not started in yet */
@@ -185,7 +183,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
         return NULL;
     }
     r->target = span_from_cstr(r->target_buf);
-    r->up = f->up;
+    r->loop = f->loop;
     atomic_fetch_add_explicit(&f->requests, 1, memory_order_relaxed);
     return r;
 }
@@ -461,7 +459,7 @@ static void on_events(void *ctx, uint32_t events)
 static void on_timer(void *ctx) { front_run(ctx); }
 
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
-                struct upstream *up, struct front **ret)
+                struct front **ret)
 {
     struct front *f = calloc(1, sizeof(*f));
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -474,7 +472,6 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     f->cfg = cfg;
     f->pl = pl;
     f->loop = loop;
-    f->up = up;
     f->quiesced_fd = -1;
     list_init(&f->heads);
     if (cfg->listen.sa.ss_family == AF_INET6)

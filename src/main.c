@@ -190,6 +190,20 @@ static void app_down(struct app *app)
         loop_free(app->loops[i]);
 }
 
+/* The pipeline's forwarder: a request goes out through the upstream client
+ * of the loop it came in on. */
+static int forward_on_loop(void *ctx, struct loop *loop, const struct upstream_request *req,
+                           upstream_done_fn *done, void *done_ctx)
+{
+    struct app *app = ctx;
+
+    for (unsigned i = 0; i < app->nloops; i++) {
+        if (app->loops[i] == loop)
+            return app->ups[i] ? upstream_submit(app->ups[i], req, done, done_ctx) : -ECANCELED;
+    }
+    return -ECANCELED;
+}
+
 static int app_up(struct app *app)
 {
     const struct config *cfg = &app->cfg;
@@ -233,7 +247,9 @@ static int app_up(struct app *app)
             return err;
         }
     }
-    err = pipeline_new(cfg, app->st, app->pool, &app->pl);
+    err = pipeline_new(cfg, app->st, app->pool,
+                       &(struct pipeline_forwarder){ .submit = forward_on_loop, .ctx = app },
+                       &app->pl);
     if (err < 0)
         return err;
     if (listen_address_taken(&cfg->listen)) {
@@ -248,7 +264,7 @@ static int app_up(struct app *app)
                       strerror(-err));
             return err;
         }
-        err = front_start(cfg, app->pl, app->loops[i], app->ups[i], &app->fronts[i]);
+        err = front_start(cfg, app->pl, app->loops[i], &app->fronts[i]);
         if (err < 0) {
             log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
                       cfg->listen.text);

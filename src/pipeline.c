@@ -33,6 +33,7 @@ struct pipeline {
     struct worker_pool *pool;
     struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases; /* owned: held locks and their heartbeat (lease.h) */
+    struct pipeline_forwarder fwd;
 };
 
 static void forward(struct req *r);
@@ -431,8 +432,7 @@ static void forward(struct req *r)
         .proto = "http",
     };
     r->upstream_sent_us = metrics_now_us();
-    if (r->up) /* -ECANCELED once main cancelled the upstreams at shutdown */
-        err = upstream_submit(r->up, &r->up_req, on_upstream, r);
+    err = r->pl->fwd.submit(r->pl->fwd.ctx, r->loop, &r->up_req, on_upstream, r);
     if (err < 0)
         on_upstream(r, err, NULL);
 }
@@ -602,7 +602,7 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
 /* ---- Lifecycle ---- */
 
 int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
-                 struct pipeline **ret)
+                 const struct pipeline_forwarder *fwd, struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
 
@@ -611,6 +611,7 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
     pl->cfg = cfg;
     pl->st = st;
     pl->pool = pool;
+    pl->fwd = *fwd;
     if (st && cfg->wait_ms > 0) {
         int err = waitlist_new(pool, cfg->wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
 

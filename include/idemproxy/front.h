@@ -12,7 +12,6 @@ struct config;
 struct front;
 struct loop;
 struct pipeline;
-struct upstream;
 
 struct http_header;
 
@@ -33,14 +32,14 @@ struct http_header;
 const char *front_head_hidden(struct span head, struct span method, struct span uri,
                               struct span version, const struct http_header *h, size_t n);
 
-/* Listens on cfg->listen and serves through <pl>, run by <loop>, forwarding
- * to <up> (which runs on the same loop); all borrowed: they must outlive the
- * front end, and the loop must not be running yet. Several front ends may
+/* Listens on cfg->listen and serves through <pl>, run by <loop>; both
+ * borrowed: they must outlive the front end, and the loop must not be
+ * running yet. Several front ends may
  * listen on one address (SO_REUSEPORT: the kernel spreads connections over
  * them). Returns 0 with it in <ret>, or a negative errno (-EADDRINUSE and
  * the like when the address cannot be bound). */
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
-                struct upstream *up, struct front **ret);
+                struct front **ret);
 
 /* Stops accepting new connections; open ones are still served. Any thread. */
 void front_quiesce(struct front *f);

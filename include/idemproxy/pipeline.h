@@ -16,6 +16,7 @@
 #include "idemproxy/waitlist.h"
 
 struct config;
+struct loop;
 struct pipeline;
 struct record;
 struct req;
@@ -72,8 +73,8 @@ struct req {
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
     req_done_fn *done;
     void *done_ctx;
-    void *conn;          /* the front end's handle of the client connection */
-    struct upstream *up; /* where it is forwarded: the one on the front end's loop */
+    void *conn;        /* the front end's handle of the client connection */
+    struct loop *loop; /* the loop it came in on: the forwarder picks that loop's upstream */
 
     /* The answer, set once by the pipeline. */
     struct record *answer; /* owned reference */
@@ -81,10 +82,19 @@ struct req {
     enum outcome outcome;
 };
 
-/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off)
- * and <pool>: they must outlive it. Returns 0 or -ENOMEM. */
+/* Where the pipeline forwards a request, with upstream_submit()'s contract:
+ * the program passes the upstream client of <loop> (the one the request came
+ * in on), a test a fake. */
+struct pipeline_forwarder {
+    int (*submit)(void *ctx, struct loop *loop, const struct upstream_request *req,
+                  upstream_done_fn *done, void *done_ctx);
+    void *ctx;
+};
+
+/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off),
+ * <pool> and <fwd> (copied): they must outlive it. Returns 0 or -ENOMEM. */
 int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
-                 struct pipeline **ret);
+                 const struct pipeline_forwarder *fwd, struct pipeline **ret);
 
 /* Returns a new request bound to <pl>, or NULL on OOM. */
 struct req *req_new(struct pipeline *pl);
