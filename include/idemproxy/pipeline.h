@@ -22,8 +22,9 @@ struct record;
 struct req;
 struct worker_pool;
 
-/* Runs exactly once per pipeline_run(), never inside it, on a store or
- * upstream thread, when <r>->answer is set. */
+/* Runs exactly once per pipeline_run(), when <r>->answer is set: possibly
+ * inside pipeline_run() itself (the memory store answers inside its calls,
+ * and so may a forwarder), otherwise on a loop, store or worker thread. */
 typedef void req_done_fn(struct req *r, void *ctx);
 
 /* Everything request-scoped. The front end owns it: it fills the request part,
@@ -120,8 +121,8 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
 
 /* Runs the request now that the body is complete (unless an answer was
  * already set, in which case <done> is not used and the caller answers at
- * once: check <r>->answer first). <done>(<r>, <ctx>) runs exactly once, from
- * another thread, with the answer in <r>. */
+ * once: check <r>->answer first). <done>(<r>, <ctx>) runs exactly once with
+ * the answer in <r>, possibly before this returns (see req_done_fn). */
 void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *ctx);
 
 /* Counts <r> in the metrics and writes its access line, once: the pipeline

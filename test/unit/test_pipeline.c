@@ -1,0 +1,558 @@
+/* SPDX-License-Identifier: MIT */
+/* The pipeline's state machine (SPEC §1, §5), without sockets: requests are
+ * built as the front end builds them, the store is the in-process memory
+ * store (or a fake that fails), and the upstream is a fake forwarder that
+ * answers at once, fails, or holds a request until the test lets it answer.
+ * Every outcome of SPEC §1, the lock released after an upstream failure, the
+ * --wait hand-off, and the forwarded request's target and Host. */
+#define _GNU_SOURCE /* memmem */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "check.h"
+#include "idemproxy/config.h"
+#include "idemproxy/log.h"
+#include "idemproxy/pipeline.h"
+#include "idemproxy/record.h"
+#include "idemproxy/store_memory.h"
+#include "idemproxy/worker.h"
+
+/* ---- the fake upstream ---- */
+
+enum fwd_mode { FWD_ANSWER, FWD_HOLD, FWD_REFUSE };
+
+struct fwd {
+    pthread_mutex_t mu;
+    enum fwd_mode mode;
+    unsigned status; /* FWD_ANSWER: the status answered */
+    int calls;
+    char last_target[256], last_host[256];
+    upstream_done_fn *held_done; /* FWD_HOLD */
+    void *held_ctx;
+};
+
+static struct fwd fwd = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static struct record *answer_record(unsigned status, const char *body)
+{
+    struct record *rec = record_new(1 << 20);
+
+    CHECK(rec != NULL);
+    rec->status = status;
+    CHECK_EQ_INT(record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("text/plain")), 0);
+    CHECK_EQ_INT(buf_append(&rec->body, body, strlen(body)), 0);
+    return rec;
+}
+
+static int fake_submit(void *ctx, struct loop *loop, const struct upstream_request *req,
+                       upstream_done_fn *done, void *done_ctx)
+{
+    struct fwd *f = ctx;
+    enum fwd_mode mode;
+    unsigned status;
+
+    (void)loop;
+    pthread_mutex_lock(&f->mu);
+    f->calls++;
+    snprintf(f->last_target, sizeof(f->last_target), "%.*s", (int)req->target.len,
+             req->target.base);
+    snprintf(f->last_host, sizeof(f->last_host), "%.*s", (int)req->host.len,
+             req->host.base ? req->host.base : "");
+    mode = f->mode;
+    status = f->status;
+    if (mode == FWD_HOLD) {
+        f->held_done = done;
+        f->held_ctx = done_ctx;
+    }
+    pthread_mutex_unlock(&f->mu);
+    if (mode == FWD_REFUSE)
+        return -ECONNREFUSED; /* <done> never runs: the pipeline answers 502 itself */
+    if (mode == FWD_ANSWER)
+        done(done_ctx, 0, answer_record(status, "hello"));
+    return 0;
+}
+
+/* Lets the held request answer <status> (or fail with <err>). */
+static void release_held(unsigned status, int err)
+{
+    upstream_done_fn *done;
+    void *ctx;
+
+    pthread_mutex_lock(&fwd.mu);
+    done = fwd.held_done;
+    ctx = fwd.held_ctx;
+    fwd.held_done = NULL;
+    pthread_mutex_unlock(&fwd.mu);
+    CHECK(done != NULL);
+    if (done)
+        done(ctx, err, err ? NULL : answer_record(status, "held"));
+}
+
+static bool holding(void)
+{
+    bool held;
+
+    pthread_mutex_lock(&fwd.mu);
+    held = fwd.held_done != NULL;
+    pthread_mutex_unlock(&fwd.mu);
+    return held;
+}
+
+static void set_fwd(enum fwd_mode mode, unsigned status)
+{
+    pthread_mutex_lock(&fwd.mu);
+    fwd.mode = mode;
+    fwd.status = status;
+    pthread_mutex_unlock(&fwd.mu);
+}
+
+static int fwd_calls(void)
+{
+    int n;
+
+    pthread_mutex_lock(&fwd.mu);
+    n = fwd.calls;
+    pthread_mutex_unlock(&fwd.mu);
+    return n;
+}
+
+/* ---- a failing store ---- */
+
+static int failing_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
+                           const struct store_token *tok, uint64_t lock_ttl_ms,
+                           store_done_fn *done, void *ctx)
+{
+    (void)st, (void)key, (void)fp, (void)tok, (void)lock_ttl_ms;
+    done(ctx, -ECONNREFUSED, NULL);
+    return 0;
+}
+
+static const struct store_ops failing_ops = { .name = "failing", .acquire = failing_acquire };
+static struct store failing_store = { .ops = &failing_ops };
+
+/* ---- requests, as the front end builds them ---- */
+
+struct answer {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+};
+
+static void on_done(struct req *r, void *ctx)
+{
+    struct answer *a = ctx;
+
+    (void)r;
+    pthread_mutex_lock(&a->mu);
+    a->done = true;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+struct env {
+    struct config cfg;
+    struct worker_pool *pool;
+    struct store *st;
+    struct pipeline *pl;
+};
+
+static void env_up(struct env *e, struct store *st, const char *const *args)
+{
+    static char words[16][64];
+    char *argv[16], *envp[] = { NULL };
+    char err[256];
+    int argc = 0;
+
+    memset(e, 0, sizeof(*e));
+    snprintf(words[argc++], sizeof(words[0]), "idemproxy");
+    snprintf(words[argc++], sizeof(words[0]), "--upstream");
+    snprintf(words[argc++], sizeof(words[0]), "http://127.0.0.1:1");
+    for (; args && *args && argc < 16; args++)
+        snprintf(words[argc++], sizeof(words[0]), "%s", *args);
+    for (int i = 0; i < argc; i++)
+        argv[i] = words[i];
+    CHECK_EQ_INT(config_load(&e->cfg, argc, argv, envp, err, sizeof(err)), 0);
+    log_setup(CONFIG_LOG_ERROR, CONFIG_LOG_TEXT); /* the access lines would drown the results */
+    CHECK_EQ_INT(worker_pool_new(2, &e->pool), 0);
+    if (st)
+        e->st = st;
+    else
+        CHECK_EQ_INT(store_memory_new(64u << 20, 1000, e->pool, &e->st), 0);
+    CHECK_EQ_INT(pipeline_new(&e->cfg, e->st, e->pool,
+                              &(struct pipeline_forwarder){ .submit = fake_submit, .ctx = &fwd },
+                              &e->pl),
+                 0);
+    set_fwd(FWD_ANSWER, 201);
+}
+
+static void env_down(struct env *e)
+{
+    pipeline_stop(e->pl);
+    worker_pool_free(e->pool);
+    if (e->st != &failing_store)
+        store_free(e->st);
+    pipeline_free(e->pl);
+    config_done(&e->cfg);
+}
+
+/* A request with its header section in; "Name: value" header strings. */
+static struct req *request(struct env *e, const char *method, const char *target,
+                           const char *const *headers)
+{
+    struct req *r = req_new(e->pl);
+
+    r->method = span_from_cstr(method);
+    r->target_buf = strdup(target);
+    r->target = span_from_cstr(r->target_buf);
+    r->http11 = true;
+    snprintf(r->client_ip, sizeof(r->client_ip), "127.0.0.1");
+    CHECK_EQ_INT(req_add_header(r, SPAN_LIT("Host"), SPAN_LIT("api.test")), 0);
+    for (; headers && *headers; headers++) {
+        const char *colon = strchr(*headers, ':');
+
+        CHECK_EQ_INT(req_add_header(r, (struct span){ *headers, (size_t)(colon - *headers) },
+                                    span_from_cstr(colon + 2)),
+                     0);
+    }
+    return r;
+}
+
+/* Feeds <body>, runs <r> and waits for its answer (it may come inside the
+ * call). Returns <r>, answered; the caller frees it. */
+static struct req *run(struct env *e, struct req *r, const char *body)
+{
+    struct answer a = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+    if (pipeline_begin(e->pl, r))
+        return r; /* answered at once: 400, 413 */
+    if (body)
+        pipeline_body(e->pl, r, body, strlen(body));
+    if (r->answer)
+        return r;
+    pipeline_run(e->pl, r, on_done, &a);
+    pthread_mutex_lock(&a.mu);
+    while (!a.done)
+        pthread_cond_wait(&a.cv, &a.mu);
+    pthread_mutex_unlock(&a.mu);
+    return r;
+}
+
+/* Runs a request in the background: the answer is awaited with finish(). */
+struct pending {
+    struct answer a;
+    struct req *r;
+};
+
+static void start(struct env *e, struct pending *p, struct req *r, const char *body)
+{
+    p->a = (struct answer){ .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+    p->r = r;
+    CHECK_EQ_INT(pipeline_begin(e->pl, r), 0);
+    pipeline_body(e->pl, r, body, strlen(body));
+    pipeline_run(e->pl, r, on_done, &p->a);
+}
+
+static bool finished(struct pending *p, unsigned ms)
+{
+    struct timespec ts;
+    bool done;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->a.mu);
+    while (!p->a.done && pthread_cond_timedwait(&p->a.cv, &p->a.mu, &ts) == 0)
+        ;
+    done = p->a.done;
+    pthread_mutex_unlock(&p->a.mu);
+    return done;
+}
+
+static unsigned status_of(const struct req *r) { return r->answer ? r->answer->status : 0; }
+
+static bool has_code(const struct req *r, const char *code)
+{
+    return r->answer && r->answer->body.data &&
+           memmem(r->answer->body.data, r->answer->body.len, code, strlen(code));
+}
+
+#define KEY(k) ((const char *const[]){ "Idempotency-Key: " k, NULL })
+
+/* ---- the outcomes ---- */
+
+static void test_pipeline_executed_then_replayed_then_mismatch(void)
+{
+    struct env e;
+    struct req *r;
+    int before;
+
+    env_up(&e, NULL, NULL);
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=1");
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(status_of(r), 201);
+    CHECK_EQ_STR(r->replayed, "false");
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    req_free(r);
+
+    r = run(&e, request(&e, "POST", "/pay", KEY("\"k1\"")), "amount=1"); /* the sf-string form */
+    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(status_of(r), 201);
+    CHECK_EQ_STR(r->replayed, "true");
+    CHECK(r->answer && r->answer->body.len == 5 && memcmp(r->answer->body.data, "hello", 5) == 0);
+    CHECK_EQ_INT(fwd_calls(), before + 1); /* not forwarded again */
+    req_free(r);
+
+    r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=2");
+    CHECK_EQ_INT(r->outcome, OUTCOME_MISMATCH);
+    CHECK_EQ_INT(status_of(r), 422);
+    CHECK(has_code(r, "idempotency_key_mismatch"));
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay?x", KEY("k1")), "amount=1"); /* another target */
+    CHECK_EQ_INT(r->outcome, OUTCOME_MISMATCH);
+    req_free(r);
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    env_down(&e);
+}
+
+static void test_pipeline_passthrough_and_key_errors(void)
+{
+    static const char *const require[] = { "--require-key", "--max-body", "8", NULL };
+    struct env e;
+    struct req *r;
+
+    env_up(&e, NULL, require);
+    r = run(&e, request(&e, "GET", "/pay", NULL), NULL);
+    CHECK_EQ_INT(r->outcome, OUTCOME_PASSTHROUGH);
+    CHECK_EQ_INT(status_of(r), 201);
+    CHECK(r->replayed == NULL);
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay", NULL), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_MISSING_KEY);
+    CHECK_EQ_INT(status_of(r), 400);
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay", KEY("\"a b\"")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_INVALID_KEY);
+    CHECK(has_code(r, "idempotency_key_invalid"));
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay",
+                        (const char *const[]){ "Idempotency-Key: a", "idempotency-key: a", NULL }),
+            "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_INVALID_KEY); /* two key headers */
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay", KEY("big")), "123456789");
+    CHECK_EQ_INT(r->outcome, OUTCOME_TOO_LARGE);
+    CHECK_EQ_INT(status_of(r), 413);
+    req_free(r);
+    r = run(&e, request(&e, "POST", "/pay",
+                        (const char *const[]){ "Idempotency-Key: big", "Content-Length: 99", NULL }),
+            NULL);
+    CHECK_EQ_INT(r->outcome, OUTCOME_TOO_LARGE); /* announced: refused before the body */
+    req_free(r);
+    /* nothing was locked by the refusals: the key executes */
+    r = run(&e, request(&e, "POST", "/pay", KEY("big")), "small");
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    req_free(r);
+    env_down(&e);
+}
+
+static void test_pipeline_bad_request_is_decided_first(void)
+{
+    struct env e;
+    struct req *r;
+    int before;
+
+    env_up(&e, NULL, NULL);
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay",
+                        (const char *const[]){ "Idempotency-Key: k", "X: a\rb", NULL }),
+            "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(status_of(r), 400);
+    CHECK(r->answer && record_header_get(r->answer, "Connection") &&
+          strcmp(record_header_get(r->answer, "Connection"), "close") == 0);
+    req_free(r);
+    r = run(&e, request(&e, "GET", "@127.0.0.1:6202/x", NULL), NULL);
+    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    req_free(r);
+    r = run(&e, request(&e, "CONNECT", "127.0.0.1:443", NULL), NULL);
+    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(status_of(r), 501);
+    req_free(r);
+    r = request(&e, "GET", "/x", NULL);
+    r->head_error = "a NUL the HTTP layer hid";
+    run(&e, r, NULL);
+    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    req_free(r);
+    CHECK_EQ_INT(fwd_calls(), before);
+    /* the key of the refused request was never locked */
+    r = run(&e, request(&e, "POST", "/pay", KEY("k")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    req_free(r);
+    env_down(&e);
+}
+
+static void test_pipeline_absolute_form_forwards_its_path_and_host(void)
+{
+    struct env e;
+    struct req *r;
+
+    env_up(&e, NULL, NULL);
+    r = run(&e, request(&e, "POST", "http://api.example:8443?q=1", KEY("abs")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_STR(fwd.last_target, "/?q=1");
+    CHECK_EQ_STR(fwd.last_host, "api.example:8443");
+    req_free(r);
+    /* fingerprinted as that origin-form: the same request in origin-form replays */
+    r = run(&e, request(&e, "POST", "/?q=1", KEY("abs")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    req_free(r);
+    r = run(&e, request(&e, "GET", "/plain", NULL), NULL);
+    CHECK_EQ_STR(fwd.last_target, "/plain");
+    CHECK_EQ_STR(fwd.last_host, ""); /* the client's Host goes on */
+    req_free(r);
+    env_down(&e);
+}
+
+static void test_pipeline_in_flight_then_completed(void)
+{
+    struct env e;
+    struct pending first;
+    struct req *r;
+
+    env_up(&e, NULL, NULL);
+    set_fwd(FWD_HOLD, 0);
+    start(&e, &first, request(&e, "POST", "/slow", KEY("k2")), "x");
+    CHECK(!finished(&first, 50));
+    r = run(&e, request(&e, "POST", "/slow", KEY("k2")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_IN_FLIGHT);
+    CHECK_EQ_INT(status_of(r), 409);
+    CHECK(r->answer && record_header_get(r->answer, "Retry-After"));
+    req_free(r);
+    release_held(200, 0);
+    CHECK(finished(&first, 5000));
+    CHECK_EQ_INT(first.r->outcome, OUTCOME_EXECUTED);
+    req_free(first.r);
+    set_fwd(FWD_ANSWER, 201);
+    r = run(&e, request(&e, "POST", "/slow", KEY("k2")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(status_of(r), 200);
+    req_free(r);
+    env_down(&e);
+}
+
+/* An upstream failure (or a status not cached) releases the lock: the
+ * client's retry runs again. */
+static void test_pipeline_upstream_error_and_5xx_release_the_lock(void)
+{
+    struct env e;
+    struct pending first;
+    struct req *r;
+    int before;
+
+    env_up(&e, NULL, NULL);
+    set_fwd(FWD_REFUSE, 0);
+    r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(status_of(r), 502);
+    req_free(r);
+    set_fwd(FWD_HOLD, 0);
+    start(&e, &first, request(&e, "POST", "/pay", KEY("k3")), "x");
+    release_held(0, -ETIMEDOUT);
+    CHECK(finished(&first, 5000));
+    CHECK_EQ_INT(first.r->outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(status_of(first.r), 504);
+    req_free(first.r);
+    set_fwd(FWD_ANSWER, 503);
+    r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(status_of(r), 503);
+    req_free(r);
+    before = fwd_calls();
+    set_fwd(FWD_ANSWER, 201);
+    r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x"); /* 503 was not stored */
+    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    req_free(r);
+    env_down(&e);
+}
+
+static void test_pipeline_store_error_rejects_or_passes_through(void)
+{
+    static const char *const pass[] = { "--on-store-error", "passthrough", NULL };
+    struct env e;
+    struct req *r;
+    int before;
+
+    env_up(&e, &failing_store, NULL);
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay", KEY("k4")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_STORE_ERROR);
+    CHECK_EQ_INT(status_of(r), 503);
+    CHECK(has_code(r, "store_unavailable"));
+    CHECK_EQ_INT(fwd_calls(), before);
+    req_free(r);
+    env_down(&e);
+
+    env_up(&e, &failing_store, pass);
+    r = run(&e, request(&e, "POST", "/pay", KEY("k4")), "x");
+    CHECK_EQ_INT(r->outcome, OUTCOME_STORE_ERROR); /* forwarded unprotected, counted so */
+    CHECK_EQ_INT(status_of(r), 201);
+    CHECK(r->replayed == NULL);
+    req_free(r);
+    env_down(&e);
+}
+
+/* --wait: a duplicate is held while the first runs and replayed when it
+ * completes; when the first ends without storing, the held one executes. */
+static void test_pipeline_wait_hands_off(void)
+{
+    static const char *const wait[] = { "--wait", "5", NULL };
+    struct env e;
+    struct pending first, dup;
+
+    env_up(&e, NULL, wait);
+    set_fwd(FWD_HOLD, 0);
+    start(&e, &first, request(&e, "POST", "/w", KEY("k5")), "x");
+    start(&e, &dup, request(&e, "POST", "/w", KEY("k5")), "x");
+    CHECK(!finished(&dup, 100)); /* held, not 409 */
+    release_held(201, 0);
+    CHECK(finished(&first, 5000));
+    CHECK(finished(&dup, 5000));
+    CHECK_EQ_INT(first.r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(dup.r->outcome, OUTCOME_REPLAYED);
+    req_free(first.r);
+    req_free(dup.r);
+
+    start(&e, &first, request(&e, "POST", "/w", KEY("k6")), "x");
+    start(&e, &dup, request(&e, "POST", "/w", KEY("k6")), "x");
+    CHECK(!finished(&dup, 100));
+    release_held(0, -ECONNRESET); /* the first ends without storing: the key is released */
+    CHECK(finished(&first, 5000));
+    CHECK_EQ_INT(first.r->outcome, OUTCOME_UPSTREAM_ERROR);
+    /* the held duplicate takes the key and is forwarded: it is held upstream now */
+    for (int i = 0; i < 500 && !holding(); i++) {
+        struct timespec ts = { .tv_nsec = 10000000L };
+
+        nanosleep(&ts, NULL);
+    }
+    release_held(201, 0);
+    CHECK(finished(&dup, 5000));
+    CHECK_EQ_INT(dup.r->outcome, OUTCOME_EXECUTED);
+    req_free(first.r);
+    req_free(dup.r);
+    set_fwd(FWD_ANSWER, 201);
+    env_down(&e);
+}
+
+TEST_MAIN(test_pipeline_executed_then_replayed_then_mismatch,
+          test_pipeline_passthrough_and_key_errors, test_pipeline_bad_request_is_decided_first,
+          test_pipeline_absolute_form_forwards_its_path_and_host,
+          test_pipeline_in_flight_then_completed,
+          test_pipeline_upstream_error_and_5xx_release_the_lock,
+          test_pipeline_store_error_rejects_or_passes_through, test_pipeline_wait_hands_off)
