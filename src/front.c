@@ -176,14 +176,14 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     (void)conn;
     if (!r)
         return NULL;
-    r->head_uri = uri; /* front_head_hidden() checks its place in the header section */
-    r->target_buf = strdup(uri);
-    if (!r->target_buf) {
+    r->in.head_uri = uri; /* front_head_hidden() checks its place in the header section */
+    r->in.target_buf = strdup(uri);
+    if (!r->in.target_buf) {
         req_free(r);
         return NULL;
     }
-    r->target = span_from_cstr(r->target_buf);
-    r->loop = f->loop;
+    r->in.target = span_from_cstr(r->in.target_buf);
+    r->in.loop = f->loop;
     atomic_fetch_add_explicit(&f->requests, 1, memory_order_relaxed);
     return r;
 }
@@ -315,13 +315,11 @@ static void record_unref_cb(void *cls) { record_unref(cls); }
  * and holds a reference on it until MHD is done with it. */
 static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn, struct req *r)
 {
-    struct record *rec = r->answer;
+    struct record *rec = r->out.answer;
     struct MHD_Response *resp;
     enum MHD_Result ret;
 
-    r->answered = true;
-    if (!r->running)
-        pipeline_account(f->pl, r); /* refused before running: the pipeline did not count it */
+    r->in.answered = true;
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
     resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
@@ -335,8 +333,8 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
             log_debug("dropped response header %s: refused by the HTTP layer",
                       rec->headers[i].name);
     }
-    if (r->replayed)
-        (void)MHD_add_response_header(resp, f->cfg->replay_header, r->replayed);
+    if (r->out.replayed)
+        (void)MHD_add_response_header(resp, f->cfg->replay_header, r->out.replayed);
     ret = MHD_queue_response(conn, rec->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -359,7 +357,7 @@ static void on_done(struct req *r, void *ctx)
 {
     struct front *f = ctx;
 
-    MHD_resume_connection(r->conn);
+    MHD_resume_connection(r->in.conn);
     if (loop_on_thread(f->loop)) {
         f->rerun = true;
         f->timer.due_ms = 0;
@@ -378,25 +376,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)url;
     if (!r)
         return MHD_NO;
-    if (r->answered) {
+    if (r->in.answered) {
         *upload_data_size = 0; /* answered before the body: discard it */
         return MHD_YES;
     }
-    if (!r->method.base) {
+    if (!r->in.method.base) {
         heads_unlink(conn_fconn(conn)); /* the header section is in */
-        r->method = span_from_cstr(method);
+        r->in.method = span_from_cstr(method);
         /* MHD counts the header whose copy failed too: a request is never
          * forwarded with some of its headers missing. */
         if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, r) !=
-            (int)r->nheaders)
+            (int)r->in.nheaders)
             return MHD_NO;
-        client_ip(conn, r->client_ip, sizeof(r->client_ip));
-        r->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+        client_ip(conn, r->in.client_ip, sizeof(r->in.client_ip));
+        r->in.http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
         size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
-        r->head_error = front_head_hidden(
-            (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->method,
-            (struct span){ .base = r->head_uri, .len = r->target.len }, span_from_cstr(version),
-            r->headers, r->nheaders);
+        r->in.head_error = front_head_hidden(
+            (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->in.method,
+            (struct span){ .base = r->in.head_uri, .len = r->in.target.len }, span_from_cstr(version),
+            r->in.headers, r->in.nheaders);
         if (pipeline_begin(f->pl, r))
             return send_answer(f, conn, r);
         return MHD_YES;
@@ -406,12 +404,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (r->answer)
+    if (r->out.answer)
         return send_answer(f, conn, r); /* refused while reading, or resumed with the answer */
-    if (r->running)
+    if (r->out.running)
         return MHD_YES;
     MHD_suspend_connection(conn);
-    r->conn = conn;
+    r->in.conn = conn;
     pipeline_run(f->pl, r, on_done, f);
     return MHD_YES;
 }

@@ -40,7 +40,9 @@ static void forward(struct req *r);
 
 static const struct span *find_header(const struct req *r, struct span name, size_t *ret_count);
 
-void pipeline_account(struct pipeline *pl, struct req *r)
+/* Counts <r> in the metrics and writes its access line, once, just before
+ * its answer goes to the front end. */
+static void account(struct pipeline *pl, struct req *r)
 {
     uint64_t total_us = metrics_now_us() - r->start_us;
     const struct span *key = NULL;
@@ -48,21 +50,21 @@ void pipeline_account(struct pipeline *pl, struct req *r)
     if (r->accounted)
         return;
     r->accounted = true;
-    metrics_request(r->outcome, total_us, r->forwarded, r->upstream_us);
+    metrics_request(r->out.outcome, total_us, r->forwarded, r->upstream_us);
     if (!log_enabled(CONFIG_LOG_INFO))
         return;
     if (pl->cfg->key_header && pl->cfg->key_header[0])
         key = find_header(r, span_from_cstr(pl->cfg->key_header), NULL);
     log_access(&(struct log_access){
-        .method = r->method,
-        .target = r->target,
+        .method = r->in.method,
+        .target = r->in.target,
         .key = key ? *key : (struct span){ NULL, 0 },
-        .status = r->answer ? r->answer->status : 0,
-        .outcome = outcome_label(r->outcome),
+        .status = r->out.answer ? r->out.answer->status : 0,
+        .outcome = outcome_label(r->out.outcome),
         .has_upstream = r->forwarded,
         .upstream_us = r->upstream_us,
         .total_us = total_us,
-        .bytes = r->answer ? r->answer->body.len : 0,
+        .bytes = r->out.answer ? r->out.answer->body.len : 0,
     });
 }
 
@@ -71,7 +73,7 @@ static void req_finish(struct req *r)
 {
     struct pipeline *pl = r->pl;
 
-    pipeline_account(pl, r);
+    account(pl, r);
     /* Before the answer can reach the client, who may read /metrics next. */
     metrics_inflight_add(-1);
     r->done(r, r->done_ctx);
@@ -89,10 +91,10 @@ static void req_finish_later(struct req *r)
 
 static void set_answer(struct req *r, struct record *rec, enum outcome o, const char *replayed)
 {
-    record_unref(r->answer);
-    r->answer = rec;
-    r->outcome = o;
-    r->replayed = replayed;
+    record_unref(r->out.answer);
+    r->out.answer = rec;
+    r->out.outcome = o;
+    r->out.replayed = replayed;
 }
 
 /* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
@@ -107,10 +109,10 @@ static const struct span *find_header(const struct req *r, struct span name, siz
     const struct span *found = NULL;
     size_t n = 0;
 
-    for (size_t i = 0; i < r->nheaders; i++) {
-        if (span_eq_nocase(r->headers[i].name, name)) {
+    for (size_t i = 0; i < r->in.nheaders; i++) {
+        if (span_eq_nocase(r->in.headers[i].name, name)) {
             if (!found)
-                found = &r->headers[i].value;
+                found = &r->in.headers[i].value;
             n++;
         }
     }
@@ -181,13 +183,13 @@ static int build_store_key(const struct pipeline *pl, struct req *r, const struc
             values[i] = *first;
             continue;
         }
-        for (size_t h = 0; h < r->nheaders && err == 0; h++) {
-            if (!span_eq_nocase(r->headers[h].name, name))
+        for (size_t h = 0; h < r->in.nheaders && err == 0; h++) {
+            if (!span_eq_nocase(r->in.headers[h].name, name))
                 continue;
             if (joined[i].len)
                 err = buf_append(&joined[i], ",", 1);
             if (err == 0)
-                err = buf_append(&joined[i], r->headers[h].value.base, r->headers[h].value.len);
+                err = buf_append(&joined[i], r->in.headers[h].value.base, r->in.headers[h].value.len);
         }
         values[i] = buf_span(&joined[i]);
         if (!values[i].base)
@@ -210,10 +212,10 @@ static int refuse_bad_request(struct req *r, unsigned status, const char *why)
     char detail[256];
 
     snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
-    log_info("refused %.*s %.*s from %s: %s (%u)", (int)(r->method.len < 64 ? r->method.len : 64),
-             r->method.base ? r->method.base : "",
-             (int)(r->target.len < 1024 ? r->target.len : 1024),
-             r->target.base ? r->target.base : "", r->client_ip, why, status);
+    log_info("refused %.*s %.*s from %s: %s (%u)", (int)(r->in.method.len < 64 ? r->in.method.len : 64),
+             r->in.method.base ? r->in.method.base : "",
+             (int)(r->in.target.len < 1024 ? r->in.target.len : 1024),
+             r->in.target.base ? r->in.target.base : "", r->in.client_ip, why, status);
     set_problem(r, status == 501 ? PROBLEM_NOT_IMPLEMENTED : PROBLEM_BAD_REQUEST,
                 OUTCOME_BAD_REQUEST, detail);
     return 1;
@@ -228,11 +230,11 @@ static int check_head(struct req *r)
     const char *why;
     unsigned status = 400;
 
-    if (r->head_error)
-        return refuse_bad_request(r, 400, r->head_error);
-    why = http_check_request_line(r->method, r->target, &t, &status);
+    if (r->in.head_error)
+        return refuse_bad_request(r, 400, r->in.head_error);
+    why = http_check_request_line(r->in.method, r->in.target, &t, &status);
     if (!why)
-        why = http_check_fields(r->headers, r->nheaders, r->http11, &status);
+        why = http_check_fields(r->in.headers, r->in.nheaders, r->in.http11, &status);
     if (why)
         return refuse_bad_request(r, status, why);
     r->fwd_target = t.path;
@@ -254,7 +256,7 @@ static int check_head(struct req *r)
     return 0;
 }
 
-int pipeline_begin(struct pipeline *pl, struct req *r)
+static int begin(struct pipeline *pl, struct req *r)
 {
     const struct config *cfg = pl->cfg;
     const struct span *v;
@@ -263,10 +265,10 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     size_t n;
 
     r->start_us = metrics_now_us();
-    r->outcome = OUTCOME_PASSTHROUGH;
+    r->out.outcome = OUTCOME_PASSTHROUGH;
     if (check_head(r))
         return 1;
-    if (cfg->enabled && config_is_enforced(cfg, r->method)) {
+    if (cfg->enabled && config_is_enforced(cfg, r->in.method)) {
         v = find_header(r, span_from_cstr(cfg->key_header), &n);
         if (n == 0 && cfg->require_key) {
             set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY,
@@ -286,7 +288,7 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
                 return 1;
             }
             if (build_store_key(pl, r, &key) < 0 ||
-                fingerprint_init(&r->fp, r->method, r->fwd_target) < 0) {
+                fingerprint_init(&r->fp, r->in.method, r->fwd_target) < 0) {
                 set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                             "Out of memory while reading the request.");
                 return 1;
@@ -303,13 +305,10 @@ int pipeline_begin(struct pipeline *pl, struct req *r)
     return 0;
 }
 
-void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
+static void body(struct req *r, const char *p, size_t n)
 {
     int err;
 
-    (void)pl; /* the request carries everything this step needs */
-    if (r->answer)
-        return; /* already refused: discard the rest */
     err = buf_append(&r->body, p, n);
     if (err == -E2BIG) {
         buf_done(&r->body);
@@ -323,6 +322,23 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "Out of memory while reading the request.");
     }
+}
+
+int pipeline_begin(struct pipeline *pl, struct req *r)
+{
+    if (!begin(pl, r))
+        return 0;
+    account(pl, r); /* answered at once: counted before the front end sends it */
+    return 1;
+}
+
+void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n)
+{
+    if (r->out.answer)
+        return; /* already refused: discard the rest */
+    body(r, p, n);
+    if (r->out.answer)
+        account(pl, r); /* refused while reading */
 }
 
 /* ---- The request path ---- */
@@ -372,8 +388,8 @@ static void on_upstream(void *ctx, int err, struct record *rec)
                          : err == -E2BIG   ? PROBLEM_RESPONSE_TOO_LARGE
                                            : PROBLEM_UPSTREAM_UNAVAILABLE;
 
-        log_warn("upstream %.*s %.*s failed: %s", (int)r->method.len, r->method.base,
-                 (int)r->target.len, r->target.base,
+        log_warn("upstream %.*s %.*s failed: %s", (int)r->in.method.len, r->in.method.base,
+                 (int)r->in.target.len, r->in.target.base,
                  err == -E2BIG ? "response larger than the proxy can hold" : strerror(-err));
         set_problem(r, p, OUTCOME_UPSTREAM_ERROR, NULL);
         if (!r->lease) {
@@ -385,7 +401,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
             return;
         }
         /* The upstream did answer: it must never run twice. */
-        r->replayed = "false";
+        r->out.replayed = "false";
         marker = record_new(0);
         if (marker) {
             marker->too_large = true;
@@ -395,7 +411,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         return;
     }
     if (!r->lease) {
-        set_answer(r, rec, r->outcome, NULL); /* passthrough, or store_error */
+        set_answer(r, rec, r->out.outcome, NULL); /* passthrough, or store_error */
         req_finish(r);
         return;
     }
@@ -422,17 +438,17 @@ static void forward(struct req *r)
     int err = -ECANCELED;
 
     r->up_req = (struct upstream_request){
-        .method = r->method,
+        .method = r->in.method,
         .target = r->fwd_target,
         .host = r->fwd_host,
-        .headers = r->headers,
-        .nheaders = r->nheaders,
+        .headers = r->in.headers,
+        .nheaders = r->in.nheaders,
         .body = buf_span(&r->body),
-        .client_ip = r->client_ip,
+        .client_ip = r->in.client_ip,
         .proto = "http",
     };
     r->upstream_sent_us = metrics_now_us();
-    err = r->pl->fwd.submit(r->pl->fwd.ctx, r->loop, &r->up_req, on_upstream, r);
+    err = r->pl->fwd.submit(r->pl->fwd.ctx, r->in.loop, &r->up_req, on_upstream, r);
     if (err < 0)
         on_upstream(r, err, NULL);
 }
@@ -570,7 +586,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         log_warn("store acquire of key %s failed: %s", r->store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
         if (pl->cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
-            r->outcome = OUTCOME_STORE_ERROR;
+            r->out.outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
             return;
         }
@@ -584,7 +600,7 @@ void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *c
     int err;
 
     assert(r->pl == pl);
-    r->running = true;
+    r->out.running = true;
     r->done = done;
     r->done_ctx = ctx;
     metrics_inflight_add(1);
@@ -664,16 +680,16 @@ struct req *req_new(struct pipeline *pl)
 
 int req_add_header(struct req *r, struct span name, struct span value)
 {
-    if (r->nheaders == r->headers_cap) {
-        size_t cap = r->headers_cap ? r->headers_cap * 2 : 16;
-        struct http_header *h = realloc(r->headers, cap * sizeof(*h));
+    if (r->in.nheaders == r->in.headers_cap) {
+        size_t cap = r->in.headers_cap ? r->in.headers_cap * 2 : 16;
+        struct http_header *h = realloc(r->in.headers, cap * sizeof(*h));
 
         if (!h)
             return -ENOMEM;
-        r->headers = h;
-        r->headers_cap = cap;
+        r->in.headers = h;
+        r->in.headers_cap = cap;
     }
-    r->headers[r->nheaders++] = (struct http_header){ .name = name, .value = value };
+    r->in.headers[r->in.nheaders++] = (struct http_header){ .name = name, .value = value };
     return 0;
 }
 
@@ -681,13 +697,13 @@ void req_free(struct req *r)
 {
     if (!r)
         return;
-    free(r->target_buf);
+    free(r->in.target_buf);
     free(r->fwd_target_buf);
-    free(r->headers);
+    free(r->in.headers);
     buf_done(&r->body);
     fingerprint_done(&r->fp);
     free(r->store_key);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
-    record_unref(r->answer);
+    record_unref(r->out.answer);
     free(r);
 }

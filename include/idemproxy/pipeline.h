@@ -22,41 +22,57 @@ struct record;
 struct req;
 struct worker_pool;
 
-/* Runs exactly once per pipeline_run(), when <r>->answer is set: possibly
+/* Runs exactly once per pipeline_run(), when <r>->out.answer is set: possibly
  * inside pipeline_run() itself (the memory store answers inside its calls,
  * and so may a forwarder), otherwise on a loop, store or worker thread. */
 typedef void req_done_fn(struct req *r, void *ctx);
 
-/* Everything request-scoped. The front end owns it: it fills the request part,
- * then frees it with req_free() only after the answer was delivered (or the
- * request was abandoned before pipeline_run()). */
-struct req {
-    /* Filled by the front end before pipeline_begin(); borrowed spans stay valid
-     * for the life of the request. */
+/* What the front end fills before pipeline_begin(), from the HTTP layer;
+ * borrowed spans stay valid for the life of the request. The pipeline only
+ * reads it. */
+struct req_intake {
     struct span method;
-    struct span target;              /* raw request target, exactly as received */
-    char *target_buf;                /* owned: the bytes of <target> */
-    const char *head_uri; /* where libmicrohttpd parsed the target, in its own buffer */
+    struct span target;          /* raw request target, exactly as received */
+    char *target_buf;            /* owned: the bytes of <target> */
+    const char *head_uri;        /* where libmicrohttpd parsed the target, in its own buffer */
     struct http_header *headers; /* owned array; the spans borrow the front end's memory */
     size_t nheaders, headers_cap;
     char client_ip[64];
     bool http11; /* HTTP/1.1 (a Host field is required), not 1.0 */
-    /* Set by the front end when the HTTP layer hid bytes of the header
-     * section from it (a NUL inside a value or the target): why, or NULL. */
+    /* Set when the HTTP layer hid bytes of the header section from the front
+     * end (a NUL inside a value or the target): why, or NULL. */
     const char *head_error;
-    bool answered; /* the front end queued the answer */
+    struct loop *loop; /* the loop it came in on: the forwarder picks that loop's upstream */
+    void *conn;        /* the front end's handle of the client connection */
+    bool answered;     /* the front end queued the answer */
+};
 
-    /* Pipeline state. */
+/* What the pipeline hands back: set once, read by the front end to answer. */
+struct req_answer {
+    struct record *answer; /* owned reference; NULL: out of memory, drop the connection */
+    const char *replayed;  /* value of the replay header ("true"/"false"), or NULL for none */
+    enum outcome outcome;
+    bool running; /* pipeline_run() was called: the answer comes through its callback */
+};
+
+/* Everything request-scoped. The front end owns it: it fills <in>, sends
+ * <out>, and frees it with req_free() only after the answer was delivered (or
+ * the request was abandoned before pipeline_run()). The rest is the
+ * pipeline's own: the front end never touches it. */
+struct req {
+    struct req_intake in;
+    struct req_answer out;
+
+    /* The pipeline's own. */
     struct pipeline *pl;
     struct buf body; /* owned, limited by --max-body */
     bool enforced;   /* the idempotency rules apply (a valid key was given) */
     /* What is forwarded and fingerprinted: the target in origin-form (or "*"),
-     * borrowing <target_buf> or <fwd_target_buf>, and the Host an absolute-form
-     * target names (base NULL: the client's Host). */
+     * borrowing <in.target_buf> or <fwd_target_buf>, and the Host an
+     * absolute-form target names (base NULL: the client's Host). */
     struct span fwd_target;
     char *fwd_target_buf; /* owned: "/" + path, for an absolute-form target without one */
     struct span fwd_host;
-    bool running;    /* pipeline_run() was called */
     struct fingerprint fp;
     uint8_t digest[FINGERPRINT_LEN];
     char *store_key; /* owned: <prefix><scope>:<key> */
@@ -66,21 +82,14 @@ struct req {
     uint64_t ttl_ms;                /* how long a completed answer is kept */
     uint64_t acquire_sent_ms;
     uint64_t start_us;         /* metrics_now_us() when the headers were in */
-    uint64_t store_sent_us;    /* the acquire or confirming extend in progress */
+    uint64_t store_sent_us;    /* the acquire in progress */
     uint64_t upstream_sent_us; /* when it was forwarded */
     uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
     bool forwarded;
-    bool accounted; /* counted in the metrics and the access log */
+    bool accounted;             /* counted in the metrics and the access log */
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
     req_done_fn *done;
     void *done_ctx;
-    void *conn;        /* the front end's handle of the client connection */
-    struct loop *loop; /* the loop it came in on: the forwarder picks that loop's upstream */
-
-    /* The answer, set once by the pipeline. */
-    struct record *answer; /* owned reference */
-    const char *replayed;  /* value of the replay header ("true"/"false"), or NULL for none */
-    enum outcome outcome;
 };
 
 /* Where the pipeline forwards a request, with upstream_submit()'s contract:
@@ -108,28 +117,24 @@ int req_add_header(struct req *r, struct span name, struct span value);
 void req_free(struct req *r);
 
 /* Called once the request line and headers are in. Refuses what is malformed
- * at the HTTP level (bad_request: <r>->head_error, the request line, the
+ * at the HTTP level (bad_request: <r>->in.head_error, the request line, the
  * header fields and their framing), decides passthrough or enforcement, and
  * checks the key and the announced body size. Returns 0 to go on with the
  * body, or 1 when the answer is already decided (a 400, 413 or 501 in
- * <r>->answer; a bad_request answer closes the connection). */
+ * <r>->out.answer, already counted and logged: the front end only sends it; a
+ * bad_request answer closes the connection). */
 int pipeline_begin(struct pipeline *pl, struct req *r);
 
 /* Feeds <n> body bytes: buffered (once) and hashed. Past --max-body the body is
- * dropped and a 413 answer set; later bytes are discarded. */
+ * dropped and a 413 answer set (counted and logged at once); later bytes are
+ * discarded. */
 void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
 
 /* Runs the request now that the body is complete (unless an answer was
  * already set, in which case <done> is not used and the caller answers at
- * once: check <r>->answer first). <done>(<r>, <ctx>) runs exactly once with
+ * once: check <r>->out.answer first). <done>(<r>, <ctx>) runs exactly once with
  * the answer in <r>, possibly before this returns (see req_done_fn). */
 void pipeline_run(struct pipeline *pl, struct req *r, req_done_fn *done, void *ctx);
-
-/* Counts <r> in the metrics and writes its access line, once: the pipeline
- * does it before the done callback; the front end calls it for a request
- * answered without pipeline_run() (a 400 or 413), before sending the answer.
- * A second call does nothing. */
-void pipeline_account(struct pipeline *pl, struct req *r);
 
 /* On SIGTERM: duplicates held by --wait get their 409 at once (within
  * 50 ms), and no new one is held, so that draining need not wait for them. */

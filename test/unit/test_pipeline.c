@@ -202,11 +202,11 @@ static struct req *request(struct env *e, const char *method, const char *target
 {
     struct req *r = req_new(e->pl);
 
-    r->method = span_from_cstr(method);
-    r->target_buf = strdup(target);
-    r->target = span_from_cstr(r->target_buf);
-    r->http11 = true;
-    snprintf(r->client_ip, sizeof(r->client_ip), "127.0.0.1");
+    r->in.method = span_from_cstr(method);
+    r->in.target_buf = strdup(target);
+    r->in.target = span_from_cstr(r->in.target_buf);
+    r->in.http11 = true;
+    snprintf(r->in.client_ip, sizeof(r->in.client_ip), "127.0.0.1");
     CHECK_EQ_INT(req_add_header(r, SPAN_LIT("Host"), SPAN_LIT("api.test")), 0);
     for (; headers && *headers; headers++) {
         const char *colon = strchr(*headers, ':');
@@ -228,7 +228,7 @@ static struct req *run(struct env *e, struct req *r, const char *body)
         return r; /* answered at once: 400, 413 */
     if (body)
         pipeline_body(e->pl, r, body, strlen(body));
-    if (r->answer)
+    if (r->out.answer)
         return r;
     pipeline_run(e->pl, r, on_done, &a);
     pthread_mutex_lock(&a.mu);
@@ -273,12 +273,12 @@ static bool finished(struct pending *p, unsigned ms)
     return done;
 }
 
-static unsigned status_of(const struct req *r) { return r->answer ? r->answer->status : 0; }
+static unsigned status_of(const struct req *r) { return r->out.answer ? r->out.answer->status : 0; }
 
 static bool has_code(const struct req *r, const char *code)
 {
-    return r->answer && r->answer->body.data &&
-           memmem(r->answer->body.data, r->answer->body.len, code, strlen(code));
+    return r->out.answer && r->out.answer->body.data &&
+           memmem(r->out.answer->body.data, r->out.answer->body.len, code, strlen(code));
 }
 
 #define KEY(k) ((const char *const[]){ "Idempotency-Key: " k, NULL })
@@ -294,27 +294,27 @@ static void test_pipeline_executed_then_replayed_then_mismatch(void)
     env_up(&e, NULL, NULL);
     before = fwd_calls();
     r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=1");
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     CHECK_EQ_INT(status_of(r), 201);
-    CHECK_EQ_STR(r->replayed, "false");
+    CHECK_EQ_STR(r->out.replayed, "false");
     CHECK_EQ_INT(fwd_calls(), before + 1);
     req_free(r);
 
     r = run(&e, request(&e, "POST", "/pay", KEY("\"k1\"")), "amount=1"); /* the sf-string form */
-    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_REPLAYED);
     CHECK_EQ_INT(status_of(r), 201);
-    CHECK_EQ_STR(r->replayed, "true");
-    CHECK(r->answer && r->answer->body.len == 5 && memcmp(r->answer->body.data, "hello", 5) == 0);
+    CHECK_EQ_STR(r->out.replayed, "true");
+    CHECK(r->out.answer && r->out.answer->body.len == 5 && memcmp(r->out.answer->body.data, "hello", 5) == 0);
     CHECK_EQ_INT(fwd_calls(), before + 1); /* not forwarded again */
     req_free(r);
 
     r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=2");
-    CHECK_EQ_INT(r->outcome, OUTCOME_MISMATCH);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_MISMATCH);
     CHECK_EQ_INT(status_of(r), 422);
     CHECK(has_code(r, "idempotency_key_mismatch"));
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay?x", KEY("k1")), "amount=1"); /* another target */
-    CHECK_EQ_INT(r->outcome, OUTCOME_MISMATCH);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_MISMATCH);
     req_free(r);
     CHECK_EQ_INT(fwd_calls(), before + 1);
     env_down(&e);
@@ -328,35 +328,35 @@ static void test_pipeline_passthrough_and_key_errors(void)
 
     env_up(&e, NULL, require);
     r = run(&e, request(&e, "GET", "/pay", NULL), NULL);
-    CHECK_EQ_INT(r->outcome, OUTCOME_PASSTHROUGH);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_PASSTHROUGH);
     CHECK_EQ_INT(status_of(r), 201);
-    CHECK(r->replayed == NULL);
+    CHECK(r->out.replayed == NULL);
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay", NULL), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_MISSING_KEY);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_MISSING_KEY);
     CHECK_EQ_INT(status_of(r), 400);
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay", KEY("\"a b\"")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_INVALID_KEY);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_INVALID_KEY);
     CHECK(has_code(r, "idempotency_key_invalid"));
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay",
                         (const char *const[]){ "Idempotency-Key: a", "idempotency-key: a", NULL }),
             "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_INVALID_KEY); /* two key headers */
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_INVALID_KEY); /* two key headers */
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay", KEY("big")), "123456789");
-    CHECK_EQ_INT(r->outcome, OUTCOME_TOO_LARGE);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE);
     CHECK_EQ_INT(status_of(r), 413);
     req_free(r);
     r = run(&e, request(&e, "POST", "/pay",
                         (const char *const[]){ "Idempotency-Key: big", "Content-Length: 99", NULL }),
             NULL);
-    CHECK_EQ_INT(r->outcome, OUTCOME_TOO_LARGE); /* announced: refused before the body */
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE); /* announced: refused before the body */
     req_free(r);
     /* nothing was locked by the refusals: the key executes */
     r = run(&e, request(&e, "POST", "/pay", KEY("big")), "small");
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     req_free(r);
     env_down(&e);
 }
@@ -372,27 +372,27 @@ static void test_pipeline_bad_request_is_decided_first(void)
     r = run(&e, request(&e, "POST", "/pay",
                         (const char *const[]){ "Idempotency-Key: k", "X: a\rb", NULL }),
             "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     CHECK_EQ_INT(status_of(r), 400);
-    CHECK(r->answer && record_header_get(r->answer, "Connection") &&
-          strcmp(record_header_get(r->answer, "Connection"), "close") == 0);
+    CHECK(r->out.answer && record_header_get(r->out.answer, "Connection") &&
+          strcmp(record_header_get(r->out.answer, "Connection"), "close") == 0);
     req_free(r);
     r = run(&e, request(&e, "GET", "@127.0.0.1:6202/x", NULL), NULL);
-    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     req_free(r);
     r = run(&e, request(&e, "CONNECT", "127.0.0.1:443", NULL), NULL);
-    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     CHECK_EQ_INT(status_of(r), 501);
     req_free(r);
     r = request(&e, "GET", "/x", NULL);
-    r->head_error = "a NUL the HTTP layer hid";
+    r->in.head_error = "a NUL the HTTP layer hid";
     run(&e, r, NULL);
-    CHECK_EQ_INT(r->outcome, OUTCOME_BAD_REQUEST);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     req_free(r);
     CHECK_EQ_INT(fwd_calls(), before);
     /* the key of the refused request was never locked */
     r = run(&e, request(&e, "POST", "/pay", KEY("k")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     req_free(r);
     env_down(&e);
 }
@@ -404,13 +404,13 @@ static void test_pipeline_absolute_form_forwards_its_path_and_host(void)
 
     env_up(&e, NULL, NULL);
     r = run(&e, request(&e, "POST", "http://api.example:8443?q=1", KEY("abs")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     CHECK_EQ_STR(fwd.last_target, "/?q=1");
     CHECK_EQ_STR(fwd.last_host, "api.example:8443");
     req_free(r);
     /* fingerprinted as that origin-form: the same request in origin-form replays */
     r = run(&e, request(&e, "POST", "/?q=1", KEY("abs")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_REPLAYED);
     req_free(r);
     r = run(&e, request(&e, "GET", "/plain", NULL), NULL);
     CHECK_EQ_STR(fwd.last_target, "/plain");
@@ -430,17 +430,17 @@ static void test_pipeline_in_flight_then_completed(void)
     start(&e, &first, request(&e, "POST", "/slow", KEY("k2")), "x");
     CHECK(!finished(&first, 50));
     r = run(&e, request(&e, "POST", "/slow", KEY("k2")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_IN_FLIGHT);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_IN_FLIGHT);
     CHECK_EQ_INT(status_of(r), 409);
-    CHECK(r->answer && record_header_get(r->answer, "Retry-After"));
+    CHECK(r->out.answer && record_header_get(r->out.answer, "Retry-After"));
     req_free(r);
     release_held(200, 0);
     CHECK(finished(&first, 5000));
-    CHECK_EQ_INT(first.r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(first.r->out.outcome, OUTCOME_EXECUTED);
     req_free(first.r);
     set_fwd(FWD_ANSWER, 201);
     r = run(&e, request(&e, "POST", "/slow", KEY("k2")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_REPLAYED);
     CHECK_EQ_INT(status_of(r), 200);
     req_free(r);
     env_down(&e);
@@ -458,25 +458,25 @@ static void test_pipeline_upstream_error_and_5xx_release_the_lock(void)
     env_up(&e, NULL, NULL);
     set_fwd(FWD_REFUSE, 0);
     r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_UPSTREAM_ERROR);
     CHECK_EQ_INT(status_of(r), 502);
     req_free(r);
     set_fwd(FWD_HOLD, 0);
     start(&e, &first, request(&e, "POST", "/pay", KEY("k3")), "x");
     release_held(0, -ETIMEDOUT);
     CHECK(finished(&first, 5000));
-    CHECK_EQ_INT(first.r->outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
     CHECK_EQ_INT(status_of(first.r), 504);
     req_free(first.r);
     set_fwd(FWD_ANSWER, 503);
     r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     CHECK_EQ_INT(status_of(r), 503);
     req_free(r);
     before = fwd_calls();
     set_fwd(FWD_ANSWER, 201);
     r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x"); /* 503 was not stored */
-    CHECK_EQ_INT(r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
     CHECK_EQ_INT(fwd_calls(), before + 1);
     req_free(r);
     env_down(&e);
@@ -492,7 +492,7 @@ static void test_pipeline_store_error_rejects_or_passes_through(void)
     env_up(&e, &failing_store, NULL);
     before = fwd_calls();
     r = run(&e, request(&e, "POST", "/pay", KEY("k4")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_STORE_ERROR);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_STORE_ERROR);
     CHECK_EQ_INT(status_of(r), 503);
     CHECK(has_code(r, "store_unavailable"));
     CHECK_EQ_INT(fwd_calls(), before);
@@ -501,9 +501,9 @@ static void test_pipeline_store_error_rejects_or_passes_through(void)
 
     env_up(&e, &failing_store, pass);
     r = run(&e, request(&e, "POST", "/pay", KEY("k4")), "x");
-    CHECK_EQ_INT(r->outcome, OUTCOME_STORE_ERROR); /* forwarded unprotected, counted so */
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_STORE_ERROR); /* forwarded unprotected, counted so */
     CHECK_EQ_INT(status_of(r), 201);
-    CHECK(r->replayed == NULL);
+    CHECK(r->out.replayed == NULL);
     req_free(r);
     env_down(&e);
 }
@@ -524,8 +524,8 @@ static void test_pipeline_wait_hands_off(void)
     release_held(201, 0);
     CHECK(finished(&first, 5000));
     CHECK(finished(&dup, 5000));
-    CHECK_EQ_INT(first.r->outcome, OUTCOME_EXECUTED);
-    CHECK_EQ_INT(dup.r->outcome, OUTCOME_REPLAYED);
+    CHECK_EQ_INT(first.r->out.outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(dup.r->out.outcome, OUTCOME_REPLAYED);
     req_free(first.r);
     req_free(dup.r);
 
@@ -534,7 +534,7 @@ static void test_pipeline_wait_hands_off(void)
     CHECK(!finished(&dup, 100));
     release_held(0, -ECONNRESET); /* the first ends without storing: the key is released */
     CHECK(finished(&first, 5000));
-    CHECK_EQ_INT(first.r->outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
     /* the held duplicate takes the key and is forwarded: it is held upstream now */
     for (int i = 0; i < 500 && !holding(); i++) {
         struct timespec ts = { .tv_nsec = 10000000L };
@@ -543,7 +543,7 @@ static void test_pipeline_wait_hands_off(void)
     }
     release_held(201, 0);
     CHECK(finished(&dup, 5000));
-    CHECK_EQ_INT(dup.r->outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(dup.r->out.outcome, OUTCOME_EXECUTED);
     req_free(first.r);
     req_free(dup.r);
     set_fwd(FWD_ANSWER, 201);
