@@ -30,7 +30,7 @@ struct loop {
     atomic_bool running; /* the thread is in its loop: loop_call() must post */
 
     pthread_mutex_t mu; /* guards the task list and <stopping> */
-    struct loop_task *head, *tail;
+    struct list tasks;  /* struct loop_task posted, in order */
     bool stopping;
 };
 
@@ -43,6 +43,7 @@ int loop_new(struct loop **ret)
     if (!l)
         return -ENOMEM;
     pthread_mutex_init(&l->mu, NULL);
+    list_init(&l->tasks);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
     l->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     l->wake = (struct loop_watch){ .fn = NULL, .ctx = NULL, .fd = l->wakefd };
@@ -119,18 +120,13 @@ int loop_post(struct loop *l, struct loop_task *t)
 {
     bool was_empty;
 
-    t->next = NULL;
     pthread_mutex_lock(&l->mu);
     if (l->stopping) {
         pthread_mutex_unlock(&l->mu);
         return -ECANCELED;
     }
-    was_empty = !l->head;
-    if (l->tail)
-        l->tail->next = t;
-    else
-        l->head = t;
-    l->tail = t;
+    was_empty = list_is_empty(&l->tasks);
+    list_append(&l->tasks, &t->node);
     /* Under the lock, so that loop_free() cannot close the eventfd meanwhile.
      * A list that was not empty has a wake-up on its way already. */
     if (was_empty)
@@ -142,21 +138,22 @@ int loop_post(struct loop *l, struct loop_task *t)
 /* Runs the tasks posted so far. Returns true once the loop is to stop. */
 static bool run_tasks(struct loop *l)
 {
-    struct loop_task *t;
+    struct list batch;
+    struct list_node *n;
     bool stopping;
     uint64_t v;
 
     (void)!read(l->wakefd, &v, sizeof(v));
+    list_init(&batch);
     pthread_mutex_lock(&l->mu);
-    t = l->head;
-    l->head = l->tail = NULL;
+    list_splice(&batch, &l->tasks);
     stopping = l->stopping;
     pthread_mutex_unlock(&l->mu);
-    while (t) {
-        struct loop_task *next = t->next; /* <t> may be gone once it has run */
+    while ((n = list_first(&batch))) {
+        struct loop_task *t = list_entry(n, struct loop_task, node);
 
+        list_remove(n); /* before it runs: it may be posted again, or be gone */
         t->fn(t->ctx);
-        t = next;
     }
     return stopping;
 }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "idemproxy/idemkey.h"
+#include "idemproxy/list.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
@@ -38,7 +39,7 @@ enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED };
 /* One idempotency key: a lock or a completed record. Owned by its shard. */
 struct mentry {
     struct mentry *next;          /* hash chain */
-    struct mentry *older, *newer; /* completed only: the shard's completion order */
+    struct list_node completed; /* completed only: in the shard's completion order */
     uint64_t hash;
     uint64_t expires_ms;    /* now_ms() clock; expired when now >= expires_ms */
     uint64_t completed_seq; /* completed only: the store-wide completion order */
@@ -56,8 +57,8 @@ struct shard {
     alignas(64) pthread_mutex_t mu; /* guards everything below but <oldest_seq> */
     struct mentry **buckets;        /* owned array of nbuckets chains */
     size_t nbuckets, count, locks;
-    struct mentry *oldest, *newest; /* completed entries, oldest first */
-    _Atomic uint64_t oldest_seq;    /* completed_seq of <oldest>, NO_COMPLETED: none */
+    struct list completed;       /* completed entries, oldest first */
+    _Atomic uint64_t oldest_seq; /* completed_seq of the oldest, NO_COMPLETED: none */
 };
 
 struct store_memory;
@@ -188,35 +189,31 @@ static struct mentry **shard_slot(struct shard *sh, uint64_t hash, struct span k
     return pp;
 }
 
+/* The completed entry of <sh> that completed first, or NULL. */
+static struct mentry *shard_oldest(const struct shard *sh)
+{
+    struct list_node *n = list_first(&sh->completed);
+
+    return n ? list_entry(n, struct mentry, completed) : NULL;
+}
+
 static void shard_update_oldest(struct shard *sh)
 {
-    atomic_store_explicit(&sh->oldest_seq, sh->oldest ? sh->oldest->completed_seq : NO_COMPLETED,
+    struct mentry *e = shard_oldest(sh);
+
+    atomic_store_explicit(&sh->oldest_seq, e ? e->completed_seq : NO_COMPLETED,
                           memory_order_relaxed);
 }
 
 static void shard_link_completed(struct shard *sh, struct mentry *e)
 {
-    e->newer = NULL;
-    e->older = sh->newest;
-    if (sh->newest)
-        sh->newest->newer = e;
-    else
-        sh->oldest = e;
-    sh->newest = e;
+    list_append(&sh->completed, &e->completed);
     shard_update_oldest(sh);
 }
 
 static void shard_unlink_completed(struct shard *sh, struct mentry *e)
 {
-    if (e->older)
-        e->older->newer = e->newer;
-    else
-        sh->oldest = e->newer;
-    if (e->newer)
-        e->newer->older = e->older;
-    else
-        sh->newest = e->older;
-    e->older = e->newer = NULL;
+    list_remove(&e->completed);
     shard_update_oldest(sh);
 }
 
@@ -328,8 +325,8 @@ static bool evict_oldest(struct store_memory *st)
         if (!victim)
             return false;
         pthread_mutex_lock(&victim->mu);
-        if (victim->oldest) {
-            struct mentry *e = victim->oldest;
+        if (shard_oldest(victim)) {
+            struct mentry *e = shard_oldest(victim);
 
             freed = shard_remove(st, victim,
                                  shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
@@ -938,6 +935,7 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     for (size_t i = 0; i < NSHARDS; i++) {
         pthread_mutex_init(&st->shards[i].mu, NULL);
         atomic_init(&st->shards[i].oldest_seq, NO_COMPLETED);
+        list_init(&st->shards[i].completed);
     }
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *sh = &st->shards[i];

@@ -8,12 +8,14 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "idemproxy/list.h"
+
 struct job {
     worker_fn *fn;
     void *ctx;
     uint64_t due_ms;
     uint64_t seq;     /* equal due times run in submit order */
-    struct job *next; /* ready FIFO link */
+    struct list_node node; /* in the ready queue */
 };
 
 struct worker_thread {
@@ -25,7 +27,7 @@ struct worker_thread {
 struct worker_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct job *ready_head, *ready_tail; /* owned jobs */
+    struct list ready;                   /* owned jobs, first in first out */
     struct job **delayed;                /* owned min-heap of owned jobs, by (due_ms, seq) */
     size_t ndelayed, delayed_cap;
     uint64_t seq;
@@ -93,21 +95,13 @@ static struct job *heap_pop(struct worker_pool *p)
     return top;
 }
 
-static void ready_push(struct worker_pool *p, struct job *j)
-{
-    j->next = NULL;
-    if (p->ready_tail)
-        p->ready_tail->next = j;
-    else
-        p->ready_head = j;
-    p->ready_tail = j;
-}
+static void ready_push(struct worker_pool *p, struct job *j) { list_append(&p->ready, &j->node); }
 
 /* Moves the delayed jobs that are due (all of them once stopping) to the ready
  * queue, then takes the first ready job. Called with <p>->mu held. */
 static struct job *next_job_locked(struct worker_pool *p)
 {
-    struct job *j;
+    struct list_node *n;
 
     if (p->ndelayed) {
         uint64_t now = now_ms();
@@ -115,15 +109,13 @@ static struct job *next_job_locked(struct worker_pool *p)
         while (p->ndelayed && (p->stopping || p->delayed[0]->due_ms <= now))
             ready_push(p, heap_pop(p));
     }
-    j = p->ready_head;
-    if (!j)
+    n = list_first(&p->ready);
+    if (!n)
         return NULL;
-    p->ready_head = j->next;
-    if (!p->ready_head)
-        p->ready_tail = NULL;
-    if (p->ready_head)
+    list_remove(n);
+    if (!list_is_empty(&p->ready))
         pthread_cond_signal(&p->cv); /* more ready work than this thread can take */
-    return j;
+    return list_entry(n, struct job, node);
 }
 
 static void *worker_main(void *arg)
@@ -164,17 +156,17 @@ static void *worker_main(void *arg)
  * without running it (only reached when start-up failed), and <p>. */
 static void pool_destroy(struct worker_pool *p)
 {
+    struct list_node *n;
+
     pthread_mutex_lock(&p->mu);
     p->stopping = true;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (unsigned i = 0; i < p->nthreads; i++)
         pthread_join(p->threads[i].tid, NULL);
-    while (p->ready_head) {
-        struct job *j = p->ready_head;
-
-        p->ready_head = j->next;
-        free(j);
+    while ((n = list_first(&p->ready))) {
+        list_remove(n);
+        free(list_entry(n, struct job, node));
     }
     for (size_t i = 0; i < p->ndelayed; i++)
         free(p->delayed[i]);
@@ -196,6 +188,7 @@ int worker_pool_new(unsigned nthreads, struct worker_pool **ret)
     p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
+    list_init(&p->ready);
     p->threads = calloc(nthreads, sizeof(*p->threads));
     if (!p->threads) {
         free(p);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "idemproxy/common.h"
+#include "idemproxy/list.h"
 
 struct loop;
 
@@ -37,7 +38,7 @@ struct loop_timer {
 struct loop_task {
     loop_fn *fn;
     void *ctx;
-    struct loop_task *next;
+    struct list_node node; /* the loop's, while posted */
 };
 
 /* Creates a loop (not running yet). Returns 0 or a negative errno. */
