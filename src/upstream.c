@@ -36,8 +36,7 @@ struct xfer {
     bool in_head;      /* between a status line and the blank line ending its header block */
     bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests; /* times curl was about to send the request */
-    struct xfer *next;     /* in the submit queue */
-    struct list_node node; /* in the running list */
+    struct list_node node; /* in the submit queue, then in the running list */
 };
 
 struct upstream {
@@ -48,7 +47,7 @@ struct upstream {
     size_t max_capture_bytes;
 
     pthread_mutex_t lock; /* guards the queue, <posted> and <stopping> */
-    struct xfer *queue_head, *queue_tail;
+    struct list queue; /* struct xfer submitted from other threads */
     bool posted;            /* <drain> is on its way to the loop */
     struct loop_task drain; /* takes the queue, on the loop thread */
     bool stopping;
@@ -523,12 +522,7 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
         free(x);
         return -ECANCELED;
     }
-    if (up->queue_tail) {
-        up->queue_tail->next = x;
-    } else {
-        up->queue_head = x;
-    }
-    up->queue_tail = x;
+    list_append(&up->queue, &x->node);
     post = !up->posted;
     up->posted = true;
     /* Under the lock: the task is in <up>, which upstream_free() frees only
@@ -536,9 +530,7 @@ int upstream_submit(struct upstream *up, const struct upstream_request *req, ups
     err = post ? loop_post(up->loop, &up->drain) : 0;
     if (err < 0) {
         up->posted = false;
-        up->queue_head = x->next; /* the loop has stopped: it never takes the queue */
-        if (!up->queue_head)
-            up->queue_tail = NULL;
+        list_remove(&x->node); /* the loop has stopped: it never takes the queue */
     }
     pthread_mutex_unlock(&up->lock);
     if (err < 0)
@@ -586,19 +578,21 @@ static void drain_done(struct upstream *up)
 static void on_drain(void *ctx)
 {
     struct upstream *up = ctx;
-    struct xfer *queue, *x;
+    struct list queue;
+    struct list_node *n;
     bool stopping;
     int err;
 
+    list_init(&queue);
     pthread_mutex_lock(&up->lock);
-    queue = up->queue_head;
-    up->queue_head = up->queue_tail = NULL;
+    list_splice(&queue, &up->queue);
     up->posted = false;
     stopping = up->stopping;
     pthread_mutex_unlock(&up->lock);
-    while ((x = queue)) {
-        queue = x->next;
-        x->next = NULL;
+    while ((n = list_first(&queue))) {
+        struct xfer *x = list_entry(n, struct xfer, node);
+
+        list_remove(n);
         if (stopping)
             xfer_finish(x, -ECANCELED);
         else if ((err = xfer_start(up, x)) < 0)
@@ -722,6 +716,7 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     pthread_mutex_init(&up->lock, NULL);
     up->loop = loop;
     list_init(&up->running);
+    list_init(&up->queue);
     up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
     up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
     up->conn = up->xff = up->line = up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
