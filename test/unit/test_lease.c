@@ -174,14 +174,25 @@ static void on_confirm(void *ctx, int err)
 }
 
 
+/* Each test has a pool of its own: leases_free() may come only once the
+ * pool has run its jobs (a finishing chain may still be on one). */
 static struct leases *setup(uint64_t lock_ttl_ms)
 {
     struct leases *ls = NULL;
 
     memset(&fake.calls, 0, sizeof(fake.calls));
     memset(&fake.nfail, 0, sizeof(fake.nfail));
+    CHECK_EQ_INT(worker_pool_new(2, &pool), 0);
     CHECK_EQ_INT(leases_new(&fake.base, pool, lock_ttl_ms, &ls), 0);
     return ls;
+}
+
+static void teardown(struct leases *ls)
+{
+    leases_stop(ls);
+    worker_pool_free(pool);
+    pool = NULL;
+    leases_free(ls);
 }
 
 static const struct store_token tok = { .hex = "0123456789abcdef0123456789abcdef" };
@@ -205,8 +216,7 @@ static void test_lease_completes_with_its_token_and_tells_once(void)
     lease_finish(l, NULL, 5000, on_told, &t); /* NULL: release */
     CHECK_EQ_INT(t.n, 2);
     CHECK_EQ_INT(calls(&fake, OP_RELEASE), 1);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 /* A store failure is retried in the background with the token; the holder
@@ -226,8 +236,7 @@ static void test_lease_finish_retried_until_the_store_answers(void)
     sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_COMPLETE), 3); /* the third landed: no more */
     CHECK_EQ_INT(t.n, 1);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 static void test_lease_stale_complete_counts_lock_lost_once_no_retry(void)
@@ -243,8 +252,7 @@ static void test_lease_stale_complete_counts_lock_lost_once_no_retry(void)
     CHECK_EQ_INT(lock_lost_total(), before + 1);
     sleep_ms(100);
     CHECK_EQ_INT(calls(&fake, OP_COMPLETE), 1);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 /* A record the store can never hold becomes the too-large marker: the
@@ -262,8 +270,7 @@ static void test_lease_too_big_for_the_store_keeps_the_marker(void)
     CHECK_EQ_INT(t.n, 1);
     CHECK_EQ_INT(calls(&fake, OP_COMPLETE), 2);
     CHECK(fake.last_too_large);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 /* With a 60 ms lock TTL, the heartbeat extends every 20 ms while the lease
@@ -289,8 +296,7 @@ static void test_lease_heartbeat_extends_until_finished(void)
     n = quiet_extends();
     sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 /* A heartbeat that finds the lock taken ends the heartbeat and counts it. */
@@ -308,8 +314,7 @@ static void test_lease_heartbeat_finding_the_lock_taken_counts_lock_lost(void)
     sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n); /* no more extends */
     lease_abandon(l);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
 static void test_lease_confirm(void)
@@ -340,11 +345,10 @@ static void test_lease_confirm(void)
     CHECK_EQ_INT(t.err, -ECONNREFUSED);
     CHECK_EQ_INT(lock_lost_total(), before + 1); /* a store error is no loss */
     lease_abandon(l);
-    leases_stop(ls);
-    leases_free(ls);
+    teardown(ls);
 }
 
-/* TEST_MAIN, with the pool the leases run on around the tests. */
+/* TEST_MAIN, with the fake store set up first. */
 int main(void)
 {
     check_test_fn *const tests[] = {
@@ -369,9 +373,6 @@ int main(void)
 
     fake.base.ops = &fake_ops;
     pthread_mutex_init(&fake.mu, NULL);
-    if (worker_pool_new(2, &pool) < 0)
-        return 1;
     ret = check_run(names, tests, ARRAY_SIZE(tests));
-    worker_pool_free(pool);
     return ret;
 }
