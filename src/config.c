@@ -469,9 +469,9 @@ static int set_upstream(char **slot, const char *v)
     size_t len = strlen(v);
     int r;
 
-    if (has_ctl(v) || (strncasecmp(v, "http://", 7) != 0 && strncasecmp(v, "https://", 8) != 0))
+    if (has_ctl(v))
         return -EINVAL;
-    r = upstream_base_parse(v, &base);
+    r = upstream_base_parse(v, &base); /* http or https only, as curl reads it */
     if (r < 0)
         return r;
     upstream_base_done(&base);

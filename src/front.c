@@ -393,8 +393,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
         r->in.head_error = front_head_hidden(
             (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->in.method,
-            (struct span){ .base = r->in.head_uri, .len = r->in.target.len }, span_from_cstr(version),
-            r->in.headers, r->in.nheaders);
+            (struct span){ .base = r->in.head_uri, .len = r->in.target.len },
+            span_from_cstr(version), r->in.headers, r->in.nheaders);
         if (pipeline_begin(f->pl, r))
             return send_answer(f, conn, r);
         return MHD_YES;

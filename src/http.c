@@ -328,8 +328,8 @@ int http_parse_status_line(struct span line, unsigned *ret_status)
         at = 6; /* HTTP/2, as curl writes it */
     else
         return -EINVAL;
-    if (n < at + 4 || p[at] != ' ' || !is_digit((unsigned char)p[at + 1]) || !is_digit((unsigned char)p[at + 2]) ||
-        !is_digit((unsigned char)p[at + 3]))
+    if (n < at + 4 || p[at] != ' ' || !is_digit((unsigned char)p[at + 1]) ||
+        !is_digit((unsigned char)p[at + 2]) || !is_digit((unsigned char)p[at + 3]))
         return -EINVAL;
     if (n > at + 4 && p[at + 4] != ' ')
         return -EINVAL; /* a fourth digit, or anything glued to the code */

@@ -189,7 +189,8 @@ static int build_store_key(const struct pipeline *pl, struct req *r, const struc
             if (joined[i].len)
                 err = buf_append(&joined[i], ",", 1);
             if (err == 0)
-                err = buf_append(&joined[i], r->in.headers[h].value.base, r->in.headers[h].value.len);
+                err =
+                    buf_append(&joined[i], r->in.headers[h].value.base, r->in.headers[h].value.len);
         }
         values[i] = buf_span(&joined[i]);
         if (!values[i].base)
@@ -212,7 +213,8 @@ static int refuse_bad_request(struct req *r, unsigned status, const char *why)
     char detail[256];
 
     snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
-    log_info("refused %.*s %.*s from %s: %s (%u)", (int)(r->in.method.len < 64 ? r->in.method.len : 64),
+    log_info("refused %.*s %.*s from %s: %s (%u)",
+             (int)(r->in.method.len < 64 ? r->in.method.len : 64),
              r->in.method.base ? r->in.method.base : "",
              (int)(r->in.target.len < 1024 ? r->in.target.len : 1024),
              r->in.target.base ? r->in.target.base : "", r->in.client_ip, why, status);

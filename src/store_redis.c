@@ -1325,7 +1325,8 @@ static int redis_inspect(struct store *base, struct span prefix, struct span key
         return -EINVAL;
     return store_admin_job_submit(
         &st->calls, st->pool, inspect_run,
-        &(struct store_admin_job){ .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        &(struct store_admin_job){
+            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
         prefix, key);
 }
 

@@ -10,8 +10,8 @@ struct record;
 
 /* Returns a new record (refs 1) answering problem <p>: its status, the header
  * Content-Type: application/problem+json, Retry-After: 1 for the 409 and 503
- * problems, Connection: close for bad_request (400, 501), and a JSON body with type, title, status, detail (<detail>, which
- * may be NULL for the title) and code. NULL on OOM. */
+ * problems, Connection: close for bad_request (400, 501), and a JSON body with type, title, status,
+ * detail (<detail>, which may be NULL for the title) and code. NULL on OOM. */
 struct record *problem_new(enum problem p, const char *detail);
 
 #endif

@@ -238,7 +238,8 @@ static void test_idemkey_store_key_matches_its_own_layout(void)
     CHECK(sk && idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
     CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a")));
     CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idex:"), SPAN_LIT("a:b")));
-    CHECK(!idemkey_store_key_matches(SPAN_LIT("idem:0123:a:b"), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
+    CHECK(
+        !idemkey_store_key_matches(SPAN_LIT("idem:0123:a:b"), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
     free(sk);
 }
 

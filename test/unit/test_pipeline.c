@@ -304,7 +304,8 @@ static void test_pipeline_executed_then_replayed_then_mismatch(void)
     CHECK_EQ_INT(r->out.outcome, OUTCOME_REPLAYED);
     CHECK_EQ_INT(status_of(r), 201);
     CHECK_EQ_STR(r->out.replayed, "true");
-    CHECK(r->out.answer && r->out.answer->body.len == 5 && memcmp(r->out.answer->body.data, "hello", 5) == 0);
+    CHECK(r->out.answer && r->out.answer->body.len == 5 &&
+          memcmp(r->out.answer->body.data, "hello", 5) == 0);
     CHECK_EQ_INT(fwd_calls(), before + 1); /* not forwarded again */
     req_free(r);
 
@@ -349,8 +350,9 @@ static void test_pipeline_passthrough_and_key_errors(void)
     CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE);
     CHECK_EQ_INT(status_of(r), 413);
     req_free(r);
-    r = run(&e, request(&e, "POST", "/pay",
-                        (const char *const[]){ "Idempotency-Key: big", "Content-Length: 99", NULL }),
+    r = run(&e,
+            request(&e, "POST", "/pay",
+                    (const char *const[]){ "Idempotency-Key: big", "Content-Length: 99", NULL }),
             NULL);
     CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE); /* announced: refused before the body */
     req_free(r);
