@@ -55,11 +55,11 @@ struct front {
      * connection needs MHD to run. From another thread that is this task. */
     struct loop_task kick;
     atomic_bool kick_posted;
-    bool rerun;          /* a connection was resumed on the loop thread: MHD must run again */
-    int quiesced_fd;     /* the listening socket after front_quiesce(), -1 before */
+    bool rerun;      /* a connection was resumed on the loop thread: MHD must run again */
+    int quiesced_fd; /* the listening socket after front_quiesce(), -1 before */
     atomic_uint requests;
     struct list heads; /* struct fconn whose header section is due, oldest first */
-    bool reserved; /* on_accept() took a slot that its connection has not started in yet */
+    bool reserved;     /* on_accept() took a slot that its connection has not started in yet */
 };
 
 /* Open client sockets of every front end of the process (one per loop, on
@@ -234,7 +234,7 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t len)
 }
 
 #define HEAD_HIDDEN                                                                                \
-    "a header section whose bytes the HTTP layer could not pass on whole (a NUL byte in the "     \
+    "a header section whose bytes the HTTP layer could not pass on whole (a NUL byte in the "      \
     "request line or a field value, or a folded field line)"
 
 /* Whether <p> (<len> bytes) lies inside <head>; its offset in <ret_at>. The
@@ -319,7 +319,7 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
     struct MHD_Response *resp;
     enum MHD_Result ret;
 
-    r->in.answered = true;
+    r->in.sent = true;
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
     resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
@@ -350,13 +350,18 @@ static void on_kick(void *ctx)
     f->timer.due_ms = 0;
 }
 
-/* The pipeline's callback, on this loop's thread or another one (a worker, or
- * the loop that carried a Redis call made off-loop): the answer is in. MHD runs in the loop's next
- * turn and sends it. */
+/* The pipeline's callback: the answer is in. Inside pipeline_begin() or
+ * pipeline_body() (a refusal) the connection is not suspended, and
+ * on_request() sends the answer itself. Otherwise the connection waits,
+ * suspended, and this runs on this loop's thread (perhaps inside
+ * pipeline_end()) or another one (a worker, or the loop that carried a Redis
+ * call made off-loop): MHD runs in the loop's next turn and sends it. */
 static void on_done(struct req *r, void *ctx)
 {
     struct front *f = ctx;
 
+    if (!r->in.conn)
+        return;
     MHD_resume_connection(r->in.conn);
     if (loop_on_thread(f->loop)) {
         f->rerun = true;
@@ -376,7 +381,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)url;
     if (!r)
         return MHD_NO;
-    if (r->in.answered) {
+    if (r->in.sent) {
         *upload_data_size = 0; /* answered before the body: discard it */
         return MHD_YES;
     }
@@ -395,8 +400,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->in.method,
             (struct span){ .base = r->in.head_uri, .len = r->in.target.len },
             span_from_cstr(version), r->in.headers, r->in.nheaders);
-        if (pipeline_begin(f->pl, r))
-            return send_answer(f, conn, r);
+        pipeline_begin(f->pl, r, on_done, f);
+        if (r->out.decided)
+            return send_answer(f, conn, r); /* refused: the body is not read */
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -404,13 +410,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (r->out.answer)
-        return send_answer(f, conn, r); /* refused while reading, or resumed with the answer */
-    if (r->out.running)
-        return MHD_YES;
-    MHD_suspend_connection(conn);
+    /* The body is complete: an answer decided while it was read, or the one
+     * a resumed connection comes back with, goes out now. */
+    if (r->out.decided)
+        return send_answer(f, conn, r);
+    if (r->in.conn)
+        return MHD_YES; /* still waiting */
     r->in.conn = conn;
-    pipeline_run(f->pl, r, on_done, f);
+    MHD_suspend_connection(conn);
+    pipeline_end(f->pl, r);
     return MHD_YES;
 }
 

@@ -120,8 +120,8 @@ static int fwd_calls(void)
 /* ---- a failing store ---- */
 
 static int failing_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                           const struct store_token *tok, uint64_t lock_ttl_ms,
-                           store_done_fn *done, void *ctx)
+                           const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
+                           void *ctx)
 {
     (void)st, (void)key, (void)fp, (void)tok, (void)lock_ttl_ms;
     done(ctx, -ECONNREFUSED, NULL);
@@ -131,23 +131,102 @@ static int failing_acquire(struct store *st, struct span key, const uint8_t fp[F
 static const struct store_ops failing_ops = { .name = "failing", .acquire = failing_acquire };
 static struct store failing_store = { .ops = &failing_ops };
 
+/* ---- a store whose locks are always lost ----
+ * Every acquire gets the lock (after <stall_ms>, inside the call: a slow
+ * store), and every later call for it finds the token stale, as when the lock
+ * expired and another request took it. */
+
+static unsigned stale_stall_ms;
+static int stale_completes; /* complete calls made: none may be retried */
+
+static int stale_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
+                         const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
+                         void *ctx)
+{
+    struct timespec ts = { .tv_sec = stale_stall_ms / 1000,
+                           .tv_nsec = (long)(stale_stall_ms % 1000) * 1000000L };
+
+    (void)st, (void)key, (void)fp, (void)tok, (void)lock_ttl_ms;
+    nanosleep(&ts, NULL);
+    done(ctx, 0, &(struct store_result){ .status = STORE_ACQUIRED });
+    return 0;
+}
+
+static int stale_complete(struct store *st, struct span key, const struct store_token *tok,
+                          struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    (void)st, (void)key, (void)tok, (void)rec, (void)ttl_ms;
+    __atomic_add_fetch(&stale_completes, 1, __ATOMIC_RELAXED);
+    done(ctx, -ESTALE, NULL);
+    return 0;
+}
+
+static int stale_release(struct store *st, struct span key, const struct store_token *tok,
+                         store_done_fn *done, void *ctx)
+{
+    (void)st, (void)key, (void)tok;
+    done(ctx, -ESTALE, NULL);
+    return 0;
+}
+
+static int stale_extend(struct store *st, struct span key, const struct store_token *tok,
+                        uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
+{
+    (void)st, (void)key, (void)tok, (void)lock_ttl_ms;
+    done(ctx, -ESTALE, NULL);
+    return 0;
+}
+
+static const struct store_ops stale_ops = {
+    .name = "stale",
+    .acquire = stale_acquire,
+    .complete = stale_complete,
+    .release = stale_release,
+    .extend = stale_extend,
+};
+static struct store stale_store = { .ops = &stale_ops };
+
 /* ---- requests, as the front end builds them ---- */
 
 struct answer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool done;
+    int calls;    /* of the done callback: exactly one is due */
+    bool decided; /* what r->out.decided said inside it */
 };
 
 static void on_done(struct req *r, void *ctx)
 {
     struct answer *a = ctx;
 
-    (void)r;
     pthread_mutex_lock(&a->mu);
-    a->done = true;
+    a->calls++;
+    a->decided = r->out.decided;
     pthread_cond_signal(&a->cv);
     pthread_mutex_unlock(&a->mu);
+}
+
+/* Waits up to <ms> for the answer; true once it came, through one callback. */
+static bool answered(struct answer *a, unsigned ms)
+{
+    struct timespec ts;
+    int calls;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (a->calls == 0 && pthread_cond_timedwait(&a->cv, &a->mu, &ts) == 0)
+        ;
+    calls = a->calls;
+    CHECK(calls <= 1);
+    CHECK(calls == 0 || a->decided);
+    pthread_mutex_unlock(&a->mu);
+    return calls == 1;
 }
 
 struct env {
@@ -190,7 +269,7 @@ static void env_down(struct env *e)
 {
     pipeline_stop(e->pl);
     worker_pool_free(e->pool);
-    if (e->st != &failing_store)
+    if (e->st != &failing_store && e->st != &stale_store)
         store_free(e->st);
     pipeline_free(e->pl);
     config_done(&e->cfg);
@@ -218,27 +297,25 @@ static struct req *request(struct env *e, const char *method, const char *target
     return r;
 }
 
-/* Feeds <body>, runs <r> and waits for its answer (it may come inside the
- * call). Returns <r>, answered; the caller frees it. */
+/* Feeds <body>, runs <r> and waits for its answer (it may come inside any of
+ * the three calls). Returns <r>, answered; the caller frees it. */
 static struct req *run(struct env *e, struct req *r, const char *body)
 {
     struct answer a = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
-    if (pipeline_begin(e->pl, r))
-        return r; /* answered at once: 400, 413 */
-    if (body)
+    pipeline_begin(e->pl, r, on_done, &a);
+    if (body && !r->out.decided)
         pipeline_body(e->pl, r, body, strlen(body));
-    if (r->out.answer)
-        return r;
-    pipeline_run(e->pl, r, on_done, &a);
-    pthread_mutex_lock(&a.mu);
-    while (!a.done)
-        pthread_cond_wait(&a.cv, &a.mu);
-    pthread_mutex_unlock(&a.mu);
+    pipeline_end(e->pl, r); /* does nothing once decided */
+    CHECK(answered(&a, 10000));
+    /* Nothing more comes, even for a request answered early. */
+    pipeline_body(e->pl, r, "late", 4);
+    pipeline_end(e->pl, r);
+    CHECK_EQ_INT(a.calls, 1);
     return r;
 }
 
-/* Runs a request in the background: the answer is awaited with finish(). */
+/* Runs a request in the background: the answer is awaited with finished(). */
 struct pending {
     struct answer a;
     struct req *r;
@@ -248,30 +325,13 @@ static void start(struct env *e, struct pending *p, struct req *r, const char *b
 {
     p->a = (struct answer){ .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
     p->r = r;
-    CHECK_EQ_INT(pipeline_begin(e->pl, r), 0);
+    pipeline_begin(e->pl, r, on_done, &p->a);
+    CHECK(!r->out.decided);
     pipeline_body(e->pl, r, body, strlen(body));
-    pipeline_run(e->pl, r, on_done, &p->a);
+    pipeline_end(e->pl, r);
 }
 
-static bool finished(struct pending *p, unsigned ms)
-{
-    struct timespec ts;
-    bool done;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&p->a.mu);
-    while (!p->a.done && pthread_cond_timedwait(&p->a.cv, &p->a.mu, &ts) == 0)
-        ;
-    done = p->a.done;
-    pthread_mutex_unlock(&p->a.mu);
-    return done;
-}
+static bool finished(struct pending *p, unsigned ms) { return answered(&p->a, ms); }
 
 static unsigned status_of(const struct req *r) { return r->out.answer ? r->out.answer->status : 0; }
 
@@ -341,8 +401,9 @@ static void test_pipeline_passthrough_and_key_errors(void)
     CHECK_EQ_INT(r->out.outcome, OUTCOME_INVALID_KEY);
     CHECK(has_code(r, "idempotency_key_invalid"));
     req_free(r);
-    r = run(&e, request(&e, "POST", "/pay",
-                        (const char *const[]){ "Idempotency-Key: a", "idempotency-key: a", NULL }),
+    r = run(&e,
+            request(&e, "POST", "/pay",
+                    (const char *const[]){ "Idempotency-Key: a", "idempotency-key: a", NULL }),
             "x");
     CHECK_EQ_INT(r->out.outcome, OUTCOME_INVALID_KEY); /* two key headers */
     req_free(r);
@@ -371,9 +432,10 @@ static void test_pipeline_bad_request_is_decided_first(void)
 
     env_up(&e, NULL, NULL);
     before = fwd_calls();
-    r = run(&e, request(&e, "POST", "/pay",
-                        (const char *const[]){ "Idempotency-Key: k", "X: a\rb", NULL }),
-            "x");
+    r = run(
+        &e,
+        request(&e, "POST", "/pay", (const char *const[]){ "Idempotency-Key: k", "X: a\rb", NULL }),
+        "x");
     CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     CHECK_EQ_INT(status_of(r), 400);
     CHECK(r->out.answer && record_header_get(r->out.answer, "Connection") &&
@@ -395,6 +457,54 @@ static void test_pipeline_bad_request_is_decided_first(void)
     /* the key of the refused request was never locked */
     r = run(&e, request(&e, "POST", "/pay", KEY("k")), "x");
     CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
+    req_free(r);
+    env_down(&e);
+}
+
+/* The one exit: a refusal comes through the callback, inside the call that
+ * decides it; the memory store and the fake forwarder answer inside
+ * pipeline_end(); nothing is called twice. */
+static void test_pipeline_answers_through_the_callback_only(void)
+{
+    struct answer a = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+    struct answer b = a, c = a;
+    struct env e;
+    struct req *r;
+
+    env_up(&e, NULL, (const char *const[]){ "--max-body", "8", NULL });
+    r = request(&e, "GET", "/x", (const char *const[]){ "X: a\x01b", NULL });
+    pipeline_begin(e.pl, r, on_done, &a);
+    CHECK_EQ_INT(a.calls, 1); /* inside pipeline_begin() */
+    CHECK(a.decided && r->out.decided);
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
+    pipeline_body(e.pl, r, "ignored", 7);
+    pipeline_end(e.pl, r);
+    CHECK_EQ_INT(a.calls, 1);
+    req_free(r);
+
+    r = request(&e, "POST", "/pay", KEY("cb"));
+    pipeline_begin(e.pl, r, on_done, &b);
+    CHECK_EQ_INT(b.calls, 0);
+    CHECK(!r->out.decided);
+    pipeline_body(e.pl, r, "12345", 5);
+    CHECK_EQ_INT(b.calls, 0);
+    pipeline_body(e.pl, r, "6789", 4); /* past --max-body 8 */
+    CHECK_EQ_INT(b.calls, 1);          /* inside pipeline_body() */
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE);
+    pipeline_body(e.pl, r, "more", 4);
+    pipeline_end(e.pl, r);
+    CHECK_EQ_INT(b.calls, 1);
+    req_free(r);
+
+    r = request(&e, "POST", "/pay", KEY("cb"));
+    pipeline_begin(e.pl, r, on_done, &c);
+    pipeline_body(e.pl, r, "small", 5);
+    CHECK_EQ_INT(c.calls, 0);
+    pipeline_end(e.pl, r);
+    CHECK(answered(&c, 10000));
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
+    pipeline_end(e.pl, r);
+    CHECK_EQ_INT(c.calls, 1);
     req_free(r);
     env_down(&e);
 }
@@ -510,6 +620,41 @@ static void test_pipeline_store_error_rejects_or_passes_through(void)
     env_down(&e);
 }
 
+/* A lost lock (a stale token): the request that ran still gets the
+ * upstream's answer, though the store refused to keep it, and its complete is
+ * not retried; a holder whose acquire stalled past half the lock TTL confirms
+ * the lock first, finds it gone, and gets 409 without being forwarded. */
+static void test_pipeline_stale_token(void)
+{
+    static const char *const ttl[] = { "--lock-ttl", "1", NULL };
+    struct env e;
+    struct req *r;
+    int before;
+
+    env_up(&e, &stale_store, ttl);
+    stale_stall_ms = 0;
+    stale_completes = 0;
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay", KEY("s1")), "x");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(status_of(r), 201);
+    CHECK_EQ_STR(r->out.replayed, "false");
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    req_free(r);
+    CHECK_EQ_INT(__atomic_load_n(&stale_completes, __ATOMIC_RELAXED), 1);
+
+    stale_stall_ms = 600; /* past half of --lock-ttl 1 */
+    r = run(&e, request(&e, "POST", "/pay", KEY("s2")), "x");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_IN_FLIGHT);
+    CHECK_EQ_INT(status_of(r), 409);
+    CHECK(has_code(r, "idempotency_key_in_use"));
+    CHECK_EQ_INT(fwd_calls(), before + 1); /* never forwarded */
+    req_free(r);
+    CHECK_EQ_INT(__atomic_load_n(&stale_completes, __ATOMIC_RELAXED), 1);
+    stale_stall_ms = 0;
+    env_down(&e);
+}
+
 /* --wait: a duplicate is held while the first runs and replayed when it
  * completes; when the first ends without storing, the held one executes. */
 static void test_pipeline_wait_hands_off(void)
@@ -554,7 +699,9 @@ static void test_pipeline_wait_hands_off(void)
 
 TEST_MAIN(test_pipeline_executed_then_replayed_then_mismatch,
           test_pipeline_passthrough_and_key_errors, test_pipeline_bad_request_is_decided_first,
+          test_pipeline_answers_through_the_callback_only,
           test_pipeline_absolute_form_forwards_its_path_and_host,
           test_pipeline_in_flight_then_completed,
           test_pipeline_upstream_error_and_5xx_release_the_lock,
-          test_pipeline_store_error_rejects_or_passes_through, test_pipeline_wait_hands_off)
+          test_pipeline_store_error_rejects_or_passes_through, test_pipeline_stale_token,
+          test_pipeline_wait_hands_off)
