@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "idemproxy/http.h"
+#include "idemproxy/redis_url.h"
 #include "idemproxy/upstream.h"
 
 #define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
@@ -22,7 +23,7 @@
 enum kind {
     K_ADDR,       /* struct config_addr */
     K_URL,        /* char *, the upstream URL */
-    K_REDIS,      /* char *, redis:// URL; "" means none */
+    K_REDIS,      /* char *, a Redis URL (redis_url.h); "" means none */
     K_STR,        /* char *, any text */
     K_HEADER,     /* char *, a non-empty token */
     K_HEADER_OPT, /* char *, a token or "" */
@@ -49,7 +50,9 @@ static const struct {
     [K_URL] = { "an upstream URL", "use http:// or https://, a host, an optional port and path "
                                    "prefix, no user info, query or fragment, e.g. "
                                    "http://127.0.0.1:3000" },
-    [K_REDIS] = { "a Redis URL", "use redis://[:password@]host:port[/db]" },
+    [K_REDIS] = { "a Redis URL",
+                  "use redis://[[user]:password@]host[:port][/db], rediss:// for TLS, or "
+                  "redis-sentinel://host[:port][,host[:port]...]?master=NAME" },
     [K_STR] = { "a string", "any text" },
     [K_HEADER] = { "a header name", "use a non-empty token such as Idempotency-Key" },
     [K_HEADER_OPT] = { "a header name", "use a token such as X-TTL, or \"\" to disable" },
@@ -539,8 +542,12 @@ static int set_redis(char **slot, const char *v)
         *slot = NULL;
         return 0;
     }
-    if (strncmp(v, "redis://", 8) != 0 || v[8] == '\0' || has_ctl(v))
-        return -EINVAL;
+    struct redis_url u;
+    int err = redis_url_parse(v, &u, NULL, 0);
+
+    if (err < 0)
+        return err;
+    redis_url_done(&u);
     return replace_string(slot, v, strlen(v));
 }
 
@@ -728,17 +735,28 @@ static void mask_userinfo(const char *v, char *out, size_t outlen)
 static void value_err(const struct opt *o, bool from_env, const char *v, int r, char *err,
                       size_t errlen)
 {
-    char src[128], val[80], expect[128], masked[512];
+    char src[128], val[80], expect[256], masked[512];
+    struct redis_url u;
 
     source_name(o, from_env, src, sizeof(src));
-    if (o->kind == K_URL || o->kind == K_REDIS) {
+    if (o->kind == K_URL) {
         mask_userinfo(v, masked, sizeof(masked));
         v = masked;
+    }
+    if (o->kind == K_REDIS) {
+        char why[200];
+
+        /* the parser says what is wrong, then what the forms are */
+        if (redis_url_parse(v, &u, why, sizeof(why)) == 0)
+            redis_url_done(&u);
+        redis_url_redact(v, masked, sizeof(masked));
+        v = masked;
+        snprintf(expect, sizeof(expect), "%s; %s", why, kind_info[o->kind].expect);
     }
     quote_value(v, val, sizeof(val));
     if (o->kind == K_CHOICE)
         choices_text(o->choices, expect, sizeof(expect));
-    else
+    else if (o->kind != K_REDIS)
         snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
     if (r == -ENOMEM)
         set_err(err, errlen, "%s: out of memory", src);

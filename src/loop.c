@@ -8,7 +8,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define LOOP_TIMERS 4
 #define LOOP_EVENTS 256
 #define LOOP_IDLE_MS 1000 /* the longest wait: nothing here needs less when idle */
 
@@ -23,8 +22,8 @@ struct loop {
      * harmless for non-blocking sockets. */
     struct loop_watch **byfd;
     int nbyfd;
-    struct loop_timer *timers[LOOP_TIMERS];
-    unsigned ntimers;
+    struct list timers;           /* struct loop_timer */
+    struct list_node *timer_next; /* the next timer of the pass that fires them */
     pthread_t thread;
     bool started;
     atomic_bool running; /* the thread is in its loop: loop_call() must post */
@@ -44,6 +43,7 @@ int loop_new(struct loop **ret)
         return -ENOMEM;
     pthread_mutex_init(&l->mu, NULL);
     list_init(&l->tasks);
+    list_init(&l->timers);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
     l->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     l->wake = (struct loop_watch){ .fn = NULL, .ctx = NULL, .fd = l->wakefd };
@@ -93,20 +93,15 @@ void loop_watch_del(struct loop *l, struct loop_watch *w)
 
 int loop_timer_add(struct loop *l, struct loop_timer *t)
 {
-    if (l->ntimers == LOOP_TIMERS)
-        return -ENOSPC;
-    l->timers[l->ntimers++] = t;
+    list_append(&l->timers, &t->node);
     return 0;
 }
 
 void loop_timer_del(struct loop *l, struct loop_timer *t)
 {
-    for (unsigned i = 0; i < l->ntimers; i++) {
-        if (l->timers[i] == t) {
-            l->timers[i] = l->timers[--l->ntimers];
-            return;
-        }
-    }
+    if (l->timer_next == &t->node)
+        l->timer_next = list_next(&l->timers, &t->node);
+    list_remove(&t->node);
 }
 
 static void wake(struct loop *l)
@@ -215,9 +210,11 @@ static void *loop_main(void *arg)
         uint64_t now = now_ms(), due = now + LOOP_IDLE_MS;
         int n;
 
-        for (unsigned i = 0; i < l->ntimers; i++) {
-            if (l->timers[i]->due_ms < due)
-                due = l->timers[i]->due_ms;
+        for (struct list_node *tn = list_first(&l->timers); tn; tn = list_next(&l->timers, tn)) {
+            struct loop_timer *t = list_entry(tn, struct loop_timer, node);
+
+            if (t->due_ms < due)
+                due = t->due_ms;
         }
         n = epoll_wait(l->epfd, evs, LOOP_EVENTS, due <= now ? 0 : (int)(due - now));
         for (int i = 0; i < n; i++) {
@@ -234,14 +231,17 @@ static void *loop_main(void *arg)
             w->fn(w->ctx, evs[i].events);
         }
         now = now_ms();
-        for (unsigned i = 0; i < l->ntimers; i++) {
-            struct loop_timer *t = l->timers[i];
+        /* A callback may delete any timer, itself included, or add one. */
+        for (struct list_node *tn = list_first(&l->timers); tn; tn = l->timer_next) {
+            struct loop_timer *t = list_entry(tn, struct loop_timer, node);
 
+            l->timer_next = list_next(&l->timers, tn);
             if (t->due_ms <= now) {
                 t->due_ms = UINT64_MAX;
                 t->fn(t->ctx);
             }
         }
+        l->timer_next = NULL;
     }
 out:
     atomic_store(&l->running, false);

@@ -16,6 +16,7 @@
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
+#include "idemproxy/redis_url.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/upstream.h"
@@ -123,7 +124,6 @@ static const char *size_text(size_t n, char *out, size_t outlen)
  * its password. */
 static const char *store_desc(const struct config *cfg, char *out, size_t outlen)
 {
-    struct store_redis_url u;
 
     if (!cfg->enabled)
         return "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)";
@@ -136,10 +136,8 @@ static const char *store_desc(const struct config *cfg, char *out, size_t outlen
                  size_text(cfg->memory_max_bytes, budget, sizeof(budget)));
         return out;
     }
-    if (store_redis_parse_url(cfg->redis_url, &u) < 0)
-        return "redis";
-    snprintf(out, outlen, "redis %s:%u/%u", u.host, u.port, u.db);
-    free(u.password);
+    memcpy(out, "redis ", 6);
+    redis_url_redact(cfg->redis_url, out + 6, outlen - 6);
     return out;
 }
 
@@ -237,7 +235,12 @@ static int app_up(struct app *app)
         err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, app->loops,
                               app->nloops, &app->st);
         if (err < 0) {
-            log_error("--redis %s: cannot use this URL: %s", cfg->redis_url, strerror(-err));
+            char redacted[512];
+
+            redis_url_redact(cfg->redis_url, redacted, sizeof(redacted));
+            log_error("--redis %s: cannot use this URL: %s", redacted,
+                      err == -ENOTSUP ? "rediss://, Sentinel and Cluster URLs are not served yet"
+                                      : strerror(-err));
             return err;
         }
     } else if (cfg->enabled) {

@@ -35,6 +35,7 @@
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/redis_url.h"
 #include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
 #include "lua_scripts.h"
@@ -101,7 +102,7 @@ struct rconn {
 struct store_redis {
     struct store base;
     struct worker_pool *pool;   /* borrowed */
-    struct store_redis_url url; /* owns url.password */
+    struct redis_url url;       /* owned */
     struct timeval timeout;
     uint64_t timeout_ms;
 
@@ -140,128 +141,23 @@ struct op {
     char key[];
 };
 
-/* ---- redis:// URLs ---- */
-
-/* Percent-decodes [<p>, <end>) into a new string (NULL for an empty one). */
-static int decode_userinfo_part(const char *p, const char *end, char **ret)
-{
-    size_t n;
-    char *s;
-
-    if (p == end) {
-        *ret = NULL;
-        return 0;
-    }
-    s = malloc((size_t)(end - p) + 1);
-    if (!s)
-        return -ENOMEM;
-    if (http_percent_decode((struct span){ .base = p, .len = (size_t)(end - p) }, s, &n) < 0 ||
-        memchr(s, '\0', n)) {
-        free(s);
-        return -EINVAL; /* a bad escape, or %00 which AUTH could not carry */
-    }
-    s[n] = '\0';
-    *ret = s;
-    return 0;
-}
-
-/* Parses all of [<p>, <end>) as a decimal number no larger than <max>. */
-static bool parse_uint(const char *p, const char *end, unsigned long max, unsigned long *ret)
-{
-    unsigned long v = 0;
-
-    if (p == end || end - p > 10)
-        return false;
-    for (; p < end; p++) {
-        if (*p < '0' || *p > '9')
-            return false;
-        v = v * 10 + (unsigned long)(*p - '0');
-    }
-    if (v > max)
-        return false;
-    *ret = v;
-    return true;
-}
-
-static bool is_host_char(char c)
-{
-    return (unsigned char)c > 0x20 && (unsigned char)c < 0x7f && !strchr("[]@/?#%", c);
-}
-
-int store_redis_parse_url(const char *url, struct store_redis_url *ret)
-{
-    static const char scheme[] = "redis://";
-    struct store_redis_url u = { .port = 6379, .db = 0 };
-    const char *p, *at, *host, *host_end, *end, *port = NULL, *path;
-    unsigned long v;
-    int r;
-
-    if (!url || strncasecmp(url, scheme, sizeof(scheme) - 1) != 0)
-        return -EINVAL;
-    p = url + sizeof(scheme) - 1;
-    /* The path can only be /<db>, so the last '@' ends the userinfo: a
-     * password may then hold '/', '?' or '#' without being percent-encoded. */
-    at = strrchr(p, '@');
-    host = at ? at + 1 : p;
-    end = host + strcspn(host, "/?#");
-    path = end;
-
-    if (*host == '[') {
-        host_end = memchr(host, ']', (size_t)(end - host));
-        if (!host_end)
-            return -EINVAL;
-        host++;
-        if (host_end + 1 < end) {
-            if (host_end[1] != ':')
-                return -EINVAL;
-            port = host_end + 2;
-        }
-        for (const char *c = host; c < host_end; c++) {
-            if (!(*c == ':' || *c == '.' || isxdigit((unsigned char)*c)))
-                return -EINVAL;
-        }
-    } else {
-        host_end = memchr(host, ':', (size_t)(end - host));
-        if (host_end)
-            port = host_end + 1;
-        else
-            host_end = end;
-        for (const char *c = host; c < host_end; c++) {
-            if (!is_host_char(*c))
-                return -EINVAL;
-        }
-    }
-    if (host_end == host || (size_t)(host_end - host) >= sizeof(u.host))
-        return -EINVAL;
-    memcpy(u.host, host, (size_t)(host_end - host));
-    u.host[host_end - host] = '\0';
-
-    if (port) {
-        if (!parse_uint(port, end, 65535, &v) || v == 0)
-            return -EINVAL;
-        u.port = (unsigned)v;
-    }
-    if (*path == '/' && path[1] != '\0') {
-        if (!parse_uint(path + 1, path + strlen(path), 2147483647ul, &v))
-            return -EINVAL;
-        u.db = (unsigned)v;
-    } else if (*path != '\0' && strcmp(path, "/") != 0) {
-        return -EINVAL; /* a query or a fragment: no options are understood */
-    }
-
-    if (at) {
-        /* user:password (the user ignored), or a lone password as redis-cli reads it. */
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-
-        r = decode_userinfo_part(colon ? colon + 1 : p, at, &u.password);
-        if (r < 0)
-            return r;
-    }
-    *ret = u;
-    return 0;
-}
-
 /* ---- connections ---- */
+
+/* AUTH [USER] PASSWORD, for <u> with a password. Returns argc. */
+static int auth_args(const struct redis_url *u, const char **argv, size_t *lens)
+{
+    int argc = 0;
+
+    argv[argc] = "AUTH";
+    lens[argc++] = 4;
+    if (u->user) {
+        argv[argc] = u->user;
+        lens[argc++] = strlen(u->user);
+    }
+    argv[argc] = u->password;
+    lens[argc++] = strlen(u->password);
+    return argc;
+}
 
 /* The error of a failed command on <c>; <saved_errno> is errno right after it. */
 static int command_error(const redisContext *c, int saved_errno)
@@ -303,7 +199,7 @@ static int conn_setup_command(redisContext *c, int argc, const char **argv, cons
 
 static int conn_open(struct store_redis *st, redisContext **ret)
 {
-    redisContext *c = redisConnectWithTimeout(st->url.host, (int)st->url.port, st->timeout);
+    redisContext *c = redisConnectWithTimeout(st->url.hosts[0].host, (int)st->url.hosts[0].port, st->timeout);
     int saved_errno = errno, err = 0;
 
     if (!c)
@@ -321,10 +217,11 @@ static int conn_open(struct store_redis *st, redisContext **ret)
         goto fail;
     }
     if (st->url.password) {
-        const char *argv[] = { "AUTH", st->url.password };
-        size_t lens[] = { 4, strlen(st->url.password) };
+        const char *argv[3];
+        size_t lens[3];
+        int argc = auth_args(&st->url, argv, lens);
 
-        err = conn_setup_command(c, 2, argv, lens);
+        err = conn_setup_command(c, argc, argv, lens);
         if (err < 0)
             goto fail;
     }
@@ -791,7 +688,7 @@ static void resolve_host(struct store_redis *st)
         struct addrinfo hints = { .ai_family = families[i], .ai_socktype = SOCK_STREAM };
         struct addrinfo *res = NULL;
 
-        if (getaddrinfo(st->url.host, NULL, &hints, &res) != 0 || !res)
+        if (getaddrinfo(st->url.hosts[0].host, NULL, &hints, &res) != 0 || !res)
             continue;
         if (res->ai_family == AF_INET)
             inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)res->ai_addr)->sin_addr,
@@ -820,7 +717,7 @@ static void conn_start(struct rconn *c, uint64_t now)
     memcpy(addr, st->addr, sizeof(addr));
     pthread_mutex_unlock(&st->addr_mu);
     if (addr[0]) {
-        ac = redisAsyncConnect(addr, (int)st->url.port); /* numeric: no lookup */
+        ac = redisAsyncConnect(addr, (int)st->url.hosts[0].port); /* numeric: no lookup */
         saved_errno = errno;
     }
     if (!addr[0])
@@ -854,10 +751,11 @@ static void conn_start(struct rconn *c, uint64_t now)
     c->setup_left = 0;
     /* Queued first: no op goes out before both answered. */
     if (st->url.password) {
-        const char *argv[] = { "AUTH", st->url.password };
-        size_t lens[] = { 4, strlen(st->url.password) };
+        const char *argv[3];
+        size_t lens[3];
+        int argc = auth_args(&st->url, argv, lens);
 
-        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
+        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, argc, argv, lens) == REDIS_OK)
             c->setup_left++;
     }
     if (st->url.db != 0) {
@@ -1499,7 +1397,7 @@ static void redis_free(struct store *base)
         conn_close(&st->conns[i]);
     free(st->conns);
     pthread_mutex_destroy(&st->addr_mu);
-    free(st->url.password);
+    redis_url_done(&st->url);
     free(st);
 }
 
@@ -1531,10 +1429,15 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st = calloc(1, sizeof(*st));
     if (!st)
         return -ENOMEM;
-    err = store_redis_parse_url(url, &st->url);
+    err = redis_url_parse(url, &st->url, NULL, 0);
     if (err < 0) {
         free(st);
         return err;
+    }
+    if (st->url.tls || st->url.kind != REDIS_URL_SERVER) {
+        redis_url_done(&st->url);
+        free(st);
+        return -ENOTSUP; /* rediss://, Sentinel and Cluster: not yet */
     }
     st->base.ops = &redis_ops;
     st->pool = pool;

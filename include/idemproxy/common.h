@@ -24,6 +24,12 @@ static inline struct span span_from_cstr(const char *s)
     return (struct span){ .base = s, .len = s ? strlen(s) : 0 };
 }
 
+/* True when <a> and <b> hold the same bytes. */
+static inline bool span_eq(struct span a, struct span b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.base, b.base, a.len) == 0);
+}
+
 /* True when <a> and <b> hold the same bytes, ASCII case ignored (header names). */
 static inline bool span_eq_nocase(struct span a, struct span b)
 {

@@ -46,6 +46,12 @@ static inline struct list_node *list_first(const struct list *l)
     return list_is_empty(l) ? NULL : l->head.next;
 }
 
+/* The node after <n> in <l>, or NULL when <n> is the last. */
+static inline struct list_node *list_next(const struct list *l, const struct list_node *n)
+{
+    return n->next == &l->head ? NULL : n->next;
+}
+
 /* Appends the unlinked node <n> to <l>. */
 static inline void list_append(struct list *l, struct list_node *n)
 {

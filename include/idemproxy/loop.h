@@ -32,6 +32,7 @@ struct loop_timer {
     loop_fn *fn;
     void *ctx;
     uint64_t due_ms;
+    struct list_node node; /* the loop's, while added */
 };
 
 /* A task posted from any thread; owned by the poster until <fn> runs. */
@@ -52,11 +53,12 @@ int loop_watch_add(struct loop *l, struct loop_watch *w, uint32_t events);
 int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
 void loop_watch_del(struct loop *l, struct loop_watch *w);
 
-/* Registers <t>; before loop_start() only. Returns 0 or -ENOSPC. */
+/* Registers <t>: before loop_start(), on the loop thread (timer callbacks
+ * included), or once the loop has stopped. Returns 0. */
 int loop_timer_add(struct loop *l, struct loop_timer *t);
 
-/* Unregisters <t>, so that its memory may go: on the loop thread, outside
- * timer callbacks, or once the loop has stopped. */
+/* Unregisters <t>, so that its memory may go; the same threads as
+ * loop_timer_add(), timer callbacks included (even <t>'s own). */
 void loop_timer_del(struct loop *l, struct loop_timer *t);
 
 /* Runs <t>->fn on the loop thread, in posting order. Any thread. Returns 0, or

@@ -13,18 +13,6 @@
 struct loop;
 struct worker_pool;
 
-struct store_redis_url {
-    char host[256];
-    unsigned port;  /* default 6379 */
-    char *password; /* owned, NULL: none */
-    unsigned db;    /* default 0 */
-};
-
-/* Parses redis://[:password@]host[:port][/db] (also redis://user:password@…,
- * the user ignored). Returns 0 or -EINVAL. On success the caller frees
- * ret->password. */
-int store_redis_parse_url(const char *url, struct store_redis_url *ret);
-
 /* Creates a Redis store on <url>: acquire, complete, release and extend run
  * on one pipelined connection per loop of <loops> (borrowed: created, not
  * started yet, as each gets a timer of the store's for good): called on one
@@ -34,7 +22,8 @@ int store_redis_parse_url(const char *url, struct store_redis_url *ret);
  * outlive the store) with one connection per pool thread. Each call is
  * bounded by <timeout_ms>. Does not need Redis to be up: connections are made
  * on first use and retried with backoff. Returns 0 with the store in <ret>,
- * -EINVAL for a bad URL or no loops, -ENOMEM, -EAGAIN or -ENOSPC (a loop has
+ * -EINVAL for a bad URL (redis_url.h) or no loops, -ENOTSUP for a form not
+ * served yet, -ENOMEM, -EAGAIN or -ENOSPC (a loop has
  * no timer left).
  *
  * The loops must outlive the store. store_free() finishes each connection on

@@ -23,6 +23,7 @@
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
+#include "idemproxy/redis_url.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/worker.h"
 
@@ -1093,40 +1094,35 @@ static void test_memory_stress_keeps_its_accounts(void)
 
 /* ---- Redis only ---- */
 
-static void url_free(struct store_redis_url *u)
-{
-    free(u->password);
-    u->password = NULL;
-}
-
 /* A connection of the test's own, to look at what the store wrote, on
  * database <db>. */
 static redisContext *admin_connect(unsigned db)
 {
-    struct store_redis_url u = { .port = 0 };
+    struct redis_url u;
     struct timeval tv = { .tv_sec = 5 };
     redisContext *c;
     redisReply *r;
 
-    if (store_redis_parse_url(redis_url, &u) < 0) {
+    if (redis_url_parse(redis_url, &u, NULL, 0) < 0) {
         fprintf(stderr, "IDEMPROXY_TEST_REDIS_URL is not a redis:// URL: %s\n", redis_url);
         exit(1);
     }
-    c = redisConnectWithTimeout(u.host, (int)u.port, tv);
+    c = redisConnectWithTimeout(u.hosts[0].host, (int)u.hosts[0].port, tv);
     if (!c || c->err) {
         fprintf(stderr, "cannot connect to %s\n", redis_url);
         exit(1);
     }
     redisSetTimeout(c, tv);
     if (u.password) {
-        r = redisCommand(c, "AUTH %s", u.password);
+        r = u.user ? redisCommand(c, "AUTH %s %s", u.user, u.password)
+                   : redisCommand(c, "AUTH %s", u.password);
         CHECK(r && r->type == REDIS_REPLY_STATUS);
         freeReplyObject(r);
     }
     r = redisCommand(c, "SELECT %u", db);
     CHECK(r && r->type == REDIS_REPLY_STATUS);
     freeReplyObject(r);
-    url_free(&u);
+    redis_url_done(&u);
     return c;
 }
 
@@ -1155,37 +1151,39 @@ static bool admin_ok(redisContext *c, const char *cmd)
 
 static unsigned base_db(void)
 {
-    struct store_redis_url u = { .port = 0 };
+    struct redis_url u;
     unsigned db = 0;
 
-    if (store_redis_parse_url(redis_url, &u) == 0)
+    if (redis_url_parse(redis_url, &u, NULL, 0) == 0)
         db = u.db;
-    url_free(&u);
+    redis_url_done(&u);
     return db;
 }
 
 /* The test URL with its database replaced by <db>. */
 static void url_with_db(char *buf, size_t size, unsigned db)
 {
-    struct store_redis_url u = { .port = 0 };
-    char pw[768] = "";
+    struct redis_url u;
+    char pw[768] = "", host[300];
 
-    CHECK_EQ_INT(store_redis_parse_url(redis_url, &u), 0);
+    CHECK_EQ_INT(redis_url_parse(redis_url, &u, NULL, 0), 0);
     if (u.password) {
+        const char *parts[] = { u.user ? u.user : "", u.password };
         char *o = pw;
 
-        *o++ = ':';
-        for (const unsigned char *p = (const unsigned char *)u.password; *p; p++) {
-            if (o - pw > 700)
-                abort(); /* no test Redis has such a password */
-            o += sprintf(o, "%%%02X", *p);
+        for (int i = 0; i < 2; i++) {
+            for (const unsigned char *p = (const unsigned char *)parts[i]; *p; p++) {
+                if (o - pw > 700)
+                    abort(); /* no test Redis has such a user or password */
+                o += sprintf(o, "%%%02X", *p);
+            }
+            *o++ = i == 0 ? ':' : '@';
         }
-        *o++ = '@';
         *o = '\0';
     }
-    snprintf(buf, size, "redis://%s%s%s%s:%u/%u", pw, strchr(u.host, ':') ? "[" : "", u.host,
-             strchr(u.host, ':') ? "]" : "", u.port, db);
-    url_free(&u);
+    redis_addr_format(&u.hosts[0], host, sizeof(host));
+    snprintf(buf, size, "redis%s://%s%s/%u", u.tls ? "s" : "", pw, host, db);
+    redis_url_done(&u);
 }
 
 /* A Redis store on loops of its own, created first and started after it. */

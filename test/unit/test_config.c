@@ -655,6 +655,10 @@ static void test_config_errors_name_the_option(void)
         { { "--upstream", "http://a b" }, NULL, "--upstream:", NULL },
         { { "--upstream", "127.0.0.1:3000" }, NULL, "--upstream:", NULL },
         { { "--redis", "http://x" }, NULL, "--redis: 'http://x'", "redis://" },
+        /* the parser's reason, and never the password */
+        { { "--redis", "redis://u:hunter2@h:0" }, NULL, "--redis: 'redis://u:***@h:0'",
+          "1 to 65535" },
+        { { "--redis", "redis-sentinel://s1" }, NULL, "--redis:", "needs ?master=NAME" },
         { { "--methods", "" }, NULL, "--methods: ''", "POST,PUT,PATCH" },
         { { "--methods", "PO ST" }, NULL, "--methods:", NULL },
         { { "--methods", "POST," }, NULL, "--methods:", NULL },

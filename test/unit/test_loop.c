@@ -128,6 +128,65 @@ static void test_loop_timer_fires_when_due(void)
     loop_free(s.l);
 }
 
+/* Timers added and deleted from inside timer callbacks (a Redis connection
+ * made and dropped while the loop runs): a callback deletes itself and the
+ * timer after it, which then never fires, and adds a new one, which does. */
+struct churn {
+    struct loop *l;
+    struct loop_timer a, b, c;
+    atomic_int a_runs, b_runs, c_runs;
+    atomic_bool done;
+};
+
+static void churn_c(void *ctx)
+{
+    struct churn *ch = ctx;
+
+    atomic_fetch_add(&ch->c_runs, 1);
+    loop_timer_del(ch->l, &ch->c);
+    atomic_store(&ch->done, true);
+}
+
+static void churn_a(void *ctx)
+{
+    struct churn *ch = ctx;
+
+    atomic_fetch_add(&ch->a_runs, 1);
+    loop_timer_del(ch->l, &ch->a);
+    loop_timer_del(ch->l, &ch->b); /* due in the same pass: it must not run */
+    ch->c = (struct loop_timer){ .fn = churn_c, .ctx = ch, .due_ms = now_ms() + 20 };
+    CHECK_EQ_INT(loop_timer_add(ch->l, &ch->c), 0);
+}
+
+static void churn_b(void *ctx)
+{
+    struct churn *ch = ctx;
+
+    atomic_fetch_add(&ch->b_runs, 1);
+}
+
+static void test_loop_timers_added_and_deleted_while_running(void)
+{
+    struct churn ch = { 0 };
+    uint64_t due;
+
+    CHECK_EQ_INT(loop_new(&ch.l), 0);
+    due = now_ms() + 30;
+    ch.a = (struct loop_timer){ .fn = churn_a, .ctx = &ch, .due_ms = due };
+    ch.b = (struct loop_timer){ .fn = churn_b, .ctx = &ch, .due_ms = due };
+    CHECK_EQ_INT(loop_timer_add(ch.l, &ch.a), 0);
+    CHECK_EQ_INT(loop_timer_add(ch.l, &ch.b), 0);
+    CHECK_EQ_INT(loop_start(ch.l), 0);
+    for (int i = 0; i < 500 && !atomic_load(&ch.done); i++)
+        usleep(2000);
+    loop_stop(ch.l);
+    CHECK(atomic_load(&ch.done));
+    CHECK_EQ_INT(atomic_load(&ch.a_runs), 1);
+    CHECK_EQ_INT(atomic_load(&ch.b_runs), 0);
+    CHECK_EQ_INT(atomic_load(&ch.c_runs), 1);
+    loop_free(ch.l);
+}
+
 struct watched {
     struct loop_watch watch;
     struct seen *s;
@@ -234,6 +293,7 @@ static void test_loop_stop_runs_what_was_posted_and_refuses_the_rest(void)
 
 TEST_MAIN(test_loop_runs_posted_tasks_in_order_on_its_thread,
           test_loop_call_waits_and_runs_on_the_loop, test_loop_timer_fires_when_due,
+          test_loop_timers_added_and_deleted_while_running,
           test_loop_watch_reports_a_readable_fd,
           test_loop_watch_deleted_in_the_same_batch_gets_no_event,
           test_loop_stop_runs_what_was_posted_and_refuses_the_rest)
