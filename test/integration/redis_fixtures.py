@@ -1,0 +1,927 @@
+"""Real Redis servers in the shapes of SPEC §2.1, for the integration suite:
+TLS (one-way and mutual), ACL users, and a Sentinel set (master, replica,
+three sentinels) that can be failed over.
+
+A plain module: no pytest fixtures here (tests and conftest.py wrap these
+classes in fixtures of the scope they need). Every server listens on
+127.0.0.1 only, on a free port; every process is ended by its own PID; every
+wait is bounded and fails with a FixtureError naming the server and its log.
+
+    pki = make_pki(tmpdir)                      # throwaway CA, certificates
+    srv = TlsRedisServer(tmpdir, pki).start()   # rediss://127.0.0.1:PORT
+    srv = TlsRedisServer(tmpdir, pki, tls_auth_clients="yes").start()  # mutual
+    srv = RedisInstance(tmpdir, acl=["user app on >secret ~idem:* &idemproxy:* +@all",
+                                     "user default off"]).start()
+    srv.client(username="app", password="secret")
+    ss = SentinelSet(tmpdir).start()            # master, replica, 3 sentinels
+    ss.sentinel_url()  # redis-sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3?master=mymaster
+    old = ss.kill_master(); new = ss.wait_failover(old)
+
+Requires /usr/bin/redis-server built with TLS (Debian's is), the openssl CLI
+and python3-redis.
+"""
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+
+import redis
+
+REDIS_SERVER = "/usr/bin/redis-server"
+OPENSSL = "openssl"
+HOST = "127.0.0.1"
+
+
+class FixtureError(RuntimeError):
+    """A fixture server could not be started, or a bounded wait ran out."""
+
+
+# --------------------------------------------------------------------------- ports
+
+_used_ports = set()
+_ports_lock = threading.Lock()
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1 (bound to port 0, then closed), never one
+    this process has handed out before, so the servers of one set never
+    collide with each other."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        with _ports_lock:
+            if port not in _used_ports:
+                _used_ports.add(port)
+                return port
+    raise FixtureError("no unused free port found on %s" % HOST)
+
+
+def log_tail(path, limit=3000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError as e:
+        return "(log %s unreadable: %s)" % (path, e)
+    text = data.decode("utf-8", "replace")
+    return ("...\n" if size > limit else "") + text
+
+
+# --------------------------------------------------------------------------- PKI
+
+_OPENSSL_CNF = """\
+# Written by redis_fixtures.make_pki: nothing comes from the system's openssl.cnf.
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = placeholder
+
+[ca_ext]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+
+[server_ext]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+
+[client_ext]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+
+[wrong_ext]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:wrong.example
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+class Pki:
+    """Paths of the files make_pki wrote (absolute). Also readable as a dict
+    by file name: pki["server.crt"]."""
+
+    FILES = ("ca.crt", "ca.key", "server.crt", "server.key", "client.crt", "client.key",
+             "other-ca.crt", "other-ca.key", "wrong.crt", "wrong.key")
+
+    def __init__(self, dirpath):
+        self.dir = os.path.abspath(str(dirpath))
+        self.ca_crt = self._p("ca.crt")
+        self.ca_key = self._p("ca.key")
+        self.server_crt = self._p("server.crt")
+        self.server_key = self._p("server.key")
+        self.client_crt = self._p("client.crt")
+        self.client_key = self._p("client.key")
+        self.other_ca_crt = self._p("other-ca.crt")
+        self.other_ca_key = self._p("other-ca.key")
+        self.wrong_crt = self._p("wrong.crt")
+        self.wrong_key = self._p("wrong.key")
+
+    def _p(self, name):
+        return os.path.join(self.dir, name)
+
+    def __getitem__(self, name):
+        if name not in self.FILES:
+            raise KeyError(name)
+        return self._p(name)
+
+    def as_dict(self):
+        return {n: self._p(n) for n in self.FILES}
+
+    def __repr__(self):
+        return "Pki(%r)" % self.dir
+
+
+def _openssl(args, cwd):
+    r = subprocess.run([OPENSSL] + args, cwd=cwd, capture_output=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise FixtureError("openssl %s failed (%d):\n%s%s" % (
+            " ".join(args), r.returncode, r.stdout.decode(errors="replace"),
+            r.stderr.decode(errors="replace")))
+
+
+def make_pki(dirpath):
+    """Writes into <dirpath> (created if needed), with the openssl CLI and EC
+    P-256 keys: a CA (ca.crt/ca.key, basicConstraints critical CA:TRUE); a
+    server certificate it signs for DNS:localhost and IP:127.0.0.1, EKU
+    serverAuth (server.crt/server.key); a client certificate it signs, EKU
+    clientAuth (client.crt/client.key); an unrelated second CA
+    (other-ca.crt/other-ca.key); a server certificate the good CA signs for
+    DNS:wrong.example only (wrong.crt/wrong.key). Returns a Pki."""
+    d = os.path.abspath(str(dirpath))
+    os.makedirs(d, exist_ok=True)
+    cnf = os.path.join(d, "openssl.cnf")
+    with open(cnf, "w") as f:
+        f.write(_OPENSSL_CNF)
+
+    def key(name):
+        _openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                  "-out", name], d)
+        os.chmod(os.path.join(d, name), 0o600)
+
+    def ca(stem, cn):
+        key(stem + ".key")
+        _openssl(["req", "-config", cnf, "-new", "-x509", "-sha256", "-days", "3650",
+                  "-key", stem + ".key", "-subj", "/CN=" + cn, "-extensions", "ca_ext",
+                  "-out", stem + ".crt"], d)
+
+    def leaf(stem, cn, ext):
+        key(stem + ".key")
+        _openssl(["req", "-config", cnf, "-new", "-key", stem + ".key", "-subj", "/CN=" + cn,
+                  "-out", stem + ".csr"], d)
+        _openssl(["x509", "-req", "-sha256", "-days", "825", "-in", stem + ".csr",
+                  "-CA", "ca.crt", "-CAkey", "ca.key",
+                  "-set_serial", str(int.from_bytes(os.urandom(8), "big") >> 1),
+                  "-extfile", cnf, "-extensions", ext, "-out", stem + ".crt"], d)
+        os.unlink(os.path.join(d, stem + ".csr"))
+
+    ca("ca", "idemproxy test CA")
+    ca("other-ca", "unrelated test CA")
+    leaf("server", "localhost", "server_ext")
+    leaf("client", "idemproxy test client", "client_ext")
+    leaf("wrong", "wrong.example", "wrong_ext")
+    return Pki(d)
+
+
+# --------------------------------------------------------------------------- one process
+
+
+class _Proc:
+    """One redis-server process (data node or sentinel) with its config file
+    <workdir>/<name>.conf, log <workdir>/<name>.log and working directory
+    <workdir>/<name>/. Subclasses provide _conf_lines()."""
+
+    sentinel = False
+    kind = "redis-server"
+
+    def __init__(self, workdir, name, pki=None, tls_auth_clients="no", auth=(None, None)):
+        if tls_auth_clients not in ("no", "yes", "optional"):
+            raise ValueError("tls_auth_clients: no, yes or optional")
+        self.workdir = os.path.abspath(str(workdir))
+        self.name = name
+        self.pki = pki
+        self.tls_auth_clients = tls_auth_clients
+        self.auth = auth  # (username, password) the fixture's own clients use
+        self.port = free_port()
+        self.conf_path = os.path.join(self.workdir, name + ".conf")
+        self.log_path = os.path.join(self.workdir, name + ".log")
+        self.dir = os.path.join(self.workdir, name)
+        self.proc = None
+        self.frozen = False
+        self.started_seconds = None
+        self._conf_port = None
+
+    # ---- subclass hooks
+    def _conf_lines(self):
+        raise NotImplementedError
+
+    def _common_lines(self):
+        lines = ["bind %s" % HOST, "daemonize no", 'logfile ""', "dir %s" % self.dir,
+                 "protected-mode no"]
+        if self.pki is None:
+            lines.append("port %d" % self.port)
+        else:
+            lines += ["port 0", "tls-port %d" % self.port,
+                      "tls-ca-cert-file %s" % self.pki.ca_crt,
+                      "tls-auth-clients %s" % self.tls_auth_clients,
+                      # What this process presents when it is the client (replication,
+                      # sentinel links): the server certificate is serverAuth only.
+                      "tls-client-cert-file %s" % self.pki.client_crt,
+                      "tls-client-key-file %s" % self.pki.client_key]
+        return lines
+
+    # ---- identity
+    @property
+    def tls(self):
+        return self.pki is not None
+
+    @property
+    def addr(self):
+        return (HOST, self.port)
+
+    def describe(self):
+        return "%s %s on %s:%d%s (log %s)" % (self.kind, self.name, HOST, self.port,
+                                              " (TLS)" if self.tls else "", self.log_path)
+
+    def url(self, username=None, password=None, db=None):
+        """redis[s]://[[USER]:PASSWORD@]127.0.0.1:PORT[/DB] (credentials only when given)."""
+        userinfo = ""
+        if password is not None or username is not None:
+            userinfo = "%s:%s@" % (urllib.parse.quote(username or "", safe=""),
+                                   urllib.parse.quote(password or "", safe=""))
+        return "%s://%s%s:%d%s" % ("rediss" if self.tls else "redis", userinfo, HOST,
+                                   self.port, "" if db is None else "/%d" % db)
+
+    # ---- clients
+    def client(self, username=None, password=None, ca=None, client_cert=None,
+               check_hostname=False, timeout=5.0, **kw):
+        """A redis.Redis to this process. Without username/password, the
+        fixture's own credentials (if any) are used; pass password="" to
+        connect with none. TLS: verified against <ca> (default the PKI's CA);
+        client_cert None = the PKI's client certificate when the server asks
+        for one (tls_auth_clients yes/optional), False = none, or a
+        (certfile, keyfile) pair."""
+        if username is None and password is None:
+            username, password = self.auth
+        if password == "":
+            username, password = None, None
+        args = dict(host=HOST, port=self.port, username=username, password=password,
+                    socket_timeout=timeout, socket_connect_timeout=timeout)
+        if self.tls:
+            args.update(ssl=True, ssl_cert_reqs="required",
+                        ssl_ca_certs=ca or self.pki.ca_crt,
+                        ssl_check_hostname=check_hostname)
+            if client_cert is None and self.tls_auth_clients != "no":
+                client_cert = (self.pki.client_crt, self.pki.client_key)
+            if client_cert:
+                args.update(ssl_certfile=client_cert[0], ssl_keyfile=client_cert[1])
+        args.update(kw)
+        return redis.Redis(**args)
+
+    # ---- process
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def write_conf(self):
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.conf_path, "w") as f:
+            f.write("# written by redis_fixtures for %s\n" % self.name)
+            f.write("\n".join(self._conf_lines()) + "\n")
+
+    def spawn(self, write_conf=None):
+        """Starts the process (does not wait). The config file is written on
+        the first start on a port (write_conf=None) and kept on a restart: a
+        sentinel rewrites its own (the current master, epochs), and sentinels
+        rewrite a data node's on failover (replicaof)."""
+        assert not self.running(), "%s already running" % self.describe()
+        if write_conf or (write_conf is None and self._conf_port != self.port):
+            self.write_conf()
+            self._conf_port = self.port
+        self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        argv = [REDIS_SERVER, self.conf_path] + (["--sentinel"] if self.sentinel else [])
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, cwd=self.dir, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.frozen = False
+        self._spawned_at = time.monotonic()
+
+    def _port_clash(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return b"Address already in use" in f.read()
+        except OSError:
+            return False
+
+    def wait_up(self, timeout=10.0):
+        """Waits until the process answers PING (an authentication error
+        counts as an answer). Returns True; False if the process exited
+        because its port was taken; raises FixtureError otherwise."""
+        deadline = time.monotonic() + timeout
+        c = self.client(timeout=1.0)
+        last = None
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    if self._port_clash():
+                        return False
+                    raise FixtureError("%s exited with %s during start-up:\n%s" % (
+                        self.describe(), self.proc.returncode, log_tail(self.log_path)))
+                try:
+                    if c.ping():
+                        break
+                except (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError):
+                    break  # it answered (NOAUTH, WRONGPASS...): it is up
+                except redis.exceptions.RedisError as e:
+                    last = e
+                if time.monotonic() > deadline:
+                    raise FixtureError(
+                        "%s did not answer PING%s within %.0f s (last error: %s):\n%s" % (
+                            self.describe(), " over TLS" if self.tls else "", timeout, last,
+                            log_tail(self.log_path)))
+                time.sleep(0.03)
+        finally:
+            c.close()
+        self.started_seconds = time.monotonic() - self._spawned_at
+        return True
+
+    def start(self, timeout=10.0, write_conf=None):
+        """spawn() + wait_up(), on a new port if the chosen one was taken
+        meanwhile (on a first start only: a restart keeps its port). Returns
+        self."""
+        for _ in range(3):
+            first = self._conf_port != self.port
+            self.spawn(write_conf)
+            if self.wait_up(timeout):
+                return self
+            self.proc.wait(5)
+            self.proc = None
+            if not first:
+                raise FixtureError("%s: its port was taken meanwhile (restart):\n%s" % (
+                    self.describe(), log_tail(self.log_path)))
+            self.port = free_port()
+        raise FixtureError("%s: port taken three times in a row" % self.describe())
+
+    def restart(self, timeout=10.0):
+        """stop() then start() on the same port, with the config file as it
+        is now. Returns self."""
+        self.stop()
+        return self.start(timeout)
+
+    def kill(self):
+        """SIGKILL (a crash), and reaps it."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+        self.frozen = False
+
+    def freeze(self):
+        """SIGSTOP: the process holds its connections but answers nothing."""
+        assert self.running(), self.describe()
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self):
+        if self.running() and self.frozen:
+            self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
+
+    def stop(self, timeout=3.0):
+        """SIGTERM (after SIGCONT if frozen); SIGKILL if it has not exited
+        within <timeout>. Only this object's own process is signalled."""
+        if self.proc is None:
+            return
+        self.signal_term()
+        self.reap(timeout)
+
+    def signal_term(self):
+        if self.proc is not None and self.proc.poll() is None:
+            if self.frozen:
+                self.proc.send_signal(signal.SIGCONT)
+                self.frozen = False
+            self.proc.send_signal(signal.SIGTERM)
+
+    def reap(self, timeout=3.0):
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+        self.frozen = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __repr__(self):
+        return "<%s>" % self.describe()
+
+
+# --------------------------------------------------------------------------- data nodes
+
+
+class RedisInstance(_Proc):
+    """A redis-server data node on 127.0.0.1:<free port>, `save ""`,
+    `appendonly no`.
+
+    pki:               a Pki: TLS only (`port 0`, `tls-port PORT`), the PKI's
+                       server certificate unless cert/key override it
+    tls_auth_clients:  "no" (default), "yes" (mutual TLS) or "optional"
+    cert, key:         the certificate and key served (e.g. pki.wrong_crt)
+    acl:               ACL user lines (e.g. "user app on >secret ~idem:* +@all",
+                       "user default off"), written to <name>.acl (`aclfile`)
+    password:          `requirepass` (the default user's password)
+    auth:              (username, password) the fixture's own clients use by
+                       default (defaults to (None, password))
+    replicaof:         (host, port) of a master; master_auth (user, password)
+                       gives `masteruser`/`masterauth`
+    extra_conf:        further config lines
+    """
+
+    def __init__(self, workdir, pki=None, tls_auth_clients="no", cert=None, key=None,
+                 acl=None, password=None, auth=None, replicaof=None, master_auth=(None, None),
+                 extra_conf=(), name=None):
+        if (cert is None) != (key is None):
+            raise ValueError("cert and key go together")
+        if cert is not None and pki is None:
+            raise ValueError("cert/key need a pki (TLS)")
+        super().__init__(workdir, name or "redis", pki, tls_auth_clients,
+                         auth if auth is not None else (None, password))
+        if name is None:
+            self._rename("redis-%d" % self.port)
+        self.cert = cert
+        self.key = key
+        self.acl = list(acl) if acl is not None else None
+        self.password = password
+        self.replicaof = replicaof
+        self.master_auth = master_auth
+        self.extra_conf = list(extra_conf)
+        self.acl_path = os.path.join(self.workdir, self.name + ".acl")
+
+    def _rename(self, name):
+        self.name = name
+        self.conf_path = os.path.join(self.workdir, name + ".conf")
+        self.log_path = os.path.join(self.workdir, name + ".log")
+        self.dir = os.path.join(self.workdir, name)
+
+    def _conf_lines(self):
+        lines = self._common_lines()
+        lines += ['save ""', "appendonly no",
+                  "repl-diskless-sync yes", "repl-diskless-sync-delay 0"]
+        if self.tls:
+            lines += ["tls-cert-file %s" % (self.cert or self.pki.server_crt),
+                      "tls-key-file %s" % (self.key or self.pki.server_key),
+                      "tls-replication yes"]
+        if self.acl is not None:
+            with open(self.acl_path, "w") as f:
+                f.write("\n".join(self.acl) + "\n")
+            lines.append("aclfile %s" % self.acl_path)
+        if self.password is not None:
+            lines.append("requirepass %s" % _conf_quote(self.password))
+        user, pw = self.master_auth
+        if user is not None:
+            lines.append("masteruser %s" % _conf_quote(user))
+        if pw is not None:
+            lines.append("masterauth %s" % _conf_quote(pw))
+        if self.replicaof is not None:
+            lines.append("replicaof %s %d" % tuple(self.replicaof))
+        return lines + self.extra_conf
+
+    def role(self):
+        """ROLE's first element ("master", "slave"), via the fixture's credentials."""
+        c = self.client(timeout=1.0)
+        try:
+            return _s(c.execute_command("ROLE")[0])
+        finally:
+            c.close()
+
+    def wait_replica_up(self, timeout=10.0):
+        """Waits until INFO replication says master_link_status:up."""
+        deadline = time.monotonic() + timeout
+        c = self.client(timeout=1.0)
+        info = None
+        try:
+            while True:
+                try:
+                    info = c.info("replication")
+                    if info.get("master_link_status") == "up":
+                        return
+                except redis.exceptions.RedisError as e:
+                    info = e
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise FixtureError("replica %s: master_link_status not up within %.0f s "
+                                       "(last INFO replication: %r):\n%s" % (
+                                           self.describe(), timeout, info,
+                                           log_tail(self.log_path)))
+                time.sleep(0.05)
+        finally:
+            c.close()
+
+
+class TlsRedisServer(RedisInstance):
+    """A RedisInstance over TLS only: TlsRedisServer(workdir, pki,
+    tls_auth_clients="no"|"yes", cert=None, key=None, acl=None, password=None).
+    start() returns once it answers PING over TLS."""
+
+    def __init__(self, workdir, pki, tls_auth_clients="no", cert=None, key=None, **kw):
+        if pki is None:
+            raise ValueError("TlsRedisServer needs a pki (make_pki)")
+        super().__init__(workdir, pki=pki, tls_auth_clients=tls_auth_clients, cert=cert,
+                         key=key, **kw)
+
+
+# --------------------------------------------------------------------------- sentinel
+
+
+class SentinelInstance(_Proc):
+    sentinel = True
+    kind = "redis-sentinel"
+
+    def __init__(self, workdir, name, sset):
+        super().__init__(workdir, name, sset.pki, sset.tls_auth_clients,
+                         (sset.sentinel_user, sset.sentinel_password))
+        self.sset = sset
+        self.myid = os.urandom(20).hex()
+
+    def renew(self):
+        """A new port and id (before a retried start)."""
+        self.port = free_port()
+        self.myid = os.urandom(20).hex()
+
+    def _conf_lines(self):
+        s = self.sset
+        lines = self._common_lines()
+        if self.tls:
+            lines += ["tls-cert-file %s" % self.pki.server_crt,
+                      "tls-key-file %s" % self.pki.server_key,
+                      # TLS to the master, the replicas and the other sentinels
+                      "tls-replication yes"]
+        if s.sentinel_password is not None:
+            if s.sentinel_user is not None:
+                lines += ["user default off",
+                          "user %s on #%s allchannels +@all" % (
+                              s.sentinel_user, _sha256(s.sentinel_password))]
+            else:
+                lines.append("requirepass %s" % _conf_quote(s.sentinel_password))
+        lines += ["sentinel resolve-hostnames no",
+                  "sentinel myid %s" % self.myid]
+        if s.sentinel_password is not None:
+            if s.sentinel_user is not None:
+                lines.append("sentinel sentinel-user %s" % _conf_quote(s.sentinel_user))
+            lines.append("sentinel sentinel-pass %s" % _conf_quote(s.sentinel_password))
+        n = s.name
+        mhost, mport = s.initial_master.addr
+        lines += ["sentinel monitor %s %s %d %d" % (n, mhost, mport, s.quorum),
+                  "sentinel down-after-milliseconds %s %d" % (n, s.down_after_ms),
+                  "sentinel failover-timeout %s %d" % (n, s.failover_timeout_ms),
+                  "sentinel parallel-syncs %s 1" % n]
+        if s.username is not None:
+            lines.append("sentinel auth-user %s %s" % (n, _conf_quote(s.username)))
+        if s.password is not None:
+            lines.append("sentinel auth-pass %s %s" % (n, _conf_quote(s.password)))
+        # The other sentinels are declared up front (as a sentinel's own config
+        # rewrite would), so they need not discover each other through hello
+        # messages (published every 2 s) before the set can fail over.
+        for other in s.sentinels:
+            if other is not self:
+                lines.append("sentinel known-sentinel %s %s %d %s" % (n, HOST, other.port,
+                                                                      other.myid))
+        return lines
+
+    def command(self, *args, timeout=1.0):
+        c = self.client(timeout=timeout)
+        try:
+            return c.execute_command(*args)
+        finally:
+            c.close()
+
+
+class SentinelSet:
+    """A master, <replicas> replicas (`replicaof`) and <sentinels> sentinels
+    on free loopback ports, each its own redis-server process with a config
+    file under <workdir>.
+
+    name:                the monitored master's name ("mymaster")
+    pki, tls_auth_clients: TLS everywhere (data nodes, sentinels, replication,
+                         sentinel links) as in RedisInstance
+    password:            the data nodes' password: `requirepass` (username
+                         None) or, with username, an ACL user `~* &* +@all`
+                         with `user default off`; the replicas' `masterauth`/
+                         `masteruser`, the sentinels' `auth-pass`/`auth-user`
+    acl_users:           further ACL lines for the data nodes (e.g. a user
+                         restricted to ~idem:*), with or without username
+    sentinel_password:   the sentinels' own password (`requirepass`, or with
+                         sentinel_user an ACL user; `sentinel sentinel-pass`)
+    down_after_ms, failover_timeout_ms, quorum: the sentinel settings
+
+    start() returns once the replicas are in sync and every sentinel sees the
+    master, the replicas and the other sentinels connected.
+    """
+
+    def __init__(self, workdir, name="mymaster", pki=None, tls_auth_clients="no",
+                 password=None, username=None, acl_users=(), sentinel_password=None,
+                 sentinel_user=None, replicas=1, sentinels=3, quorum=2, down_after_ms=1000,
+                 failover_timeout_ms=3000):
+        if username is not None and password is None:
+            raise ValueError("username needs a password")
+        if sentinel_user is not None and sentinel_password is None:
+            raise ValueError("sentinel_user needs a sentinel_password")
+        self.workdir = os.path.abspath(str(workdir))
+        os.makedirs(self.workdir, exist_ok=True)
+        self.name = name
+        self.pki = pki
+        self.tls_auth_clients = tls_auth_clients
+        self.username = username
+        self.password = password
+        self.sentinel_user = sentinel_user
+        self.sentinel_password = sentinel_password
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.startup_seconds = None
+
+        acl = None
+        requirepass = None
+        if username is not None:
+            acl = ["user default off",
+                   "user %s on #%s ~* &* +@all" % (username, _sha256(password))] + list(acl_users)
+        else:
+            requirepass = password
+            if acl_users:
+                acl = list(acl_users)
+
+        def data_node(nm, replicaof):
+            return RedisInstance(self.workdir, pki=pki, tls_auth_clients=tls_auth_clients,
+                                 acl=acl, password=requirepass, auth=(username, password),
+                                 replicaof=replicaof, master_auth=(username, password),
+                                 name=nm)
+
+        self.initial_master = data_node("master", None)
+        self.data_nodes = [self.initial_master]
+        for i in range(replicas):
+            self.data_nodes.append(data_node("replica%d" % (i + 1), self.initial_master.addr))
+        self.sentinels = [SentinelInstance(self.workdir, "sentinel%d" % (i + 1), self)
+                          for i in range(sentinels)]
+
+    # ---- start / stop
+    def start(self, timeout=15.0):
+        t0 = time.monotonic()
+        try:
+            self.initial_master.start()
+            for r in self.data_nodes[1:]:
+                r.replicaof = self.initial_master.addr
+                r.start()
+            for r in self.data_nodes[1:]:
+                r.wait_replica_up(timeout)
+            self._start_sentinels()
+            self.wait_sentinels_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _start_sentinels(self):
+        for _ in range(3):
+            for s in self.sentinels:
+                s.spawn()
+            if all([s.wait_up() for s in self.sentinels]):
+                return
+            for s in self.sentinels:  # a port was taken: all again, new ports and ids
+                s.kill()
+                s.renew()
+        raise FixtureError("sentinels: ports taken three times in a row")
+
+    def sentinels_ready(self):
+        """None when every sentinel sees the master (flags "master"), every
+        replica (link ok) and every other sentinel connected; otherwise a
+        description of what is missing."""
+        for s in self.sentinels:
+            try:
+                # last-ping-sent is "0" once the last PING on that link was
+                # answered (it counts from the link's creation until then)
+                m = _pairs(s.command("SENTINEL", "MASTER", self.name))
+                if m.get("flags") != "master" or m.get("last-ping-sent") != "0":
+                    return "%s: master %r" % (s.name, m)
+                reps = [_pairs(x) for x in s.command("SENTINEL", "REPLICAS", self.name)]
+                ok = [x for x in reps if x.get("flags") == "slave"
+                      and x.get("master-link-status") == "ok"]
+                if len(ok) < len(self.data_nodes) - 1:
+                    return "%s: replicas %r" % (s.name, reps)
+                sens = [_pairs(x) for x in s.command("SENTINEL", "SENTINELS", self.name)]
+                ok = [x for x in sens if x.get("flags") == "sentinel"
+                      and x.get("last-ping-sent") == "0"]
+                if len(ok) < len(self.sentinels) - 1:
+                    return "%s: sentinels %r" % (s.name, sens)
+                q = _s(s.command("SENTINEL", "CKQUORUM", self.name))
+                if not q.startswith("OK"):
+                    return "%s: ckquorum %r" % (s.name, q)
+            except redis.exceptions.RedisError as e:
+                return "%s: %s" % (s.name, e)
+        return None
+
+    def wait_sentinels_ready(self, timeout=15.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            why = self.sentinels_ready()
+            if why is None:
+                return
+            for s in self.sentinels:
+                if s.proc.poll() is not None:
+                    raise FixtureError("%s exited:\n%s" % (s.describe(), log_tail(s.log_path)))
+            if time.monotonic() > deadline:
+                raise FixtureError("sentinels of %s not ready within %.0f s: %s\nlogs: %s" % (
+                    self.name, timeout, why, ", ".join(s.log_path for s in self.sentinels)))
+            time.sleep(0.05)
+
+    def stop(self):
+        """Ends every process of the set (its own PIDs only): the sentinels
+        first, so that they do not fail over during the teardown."""
+        for group in (self.sentinels, self.data_nodes):
+            for p in group:
+                p.signal_term()
+            for p in group:
+                p.reap()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ---- addresses, clients
+    @property
+    def tls(self):
+        return self.pki is not None
+
+    def sentinel_addrs(self):
+        return [s.addr for s in self.sentinels]
+
+    def sentinel_url(self, master=None, tls=None, credentials=True, db=None):
+        """redis-sentinel://[[USER]:PASSWORD@]127.0.0.1:S1,127.0.0.1:S2,...[/DB]?master=NAME
+        (SPEC §2.1). tls None = as the set runs (rediss-sentinel:// on a TLS
+        set); master None = the set's name; credentials: the master's
+        user/password in the userinfo and the sentinels' as sentinel_user /
+        sentinel_password query parameters, when the set has them."""
+        tls = self.tls if tls is None else tls
+        userinfo = ""
+        if credentials and self.password is not None:
+            userinfo = "%s:%s@" % (urllib.parse.quote(self.username or "", safe=""),
+                                   urllib.parse.quote(self.password, safe=""))
+        hosts = ",".join("%s:%d" % a for a in self.sentinel_addrs())
+        query = [("master", master or self.name)]
+        if credentials and self.sentinel_user is not None:
+            query.append(("sentinel_user", self.sentinel_user))
+        if credentials and self.sentinel_password is not None:
+            query.append(("sentinel_password", self.sentinel_password))
+        return "%s://%s%s%s?%s" % ("rediss-sentinel" if tls else "redis-sentinel", userinfo,
+                                   hosts, "" if db is None else "/%d" % db,
+                                   urllib.parse.urlencode(query, quote_via=urllib.parse.quote))
+
+    def node(self, addr):
+        """The data node listening on addr (host, port)."""
+        for n in self.data_nodes:
+            if n.addr == tuple(addr):
+                return n
+        raise FixtureError("%s:%s is none of this set's data nodes (%s)" % (
+            addr[0], addr[1], ", ".join(n.describe() for n in self.data_nodes)))
+
+    def sentinel_reports(self):
+        """{sentinel name: (host, port) | error string} from every running,
+        unfrozen sentinel's SENTINEL get-master-addr-by-name."""
+        out = {}
+        for s in self.sentinels:
+            if not s.running() or s.frozen:
+                continue
+            try:
+                r = s.command("SENTINEL", "get-master-addr-by-name", self.name)
+                out[s.name] = (_s(r[0]), int(r[1])) if r else None
+            except redis.exceptions.RedisError as e:
+                out[s.name] = "error: %s" % e
+        return out
+
+    def master_addr(self):
+        """(host, port) of the master as the first sentinel that answers reports it."""
+        reports = self.sentinel_reports()
+        for v in reports.values():
+            if isinstance(v, tuple):
+                return v
+        raise FixtureError("no sentinel of %s reports a master: %r" % (self.name, reports))
+
+    def master(self):
+        return self.node(self.master_addr())
+
+    def master_client(self, **kw):
+        return self.master().client(**kw)
+
+    def replicas(self):
+        """The running data nodes other than the current master."""
+        m = self.master_addr()
+        return [n for n in self.data_nodes if n.addr != m and n.running()]
+
+    def kill_master(self):
+        """SIGKILL the current master's process. Returns its address."""
+        m = self.master()
+        m.kill()
+        return m.addr
+
+    def freeze_master(self):
+        """SIGSTOP the current master's process. Returns its address."""
+        m = self.master()
+        m.freeze()
+        return m.addr
+
+    def revive(self, addr, wait_replica=False, timeout=20.0):
+        """Starts the (killed) data node at addr again, same port and config
+        file. A killed master comes back as a master; the sentinels turn it
+        into a replica of the current master after about 8 s (Redis waits
+        4 hello periods): wait_replica=True waits for that. Returns the node."""
+        n = self.node(addr)
+        n.start()
+        if wait_replica:
+            n.wait_replica_up(timeout)
+        return n
+
+    def thaw(self):
+        """SIGCONT every frozen process of the set."""
+        for p in self.data_nodes + self.sentinels:
+            p.thaw()
+
+    def wait_failover(self, old_addr, timeout=15.0, all_sentinels=True):
+        """Waits until the sentinels report a master other than old_addr (all
+        answering sentinels agreeing, unless all_sentinels=False) and that
+        node answers ROLE as master. Returns its (host, port)."""
+        old_addr = tuple(old_addr)
+        deadline = time.monotonic() + timeout
+        reports, role = None, None
+        while True:
+            reports = self.sentinel_reports()
+            addrs = [v for v in reports.values() if isinstance(v, tuple)]
+            new = [a for a in addrs if a != old_addr]
+            agreed = new and (len(set(addrs)) == 1 if all_sentinels else True)
+            if agreed:
+                cand = new[0]
+                try:
+                    role = self.node(cand).role()
+                    if role == "master":
+                        return cand
+                except redis.exceptions.RedisError as e:
+                    role = "error: %s" % e
+            if time.monotonic() > deadline:
+                raise FixtureError(
+                    "no failover of %s away from %s:%d within %.0f s: sentinels report %r, "
+                    "ROLE of the candidate %r\nlogs: %s" % (
+                        self.name, old_addr[0], old_addr[1], timeout, reports, role,
+                        ", ".join(p.log_path for p in self.sentinels + self.data_nodes)))
+            time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _sha256(password):
+    """An ACL rule's "#<hash>" form of <password>: any characters, no quoting."""
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _pairs(flat):
+    """A flat [k1, v1, k2, v2...] reply as {str: str}."""
+    it = iter(flat)
+    return {_s(k): _s(v) for k, v in zip(it, it)}
+
+
+def _conf_quote(v):
+    """A config-file argument: quoted when it holds anything but safe characters."""
+    if v and all(c.isalnum() or c in "-_.:@/+=*~&<>!%" for c in v):
+        return v
+    return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
