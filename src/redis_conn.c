@@ -15,6 +15,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -674,6 +675,26 @@ int redis_conn_subscribe(struct redis_conn *c, const char *channel, redis_reply_
     if (err == 0)
         c->subscribed = true;
     return err;
+}
+
+void redis_conn_drive(struct redis_conn *c, unsigned max_wait_ms)
+{
+    struct pollfd pfd = { .fd = c->fd };
+    uint64_t now = now_ms();
+    int wait;
+
+    if (c->state == DEAD || c->freed)
+        return;
+    pfd.events = (short)((c->events & EPOLLIN ? POLLIN : 0) | (c->events & EPOLLOUT ? POLLOUT : 0));
+    wait = c->timer.due_ms <= now                ? 0
+           : c->timer.due_ms - now < max_wait_ms ? (int)(c->timer.due_ms - now)
+                                                 : (int)max_wait_ms;
+    if (poll(&pfd, 1, wait) > 0)
+        on_events(c, (pfd.revents & POLLIN ? EPOLLIN : 0) | (pfd.revents & POLLOUT ? EPOLLOUT : 0) |
+                         (pfd.revents & POLLHUP ? EPOLLHUP : 0) |
+                         (pfd.revents & POLLERR ? EPOLLERR : 0));
+    else
+        on_timer(c);
 }
 
 bool redis_conn_is_ready(const struct redis_conn *c)

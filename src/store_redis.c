@@ -14,7 +14,6 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <ctype.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <limits.h>
 #include <netdb.h>
@@ -30,11 +29,13 @@
 #include <unistd.h>
 
 #include "idemproxy/buf.h"
-#include "idemproxy/idemkey.h"
 #include "idemproxy/http.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/log.h"
+#include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
@@ -46,7 +47,7 @@
 #define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
 #define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
 
-struct redis_conn {
+struct sync_conn {
     redisContext *ctx;    /* owned; NULL: not connected */
     uint64_t retry_at_ms; /* no connect attempt before this */
     uint64_t backoff_ms;  /* the wait after the last failed connect; 0: it worked */
@@ -67,68 +68,64 @@ struct subscriber {
     int fd; /* of the live connection, -1: none; shut down to stop the thread */
 };
 
-
-/* One event loop's connection for the hot operations, driven by that loop:
- * a watch on the socket, a timer for the deadlines (and for work put off to
- * a later turn), a task for ops queued from other threads. Everything below
- * <stopping> belongs to the loop thread (or, once the loop has stopped, to
- * the thread freeing the store). */
-struct rconn {
+/* One event loop's connection for the hot operations, driven by that loop
+ * (redis_conn.h), with a timer for work put off to a later turn and a task
+ * for ops queued from other threads. Everything below <stopping> belongs to
+ * the loop thread (or, once the loop has stopped, to the thread freeing the
+ * store). */
+struct link {
     struct store_redis *st;
-    struct loop *loop; /* borrowed */
-    struct loop_watch watch;
+    struct loop *loop;       /* borrowed */
     struct loop_timer timer; /* registered on <loop> for good */
     struct loop_task task;   /* posted when <queue> stops being empty */
     pthread_mutex_t mu;
-    struct list queue;     /* guarded by mu: struct op from other threads */
-    bool stopping;         /* guarded by mu: refuse ops from other threads */
-    redisAsyncContext *ac; /* NULL: not connected */
-    uint32_t events;       /* what the watch asks epoll for; 0: not watched */
-    uint64_t connect_due_ms;
-    uint64_t retry_at_ms;   /* no connect attempt before this */
-    uint64_t backoff_ms;    /* the wait after the last failed connect; 0: it worked */
-    unsigned setup_left;    /* AUTH, SELECT replies still awaited */
-    bool tcp_up;            /* connected, maybe not set up yet */
-    bool ready_to_send;     /* connected and set up */
-    bool want_write;        /* hiredis has output to flush */
-    bool gone;              /* hiredis let ac go; conn_gone() not run yet */
-    bool drop;              /* drop ac (asked from inside hiredis) */
-    int drop_err;           /* what the ops on a dropped connection get; 0: -ECONNRESET */
-    struct list later;   /* struct op called on the loop thread, not sendable at once */
-    struct list waiting; /* waiting for the connection to be set up */
-    struct list sent;    /* sent, oldest first */
+    struct list queue;       /* guarded by mu: struct op from other threads */
+    bool stopping;           /* guarded by mu: refuse ops from other threads */
+    struct redis_conn *conn; /* NULL: none */
+    bool ready;              /* <conn> is set up */
+    uint64_t retry_at_ms;    /* no connect attempt before this */
+    uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
+    int last_err;            /* what ops get inside the backoff */
+    size_t sent;             /* ops on <conn>, not answered yet */
+    struct list later;       /* struct op called on the loop thread, not sendable at once */
+    struct list waiting;     /* waiting for the connection to be set up */
 };
 
 struct store_redis {
     struct store base;
-    struct worker_pool *pool;   /* borrowed */
-    struct redis_url url;       /* owned */
+    struct worker_pool *pool; /* borrowed */
+    struct redis_url url;     /* owned */
     struct timeval timeout;
     uint64_t timeout_ms;
 
-    /* The host's address, numeric: the loops connect to it, so that no loop
-     * thread ever waits on a name lookup. Looked up when the store is made
-     * and again with every readiness PING, on a pool thread. */
+    /* The host's address: the loops connect to it, so that no loop thread
+     * ever waits on a name lookup. Looked up when the store is made and
+     * again with every readiness PING, on a pool thread. */
     pthread_mutex_t addr_mu;
-    char addr[INET6_ADDRSTRLEN]; /* "" while the name has not resolved */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;     /* 0 while the name has not resolved */
+    char resolve_why[400]; /* why it did not, for the log */
+    char name[300];        /* host:port, for the log */
+    pthread_mutex_t log_mu;
+    char logged_why[400]; /* the last failure logged, "" once connected again */
 
-    struct rconn *rconns; /* owned array, one per loop */
-    unsigned nrconns;
-    atomic_bool stopping;     /* refuse ops called on a loop thread */
-    struct redis_conn *conns; /* owned array, one per pool thread, used by that thread only */
+    struct link *links; /* owned array, one per loop */
+    unsigned nlinks;
+    atomic_bool stopping;    /* refuse ops called on a loop thread */
+    struct sync_conn *conns; /* owned array, one per pool thread, used by that thread only */
     unsigned nconns;
     atomic_bool ready;
     struct store_calls calls;
     struct worker_every *pinger; /* owned: PINGs every PING_INTERVAL_MS */
-    struct subscriber *sub; /* owned; NULL unless store_set_notify() was called */
+    struct subscriber *sub;      /* owned; NULL unless store_set_notify() was called */
 };
 
 /* One accepted hot operation, owned by the store until it calls back. */
 struct op {
     struct store_redis *st;
-    struct list_node node; /* on the queue, waiting or sent */
-    uint64_t sent_ms;
-    bool eval; /* Redis said NOSCRIPT: sent again as EVAL */
+    struct link *link;     /* the connection it was sent on */
+    struct list_node node; /* on the queue, later or waiting */
+    bool eval;             /* Redis said NOSCRIPT: sent again as EVAL */
     enum lua_script_id script;
     store_done_fn *done;
     void *ctx;
@@ -177,7 +174,7 @@ static int command_error(const redisContext *c, int saved_errno)
     }
 }
 
-static void conn_close(struct redis_conn *rc)
+static void conn_close(struct sync_conn *rc)
 {
     redisFree(rc->ctx);
     rc->ctx = NULL;
@@ -199,7 +196,8 @@ static int conn_setup_command(redisContext *c, int argc, const char **argv, cons
 
 static int conn_open(struct store_redis *st, redisContext **ret)
 {
-    redisContext *c = redisConnectWithTimeout(st->url.hosts[0].host, (int)st->url.hosts[0].port, st->timeout);
+    redisContext *c =
+        redisConnectWithTimeout(st->url.hosts[0].host, (int)st->url.hosts[0].port, st->timeout);
     int saved_errno = errno, err = 0;
 
     if (!c)
@@ -244,10 +242,10 @@ fail:
 
 /* The connection of the calling pool thread, connecting it if needed. While
  * a failed connect's backoff runs, fails at once with -ECONNREFUSED. */
-static int conn_get(struct store_redis *st, struct redis_conn **ret)
+static int conn_get(struct store_redis *st, struct sync_conn **ret)
 {
     int idx = worker_current_index();
-    struct redis_conn *rc;
+    struct sync_conn *rc;
     uint64_t now;
     int err;
 
@@ -286,7 +284,7 @@ static bool is_error_reply(const redisReply *r, const char *prefix)
 static int command(struct store_redis *st, int argc, const char **argv, const size_t *lens,
                    redisReply **ret)
 {
-    struct redis_conn *rc;
+    struct sync_conn *rc;
     redisReply *reply;
     int err;
 
@@ -456,56 +454,18 @@ static void op_list_fail(struct list *l, int err)
     }
 }
 
-/* Brings the timer forward to <due_ms>. */
-static void timer_arm(struct rconn *c, uint64_t due_ms)
-{
-    if (due_ms < c->timer.due_ms)
-        c->timer.due_ms = due_ms;
-}
+static void on_op_reply(void *ctx, int err, const redisReply *reply);
 
-/* Sets the timer to the connection's next deadline: the connect's while it
- * is being set up, else the oldest op's. */
-static void timer_rearm(struct rconn *c)
-{
-    uint64_t due = UINT64_MAX;
-
-    if (!list_is_empty(&c->later))
-        due = 0;
-    else if (c->ac && !c->ready_to_send)
-        due = c->connect_due_ms;
-    else if (c->ac && !list_is_empty(&c->sent))
-        due = op_first(&c->sent)->sent_ms + c->st->timeout_ms;
-    c->timer.due_ms = due;
-}
-
-/* Asks epoll for what hiredis needs: always input (EOF while idle shows at
- * once), output while it has some to flush or while the connect runs (that
- * is how it completes). */
-static void watch_update(struct rconn *c)
-{
-    uint32_t events = EPOLLIN;
-
-    if (!c->ac || !c->events)
-        return;
-    if (c->want_write || !(c->ac->c.flags & REDIS_CONNECTED))
-        events |= EPOLLOUT;
-    if (events != c->events && loop_watch_mod(c->loop, &c->watch, events) == 0)
-        c->events = events;
-}
-
-static void on_reply(redisAsyncContext *ac, void *r, void *privdata);
-
-/* Queues the script of <op> on the connection (EVALSHA, or EVAL once Redis
- * said NOSCRIPT): hiredis formats it into its output buffer, a copy of the
- * body too, which the next write sends along with every other op queued
- * meanwhile (pipelining). */
-static int op_send(struct rconn *c, struct op *op, uint64_t now)
+/* Sends the script of <op> on the link's connection (EVALSHA, or EVAL once
+ * Redis said NOSCRIPT): appended to the output, which goes out with every
+ * other op of this loop turn in one write (pipelining). */
+static int op_send(struct link *k, struct op *op)
 {
     const struct lua_script *s = &lua_scripts[op->script];
     const char *argv[8];
     size_t lens[8];
     char ttl[24];
-    int argc = 0;
+    int argc = 0, err;
 
     argv[argc] = op->eval ? "EVAL" : "EVALSHA";
     lens[argc++] = op->eval ? 4 : 7;
@@ -539,36 +499,33 @@ static int op_send(struct rconn *c, struct op *op, uint64_t now)
         lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
         argv[argc++] = ttl;
     }
-    if (redisAsyncCommandArgv(c->ac, on_reply, op, argc, argv, lens) != REDIS_OK)
-        return -ECONNRESET;
-    op->sent_ms = now;
-    if (list_is_empty(&c->sent))
-        timer_arm(c, now + c->st->timeout_ms);
-    list_append(&c->sent, &op->node);
-    return 0;
+    err = redis_conn_command(k->conn, argc, argv, lens, on_op_reply, op);
+    if (err == 0) {
+        op->link = k;
+        k->sent++;
+    }
+    return err;
 }
 
-/* A reply to an op, or NULL when hiredis lets the connection go (then once
- * for every op still waiting, before its cleanup hook runs). */
-static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
+/* An op's reply, or the error of its connection. */
+static void on_op_reply(void *ctx, int err, const redisReply *reply)
 {
-    struct rconn *c = ac->data;
-    struct store_redis *st = c->st;
-    struct op *op = privdata;
-    const redisReply *reply = r;
+    struct op *op = ctx;
+    struct link *k = op->link;
+    struct store_redis *st = op->st;
 
-    list_remove(&op->node);
-    if (!reply) {
+    k->sent--;
+    if (err < 0) {
         set_ready(st, false);
-        op_finish(op, c->drop_err ? c->drop_err : -ECONNRESET, NULL);
+        op_finish(op, err == -ECANCELED ? -ECONNRESET : err, NULL);
         return;
     }
     /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) means it
      * cannot serve us; NOSCRIPT only means the script cache was emptied. */
-    if (reply->type == REDIS_REPLY_ERROR && !op->eval && is_error_reply(reply, "NOSCRIPT")) {
+    if (!op->eval && redis_reply_is_error(reply, "NOSCRIPT")) {
         set_ready(st, true);
         op->eval = true; /* EVAL caches it again for the EVALSHAs after it */
-        if (op_send(c, op, now_ms()) < 0)
+        if (op_send(k, op) < 0)
             op_finish(op, -ECONNRESET, NULL);
         return;
     }
@@ -576,335 +533,191 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     op_finish(op, 0, reply);
 }
 
-/* A reply to AUTH or SELECT: anything but a status fails the connection. */
-static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
+static void backoff_start(struct link *k)
 {
-    struct rconn *c = ac->data;
-    const redisReply *reply = r;
+    k->backoff_ms = k->backoff_ms ? k->backoff_ms * 2 : BACKOFF_FIRST_MS;
+    if (k->backoff_ms > BACKOFF_MAX_MS)
+        k->backoff_ms = BACKOFF_MAX_MS;
+    k->retry_at_ms = now_ms() + k->backoff_ms;
+}
 
-    (void)privdata;
-    if (!reply)
-        return; /* going: conn_gone() fails what waited for it */
-    if (reply->type != REDIS_REPLY_STATUS) {
-        c->drop_err = -EPROTO;
-        c->drop = true; /* not from inside hiredis: conn_service() drops it */
-        return;
+/* Says why the connections fail, once per new reason (every loop's link
+ * retries, each with its backoff: the log gets one line, not one a retry). */
+static void log_failure(struct store_redis *st, const char *why)
+{
+    pthread_mutex_lock(&st->log_mu);
+    if (strcmp(st->logged_why, why) != 0) {
+        snprintf(st->logged_why, sizeof(st->logged_why), "%s", why);
+        log_warn("redis %s: %s", st->name, why);
     }
-    if (--c->setup_left == 0)
-        c->ready_to_send = true;
+    pthread_mutex_unlock(&st->log_mu);
 }
 
-static void on_connect(const redisAsyncContext *ac, int status)
+static void log_recovery(struct store_redis *st)
 {
-    struct rconn *c = ac->data;
-    int saved_errno = errno; /* redisCheckSocketError() left SO_ERROR there */
-
-    if (status != REDIS_OK) {
-        c->drop_err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
-        return; /* hiredis frees the context next */
+    pthread_mutex_lock(&st->log_mu);
+    if (st->logged_why[0]) {
+        st->logged_why[0] = '\0';
+        log_info("redis %s: connected", st->name);
     }
-    c->tcp_up = true;
-    if (c->setup_left == 0)
-        c->ready_to_send = true;
+    pthread_mutex_unlock(&st->log_mu);
 }
 
-/* The event adapter: hiredis says when it has output to flush; the watch
- * always asks for input (no read hooks needed). */
-static void ev_add_write(void *p)
-{
-    struct rconn *c = p;
+static void link_dispatch(struct link *k, uint64_t now);
 
-    c->want_write = true;
-    watch_update(c);
+static void link_on_ready(void *ctx)
+{
+    struct link *k = ctx;
+
+    k->ready = true;
+    k->backoff_ms = 0;
+    k->last_err = 0;
+    set_ready(k->st, true);
+    log_recovery(k->st);
+    link_dispatch(k, now_ms());
 }
 
-static void ev_del_write(void *p)
+/* The connection failed; the ops sent on it got the error already. */
+static void link_on_down(void *ctx, int err, const char *why)
 {
-    struct rconn *c = p;
+    struct link *k = ctx;
 
-    c->want_write = false;
-    watch_update(c);
+    redis_conn_free(k->conn);
+    k->conn = NULL;
+    set_ready(k->st, false);
+    if (!k->ready)
+        backoff_start(k);
+    k->ready = false;
+    k->last_err = err;
+    log_failure(k->st, why);
+    op_list_fail(&k->waiting, err);
+    k->timer.due_ms = list_is_empty(&k->later) ? k->timer.due_ms : 0;
 }
 
-/* Runs once per context, however it goes (error, EOF, redisAsyncFree), after
- * hiredis called back every op it held and before it closes the socket. */
-static void ev_cleanup(void *p)
+static const struct redis_conn_handlers link_handlers = {
+    .ready = link_on_ready,
+    .down = link_on_down,
+};
+
+/* Starts a connection, with AUTH and SELECT ahead of everything. */
+static int link_connect(struct link *k)
 {
-    struct rconn *c = p;
-
-    if (c->events)
-        loop_watch_del(c->loop, &c->watch);
-    c->events = 0;
-    c->ac = NULL;
-    c->gone = true;
-}
-
-static void backoff_start(struct rconn *c)
-{
-    c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_FIRST_MS;
-    if (c->backoff_ms > BACKOFF_MAX_MS)
-        c->backoff_ms = BACKOFF_MAX_MS;
-    c->retry_at_ms = now_ms() + c->backoff_ms;
-}
-
-/* After hiredis let the context go: fails the ops that waited for it to be
- * set up, and backs off when it never was. */
-static void conn_gone(struct rconn *c)
-{
-    int err = c->drop_err ? c->drop_err : c->tcp_up ? -ECONNRESET : -ECONNREFUSED;
-
-    c->gone = false;
-    set_ready(c->st, false);
-    if (!c->ready_to_send)
-        backoff_start(c);
-    c->ready_to_send = c->tcp_up = c->drop = false;
-    c->want_write = false;
-    c->drop_err = 0;
-    op_list_fail(&c->sent, err); /* empty: hiredis called them back */
-    op_list_fail(&c->waiting, err);
-}
-
-/* Drops the connection (never from inside hiredis): hiredis calls back every
- * op it holds, with <err>. */
-static void conn_drop(struct rconn *c, int err)
-{
-    c->drop_err = err;
-    redisAsyncFree(c->ac);
-    if (c->gone)
-        conn_gone(c);
-}
-
-/* Starts a non-blocking connect, with AUTH and SELECT queued behind it. */
-/* Looks the host of <st> up (blocking: never on a loop thread) and keeps an
- * address for the loops' connects, IPv4 first (a non-blocking connect takes
- * one address only; Redis listens on IPv4 more often than not, and
- * "localhost" may list ::1 first). A failed lookup keeps the last address. */
-static void resolve_host(struct store_redis *st)
-{
-    static const int families[] = { AF_INET, AF_INET6 };
-    char addr[INET6_ADDRSTRLEN] = "";
-
-    for (size_t i = 0; i < ARRAY_SIZE(families) && !addr[0]; i++) {
-        struct addrinfo hints = { .ai_family = families[i], .ai_socktype = SOCK_STREAM };
-        struct addrinfo *res = NULL;
-
-        if (getaddrinfo(st->url.hosts[0].host, NULL, &hints, &res) != 0 || !res)
-            continue;
-        if (res->ai_family == AF_INET)
-            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)res->ai_addr)->sin_addr,
-                      addr, sizeof(addr));
-        else if (res->ai_family == AF_INET6)
-            inet_ntop(AF_INET6,
-                      &((const struct sockaddr_in6 *)(const void *)res->ai_addr)->sin6_addr, addr,
-                      sizeof(addr));
-        freeaddrinfo(res);
-    }
-    if (!addr[0])
-        return;
-    pthread_mutex_lock(&st->addr_mu);
-    memcpy(st->addr, addr, sizeof(addr));
-    pthread_mutex_unlock(&st->addr_mu);
-}
-
-static void conn_start(struct rconn *c, uint64_t now)
-{
-    struct store_redis *st = c->st;
-    char addr[INET6_ADDRSTRLEN];
-    redisAsyncContext *ac = NULL;
-    int saved_errno = 0, err = 0;
+    struct store_redis *st = k->st;
+    struct redis_conn_opts o = {
+        .name = st->name,
+        .tls_name = st->url.hosts[0].host,
+        .user = st->url.user,
+        .password = st->url.password,
+        .db = st->url.db,
+        .timeout_ms = st->timeout_ms,
+    };
+    struct redis_conn_handlers h = link_handlers;
+    char why[sizeof(st->resolve_why)] = "";
+    int err;
 
     pthread_mutex_lock(&st->addr_mu);
-    memcpy(addr, st->addr, sizeof(addr));
+    o.addr = st->addr;
+    o.addrlen = st->addrlen;
+    if (!st->addrlen)
+        snprintf(why, sizeof(why), "%s", st->resolve_why);
     pthread_mutex_unlock(&st->addr_mu);
-    if (addr[0]) {
-        ac = redisAsyncConnect(addr, (int)st->url.hosts[0].port); /* numeric: no lookup */
-        saved_errno = errno;
+    if (!o.addrlen) {
+        log_failure(st, why);
+        return -EHOSTUNREACH; /* the name does not resolve (yet): the PING job retries it */
     }
-    if (!addr[0])
-        err = -ECONNREFUSED; /* the name does not resolve (yet): the PING job retries it */
-    else if (!ac)
-        err = -ENOMEM;
-    else if (ac->err)
-        err = saved_errno == ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
-    else {
-        c->watch.fd = ac->c.fd;
-        err = loop_watch_add(c->loop, &c->watch, EPOLLIN | EPOLLOUT);
-    }
+    h.ctx = k;
+    err = redis_conn_open(k->loop, &o, &h, &k->conn);
     if (err < 0) {
-        if (ac)
-            redisAsyncFree(ac); /* no hooks set yet: nothing runs */
-        set_ready(st, false);
-        backoff_start(c);
-        op_list_fail(&c->waiting, err);
-        return;
+        snprintf(why, sizeof(why), "cannot connect: %s", strerror(-err));
+        log_failure(st, why);
     }
-    c->events = EPOLLIN | EPOLLOUT;
-    c->ac = ac;
-    ac->data = c;
-    ac->ev.data = c;
-    ac->ev.addWrite = ev_add_write;
-    ac->ev.delWrite = ev_del_write;
-    ac->ev.cleanup = ev_cleanup;
-    redisAsyncSetConnectCallback(ac, on_connect);
-    redisEnableKeepAlive(&ac->c);
-    c->connect_due_ms = now + st->timeout_ms;
-    c->setup_left = 0;
-    /* Queued first: no op goes out before both answered. */
-    if (st->url.password) {
-        const char *argv[3];
-        size_t lens[3];
-        int argc = auth_args(&st->url, argv, lens);
-
-        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, argc, argv, lens) == REDIS_OK)
-            c->setup_left++;
-    }
-    if (st->url.db != 0) {
-        char db[16];
-        const char *argv[] = { "SELECT", db };
-        size_t lens[] = { 6, (size_t)snprintf(db, sizeof(db), "%u", st->url.db) };
-
-        if (redisAsyncCommandArgv(ac, on_setup_reply, NULL, 2, argv, lens) == REDIS_OK)
-            c->setup_left++;
-    }
+    return err;
 }
 
 /* Sends what waits, connects, or fails it fast inside the backoff. */
-static void conn_dispatch(struct rconn *c, uint64_t now)
+static void link_dispatch(struct link *k, uint64_t now)
 {
     struct op *op;
+    int err;
 
-    list_splice(&c->waiting, &c->later);
-    if (list_is_empty(&c->waiting))
+    list_splice(&k->waiting, &k->later);
+    if (list_is_empty(&k->waiting))
         return;
-    if (c->ac && c->ready_to_send) {
-        while ((op = op_first(&c->waiting))) {
+    if (k->conn && k->ready) {
+        while ((op = op_first(&k->waiting))) {
             list_remove(&op->node);
-            if (op_send(c, op, now) < 0)
+            if (op_send(k, op) < 0)
                 op_finish(op, -ECONNRESET, NULL);
         }
-    } else if (!c->ac) {
-        /* Inside the backoff, ops fail fast; but once Redis is known to
-         * answer again (the readiness PING or another loop's connection got
-         * through), waiting out this loop's backoff (up to 1 s) would only
-         * turn away requests that Redis can serve. */
-        if (now < c->retry_at_ms && !atomic_load_explicit(&c->st->ready, memory_order_relaxed))
-            op_list_fail(&c->waiting, -ECONNREFUSED);
-        else
-            conn_start(c, now);
+        return;
+    }
+    if (k->conn)
+        return; /* being set up: its ready() or down() sees to them */
+    /* Inside the backoff, ops fail fast; but once Redis is known to answer
+     * again (the readiness PING or another loop's connection got through),
+     * waiting out this loop's backoff (up to 1 s) would only turn away
+     * requests that Redis can serve. */
+    if (now < k->retry_at_ms && !atomic_load_explicit(&k->st->ready, memory_order_relaxed)) {
+        op_list_fail(&k->waiting, k->last_err ? k->last_err : -ECONNREFUSED);
+        return;
+    }
+    err = link_connect(k);
+    if (err < 0) {
+        set_ready(k->st, false);
+        backoff_start(k);
+        k->last_err = err;
+        op_list_fail(&k->waiting, err);
     }
 }
 
-/* Drops a connection that does not answer within --store-timeout: every op
- * on it fails with -ETIMEDOUT, and a late reply can never be read as the
- * answer to a later op. */
-static void conn_check_timeouts(struct rconn *c, uint64_t now)
+static void link_on_timer(void *ctx)
 {
-    if (!c->ac)
-        return;
-    if (!c->ready_to_send && now >= c->connect_due_ms)
-        conn_drop(c, -ETIMEDOUT);
-    else if (c->ready_to_send && !list_is_empty(&c->sent) &&
-             now >= op_first(&c->sent)->sent_ms + c->st->timeout_ms)
-        conn_drop(c, -ETIMEDOUT);
+    struct link *k = ctx;
+
+    link_dispatch(k, now_ms());
 }
-
-/* What follows any event: lets a dead connection go, enforces the deadlines,
- * sends or connects, and sets the timer. A new connect waits for the timer
- * (<may_connect> false) when one was just let go: the epoll events already
- * read could still hold one for the old socket, on the same watch. */
-static void conn_service(struct rconn *c, bool may_connect)
-{
-    uint64_t now = now_ms();
-    bool had = c->ac != NULL;
-
-    if (c->gone)
-        conn_gone(c);
-    if (c->drop && c->ac)
-        conn_drop(c, c->drop_err);
-    conn_check_timeouts(c, now);
-    if (c->gone)
-        conn_gone(c);
-    if (may_connect || c->ac || !had)
-        conn_dispatch(c, now);
-    if (c->gone)
-        conn_gone(c);
-    timer_rearm(c); /* <later> holds what waits for the timer */
-}
-
-/* Reads and writes what epoll (or poll) says the socket is ready for. */
-static void conn_handle_io(struct rconn *c, bool readable, bool writable)
-{
-    if (c->ac && readable)
-        redisAsyncHandleRead(c->ac);
-    if (c->ac && writable)
-        redisAsyncHandleWrite(c->ac);
-}
-
-static void conn_on_events(void *ctx, uint32_t events)
-{
-    struct rconn *c = ctx;
-
-    conn_handle_io(c, events & (EPOLLIN | EPOLLHUP | EPOLLERR), events & EPOLLOUT);
-    conn_service(c, false);
-}
-
-static void conn_on_timer(void *ctx) { conn_service(ctx, true); }
 
 /* Takes the ops other threads queued. */
-static void conn_take_queue(struct rconn *c)
+static void link_take_queue(struct link *k)
 {
-    pthread_mutex_lock(&c->mu);
-    list_splice(&c->later, &c->queue);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&k->mu);
+    list_splice(&k->later, &k->queue);
+    pthread_mutex_unlock(&k->mu);
 }
 
-static void conn_on_task(void *ctx)
+static void link_on_task(void *ctx)
 {
-    struct rconn *c = ctx;
+    struct link *k = ctx;
 
-    conn_take_queue(c);
-    conn_service(c, false);
+    link_take_queue(k);
+    link_dispatch(k, now_ms());
 }
 
-/* Runs the connection until every op it accepted has called back, then
- * closes it. On the loop thread, or on any thread once the loop has stopped:
- * either way nothing else drives it meanwhile. No op is accepted any more. */
-static void conn_finish(void *ctx)
+/* Runs the link until every op it accepted has called back, then closes its
+ * connection. On the loop thread, or on any thread once the loop has
+ * stopped: either way nothing else drives it meanwhile. No op is accepted
+ * any more. */
+static void link_finish(void *ctx)
 {
-    struct rconn *c = ctx;
+    struct link *k = ctx;
 
     for (;;) {
-        struct pollfd pfd;
-        uint64_t now;
         bool idle;
-        int n;
 
-        conn_take_queue(c);
-        conn_service(c, true);
-        pthread_mutex_lock(&c->mu);
-        idle = list_is_empty(&c->queue) && list_is_empty(&c->later) &&
-               list_is_empty(&c->waiting) && list_is_empty(&c->sent);
-        pthread_mutex_unlock(&c->mu);
+        link_take_queue(k);
+        link_dispatch(k, now_ms());
+        pthread_mutex_lock(&k->mu);
+        idle = list_is_empty(&k->queue) && list_is_empty(&k->later) && list_is_empty(&k->waiting) &&
+               k->sent == 0;
+        pthread_mutex_unlock(&k->mu);
         if (idle)
             break;
-        if (!c->ac)
-            continue; /* conn_service() failed or sends it next */
-        pfd = (struct pollfd){ .fd = c->ac->c.fd, .events = POLLIN };
-        if (c->want_write || !(c->ac->c.flags & REDIS_CONNECTED))
-            pfd.events |= POLLOUT;
-        now = now_ms();
-        n = poll(&pfd, 1,
-                 c->timer.due_ms <= now            ? 0
-                 : c->timer.due_ms - now > INT_MAX ? INT_MAX
-                                                   : (int)(c->timer.due_ms - now));
-        if (n > 0)
-            conn_handle_io(c, pfd.revents & (POLLIN | POLLHUP | POLLERR), pfd.revents & POLLOUT);
+        if (k->conn)
+            redis_conn_drive(k->conn, 100);
     }
-    if (c->ac)
-        conn_drop(c, -ECONNRESET); /* idle: no op is left on it */
-    if (c->gone)
-        conn_gone(c);
-    loop_timer_del(c->loop, &c->timer); /* the loop may go on without the store */
+    redis_conn_free(k->conn); /* idle: no op is left on it */
+    k->conn = NULL;
+    loop_timer_del(k->loop, &k->timer); /* the loop may go on without the store */
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
@@ -930,8 +743,8 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
 }
 
 /* Hands <op> to a connection. On one of the store's loop threads, that
- * loop's own: sent at once when it can be (hiredis writes it once the socket
- * is writable), never called back inside this call. From any other thread,
+ * loop's own: sent at once when it can be (written once the socket is
+ * writable), never called back inside this call. From any other thread,
  * queued for the first loop under its lock. On failure (-ECANCELED: the
  * store is being freed or the loop has stopped) <op> is freed and nothing
  * calls back. */
@@ -939,36 +752,36 @@ static int op_submit(struct op *op)
 {
     struct store_redis *st = op->st;
     struct loop *cur = loop_current();
-    struct rconn *c = &st->rconns[0];
+    struct link *k = &st->links[0];
     bool was_empty;
     int err = 0;
 
-    for (unsigned i = 0; cur && i < st->nrconns; i++) {
-        if (st->rconns[i].loop != cur)
+    for (unsigned i = 0; cur && i < st->nlinks; i++) {
+        if (st->links[i].loop != cur)
             continue;
-        c = &st->rconns[i];
+        k = &st->links[i];
         if (atomic_load_explicit(&st->stopping, memory_order_relaxed)) {
             op_free(op);
             return -ECANCELED;
         }
-        if (c->ac && c->ready_to_send && !c->drop && op_send(c, op, now_ms()) == 0)
+        if (k->conn && k->ready && op_send(k, op) == 0)
             return 0;
-        /* Connecting, or hiredis is letting it go: the timer sees to it this turn. */
-        list_append(&c->later, &op->node);
-        timer_arm(c, 0);
+        /* Connecting, or the connection is going: the timer sees to it this turn. */
+        list_append(&k->later, &op->node);
+        k->timer.due_ms = 0;
         return 0;
     }
-    pthread_mutex_lock(&c->mu);
-    if (c->stopping) {
+    pthread_mutex_lock(&k->mu);
+    if (k->stopping) {
         err = -ECANCELED;
     } else {
         /* Only the first op of a batch posts the task: it takes the whole queue. */
-        was_empty = list_is_empty(&c->queue);
-        list_append(&c->queue, &op->node);
-        if (was_empty && (err = loop_post(c->loop, &c->task)) < 0)
+        was_empty = list_is_empty(&k->queue);
+        list_append(&k->queue, &op->node);
+        if (was_empty && (err = loop_post(k->loop, &k->task)) < 0)
             list_remove(&op->node);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&k->mu);
     if (err < 0)
         op_free(op);
     return err;
@@ -1355,6 +1168,49 @@ static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
 
 static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(base)->ready); }
 
+/* Looks the host of <st> up (blocking: never on a loop thread) and keeps an
+ * address for the loops' connects, IPv4 first (a non-blocking connect takes
+ * one address only; Redis listens on IPv4 more often than not, and
+ * "localhost" may list ::1 first). A failed lookup keeps the last address,
+ * and says why when there is none. */
+static void resolve_host(struct store_redis *st)
+{
+    static const int families[] = { AF_INET, AF_INET6 };
+    struct sockaddr_storage addr;
+    socklen_t addrlen = 0;
+    char port[8], why[sizeof(st->resolve_why)] = "";
+    int gai = 0;
+
+    snprintf(port, sizeof(port), "%u", st->url.hosts[0].port);
+    for (size_t i = 0; i < ARRAY_SIZE(families) && !addrlen; i++) {
+        struct addrinfo hints = { .ai_family = families[i],
+                                  .ai_socktype = SOCK_STREAM,
+                                  .ai_flags = AI_NUMERICSERV };
+        struct addrinfo *res = NULL;
+        int r = getaddrinfo(st->url.hosts[0].host, port, &hints, &res);
+
+        if (r == 0 && res && res->ai_addrlen <= sizeof(addr)) {
+            memcpy(&addr, res->ai_addr, res->ai_addrlen);
+            addrlen = res->ai_addrlen;
+        } else if (r != 0 && gai == 0) {
+            gai = r;
+        }
+        if (res)
+            freeaddrinfo(res);
+    }
+    if (!addrlen)
+        snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", st->url.hosts[0].host,
+                 gai ? gai_strerror(gai) : "no address");
+    pthread_mutex_lock(&st->addr_mu);
+    if (addrlen) {
+        st->addr = addr;
+        st->addrlen = addrlen;
+    } else if (!st->addrlen) {
+        snprintf(st->resolve_why, sizeof(st->resolve_why), "%s", why);
+    }
+    pthread_mutex_unlock(&st->addr_mu);
+}
+
 /* ---- readiness ---- */
 
 /* PINGs Redis every PING_INTERVAL_MS so that /readyz follows Redis without traffic. */
@@ -1379,24 +1235,25 @@ static void redis_free(struct store *base)
     /* Refuse new ops everywhere first: a callback run while one connection
      * finishes could otherwise call on another that has finished already. */
     atomic_store(&st->stopping, true);
-    for (unsigned i = 0; i < st->nrconns; i++) {
-        pthread_mutex_lock(&st->rconns[i].mu);
-        st->rconns[i].stopping = true;
-        pthread_mutex_unlock(&st->rconns[i].mu);
+    for (unsigned i = 0; i < st->nlinks; i++) {
+        pthread_mutex_lock(&st->links[i].mu);
+        st->links[i].stopping = true;
+        pthread_mutex_unlock(&st->links[i].mu);
     }
     /* Each is finished by its loop thread, or right here once its loop has
      * stopped: everything accepted calls back before this returns. */
-    for (unsigned i = 0; i < st->nrconns; i++)
-        loop_call(st->rconns[i].loop, conn_finish, &st->rconns[i]);
+    for (unsigned i = 0; i < st->nlinks; i++)
+        loop_call(st->links[i].loop, link_finish, &st->links[i]);
     store_calls_done(&st->calls); /* inspect and purge */
 
-    for (unsigned i = 0; i < st->nrconns; i++)
-        pthread_mutex_destroy(&st->rconns[i].mu);
-    free(st->rconns);
+    for (unsigned i = 0; i < st->nlinks; i++)
+        pthread_mutex_destroy(&st->links[i].mu);
+    free(st->links);
     for (unsigned i = 0; st->conns && i < st->nconns; i++)
         conn_close(&st->conns[i]);
     free(st->conns);
     pthread_mutex_destroy(&st->addr_mu);
+    pthread_mutex_destroy(&st->log_mu);
     redis_url_done(&st->url);
     free(st);
 }
@@ -1447,18 +1304,19 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     atomic_init(&st->ready, false);
     atomic_init(&st->stopping, false);
     pthread_mutex_init(&st->addr_mu, NULL);
+    pthread_mutex_init(&st->log_mu, NULL);
+    redis_addr_format(&st->url.hosts[0], st->name, sizeof(st->name));
     resolve_host(st); /* here, before any loop runs; then by the PING job */
     store_calls_init(&st->calls);
     st->nconns = worker_pool_size(pool);
     st->conns = calloc(st->nconns, sizeof(*st->conns));
-    st->rconns = calloc(nloops, sizeof(*st->rconns));
-    for (unsigned i = 0; st->rconns && i < nloops; i++) {
-        list_init(&st->rconns[i].queue);
-        list_init(&st->rconns[i].later);
-        list_init(&st->rconns[i].waiting);
-        list_init(&st->rconns[i].sent);
+    st->links = calloc(nloops, sizeof(*st->links));
+    for (unsigned i = 0; st->links && i < nloops; i++) {
+        list_init(&st->links[i].queue);
+        list_init(&st->links[i].later);
+        list_init(&st->links[i].waiting);
     }
-    if (!st->conns || !st->rconns) {
+    if (!st->conns || !st->links) {
         redis_free(&st->base);
         return -ENOMEM;
     }
@@ -1470,21 +1328,15 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
         return err;
     }
     for (unsigned i = 0; i < nloops; i++) {
-        struct rconn *c = &st->rconns[i];
+        struct link *k = &st->links[i];
 
-        c->st = st;
-        c->loop = loops[i];
-        c->watch = (struct loop_watch){ .fn = conn_on_events, .ctx = c, .fd = -1 };
-        c->timer = (struct loop_timer){ .fn = conn_on_timer, .ctx = c, .due_ms = UINT64_MAX };
-        c->task = (struct loop_task){ .fn = conn_on_task, .ctx = c };
-        pthread_mutex_init(&c->mu, NULL);
-        st->nrconns++;
-        /* Last: a timer cannot be taken back, so nothing may fail after it. */
-        err = loop_timer_add(loops[i], &c->timer);
-        if (err < 0) {
-            redis_free(&st->base);
-            return err;
-        }
+        k->st = st;
+        k->loop = loops[i];
+        k->timer = (struct loop_timer){ .fn = link_on_timer, .ctx = k, .due_ms = UINT64_MAX };
+        k->task = (struct loop_task){ .fn = link_on_task, .ctx = k };
+        pthread_mutex_init(&k->mu, NULL);
+        st->nlinks++;
+        (void)loop_timer_add(loops[i], &k->timer); /* taken back by link_finish() */
     }
     *ret = &st->base;
     return 0;

@@ -82,6 +82,11 @@ int redis_conn_command(struct redis_conn *c, int argc, const char **argv, const 
  * handlers' message(). A subscribed connection takes no other command. */
 int redis_conn_subscribe(struct redis_conn *c, const char *channel, redis_reply_fn *fn, void *ctx);
 
+/* Drives <c> without its loop, for a shutdown whose loop has stopped (or
+ * from inside a call on its thread that must wait for it): waits up to
+ * <max_wait_ms> for its socket, then handles what came, or its deadline. */
+void redis_conn_drive(struct redis_conn *c, unsigned max_wait_ms);
+
 /* True once the set-up was answered, until the connection fails. */
 bool redis_conn_is_ready(const struct redis_conn *c);
 
