@@ -44,6 +44,7 @@
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
 #define PING_INTERVAL_MS 1000
+#define OP_PING _LUA_MAX /* an op that is no script: the readiness PING */
 #define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
 #define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
 
@@ -422,6 +423,8 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
     if (err == 0) {
         if (reply->type == REDIS_REPLY_ERROR)
             err = -EPROTO;
+        else if (op->script == OP_PING)
+            res.status = STORE_OK;
         else if (op->script == LUA_ACQUIRE)
             err = parse_acquire(reply, &res);
         else
@@ -461,12 +464,17 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply);
  * other op of this loop turn in one write (pipelining). */
 static int op_send(struct link *k, struct op *op)
 {
-    const struct lua_script *s = &lua_scripts[op->script];
+    const struct lua_script *s = &lua_scripts[op->script < OP_PING ? op->script : 0];
     const char *argv[8];
     size_t lens[8];
     char ttl[24];
     int argc = 0, err;
 
+    if (op->script == OP_PING) {
+        argv[argc] = "PING";
+        lens[argc++] = 4;
+        goto send;
+    }
     argv[argc] = op->eval ? "EVAL" : "EVALSHA";
     lens[argc++] = op->eval ? 4 : 7;
     argv[argc] = op->eval ? s->src : s->sha1;
@@ -499,6 +507,7 @@ static int op_send(struct link *k, struct op *op)
         lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
         argv[argc++] = ttl;
     }
+send:
     err = redis_conn_command(k->conn, argc, argv, lens, on_op_reply, op);
     if (err == 0) {
         op->link = k;
@@ -1213,17 +1222,28 @@ static void resolve_host(struct store_redis *st)
 
 /* ---- readiness ---- */
 
-/* PINGs Redis every PING_INTERVAL_MS so that /readyz follows Redis without traffic. */
+static void ping_done(void *ctx, int err, const struct store_result *res)
+{
+    (void)ctx, (void)err, (void)res; /* on_op_reply() set the ready flag */
+}
+
+/* Every PING_INTERVAL_MS, on a pool thread: looks the host up again, and
+ * PINGs Redis on the first loop's connection (connecting it when it has
+ * none), so that /readyz follows Redis without traffic. */
 static void ping_run(void *arg)
 {
     struct store_redis *st = arg;
-    const char *argv[] = { "PING" };
-    size_t lens[] = { 4 };
-    redisReply *reply = NULL;
+    struct op *op;
 
     resolve_host(st); /* for the loops' next connects */
-    if (command(st, 1, argv, lens, &reply) == 0)
-        freeReplyObject(reply);
+    op = calloc(1, sizeof(*op));
+    if (!op)
+        return;
+    op->st = st;
+    op->script = OP_PING;
+    op->done = ping_done;
+    op->head = BUF_INIT(0);
+    (void)op_submit(op); /* refused only while the store stops */
 }
 
 static void redis_free(struct store *base)
@@ -1320,13 +1340,6 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
         redis_free(&st->base);
         return -ENOMEM;
     }
-    /* The first ping at once: /readyz should not wait a whole interval. It
-     * uses the pool's connections, not the loops' set up below. */
-    err = worker_every_start(pool, 0, PING_INTERVAL_MS, ping_run, st, &st->pinger);
-    if (err < 0) {
-        redis_free(&st->base);
-        return err;
-    }
     for (unsigned i = 0; i < nloops; i++) {
         struct link *k = &st->links[i];
 
@@ -1337,6 +1350,13 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
         pthread_mutex_init(&k->mu, NULL);
         st->nlinks++;
         (void)loop_timer_add(loops[i], &k->timer); /* taken back by link_finish() */
+    }
+    /* The first ping at once (it waits for the first loop to start): /readyz
+     * should not wait a whole interval. */
+    err = worker_every_start(pool, 0, PING_INTERVAL_MS, ping_run, st, &st->pinger);
+    if (err < 0) {
+        redis_free(&st->base);
+        return err;
     }
     *ret = &st->base;
     return 0;
