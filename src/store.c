@@ -47,6 +47,8 @@ const char *store_strerror(int err)
     if (err == -ENOSPC)
         return "the memory store has no room: requests in flight hold their share of "
                "--memory-max-bytes";
+    if (err == -ENXIO)
+        return "the Redis host name does not resolve";
     return strerror(-err);
 }
 

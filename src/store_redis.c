@@ -632,7 +632,7 @@ static int link_connect(struct link *k)
     pthread_mutex_unlock(&st->addr_mu);
     if (!o.addrlen) {
         log_failure(st, why);
-        return -EHOSTUNREACH; /* the name does not resolve (yet): the PING job retries it */
+        return -ENXIO; /* the name does not resolve (yet): the PING job retries it */
     }
     h.ctx = k;
     err = redis_conn_open(k->loop, &o, &h, &k->conn);

@@ -37,7 +37,9 @@ struct store_result {
 /* Runs exactly once per accepted operation: <err> is 0 and
  * <res> filled, or <err> is a negative errno and <res> is NULL: -ESTALE when
  * the token is no longer the key's lock holder (complete, release, extend),
- * -ETIMEDOUT, -ECONNREFUSED, -ECONNRESET or -EPROTO when the store failed. */
+ * -ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EPROTO, -EACCES (Redis refused
+ * the credentials) or -ENXIO (its host name does not resolve) when the store
+ * failed. */
 typedef void store_done_fn(void *ctx, int err, const struct store_result *res);
 
 struct store;
