@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* The Redis store. The hot operations (acquire, complete, release, extend)
- * each run one embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on an
- * asynchronous hiredis connection of the calling event loop's own, driven by
- * that loop: a request's ops are sent and answered on the thread that serves
- * it, without waking another. Ops queued in one loop turn go out in one write
+ * each run one embedded Lua script (EVALSHA, EVAL on NOSCRIPT) on a
+ * connection of the calling event loop's own (redis_conn.h), driven by that
+ * loop: a request's ops are sent and answered on the thread that serves it,
+ * without waking another. Ops queued in one loop turn go out in one write
  * (pipelining); replies call back on the loop thread, in order. Ops from
  * other threads (heartbeats, --wait retries) are queued for the first loop.
- * The operator calls (inspect, purge), the readiness PING and the --wait
- * subscriber stay on blocking connections: one per worker pool thread, used
- * by that thread only, so no lock guards them. */
+ * The readiness PING and the operator calls (inspect, purge) are ops too, on
+ * the first loop's connection; the --wait subscriber has a connection of its
+ * own on that loop. No thread waits on Redis. */
 #include "idemproxy/store_redis.h"
 
 #include <arpa/inet.h>
@@ -17,24 +17,21 @@
 #include <hiredis/hiredis.h>
 #include <limits.h>
 #include <netdb.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "idemproxy/buf.h"
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
+#include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
-#include "idemproxy/log.h"
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store_impl.h"
@@ -44,29 +41,24 @@
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
 #define PING_INTERVAL_MS 1000
-#define OP_PING _LUA_MAX /* an op that is no script: the readiness PING */
+#define OP_PING _LUA_MAX                /* an op that is no script: the readiness PING */
+#define OP_RAW (_LUA_MAX + 1)           /* a command given whole (operator calls) */
 #define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
 #define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
 
-struct sync_conn {
-    redisContext *ctx;    /* owned; NULL: not connected */
-    uint64_t retry_at_ms; /* no connect attempt before this */
-    uint64_t backoff_ms;  /* the wait after the last failed connect; 0: it worked */
-};
-
 struct store_redis;
 
-/* The thread that listens to NOTIFY_CHANNEL on a connection of its own (a
- * subscribed connection can do nothing else), for --wait. */
+/* The --wait subscriber: a connection of its own on the first loop,
+ * subscribed to NOTIFY_CHANNEL (a subscribed connection can do nothing
+ * else), made again with backoff when it fails. Loop thread only. */
 struct subscriber {
     struct store_redis *st;
     store_notify_fn *fn;
     void *ctx;
-    pthread_t thread;
-    pthread_mutex_t mu; /* guards stop and fd */
-    pthread_cond_t wake;
-    bool stop;
-    int fd; /* of the live connection, -1: none; shut down to stop the thread */
+    struct loop *loop;       /* borrowed: the first loop */
+    struct loop_timer timer; /* (re)connects */
+    struct redis_conn *conn; /* NULL: none */
+    uint64_t backoff_ms;
 };
 
 /* One event loop's connection for the hot operations, driven by that loop
@@ -96,7 +88,6 @@ struct store_redis {
     struct store base;
     struct worker_pool *pool; /* borrowed */
     struct redis_url url;     /* owned */
-    struct timeval timeout;
     uint64_t timeout_ms;
 
     /* The host's address: the loops connect to it, so that no loop thread
@@ -112,9 +103,7 @@ struct store_redis {
 
     struct link *links; /* owned array, one per loop */
     unsigned nlinks;
-    atomic_bool stopping;    /* refuse ops called on a loop thread */
-    struct sync_conn *conns; /* owned array, one per pool thread, used by that thread only */
-    unsigned nconns;
+    atomic_bool stopping; /* refuse ops called on a loop thread */
     atomic_bool ready;
     struct store_calls calls;
     struct worker_every *pinger; /* owned: PINGs every PING_INTERVAL_MS */
@@ -134,211 +123,14 @@ struct op {
     char fp[FINGERPRINT_HEX + 1]; /* acquire */
     uint64_t ttl_ms;              /* acquire, complete, extend */
     struct record *rec;           /* complete: own reference, for the body */
-    struct buf head;              /* complete: the encoded head */
+    struct buf head;              /* complete: the encoded head; OP_RAW: the arguments */
+    redis_reply_fn *raw;          /* set: gets the reply as it is (operator calls), not <done> */
+    void *raw_ctx;
+    int argc; /* OP_RAW */
+    size_t arglen[8];
     size_t key_len;
     char key[];
 };
-
-/* ---- connections ---- */
-
-/* AUTH [USER] PASSWORD, for <u> with a password. Returns argc. */
-static int auth_args(const struct redis_url *u, const char **argv, size_t *lens)
-{
-    int argc = 0;
-
-    argv[argc] = "AUTH";
-    lens[argc++] = 4;
-    if (u->user) {
-        argv[argc] = u->user;
-        lens[argc++] = strlen(u->user);
-    }
-    argv[argc] = u->password;
-    lens[argc++] = strlen(u->password);
-    return argc;
-}
-
-/* The error of a failed command on <c>; <saved_errno> is errno right after it. */
-static int command_error(const redisContext *c, int saved_errno)
-{
-    switch (c->err) {
-    case REDIS_ERR_IO:
-        /* SO_RCVTIMEO/SO_SNDTIMEO expiring shows as EAGAIN */
-        if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT)
-            return -ETIMEDOUT;
-        return -ECONNRESET;
-    case REDIS_ERR_PROTOCOL:
-        return -EPROTO;
-    case REDIS_ERR_OOM:
-        return -ENOMEM;
-    default: /* REDIS_ERR_EOF, REDIS_ERR_OTHER */
-        return -ECONNRESET;
-    }
-}
-
-static void conn_close(struct sync_conn *rc)
-{
-    redisFree(rc->ctx);
-    rc->ctx = NULL;
-}
-
-/* Runs a setup command (AUTH, SELECT) on a new connection: anything but a
- * status reply fails the connection. */
-static int conn_setup_command(redisContext *c, int argc, const char **argv, const size_t *lens)
-{
-    redisReply *reply = redisCommandArgv(c, argc, argv, lens);
-    int err;
-
-    if (!reply)
-        return command_error(c, errno);
-    err = reply->type == REDIS_REPLY_STATUS ? 0 : -EPROTO;
-    freeReplyObject(reply);
-    return err;
-}
-
-static int conn_open(struct store_redis *st, redisContext **ret)
-{
-    redisContext *c =
-        redisConnectWithTimeout(st->url.hosts[0].host, (int)st->url.hosts[0].port, st->timeout);
-    int saved_errno = errno, err = 0;
-
-    if (!c)
-        return -ENOMEM;
-    if (c->err) {
-        if (c->err == REDIS_ERR_IO &&
-            (saved_errno == ETIMEDOUT || saved_errno == EAGAIN || saved_errno == EINPROGRESS))
-            err = -ETIMEDOUT;
-        else
-            err = -ECONNREFUSED; /* refused, unreachable, or a name that does not resolve */
-        goto fail;
-    }
-    if (redisSetTimeout(c, st->timeout) != REDIS_OK || redisEnableKeepAlive(c) != REDIS_OK) {
-        err = -ECONNRESET;
-        goto fail;
-    }
-    if (st->url.password) {
-        const char *argv[3];
-        size_t lens[3];
-        int argc = auth_args(&st->url, argv, lens);
-
-        err = conn_setup_command(c, argc, argv, lens);
-        if (err < 0)
-            goto fail;
-    }
-    if (st->url.db != 0) {
-        char db[16];
-        const char *argv[] = { "SELECT", db };
-        size_t lens[] = { 6, (size_t)snprintf(db, sizeof(db), "%u", st->url.db) };
-
-        err = conn_setup_command(c, 2, argv, lens);
-        if (err < 0)
-            goto fail;
-    }
-    *ret = c;
-    return 0;
-
-fail:
-    redisFree(c);
-    return err;
-}
-
-/* The connection of the calling pool thread, connecting it if needed. While
- * a failed connect's backoff runs, fails at once with -ECONNREFUSED. */
-static int conn_get(struct store_redis *st, struct sync_conn **ret)
-{
-    int idx = worker_current_index();
-    struct sync_conn *rc;
-    uint64_t now;
-    int err;
-
-    assert(idx >= 0 && (unsigned)idx < st->nconns);
-    rc = &st->conns[idx];
-    if (!rc->ctx) {
-        now = now_ms();
-        if (now < rc->retry_at_ms)
-            return -ECONNREFUSED;
-        err = conn_open(st, &rc->ctx);
-        if (err < 0) {
-            rc->backoff_ms = rc->backoff_ms ? rc->backoff_ms * 2 : BACKOFF_FIRST_MS;
-            if (rc->backoff_ms > BACKOFF_MAX_MS)
-                rc->backoff_ms = BACKOFF_MAX_MS;
-            rc->retry_at_ms = now_ms() + rc->backoff_ms;
-            return err;
-        }
-        rc->backoff_ms = 0;
-        rc->retry_at_ms = 0;
-    }
-    *ret = rc;
-    return 0;
-}
-
-static bool is_error_reply(const redisReply *r, const char *prefix)
-{
-    size_t n = strlen(prefix);
-
-    return r->type == REDIS_REPLY_ERROR && r->len >= n && memcmp(r->str, prefix, n) == 0 &&
-           (r->len == n || r->str[n] == ' ');
-}
-
-/* Runs one command on this thread's connection. Returns 0 with the reply
- * (any type, error replies included) in <ret>, or the connection's error,
- * after which the connection is closed. Updates the ready flag. */
-static int command(struct store_redis *st, int argc, const char **argv, const size_t *lens,
-                   redisReply **ret)
-{
-    struct sync_conn *rc;
-    redisReply *reply;
-    int err;
-
-    err = conn_get(st, &rc);
-    if (err < 0)
-        goto fail;
-    reply = redisCommandArgv(rc->ctx, argc, argv, lens);
-    if (!reply) {
-        err = command_error(rc->ctx, errno);
-        conn_close(rc); /* its state is unknown: a later call starts on a fresh one */
-        goto fail;
-    }
-    /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) means it
-     * cannot serve us; NOSCRIPT only means the script cache was emptied. */
-    atomic_store(&st->ready, reply->type != REDIS_REPLY_ERROR || is_error_reply(reply, "NOSCRIPT"));
-    *ret = reply;
-    return 0;
-
-fail:
-    atomic_store(&st->ready, false);
-    return err;
-}
-
-/* Runs the script <id> with <argv>[3..argc-1] as key and arguments: EVALSHA
- * with the build-time SHA-1 first; on NOSCRIPT (SCRIPT FLUSH, a restarted
- * Redis) EVAL with the source, which also caches it again. */
-static int run_script(struct store_redis *st, enum lua_script_id id, int argc, const char **argv,
-                      size_t *lens, redisReply **ret)
-{
-    const struct lua_script *s = &lua_scripts[id];
-    redisReply *reply;
-    int err;
-
-    argv[0] = "EVALSHA";
-    lens[0] = 7;
-    argv[1] = s->sha1;
-    lens[1] = strlen(s->sha1);
-    argv[2] = "1"; /* one key */
-    lens[2] = 1;
-    err = command(st, argc, argv, lens, &reply);
-    if (err == 0 && is_error_reply(reply, "NOSCRIPT")) {
-        freeReplyObject(reply);
-        argv[0] = "EVAL";
-        lens[0] = 4;
-        argv[1] = s->src;
-        lens[1] = s->len;
-        err = command(st, argc, argv, lens, &reply);
-    }
-    if (err < 0)
-        return err;
-    *ret = reply;
-    return 0;
-}
 
 /* ---- operations ---- */
 
@@ -420,6 +212,11 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
 {
     struct store_result res = { .rec = NULL };
 
+    if (op->raw) {
+        op->raw(op->raw_ctx, err, err == 0 ? reply : NULL);
+        op_free(op);
+        return;
+    }
     if (err == 0) {
         if (reply->type == REDIS_REPLY_ERROR)
             err = -EPROTO;
@@ -464,7 +261,7 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply);
  * other op of this loop turn in one write (pipelining). */
 static int op_send(struct link *k, struct op *op)
 {
-    const struct lua_script *s = &lua_scripts[op->script < OP_PING ? op->script : 0];
+    const struct lua_script *s = &lua_scripts[op->script < _LUA_MAX ? op->script : 0];
     const char *argv[8];
     size_t lens[8];
     char ttl[24];
@@ -473,6 +270,16 @@ static int op_send(struct link *k, struct op *op)
     if (op->script == OP_PING) {
         argv[argc] = "PING";
         lens[argc++] = 4;
+        goto send;
+    }
+    if (op->script == OP_RAW) {
+        const char *p = op->head.data;
+
+        for (; argc < op->argc; argc++) {
+            argv[argc] = p;
+            lens[argc] = op->arglen[argc];
+            p += op->arglen[argc];
+        }
         goto send;
     }
     argv[argc] = op->eval ? "EVAL" : "EVALSHA";
@@ -498,12 +305,16 @@ static int op_send(struct link *k, struct op *op)
         argv[argc] = op->rec->body.data ? op->rec->body.data : "";
         lens[argc++] = op->rec->body.len;
         break;
+    case LUA_INSPECT:
+        argv[argc] = op->fp; /* "1": with the body, "0": without */
+        lens[argc++] = 1;
+        break;
     default: /* LUA_RELEASE, LUA_EXTEND */
         argv[argc] = op->tok.hex;
         lens[argc++] = STORE_TOKEN_HEX;
         break;
     }
-    if (op->script != LUA_RELEASE) {
+    if (op->script != LUA_RELEASE && op->script != LUA_INSPECT) {
         lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
         argv[argc++] = ttl;
     }
@@ -864,9 +675,48 @@ static int redis_extend(struct store *base, struct span key, const struct store_
     return op_submit(op);
 }
 
-/* ---- for operators: inspect and purge ---- */
+/* ---- for operators: inspect and purge ----
+ * They run on the first loop's connection, as chains of ops whose replies
+ * come as they are: SCAN page by page (never KEYS: it would stall Redis on a
+ * large database), the inspect script for each key found, DEL for a purge.
+ * A pool thread only starts them: nothing waits on Redis. */
 
-/* One inspect or purge call, owned by its job. */
+/* An op that hands <fn> its reply as it is: the command <argv> (OP_RAW),
+ * or the inspect script on <key>. Returns 0 or a negative errno (nothing
+ * calls back then). */
+static int raw_submit(struct store_redis *st, enum lua_script_id script, int argc,
+                      const char **argv, const size_t *lens, redis_reply_fn *fn, void *ctx)
+{
+    struct op *op;
+    size_t key_len = script == LUA_INSPECT ? lens[0] : 0;
+
+    if (argc > (int)ARRAY_SIZE(op->arglen))
+        return -EINVAL;
+    op = calloc(1, sizeof(*op) + key_len);
+    if (!op)
+        return -ENOMEM;
+    op->st = st;
+    op->script = script;
+    op->raw = fn;
+    op->raw_ctx = ctx;
+    op->head = BUF_INIT(SIZE_MAX);
+    if (script == LUA_INSPECT) {
+        memcpy(op->key, argv[0], key_len);
+        op->key_len = key_len;
+        op->fp[0] = argv[1][0];
+    } else {
+        op->argc = argc;
+        for (int i = 0; i < argc; i++) {
+            op->arglen[i] = lens[i];
+            if (buf_append(&op->head, argv[i], lens[i]) < 0) {
+                op_free(op);
+                return -ENOMEM;
+            }
+        }
+    }
+    return op_submit(op);
+}
+
 /* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
 static int append_glob_escaped(struct buf *b, struct span s)
 {
@@ -883,35 +733,22 @@ static int append_glob_escaped(struct buf *b, struct span s)
 
 static bool reply_is(const redisReply *r, int type) { return r && r->type == type; }
 
-/* Reads one store key with the inspect script into <info>. Returns 1 when
- * filled, 0 when the key went meanwhile, or a negative errno. */
-static int inspect_key(struct store_redis *st, const redisReply *k, bool with_body,
-                       struct store_info *info)
+/* Reads the inspect script's reply for the store key <key> into <info>.
+ * Returns 1 when filled, 0 when the key went meanwhile, or a negative errno. */
+static int parse_inspect(const redisReply *r, struct span key, struct store_info *info)
 {
-    const char *argv[5];
-    size_t lens[5];
-    redisReply *r = NULL, **el;
+    redisReply **el;
     int err;
 
-    argv[3] = k->str;
-    lens[3] = k->len;
-    argv[4] = with_body ? "1" : "0";
-    lens[4] = 1;
-    err = run_script(st, LUA_INSPECT, 5, argv, lens, &r);
-    if (err < 0)
-        return err;
-    err = -EPROTO;
-    if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0) {
-        err = 0;
-        goto out;
-    }
+    if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
+        return 0;
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7)
-        goto out;
+        return -EPROTO;
     el = r->element;
     if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
         el[1]->len != FINGERPRINT_HEX || !reply_is(el[5], REDIS_REPLY_INTEGER) ||
         !reply_is(el[6], REDIS_REPLY_INTEGER))
-        goto out;
+        return -EPROTO;
     *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C' };
     memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
     info->fp_hex[FINGERPRINT_HEX] = '\0';
@@ -927,92 +764,191 @@ static int inspect_key(struct store_redis *st, const redisReply *k, bool with_bo
         if (reply_is(el[4], REDIS_REPLY_STRING))
             body = (struct span){ el[4]->str, el[4]->len };
         err = record_decode((struct span){ el[3]->str, el[3]->len }, body, &info->rec);
-        if (err < 0) {
-            err = err == -ENOMEM ? err : -EPROTO;
-            goto out;
-        }
+        if (err < 0)
+            return err == -ENOMEM ? err : -EPROTO;
     }
-    info->store_key = strndup(k->str, k->len);
+    info->store_key = strndup(key.base, key.len);
     if (!info->store_key) {
         record_unref(info->rec);
-        err = -ENOMEM;
-        goto out;
+        return -ENOMEM;
     }
-    err = 1;
-out:
-    freeReplyObject(r);
-    return err;
+    return 1;
 }
 
-/* SCANs for the keys of job->key under every scope (never KEYS: it would
- * stall Redis on a large database), then reads each with the inspect script. */
-static int inspect_all(struct store_admin_job *job, struct store_info_list *list)
+/* One inspect call, from its first SCAN to its callback. On the first
+ * loop's thread once started. */
+struct inspect {
+    struct store_redis *st;
+    struct store_admin_job *job;
+    struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
+    char cursor[32];
+    bool scanned;     /* a SCAN was answered: cursor "0" now means the end */
+    unsigned pending; /* inspect scripts not answered yet */
+    struct store_info_list list;
+    size_t cap;
+    int err;
+};
+
+/* One key being read. */
+struct inspect_key {
+    struct inspect *in;
+    size_t len;
+    char key[];
+};
+
+static void inspect_finish(struct inspect *in)
 {
-    struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
-    struct buf pattern = BUF_INIT(4096);
-    char cursor[32] = "0";
-    size_t cap = 0;
+    struct store_redis *st = in->st;
+
+    if (in->err < 0)
+        store_info_list_done(&in->list);
+    in->job->list_done(in->job->ctx, in->err < 0 ? in->err : 0, &in->list);
+    store_info_list_done(&in->list);
+    buf_done(&in->pattern);
+    store_admin_job_free(in->job);
+    free(in);
+    store_calls_end(&st->calls);
+}
+
+static void on_scan(void *ctx, int err, const redisReply *r);
+
+/* Asks for the next page, or ends the call. */
+static void inspect_next(struct inspect *in)
+{
+    const char *argv[] = { "SCAN", in->cursor, "MATCH", in->pattern.data, "COUNT", "1000" };
+    size_t lens[] = { 4, strlen(in->cursor), 5, in->pattern.len, 5, 4 };
     int err;
 
-    err = append_glob_escaped(&pattern, prefix);
-    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
-        err = buf_append(&pattern, "?", 1);
-    if (err == 0)
-        err = buf_append(&pattern, ":", 1);
-    if (err == 0)
-        err = append_glob_escaped(&pattern, key);
-    if (err < 0)
-        goto out;
-    do {
-        const char *argv[] = { "SCAN", cursor, "MATCH", pattern.data, "COUNT", "1000" };
-        size_t lens[] = { 4, strlen(cursor), 5, pattern.len, 5, 4 };
-        redisReply *r = NULL;
-        const redisReply *keys;
-
-        err = command(job->st, 6, argv, lens, &r);
-        if (err < 0)
-            goto out;
-        if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
-            !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len >= sizeof(cursor) ||
-            !reply_is(r->element[1], REDIS_REPLY_ARRAY)) {
-            freeReplyObject(r);
-            err = -EPROTO;
-            goto out;
-        }
-        memcpy(cursor, r->element[0]->str, r->element[0]->len);
-        cursor[r->element[0]->len] = '\0';
-        keys = r->element[1];
-        for (size_t i = 0; i < keys->elements && err >= 0; i++) {
-            struct store_info info;
-
-            if (!reply_is(keys->element[i], REDIS_REPLY_STRING) ||
-                !idemkey_store_key_matches(
-                    (struct span){ keys->element[i]->str, keys->element[i]->len }, prefix, key))
-                continue;
-            err = inspect_key(job->st, keys->element[i], job->with_body, &info);
-            if (err == 1 && (err = store_info_list_add(list, &cap, &info)) < 0) {
-                free(info.store_key);
-                record_unref(info.rec);
-            }
-        }
-        freeReplyObject(r);
-    } while (err >= 0 && strcmp(cursor, "0") != 0);
-out:
-    buf_done(&pattern);
-    return err < 0 ? err : 0;
+    if (in->err < 0 || (in->scanned && strcmp(in->cursor, "0") == 0)) {
+        inspect_finish(in);
+        return;
+    }
+    err = raw_submit(in->st, OP_RAW, 6, argv, lens, on_scan, in);
+    if (err < 0) {
+        in->err = err;
+        inspect_finish(in);
+    }
 }
 
+static void on_inspected(void *ctx, int err, const redisReply *r)
+{
+    struct inspect_key *ik = ctx;
+    struct inspect *in = ik->in;
+    struct store_info info;
+
+    if (err == 0 && in->err == 0) {
+        err = parse_inspect(r, (struct span){ ik->key, ik->len }, &info);
+        if (err == 1 && (err = store_info_list_add(&in->list, &in->cap, &info)) < 0) {
+            free(info.store_key);
+            record_unref(info.rec);
+        }
+    }
+    if (err < 0 && in->err == 0)
+        in->err = err;
+    free(ik);
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
+static void on_scan(void *ctx, int err, const redisReply *r)
+{
+    struct inspect *in = ctx;
+    struct span prefix = { in->job->prefix, in->job->prefix_len };
+    struct span key = { in->job->key, in->job->key_len };
+    const redisReply *keys;
+
+    if (err == 0 &&
+        (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
+         !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len >= sizeof(in->cursor) ||
+         !reply_is(r->element[1], REDIS_REPLY_ARRAY)))
+        err = -EPROTO;
+    if (err < 0) {
+        in->err = err;
+        inspect_finish(in);
+        return;
+    }
+    memcpy(in->cursor, r->element[0]->str, r->element[0]->len);
+    in->cursor[r->element[0]->len] = '\0';
+    in->scanned = true;
+    keys = r->element[1];
+    in->pending++; /* held while the page's keys are asked for */
+    for (size_t i = 0; i < keys->elements && in->err == 0; i++) {
+        const redisReply *k = keys->element[i];
+        struct inspect_key *ik;
+        const char *argv[2];
+        size_t lens[2];
+
+        if (!reply_is(k, REDIS_REPLY_STRING) ||
+            !idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key))
+            continue;
+        ik = malloc(sizeof(*ik) + k->len);
+        if (!ik) {
+            in->err = -ENOMEM;
+            break;
+        }
+        ik->in = in;
+        ik->len = k->len;
+        memcpy(ik->key, k->str, k->len);
+        argv[0] = ik->key;
+        lens[0] = k->len;
+        argv[1] = in->job->with_body ? "1" : "0";
+        lens[1] = 1;
+        in->pending++;
+        err = raw_submit(in->st, LUA_INSPECT, 2, argv, lens, on_inspected, ik);
+        if (err < 0) {
+            in->pending--;
+            in->err = err;
+            free(ik);
+        }
+    }
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
+/* On a pool thread: starts the chain (its ops go to the first loop). */
 static void inspect_run(void *arg)
 {
     struct store_admin_job *job = arg;
-    struct store_redis *st = job->st;
-    struct store_info_list list = { 0 };
-    int err = inspect_all(job, &list);
+    struct inspect *in = calloc(1, sizeof(*in));
+    int err;
 
-    if (err < 0)
-        store_info_list_done(&list);
-    job->list_done(job->ctx, err, &list);
-    store_info_list_done(&list);
+    if (!in) {
+        struct store_info_list none = { 0 };
+        struct store_redis *st = job->st;
+
+        job->list_done(job->ctx, -ENOMEM, &none);
+        store_admin_job_free(job);
+        store_calls_end(&st->calls);
+        return;
+    }
+    in->st = job->st;
+    in->job = job;
+    in->pattern = BUF_INIT(4096);
+    snprintf(in->cursor, sizeof(in->cursor), "0");
+    err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
+    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
+        err = buf_append(&in->pattern, "?", 1);
+    if (err == 0)
+        err = buf_append(&in->pattern, ":", 1);
+    if (err == 0)
+        err = append_glob_escaped(&in->pattern, (struct span){ job->key, job->key_len });
+    if (err == 0)
+        err = buf_append(&in->pattern, "", 1); /* NUL-terminated, not counted */
+    if (err == 0)
+        in->pattern.len--;
+    in->err = err;
+    inspect_next(in);
+}
+
+static void on_purged(void *ctx, int err, const redisReply *r)
+{
+    struct store_admin_job *job = ctx;
+    struct store_redis *st = job->st;
+    struct store_result res = { .status = STORE_OK };
+
+    if (err == 0)
+        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
+    job->done(job->ctx, err, err == 0 ? &res : NULL);
     store_admin_job_free(job);
     store_calls_end(&st->calls);
 }
@@ -1020,20 +956,12 @@ static void inspect_run(void *arg)
 static void purge_run(void *arg)
 {
     struct store_admin_job *job = arg;
-    struct store_redis *st = job->st;
-    struct store_result res = { .status = STORE_OK };
     const char *argv[] = { "DEL", job->key };
     size_t lens[] = { 3, job->key_len };
-    redisReply *r = NULL;
-    int err = command(st, 2, argv, lens, &r);
+    int err = raw_submit(job->st, OP_RAW, 2, argv, lens, on_purged, job);
 
-    if (err == 0) {
-        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
-        freeReplyObject(r);
-    }
-    job->done(job->ctx, err, err == 0 ? &res : NULL);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
+    if (err < 0)
+        on_purged(job, err, NULL);
 }
 
 static int redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
@@ -1063,95 +991,99 @@ static int redis_purge(struct store *base, struct span store_key, store_done_fn 
 
 /* ---- notifications for --wait ---- */
 
-/* Waits <ms> or until stopped. Returns true when stopped. Takes sub->mu. */
-static bool sub_sleep(struct subscriber *sub, uint64_t ms)
+static void sub_on_message(void *ctx, const redisReply *m)
 {
-    uint64_t due = now_ms() + ms;
-    struct timespec ts = { .tv_sec = (time_t)(due / 1000),
-                           .tv_nsec = (long)(due % 1000) * 1000000L };
-    bool stop;
+    struct subscriber *sub = ctx;
+    const redisReply *key = m->element[2];
 
-    pthread_mutex_lock(&sub->mu);
-    while (!sub->stop && pthread_cond_timedwait(&sub->wake, &sub->mu, &ts) == 0)
-        ;
-    stop = sub->stop;
-    pthread_mutex_unlock(&sub->mu);
-    return stop;
+    if (key->type == REDIS_REPLY_STRING)
+        sub->fn(sub->ctx, (struct span){ key->str, key->len });
 }
 
-/* Subscribes and passes on every key published, until the connection fails. */
-static void sub_listen(struct subscriber *sub, redisContext *c)
+static void sub_on_subscribed(void *ctx, int err, const redisReply *r)
 {
-    static const struct timeval forever = { 0, 0 };
-    redisReply *r = NULL;
+    struct subscriber *sub = ctx;
 
-    if (redisSetTimeout(c, forever) != REDIS_OK)
+    if (err == 0 && r->type == REDIS_REPLY_ARRAY)
+        sub->backoff_ms = 0; /* subscribed: the next failure retries at once */
+    /* else: NOPERM (an ACL without &idemproxy:*) or a failure: down() or the
+     * next message says more; the waiters' deadlines cover what is lost */
+    if (err == 0 && r->type == REDIS_REPLY_ERROR)
+        log_warn("redis %s: cannot subscribe to %s for --wait: %.*s", sub->st->name, NOTIFY_CHANNEL,
+                 (int)(r->len > 200 ? 200 : r->len), r->str);
+}
+
+static void sub_on_down(void *ctx, int err, const char *why)
+{
+    struct subscriber *sub = ctx;
+
+    (void)err, (void)why; /* the links log the store's failures */
+    redis_conn_free(sub->conn);
+    sub->conn = NULL;
+    sub->backoff_ms = sub->backoff_ms ? sub->backoff_ms * 2 : BACKOFF_FIRST_MS;
+    if (sub->backoff_ms > BACKOFF_MAX_MS)
+        sub->backoff_ms = BACKOFF_MAX_MS;
+    sub->timer.due_ms = now_ms() + sub->backoff_ms;
+}
+
+static void sub_on_timer(void *ctx)
+{
+    struct subscriber *sub = ctx;
+    struct store_redis *st = sub->st;
+    struct redis_conn_opts o = {
+        .name = st->name,
+        .tls_name = st->url.hosts[0].host,
+        .user = st->url.user,
+        .password = st->url.password,
+        .timeout_ms = st->timeout_ms,
+    };
+    struct redis_conn_handlers h = { .down = sub_on_down, .message = sub_on_message, .ctx = sub };
+
+    if (sub->conn)
         return;
-    r = redisCommand(c, "SUBSCRIBE %s", NOTIFY_CHANNEL);
-    if (!r || r->type != REDIS_REPLY_ARRAY) {
-        freeReplyObject(r);
+    pthread_mutex_lock(&st->addr_mu);
+    o.addr = st->addr;
+    o.addrlen = st->addrlen;
+    pthread_mutex_unlock(&st->addr_mu);
+    if (!o.addrlen || redis_conn_open(sub->loop, &o, &h, &sub->conn) < 0) {
+        sub->conn = NULL;
+        sub_on_down(sub, -ECONNREFUSED, NULL);
         return;
     }
-    freeReplyObject(r);
-    while (redisGetReply(c, (void **)&r) == REDIS_OK) {
-        if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-            reply_str_eq(r->element[0], "message") && r->element[2]->type == REDIS_REPLY_STRING)
-            sub->fn(sub->ctx, (struct span){ r->element[2]->str, r->element[2]->len });
-        freeReplyObject(r);
-        r = NULL;
+    if (redis_conn_subscribe(sub->conn, NOTIFY_CHANNEL, sub_on_subscribed, sub) < 0) {
+        redis_conn_free(sub->conn);
+        sub->conn = NULL;
+        sub_on_down(sub, -ECONNRESET, NULL);
     }
 }
 
-static void *sub_main(void *arg)
+/* On the subscriber's loop thread, or once that loop has stopped. */
+static void sub_finish(void *ctx)
 {
-    struct subscriber *sub = arg;
-    uint64_t backoff = BACKOFF_FIRST_MS;
+    struct subscriber *sub = ctx;
 
-    for (;;) {
-        redisContext *c = NULL;
-        bool stop;
-
-        if (conn_open(sub->st, &c) < 0) {
-            if (sub_sleep(sub, backoff))
-                return NULL;
-            backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
-            continue;
-        }
-        backoff = BACKOFF_FIRST_MS;
-        /* Published under the lock that stop is set under: either the stopper
-         * sees the descriptor and shuts it down, or this thread sees stop. */
-        pthread_mutex_lock(&sub->mu);
-        stop = sub->stop;
-        sub->fd = stop ? -1 : c->fd;
-        pthread_mutex_unlock(&sub->mu);
-        if (!stop)
-            sub_listen(sub, c);
-        pthread_mutex_lock(&sub->mu);
-        sub->fd = -1;
-        stop = sub->stop;
-        pthread_mutex_unlock(&sub->mu);
-        redisFree(c);
-        if (stop || sub_sleep(sub, BACKOFF_FIRST_MS))
-            return NULL;
-    }
+    redis_conn_free(sub->conn);
+    sub->conn = NULL;
+    loop_timer_del(sub->loop, &sub->timer);
 }
 
 static void sub_stop(struct subscriber *sub)
 {
     if (!sub)
         return;
-    pthread_mutex_lock(&sub->mu);
-    sub->stop = true;
-    if (sub->fd >= 0)
-        shutdown(sub->fd, SHUT_RDWR); /* ends the blocking read */
-    pthread_cond_broadcast(&sub->wake);
-    pthread_mutex_unlock(&sub->mu);
-    pthread_join(sub->thread, NULL);
-    pthread_cond_destroy(&sub->wake);
-    pthread_mutex_destroy(&sub->mu);
+    loop_call(sub->loop, sub_finish, sub);
     free(sub);
 }
 
+static void sub_start(void *ctx)
+{
+    struct subscriber *sub = ctx;
+
+    (void)loop_timer_add(sub->loop, &sub->timer);
+}
+
+/* The subscriber connects in the first loop's next turn (its first, when
+ * called before the loops start, as the program does). */
 static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
 {
     struct store_redis *st = to_redis(base);
@@ -1162,15 +1094,9 @@ static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
     sub = calloc(1, sizeof(*sub));
     if (!sub)
         return -ENOMEM;
-    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .fd = -1 };
-    pthread_mutex_init(&sub->mu, NULL);
-    pthread_cond_init(&sub->wake, NULL);
-    if (pthread_create(&sub->thread, NULL, sub_main, sub) != 0) {
-        pthread_cond_destroy(&sub->wake);
-        pthread_mutex_destroy(&sub->mu);
-        free(sub);
-        return -EAGAIN;
-    }
+    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .loop = st->links[0].loop };
+    sub->timer = (struct loop_timer){ .fn = sub_on_timer, .ctx = sub, .due_ms = 0 };
+    loop_call(sub->loop, sub_start, sub);
     st->sub = sub;
     return 0;
 }
@@ -1208,8 +1134,8 @@ static void resolve_host(struct store_redis *st)
             freeaddrinfo(res);
     }
     if (!addrlen)
-        snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", st->url.hosts[0].host,
-                 gai ? gai_strerror(gai) : "no address");
+        snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s",
+                 st->url.hosts[0].host, gai ? gai_strerror(gai) : "no address");
     pthread_mutex_lock(&st->addr_mu);
     if (addrlen) {
         st->addr = addr;
@@ -1269,9 +1195,6 @@ static void redis_free(struct store *base)
     for (unsigned i = 0; i < st->nlinks; i++)
         pthread_mutex_destroy(&st->links[i].mu);
     free(st->links);
-    for (unsigned i = 0; st->conns && i < st->nconns; i++)
-        conn_close(&st->conns[i]);
-    free(st->conns);
     pthread_mutex_destroy(&st->addr_mu);
     pthread_mutex_destroy(&st->log_mu);
     redis_url_done(&st->url);
@@ -1318,8 +1241,6 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     }
     st->base.ops = &redis_ops;
     st->pool = pool;
-    st->timeout = (struct timeval){ .tv_sec = (time_t)(timeout_ms / 1000),
-                                    .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
     st->timeout_ms = timeout_ms;
     atomic_init(&st->ready, false);
     atomic_init(&st->stopping, false);
@@ -1328,15 +1249,13 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     redis_addr_format(&st->url.hosts[0], st->name, sizeof(st->name));
     resolve_host(st); /* here, before any loop runs; then by the PING job */
     store_calls_init(&st->calls);
-    st->nconns = worker_pool_size(pool);
-    st->conns = calloc(st->nconns, sizeof(*st->conns));
     st->links = calloc(nloops, sizeof(*st->links));
     for (unsigned i = 0; st->links && i < nloops; i++) {
         list_init(&st->links[i].queue);
         list_init(&st->links[i].later);
         list_init(&st->links[i].waiting);
     }
-    if (!st->conns || !st->links) {
+    if (!st->links) {
         redis_free(&st->base);
         return -ENOMEM;
     }
