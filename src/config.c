@@ -4,6 +4,7 @@
  * in main, before any thread starts. */
 #include "idemproxy/config.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "idemproxy/http.h"
 #include "idemproxy/redis_url.h"
@@ -21,23 +23,27 @@
 #define WHY_MAX 256
 
 enum kind {
-    K_ADDR,       /* struct config_addr */
-    K_URL,        /* char *, the upstream URL */
-    K_REDIS,      /* char *, a Redis URL (redis_url.h); "" means none */
-    K_STR,        /* char *, any text */
-    K_HEADER,     /* char *, a non-empty token */
-    K_HEADER_OPT, /* char *, a token or "" */
-    K_METHODS,    /* char *[CONFIG_MAX_LIST] + count, replaced as a whole */
-    K_HEADERS,    /* char *[CONFIG_MAX_LIST] + count, repeated flags accumulate */
-    K_BOOL,       /* bool */
-    K_SECONDS,    /* uint64_t ms, positive */
-    K_SECONDS0,   /* uint64_t ms, zero allowed */
-    K_BYTES,      /* size_t */
-    K_STATUS,     /* bool[600] */
-    K_CHOICE,     /* an enum: the index in <choices> */
-    K_COUNT,      /* unsigned, 1..COUNT_MAX */
-    K_ACTION,     /* bool set to true: --help, --version */
-    K_TOKEN_FILE, /* --admin-token-file: the path, and its first line in cfg->admin_token */
+    K_ADDR,          /* struct config_addr */
+    K_URL,           /* char *, the upstream URL */
+    K_REDIS,         /* char *, a Redis URL (redis_url.h); "" means none */
+    K_STR,           /* char *, any text */
+    K_HEADER,        /* char *, a non-empty token */
+    K_HEADER_OPT,    /* char *, a token or "" */
+    K_METHODS,       /* char *[CONFIG_MAX_LIST] + count, replaced as a whole */
+    K_HEADERS,       /* char *[CONFIG_MAX_LIST] + count, repeated flags accumulate */
+    K_BOOL,          /* bool */
+    K_SECONDS,       /* uint64_t ms, positive */
+    K_SECONDS0,      /* uint64_t ms, zero allowed */
+    K_BYTES,         /* size_t */
+    K_STATUS,        /* bool[600] */
+    K_CHOICE,        /* an enum: the index in <choices> */
+    K_COUNT,         /* unsigned, 1..COUNT_MAX */
+    K_ACTION,        /* bool set to true: --help, --version */
+    K_TOKEN_FILE,    /* --admin-token-file: the path, and its first line in cfg->admin_token */
+    K_PASSWORD_FILE, /* --redis-password-file: the path, and its first line in cfg->redis_password
+                      */
+    K_FILE,          /* char *, the path of a file this process can read */
+    K_HOSTNAME,      /* char *, a DNS name or an IP address */
 };
 
 /* How a bad value of each kind is explained: "'<v>' is not <what> (<expect>)". */
@@ -68,6 +74,10 @@ static const struct {
     [K_CHOICE] = { "a valid choice", NULL },
     [K_COUNT] = { "a whole number", "use 1 to 1000000" },
     [K_ACTION] = { "an action", "takes no value" },
+    [K_PASSWORD_FILE] = { "a password file", "its first line is the password: 1 to 4096 bytes, "
+                                             "no control characters" },
+    [K_FILE] = { "a readable file", "give the path of a file this process can read" },
+    [K_HOSTNAME] = { "a host name", "letters, digits, '-', '.' and '_', or an IP address" },
     [K_TOKEN_FILE] = { "a token file", "its first line is the token: 1 to 4096 visible ASCII "
                                        "characters, no spaces" },
 };
@@ -106,8 +116,29 @@ static const struct opt opts[] = {
       "every request goes there, a path prefix before every target",
       K_URL, F(upstream), 0, NULL, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
-      "Redis store, redis://[:password@]host:port[/db]; none: in-process memory store", K_REDIS,
+      "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS; none: "
+      "in-process memory store",
+      K_REDIS,
       F(redis_url), 0, NULL, false },
+    { "--redis-password-file", "IDEMPROXY_REDIS_PASSWORD_FILE", "FILE", NULL,
+      "Redis password: the file's first line, which beats one in the URL (and stays out of the "
+      "process list)",
+      K_PASSWORD_FILE, F(redis_password_file), 0, NULL, false },
+    { "--redis-tls-ca-file", "IDEMPROXY_REDIS_TLS_CA_FILE", "FILE", NULL,
+      "rediss://: the CAs that verify Redis's certificate; none: the system's CA store", K_FILE,
+      F(redis_tls_ca_file), 0, NULL, false },
+    { "--redis-tls-cert-file", "IDEMPROXY_REDIS_TLS_CERT_FILE", "FILE", NULL,
+      "rediss://: a client certificate (PEM) for Redis servers that ask for one", K_FILE,
+      F(redis_tls_cert_file), 0, NULL, false },
+    { "--redis-tls-key-file", "IDEMPROXY_REDIS_TLS_KEY_FILE", "FILE", NULL,
+      "rediss://: the client certificate's key (PEM)", K_FILE, F(redis_tls_key_file), 0, NULL,
+      false },
+    { "--redis-tls-server-name", "IDEMPROXY_REDIS_TLS_SERVER_NAME", "NAME", NULL,
+      "rediss://: the name checked in Redis's certificate and sent as SNI; none: the URL's host",
+      K_HOSTNAME, F(redis_tls_server_name), 0, NULL, false },
+    { "--redis-tls-insecure", "IDEMPROXY_REDIS_TLS_INSECURE", NULL, "false",
+      "rediss://: do not verify Redis's certificate (warned about at start; for tests only)",
+      K_BOOL, F(redis_tls_insecure), 0, NULL, false },
     { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
       "address of /healthz, /readyz and /metrics", K_ADDR, F(admin_listen), 0, NULL, false },
     { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
@@ -551,6 +582,71 @@ static int set_redis(char **slot, const char *v)
     return replace_string(slot, v, strlen(v));
 }
 
+/* Reads the first line of <path> (without its line end) into <secret_slot>
+ * and the path into <path_slot>: 1 to TOKEN_MAX bytes, no control character.
+ * Nothing changes on failure. */
+static int set_password_file(char **path_slot, char **secret_slot, const char *path)
+{
+    char buf[TOKEN_MAX + 2], *secret;
+    size_t n, len;
+    FILE *f;
+    int r;
+
+    f = fopen(path, "re");
+    if (!f)
+        return -errno;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    r = ferror(f) ? -EIO : 0;
+    fclose(f);
+    if (r < 0)
+        return r;
+    buf[n] = '\0';
+    len = strcspn(buf, "\r\n");
+    r = len == 0 || len > TOKEN_MAX || memchr(buf, '\0', len) ? -EINVAL : 0;
+    for (size_t i = 0; r == 0 && i < len; i++) {
+        if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)
+            r = -EINVAL;
+    }
+    if (r == 0) {
+        secret = strndup(buf, len);
+        r = secret ? replace_string(path_slot, path, strlen(path)) : -ENOMEM;
+        if (r == 0) {
+            if (*secret_slot)
+                explicit_bzero(*secret_slot, strlen(*secret_slot));
+            free(*secret_slot);
+            *secret_slot = secret;
+        } else if (secret) {
+            explicit_bzero(secret, len);
+            free(secret);
+        }
+    }
+    explicit_bzero(buf, sizeof(buf));
+    return r;
+}
+
+/* A path this process can read, kept as given. */
+static int set_file(char **slot, const char *path)
+{
+    if (!*path || has_ctl(path))
+        return -EINVAL;
+    if (access(path, R_OK) < 0)
+        return -errno;
+    return replace_string(slot, path, strlen(path));
+}
+
+static int set_hostname(char **slot, const char *v)
+{
+    size_t n = strlen(v);
+
+    if (n == 0 || n > 253)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (!isalnum((unsigned char)v[i]) && !strchr("-._:", v[i]))
+            return -EINVAL;
+    }
+    return replace_string(slot, v, n);
+}
+
 static void list_clear(char **list, size_t *n)
 {
     for (size_t i = 0; i < *n; i++) {
@@ -656,6 +752,12 @@ static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool 
         return 0;
     case K_TOKEN_FILE:
         return set_token_file(&cfg->admin_token_file, &cfg->admin_token, v); /* the only one */
+    case K_PASSWORD_FILE:
+        return set_password_file(&cfg->redis_password_file, &cfg->redis_password, v);
+    case K_FILE:
+        return set_file(field, v);
+    case K_HOSTNAME:
+        return set_hostname(field, v);
     }
     return -EINVAL;
 }
@@ -760,7 +862,8 @@ static void value_err(const struct opt *o, bool from_env, const char *v, int r, 
         snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
     if (r == -ENOMEM)
         set_err(err, errlen, "%s: out of memory", src);
-    else if (o->kind == K_TOKEN_FILE && r != -EINVAL)
+    else if ((o->kind == K_TOKEN_FILE || o->kind == K_PASSWORD_FILE || o->kind == K_FILE) &&
+             r != -EINVAL)
         set_err(err, errlen, "%s: cannot read '%s': %s", src, val, strerror(-r));
     else if (r == -E2BIG)
         set_err(err, errlen, "%s: too many entries (at most %d)", src, CONFIG_MAX_LIST);
@@ -919,8 +1022,53 @@ static int check_memory_budget(const struct config *cfg, char *err, size_t errle
     return -EINVAL;
 }
 
+/* TLS options without a TLS URL would be ignored: a user who gives them
+ * expects TLS, so that is an error; so is half a client certificate. */
+static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
+{
+    static const struct {
+        const char *flag;
+        size_t off;
+    } tls_opts[] = {
+        { "--redis-tls-ca-file", offsetof(struct config, redis_tls_ca_file) },
+        { "--redis-tls-cert-file", offsetof(struct config, redis_tls_cert_file) },
+        { "--redis-tls-key-file", offsetof(struct config, redis_tls_key_file) },
+        { "--redis-tls-server-name", offsetof(struct config, redis_tls_server_name) },
+    };
+    struct redis_url u;
+    bool tls = false;
+
+    if (cfg->redis_url && redis_url_parse(cfg->redis_url, &u, NULL, 0) == 0) {
+        tls = u.tls;
+        redis_url_done(&u);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(tls_opts); i++) {
+        if (!tls && *(char *const *)(const void *)((const char *)cfg + tls_opts[i].off)) {
+            set_err(err, errlen, "%s: needs a rediss:// or rediss-sentinel:// --redis URL",
+                    tls_opts[i].flag);
+            return -EINVAL;
+        }
+    }
+    if (!tls && cfg->redis_tls_insecure) {
+        set_err(err, errlen,
+                "--redis-tls-insecure: needs a rediss:// or rediss-sentinel:// "
+                "--redis URL");
+        return -EINVAL;
+    }
+    if (!cfg->redis_tls_cert_file != !cfg->redis_tls_key_file) {
+        set_err(err, errlen,
+                "%s: a client certificate needs both --redis-tls-cert-file and "
+                "--redis-tls-key-file",
+                cfg->redis_tls_cert_file ? "--redis-tls-cert-file" : "--redis-tls-key-file");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
+    int r;
+
     if (!cfg->upstream) {
         set_err(err, errlen,
                 "--upstream: required (the URL of the API to protect, e.g. "
@@ -935,7 +1083,8 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         set_err(err, errlen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
-    return check_memory_budget(cfg, err, errlen);
+    r = check_redis_tls(cfg, err, errlen);
+    return r < 0 ? r : check_memory_budget(cfg, err, errlen);
 }
 
 int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
@@ -986,6 +1135,20 @@ void config_done(struct config *cfg)
     cfg->ttl_header = NULL;
     free(cfg->admin_token_file);
     cfg->admin_token_file = NULL;
+    free(cfg->redis_password_file);
+    cfg->redis_password_file = NULL;
+    if (cfg->redis_password)
+        explicit_bzero(cfg->redis_password, strlen(cfg->redis_password));
+    free(cfg->redis_password);
+    cfg->redis_password = NULL;
+    free(cfg->redis_tls_ca_file);
+    cfg->redis_tls_ca_file = NULL;
+    free(cfg->redis_tls_cert_file);
+    cfg->redis_tls_cert_file = NULL;
+    free(cfg->redis_tls_key_file);
+    cfg->redis_tls_key_file = NULL;
+    free(cfg->redis_tls_server_name);
+    cfg->redis_tls_server_name = NULL;
     if (cfg->admin_token)
         explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
     free(cfg->admin_token);

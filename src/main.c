@@ -35,6 +35,7 @@ struct app {
     struct worker_pool *pool;
     struct store *st;
     struct pipeline *pl;
+    int exit_status; /* when app_up() fails: 2 for a bad option value found late, else 1 */
     /* One event loop per CPU, each running a front end (all on the listen
      * address) and the upstream client its requests are forwarded with. */
     unsigned nloops;
@@ -232,17 +233,37 @@ static int app_up(struct app *app)
         }
     }
     if (cfg->enabled && cfg->redis_url) {
-        err = store_redis_new(cfg->redis_url, app->pool, cfg->store_timeout_ms, app->loops,
-                              app->nloops, &app->st);
+        struct store_redis_opts ro = {
+            .url = cfg->redis_url,
+            .password = cfg->redis_password,
+            .tls = { .ca_file = cfg->redis_tls_ca_file,
+                     .cert_file = cfg->redis_tls_cert_file,
+                     .key_file = cfg->redis_tls_key_file,
+                     .insecure = cfg->redis_tls_insecure },
+            .tls_server_name = cfg->redis_tls_server_name,
+            .timeout_ms = cfg->store_timeout_ms,
+        };
+        char why[512];
+
+        err = store_redis_new(&ro, app->pool, app->loops, app->nloops, &app->st, why, sizeof(why));
         if (err < 0) {
             char redacted[512];
 
             redis_url_redact(cfg->redis_url, redacted, sizeof(redacted));
-            log_error("--redis %s: cannot use this URL: %s", redacted,
-                      err == -ENOTSUP ? "rediss://, Sentinel and Cluster URLs are not served yet"
-                                      : strerror(-err));
+            if (err == -EINVAL && why[0]) {
+                /* a TLS file that cannot be used: a bad option value */
+                log_error("--redis %s: %s", redacted, why);
+                app->exit_status = 2;
+            } else {
+                log_error("--redis %s: cannot use this URL: %s", redacted,
+                          err == -ENOTSUP ? "Sentinel and Cluster URLs are not served yet"
+                                          : strerror(-err));
+            }
             return err;
         }
+        if (cfg->redis_tls_insecure)
+            log_warn("--redis-tls-insecure: Redis's certificate is not verified; anyone on the "
+                     "path can read and change what the store holds");
     } else if (cfg->enabled) {
         err = store_memory_new(cfg->memory_max_bytes, REAP_INTERVAL_MS, app->pool, &app->st);
         if (err < 0) {
@@ -328,7 +349,7 @@ int main(int argc, char **argv)
         app_down(&app);
         config_done(&app.cfg);
         curl_global_cleanup();
-        return 1;
+        return app.exit_status ? app.exit_status : 1;
     }
     log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
              app.cfg.listen.text, app.cfg.admin_listen.text, app.cfg.upstream,

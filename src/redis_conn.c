@@ -36,11 +36,12 @@ struct redis_tls {
 
 enum conn_state { CONNECTING, HANDSHAKE, OPEN, DEAD };
 
-/* A command waiting for its reply; <fn> NULL: one of the set-up's. */
+/* A command waiting for its reply. */
 struct pending {
-    redis_reply_fn *fn;
+    redis_reply_fn *fn; /* NULL: the reply is not wanted */
     void *ctx;
     uint64_t sent_ms;
+    bool setup; /* one of the set-up's: AUTH, SELECT, PING */
 };
 
 struct redis_conn {
@@ -75,11 +76,13 @@ struct redis_conn {
 static void tls_error(char *out, size_t len)
 {
     unsigned long e = ERR_get_error();
+    char err[200];
 
     if (e)
-        ERR_error_string_n(e, out, len);
+        ERR_error_string_n(e, err, sizeof(err));
     else
-        snprintf(out, len, "unknown TLS error");
+        snprintf(err, sizeof(err), "unknown error");
+    snprintf(out, len, "TLS: %s", err);
     ERR_clear_error();
 }
 
@@ -150,7 +153,7 @@ void redis_tls_free(struct redis_tls *t)
 
 /* ---- the command queue ---- */
 
-static int q_push(struct redis_conn *c, redis_reply_fn *fn, void *ctx, uint64_t now)
+static int q_push(struct redis_conn *c, redis_reply_fn *fn, void *ctx, uint64_t now, bool setup)
 {
     if (c->q_len == c->q_cap) {
         size_t cap = c->q_cap ? c->q_cap * 2 : 64;
@@ -165,7 +168,7 @@ static int q_push(struct redis_conn *c, redis_reply_fn *fn, void *ctx, uint64_t 
         c->q_cap = cap;
         c->q_head = 0;
     }
-    c->q[(c->q_head + c->q_len) % c->q_cap] = (struct pending){ fn, ctx, now };
+    c->q[(c->q_head + c->q_len) % c->q_cap] = (struct pending){ fn, ctx, now, setup };
     c->q_len++;
     return 0;
 }
@@ -232,6 +235,20 @@ static void conn_fail(struct redis_conn *c, int err, const char *why)
 
 /* ---- I/O ---- */
 
+/* Why an SSL_read or SSL_write that returned <r> with SSL_get_error() <e>
+ * (neither WANT_READ nor WANT_WRITE) failed. */
+static void tls_io_error(int e, const char *what, char *why, size_t why_len)
+{
+    if (e == SSL_ERROR_ZERO_RETURN ||
+        (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == 0))
+        snprintf(why, why_len, "the server closed the connection");
+    else if (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0)
+        snprintf(why, why_len, "%s: %s", what, strerror(errno));
+    else
+        tls_error(why, why_len);
+    ERR_clear_error();
+}
+
 static void watch_update(struct redis_conn *c)
 {
     uint32_t ev = EPOLLIN;
@@ -270,7 +287,10 @@ static int flush(struct redis_conn *c, char *why, size_t why_len)
         ssize_t w;
 
         if (c->ssl) {
-            int r = SSL_write(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
+            int r;
+
+            errno = 0;
+            r = SSL_write(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
 
             if (r <= 0) {
                 int e = SSL_get_error(c->ssl, r);
@@ -281,7 +301,7 @@ static int flush(struct redis_conn *c, char *why, size_t why_len)
                 }
                 if (e == SSL_ERROR_WANT_READ)
                     break; /* the next read lets it on */
-                tls_error(why, why_len);
+                tls_io_error(e, "write", why, why_len);
                 return -ECONNRESET;
             }
             w = r;
@@ -321,7 +341,7 @@ static void dispatch(struct redis_conn *c, redisReply *r)
         return;
     }
     p = q_pop(c);
-    if (!p.fn) { /* a set-up reply: AUTH, SELECT */
+    if (p.setup) {
         if (r->type == REDIS_REPLY_ERROR) {
             char why[300];
 
@@ -338,7 +358,8 @@ static void dispatch(struct redis_conn *c, redisReply *r)
         c->setup_left--; /* on_events() says ready once the last is in */
         return;
     }
-    p.fn(p.ctx, 0, r);
+    if (p.fn)
+        p.fn(p.ctx, 0, r);
 }
 
 /* Reads what the socket (and OpenSSL) holds and dispatches every complete
@@ -351,7 +372,10 @@ static int drain(struct redis_conn *c, char *why, size_t why_len)
         ssize_t n;
 
         if (c->ssl) {
-            int r = SSL_read(c->ssl, chunk, sizeof(chunk));
+            int r;
+
+            errno = 0;
+            r = SSL_read(c->ssl, chunk, sizeof(chunk));
 
             if (r <= 0) {
                 int e = SSL_get_error(c->ssl, r);
@@ -362,15 +386,7 @@ static int drain(struct redis_conn *c, char *why, size_t why_len)
                     c->tls_want_write = true;
                     break;
                 }
-                if (e == SSL_ERROR_ZERO_RETURN) {
-                    snprintf(why, why_len, "the server closed the connection");
-                    return -ECONNRESET;
-                }
-                if (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
-                    snprintf(why, why_len, "the server closed the connection");
-                    return -ECONNRESET;
-                }
-                tls_error(why, why_len);
+                tls_io_error(e, "read", why, why_len);
                 return -ECONNRESET;
             }
             n = r;
@@ -441,10 +457,10 @@ static int handshake(struct redis_conn *c, char *why, size_t why_len)
         return -ECONNRESET;
     }
     {
-        char err[200];
+        char err[250];
 
         tls_error(err, sizeof(err));
-        snprintf(why, why_len, "TLS handshake failed: %s", err);
+        snprintf(why, why_len, "%s (in the handshake)", err);
     }
     return -EPROTO;
 }
@@ -514,8 +530,12 @@ static void on_timer(void *ctx)
         return;
     c->busy++;
     conn_fail(c, -ETIMEDOUT,
-              c->state != OPEN || c->setup_left ? "no connection within the store timeout"
-                                                : "no reply within the store timeout");
+              c->state == CONNECTING ? "connect: no answer within the store timeout"
+              : c->state == HANDSHAKE
+                  ? "TLS: no handshake within the store timeout (is it a TLS port?)"
+              : c->setup_left ? "no reply to the set-up within the store timeout (is it Redis? "
+                                "a TLS port?)"
+                              : "no reply within the store timeout");
     c->busy--;
     if (c->freed && !c->busy)
         conn_destroy(c);
@@ -550,7 +570,7 @@ static int setup_command(struct redis_conn *c, int argc, const char **argv, cons
     int err = append_command(c, argc, argv, lens);
 
     if (err == 0)
-        err = q_push(c, NULL, NULL, c->opened_ms);
+        err = q_push(c, NULL, NULL, c->opened_ms, true);
     if (err == 0)
         c->setup_left++;
     return err;
@@ -590,6 +610,15 @@ int redis_conn_open(struct loop *loop, const struct redis_conn_opts *o,
         size_t lens[] = { 6, (size_t)snprintf(db, sizeof(db), "%u", o->db) };
 
         err = setup_command(c, 2, argv, lens);
+    }
+    if (err == 0) {
+        /* Last, and always: the connection is ready only once the server has
+         * answered in RESP (a TCP connect alone proves nothing: a TLS port
+         * takes it too). */
+        const char *argv[] = { "PING" };
+        size_t lens[] = { 4 };
+
+        err = setup_command(c, 1, argv, lens);
     }
     if (err < 0)
         goto fail;
@@ -653,7 +682,7 @@ int redis_conn_command(struct redis_conn *c, int argc, const char **argv, const 
     if (c->state == DEAD || c->freed || (c->subscribed && strcasecmp(argv[0], "SUBSCRIBE") != 0))
         return -ECONNRESET;
     err = append_command(c, argc, argv, lens);
-    if (err == 0 && (err = q_push(c, fn, ctx, now_ms())) < 0)
+    if (err == 0 && (err = q_push(c, fn, ctx, now_ms(), false)) < 0)
         c->out.len = before;
     if (err < 0)
         return err;

@@ -381,6 +381,7 @@ void redis_url_redact(const char *s, char *out, size_t len)
         if (c == secret) {
             put(out, len, &used, "***", 3);
             c = secret_end;
+            secret = NULL; /* once: an empty password would not move <c> on */
         } else if (c > start && strncmp(c, SENTINEL_PASSWORD_KEY, klen) == 0 &&
                    (c[-1] == '?' || c[-1] == '&')) {
             put(out, len, &used, c, klen);

@@ -88,6 +88,8 @@ struct store_redis {
     struct store base;
     struct worker_pool *pool; /* borrowed */
     struct redis_url url;     /* owned */
+    struct redis_tls *tls;    /* owned; NULL: plain TCP */
+    char tls_name[256];       /* the name checked in the certificate, and sent as SNI */
     uint64_t timeout_ms;
 
     /* The host's address: the loops connect to it, so that no loop thread
@@ -425,7 +427,8 @@ static int link_connect(struct link *k)
     struct store_redis *st = k->st;
     struct redis_conn_opts o = {
         .name = st->name,
-        .tls_name = st->url.hosts[0].host,
+        .tls = st->tls,
+        .tls_name = st->tls_name,
         .user = st->url.user,
         .password = st->url.password,
         .db = st->url.db,
@@ -1032,7 +1035,8 @@ static void sub_on_timer(void *ctx)
     struct store_redis *st = sub->st;
     struct redis_conn_opts o = {
         .name = st->name,
-        .tls_name = st->url.hosts[0].host,
+        .tls = st->tls,
+        .tls_name = st->tls_name,
         .user = st->url.user,
         .password = st->url.password,
         .timeout_ms = st->timeout_ms,
@@ -1198,6 +1202,7 @@ static void redis_free(struct store *base)
     pthread_mutex_destroy(&st->addr_mu);
     pthread_mutex_destroy(&st->log_mu);
     redis_url_done(&st->url);
+    redis_tls_free(st->tls);
     free(st);
 }
 
@@ -1214,13 +1219,16 @@ static const struct store_ops redis_ops = {
     .free = redis_free,
 };
 
-int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_ms,
-                    struct loop *const *loops, unsigned nloops, struct store **ret)
+int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
+                    struct loop *const *loops, unsigned nloops, struct store **ret, char *why,
+                    size_t why_len)
 {
     struct store_redis *st;
     int err;
 
-    if (!pool || timeout_ms == 0 || !loops || nloops == 0)
+    if (why && why_len)
+        why[0] = '\0';
+    if (!pool || o->timeout_ms == 0 || !loops || nloops == 0)
         return -EINVAL;
     for (unsigned i = 0; i < nloops; i++) {
         if (!loops[i])
@@ -1229,19 +1237,44 @@ int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_
     st = calloc(1, sizeof(*st));
     if (!st)
         return -ENOMEM;
-    err = redis_url_parse(url, &st->url, NULL, 0);
+    err = redis_url_parse(o->url, &st->url, why, why_len);
     if (err < 0) {
         free(st);
         return err;
     }
-    if (st->url.tls || st->url.kind != REDIS_URL_SERVER) {
+    if (st->url.kind != REDIS_URL_SERVER) {
         redis_url_done(&st->url);
         free(st);
-        return -ENOTSUP; /* rediss://, Sentinel and Cluster: not yet */
+        return -ENOTSUP; /* Sentinel and Cluster: not yet */
     }
+    if (o->password) {
+        char *pw = strdup(o->password);
+
+        if (!pw) {
+            redis_url_done(&st->url);
+            free(st);
+            return -ENOMEM;
+        }
+        if (st->url.password) {
+            explicit_bzero(st->url.password, strlen(st->url.password));
+            free(st->url.password);
+        }
+        st->url.password = pw;
+    }
+    if (st->url.tls) {
+        err = redis_tls_new(&o->tls, &st->tls, why, why_len);
+        if (err < 0) {
+            redis_url_done(&st->url);
+            free(st);
+            return err;
+        }
+    }
+    snprintf(st->tls_name, sizeof(st->tls_name), "%s",
+             o->tls_server_name && o->tls_server_name[0] ? o->tls_server_name
+                                                         : st->url.hosts[0].host);
     st->base.ops = &redis_ops;
     st->pool = pool;
-    st->timeout_ms = timeout_ms;
+    st->timeout_ms = o->timeout_ms;
     atomic_init(&st->ready, false);
     atomic_init(&st->stopping, false);
     pthread_mutex_init(&st->addr_mu, NULL);

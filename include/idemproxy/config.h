@@ -40,6 +40,13 @@ struct config {
     struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
     char *upstream; /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
     char *redis_url;                /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
+    char *redis_password_file;      /* --redis-password-file, NULL: none */
+    char *redis_password;           /* its first line: beats a password in the URL */
+    char *redis_tls_ca_file;        /* --redis-tls-ca-file, NULL: the system's CA store */
+    char *redis_tls_cert_file;      /* --redis-tls-cert-file, NULL: no client certificate */
+    char *redis_tls_key_file;       /* --redis-tls-key-file */
+    char *redis_tls_server_name;    /* --redis-tls-server-name, NULL: the URL's host */
+    bool redis_tls_insecure;        /* --redis-tls-insecure: no certificate verification */
     char *methods[CONFIG_MAX_LIST]; /* --methods, upper case, default POST,PUT,PATCH */
     size_t nmethods;
     char *key_header;                     /* --key-header, default Idempotency-Key */
@@ -67,8 +74,8 @@ struct config {
     enum config_log_format log_format;         /* --log-format, default text */
     enum config_log_level log_level;           /* --log-level, default info */
     bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
-    char *admin_token_file; /* --admin-token-file, NULL: none */
-    char *admin_token;      /* its first line: the secret /keys asks for */
+    char *admin_token_file;                    /* --admin-token-file, NULL: none */
+    char *admin_token;                         /* its first line: the secret /keys asks for */
     bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
     bool show_version; /* --version was given */
 };

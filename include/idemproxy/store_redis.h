@@ -8,12 +8,22 @@
 #ifndef IDEMPROXY_STORE_REDIS_H
 #define IDEMPROXY_STORE_REDIS_H
 
+#include "idemproxy/redis_conn.h"
 #include "idemproxy/store.h"
 
 struct loop;
 struct worker_pool;
 
-/* Creates a Redis store on <url>: acquire, complete, release and extend run
+/* What a Redis store is made of: its URL and the options of SPEC §2.1. */
+struct store_redis_opts {
+    const char *url;             /* redis_url.h */
+    const char *password;        /* --redis-password-file's: beats the URL's; NULL: none */
+    struct redis_tls_opts tls;   /* for rediss:// */
+    const char *tls_server_name; /* the name checked and sent as SNI; NULL: the URL's host */
+    uint64_t timeout_ms;         /* --store-timeout */
+};
+
+/* Creates a Redis store on <o>->url: acquire, complete, release and extend run
  * on one pipelined connection per loop of <loops> (borrowed: created, not
  * started yet, as each gets a timer of the store's): called on one of those
  * loops' threads, on that loop's; from any other thread, on the first
@@ -23,14 +33,16 @@ struct worker_pool;
  * outlive the store) run on the first loop's connection and call back on its
  * thread. Each call is bounded by <timeout_ms>. Does not need Redis to be up:
  * connections are made on first use and retried with backoff. Returns 0 with
- * the store in <ret>, -EINVAL for a bad URL (redis_url.h) or no loops,
- * -ENOTSUP for a form not served yet, -ENOMEM or -EAGAIN.
+ * the store in <ret>, or -EINVAL with why in <why> (a bad URL, TLS files
+ * that cannot be used, no loops), -ENOTSUP for a form not served yet,
+ * -ENOMEM or -EAGAIN.
  *
  * The loops must outlive the store. store_free() finishes each connection on
  * its loop's thread, or on the calling thread once that loop has stopped, and
  * takes its timers off the loop. Ops called while a loop is stopped and the
  * store not freed yet are refused with -ECANCELED. */
-int store_redis_new(const char *url, struct worker_pool *pool, uint64_t timeout_ms,
-                    struct loop *const *loops, unsigned nloops, struct store **ret);
+int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
+                    struct loop *const *loops, unsigned nloops, struct store **ret, char *why,
+                    size_t why_len);
 
 #endif

@@ -21,9 +21,9 @@
 #include "check.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
-#include "idemproxy/redis_url.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/worker.h"
 
@@ -1197,7 +1197,8 @@ static int redis_new(const char *url, struct worker_pool *p, uint64_t timeout_ms
     for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
         err = loop_new(&redis_loops[i]);
     if (err == 0)
-        err = store_redis_new(url, p, timeout_ms, redis_loops, REDIS_LOOPS, ret);
+        err = store_redis_new(&(struct store_redis_opts){ .url = url, .timeout_ms = timeout_ms }, p,
+                              redis_loops, REDIS_LOOPS, ret, NULL, 0);
     for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
         err = loop_start(redis_loops[i]);
     if (err < 0)
@@ -1218,10 +1219,16 @@ static void test_redis_refuses_bad_arguments(void)
     int before = atomic_load(&callbacks);
 
     /* Refused before they touch the loops (those of st0, running already). */
-    CHECK_EQ_INT(store_redis_new("http://nope", pool, 1000, redis_loops, REDIS_LOOPS, &st),
+    CHECK_EQ_INT(
+        store_redis_new(&(struct store_redis_opts){ .url = "http://nope", .timeout_ms = 1000 },
+                        pool, redis_loops, REDIS_LOOPS, &st, NULL, 0),
+        -EINVAL);
+    CHECK_EQ_INT(store_redis_new(&(struct store_redis_opts){ .url = redis_url, .timeout_ms = 0 },
+                                 pool, redis_loops, REDIS_LOOPS, &st, NULL, 0),
                  -EINVAL);
-    CHECK_EQ_INT(store_redis_new(redis_url, pool, 0, redis_loops, REDIS_LOOPS, &st), -EINVAL);
-    CHECK_EQ_INT(store_redis_new(redis_url, pool, 1000, redis_loops, 0, &st), -EINVAL);
+    CHECK_EQ_INT(store_redis_new(&(struct store_redis_opts){ .url = redis_url, .timeout_ms = 1000 },
+                                 pool, redis_loops, 0, &st, NULL, 0),
+                 -EINVAL);
     CHECK(st == NULL);
     CHECK_EQ_INT(acquire(st0, "", fp_a, &t, 1000).ret, -EINVAL);
     CHECK_EQ_INT(acquire(st0, "k", fp_a, &t, 0).ret, -EINVAL);
@@ -1514,12 +1521,9 @@ static const struct test memory_tests[] = {
 };
 
 static const struct test redis_tests[] = {
-    TEST(test_redis_refuses_bad_arguments),
-    TEST(test_redis_script_flush_reloads_scripts),
-    TEST(test_redis_one_key_per_idempotency_key),
-    TEST(test_redis_bad_stored_data_is_eproto),
-    TEST(test_redis_down_fails_fast_with_backoff),
-    TEST(test_redis_timeout_frees_the_connection),
+    TEST(test_redis_refuses_bad_arguments),        TEST(test_redis_script_flush_reloads_scripts),
+    TEST(test_redis_one_key_per_idempotency_key),  TEST(test_redis_bad_stored_data_is_eproto),
+    TEST(test_redis_down_fails_fast_with_backoff), TEST(test_redis_timeout_frees_the_connection),
     TEST(test_redis_ready_without_traffic),
 };
 

@@ -181,6 +181,8 @@ static void test_redis_url_redact(void)
         { "redis://:s3cret@h", "redis://:***@h" },
         { "redis://app:s3cret@h", "redis://app:***@h" },
         { "redis://onlypass@h", "redis://***@h" },
+        { "redis://app:@h", "redis://app:***@h" }, /* an empty password: still masked */
+        { "redis://@h", "redis://***@h" },
         { "redis://u:a@b?c@h:1/2", "redis://u:***@h:1/2" },
         { "rediss-sentinel://app:pw@s1,s2?master=m&sentinel_password=x@y&sentinel_user=u",
           "rediss-sentinel://app:***@s1,s2?master=m&sentinel_password=***&sentinel_user=u" },
