@@ -33,6 +33,7 @@
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
 #include "idemproxy/redis_conn.h"
+#include "idemproxy/redis_sentinel.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store_impl.h"
 #include "idemproxy/worker.h"
@@ -58,6 +59,7 @@ struct subscriber {
     struct loop *loop;       /* borrowed: the first loop */
     struct loop_timer timer; /* (re)connects */
     struct redis_conn *conn; /* NULL: none */
+    unsigned generation;     /* of the target <conn> went to */
     uint64_t backoff_ms;
 };
 
@@ -75,7 +77,8 @@ struct link {
     struct list queue;       /* guarded by mu: struct op from other threads */
     bool stopping;           /* guarded by mu: refuse ops from other threads */
     struct redis_conn *conn; /* NULL: none */
-    bool ready;              /* <conn> is set up */
+    bool ready;              /* <conn> is set up (and, with Sentinel, confirmed the master) */
+    unsigned generation;     /* of the target <conn> went to */
     uint64_t retry_at_ms;    /* no connect attempt before this */
     uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
     int last_err;            /* what ops get inside the backoff */
@@ -92,14 +95,21 @@ struct store_redis {
     char tls_name[256];       /* the name checked in the certificate, and sent as SNI */
     uint64_t timeout_ms;
 
-    /* The host's address: the loops connect to it, so that no loop thread
-     * ever waits on a name lookup. Looked up when the store is made and
-     * again with every readiness PING, on a pool thread. */
+    /* Where the connections go: the URL's host, or the master the
+     * sentinels named. Its address is what the loops connect to, so that
+     * no loop thread ever waits on a name lookup: looked up when the store
+     * is made and again with every readiness PING, on a pool thread (an IP
+     * address the sentinels give is taken at once). */
     pthread_mutex_t addr_mu;
+    char target_host[REDIS_URL_HOST_MAX]; /* "": no master known yet (Sentinel) */
+    unsigned target_port;
     struct sockaddr_storage addr;
-    socklen_t addrlen;     /* 0 while the name has not resolved */
-    char resolve_why[400]; /* why it did not, for the log */
-    char name[300];        /* host:port, for the log */
+    socklen_t addrlen;               /* 0 while the name has not resolved */
+    char resolve_why[400];           /* why it did not, for the log */
+    atomic_uint generation;          /* changes with the target: connections to the old one go */
+    atomic_ullong failovers;         /* the sentinels named another master */
+    struct redis_sentinel *sentinel; /* owned: redis-sentinel:// only */
+    char name[300];                  /* host:port, for the log */
     pthread_mutex_t log_mu;
     char logged_why[400]; /* the last failure logged, "" once connected again */
 
@@ -257,6 +267,8 @@ static void op_list_fail(struct list *l, int err)
 }
 
 static void on_op_reply(void *ctx, int err, const redisReply *reply);
+static void link_drop(struct link *k, int err, const char *why, bool backoff);
+static void rediscover(struct store_redis *st);
 
 /* Sends the script of <op> on the link's connection (EVALSHA, or EVAL once
  * Redis said NOSCRIPT): appended to the output, which goes out with every
@@ -351,6 +363,14 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply)
             op_finish(op, -ECONNRESET, NULL);
         return;
     }
+    if (st->sentinel && redis_reply_is_error(reply, "READONLY") && k->conn) {
+        /* a demoted master: this op fails, the next ones go to the new one */
+        op_finish(op, 0, reply);
+        if (k->conn)
+            link_drop(k, -EAGAIN, "READONLY: a replica now; asking the sentinels again", true);
+        rediscover(st);
+        return;
+    }
     set_ready(st, reply->type != REDIS_REPLY_ERROR);
     op_finish(op, 0, reply);
 }
@@ -387,16 +407,75 @@ static void log_recovery(struct store_redis *st)
 
 static void link_dispatch(struct link *k, uint64_t now);
 
-static void link_on_ready(void *ctx)
+/* The connection is set up, and (Sentinel) it is the master. */
+static void link_confirmed(struct link *k)
 {
-    struct link *k = ctx;
-
     k->ready = true;
     k->backoff_ms = 0;
     k->last_err = 0;
     set_ready(k->st, true);
     log_recovery(k->st);
     link_dispatch(k, now_ms());
+}
+
+/* Gives the connection up (not from inside its own I/O: from a reply
+ * callback, or the loop); what it holds fails with -ECONNRESET. */
+static void link_drop(struct link *k, int err, const char *why, bool backoff)
+{
+    struct redis_conn *c = k->conn;
+
+    k->conn = NULL;
+    k->ready = false;
+    k->last_err = err;
+    set_ready(k->st, false);
+    if (backoff)
+        backoff_start(k);
+    if (why)
+        log_failure(k->st, why);
+    redis_conn_free(c); /* sent ops: -ECANCELED, answered as -ECONNRESET */
+    op_list_fail(&k->waiting, err);
+}
+
+/* ROLE, with Sentinel: what the sentinels named may have been demoted since. */
+static void on_role(void *ctx, int err, const redisReply *r)
+{
+    struct link *k = ctx;
+    char why[200];
+
+    if (err < 0)
+        return; /* the connection failed: its down() sees to the rest */
+    if (redis_reply_is_error(r, "NOPERM") ||
+        (r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+         r->element[0]->type == REDIS_REPLY_STRING && r->element[0]->len == 6 &&
+         memcmp(r->element[0]->str, "master", 6) == 0)) {
+        /* the master (or an ACL that forbids ROLE: READONLY replies tell) */
+        link_confirmed(k);
+        return;
+    }
+    snprintf(
+        why, sizeof(why), "not the master (ROLE: %.*s): asking the sentinels again",
+        r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING
+            ? (int)(r->element[0]->len > 32 ? 32 : r->element[0]->len)
+            : 7,
+        r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING
+            ? r->element[0]->str
+            : "unknown");
+    link_drop(k, -EAGAIN, why, true);
+    rediscover(k->st);
+}
+
+static void link_on_ready(void *ctx)
+{
+    struct link *k = ctx;
+    const char *argv[] = { "ROLE" };
+    size_t lens[] = { 4 };
+
+    if (!k->st->sentinel) {
+        link_confirmed(k);
+        return;
+    }
+    if (redis_conn_command(k->conn, 1, argv, lens, on_role, k) < 0)
+        link_drop(k, -ECONNRESET, NULL, true);
 }
 
 /* The connection failed; the ops sent on it got the error already. */
@@ -413,6 +492,7 @@ static void link_on_down(void *ctx, int err, const char *why)
     k->last_err = err;
     log_failure(k->st, why);
     op_list_fail(&k->waiting, err);
+    rediscover(k->st); /* Sentinel: find the master again on every reconnect */
     k->timer.due_ms = list_is_empty(&k->later) ? k->timer.due_ms : 0;
 }
 
@@ -421,30 +501,41 @@ static const struct redis_conn_handlers link_handlers = {
     .down = link_on_down,
 };
 
-/* Starts a connection, with AUTH and SELECT ahead of everything. */
-static int link_connect(struct link *k)
+/* Fills <o> with where and how to connect now; <why> says why not when
+ * there is nowhere yet (returns -ENXIO then). */
+static int target_opts(struct store_redis *st, struct redis_conn_opts *o, char *tls_name,
+                       size_t tls_name_len, unsigned *gen, char *why, size_t why_len)
 {
-    struct store_redis *st = k->st;
-    struct redis_conn_opts o = {
+    *o = (struct redis_conn_opts){
         .name = st->name,
         .tls = st->tls,
-        .tls_name = st->tls_name,
+        .tls_name = tls_name,
         .user = st->url.user,
         .password = st->url.password,
         .db = st->url.db,
         .timeout_ms = st->timeout_ms,
     };
+    pthread_mutex_lock(&st->addr_mu);
+    o->addr = st->addr;
+    o->addrlen = st->addrlen;
+    *gen = atomic_load(&st->generation);
+    snprintf(tls_name, tls_name_len, "%s", st->tls_name[0] ? st->tls_name : st->target_host);
+    if (!st->addrlen)
+        snprintf(why, why_len, "%s", st->resolve_why);
+    pthread_mutex_unlock(&st->addr_mu);
+    return o->addrlen ? 0 : -ENXIO;
+}
+
+/* Starts a connection, with AUTH and SELECT ahead of everything. */
+static int link_connect(struct link *k)
+{
+    struct store_redis *st = k->st;
+    struct redis_conn_opts o;
     struct redis_conn_handlers h = link_handlers;
-    char why[sizeof(st->resolve_why)] = "";
+    char why[sizeof(st->resolve_why)] = "", tls_name[REDIS_URL_HOST_MAX];
     int err;
 
-    pthread_mutex_lock(&st->addr_mu);
-    o.addr = st->addr;
-    o.addrlen = st->addrlen;
-    if (!st->addrlen)
-        snprintf(why, sizeof(why), "%s", st->resolve_why);
-    pthread_mutex_unlock(&st->addr_mu);
-    if (!o.addrlen) {
+    if (target_opts(st, &o, tls_name, sizeof(tls_name), &k->generation, why, sizeof(why)) < 0) {
         log_failure(st, why);
         return -ENXIO; /* the name does not resolve (yet): the PING job retries it */
     }
@@ -464,6 +555,8 @@ static void link_dispatch(struct link *k, uint64_t now)
     int err;
 
     list_splice(&k->waiting, &k->later);
+    if (k->conn && k->generation != atomic_load(&k->st->generation))
+        link_drop(k, -ECONNRESET, NULL, false); /* the master moved: go there now */
     if (list_is_empty(&k->waiting))
         return;
     if (k->conn && k->ready) {
@@ -587,7 +680,8 @@ static int op_submit(struct op *op)
             op_free(op);
             return -ECANCELED;
         }
-        if (k->conn && k->ready && op_send(k, op) == 0)
+        if (k->conn && k->ready && k->generation == atomic_load(&st->generation) &&
+            op_send(k, op) == 0)
             return 0;
         /* Connecting, or the connection is going: the timer sees to it this turn. */
         list_append(&k->later, &op->node);
@@ -1033,23 +1127,14 @@ static void sub_on_timer(void *ctx)
 {
     struct subscriber *sub = ctx;
     struct store_redis *st = sub->st;
-    struct redis_conn_opts o = {
-        .name = st->name,
-        .tls = st->tls,
-        .tls_name = st->tls_name,
-        .user = st->url.user,
-        .password = st->url.password,
-        .timeout_ms = st->timeout_ms,
-    };
+    struct redis_conn_opts o;
     struct redis_conn_handlers h = { .down = sub_on_down, .message = sub_on_message, .ctx = sub };
+    char why[sizeof(st->resolve_why)], tls_name[REDIS_URL_HOST_MAX];
 
     if (sub->conn)
         return;
-    pthread_mutex_lock(&st->addr_mu);
-    o.addr = st->addr;
-    o.addrlen = st->addrlen;
-    pthread_mutex_unlock(&st->addr_mu);
-    if (!o.addrlen || redis_conn_open(sub->loop, &o, &h, &sub->conn) < 0) {
+    if (target_opts(st, &o, tls_name, sizeof(tls_name), &sub->generation, why, sizeof(why)) < 0 ||
+        redis_conn_open(sub->loop, &o, &h, &sub->conn) < 0) {
         sub->conn = NULL;
         sub_on_down(sub, -ECONNREFUSED, NULL);
         return;
@@ -1107,6 +1192,18 @@ static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
 
 static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(base)->ready); }
 
+static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
+{
+    struct store_redis *st = to_redis(base);
+    int err = emit(ctx, "idemproxy_redis_connected", "gauge",
+                   "1 while the (current) Redis master answers", redis_is_ready(base) ? 1 : 0);
+
+    if (err == 0)
+        err = emit(ctx, "idemproxy_redis_failovers_total", "counter",
+                   "times the sentinels named another master", atomic_load(&st->failovers));
+    return err;
+}
+
 /* Looks the host of <st> up (blocking: never on a loop thread) and keeps an
  * address for the loops' connects, IPv4 first (a non-blocking connect takes
  * one address only; Redis listens on IPv4 more often than not, and
@@ -1120,13 +1217,22 @@ static void resolve_host(struct store_redis *st)
     char port[8], why[sizeof(st->resolve_why)] = "";
     int gai = 0;
 
-    snprintf(port, sizeof(port), "%u", st->url.hosts[0].port);
+    char host[REDIS_URL_HOST_MAX];
+
+    pthread_mutex_lock(&st->addr_mu);
+    snprintf(host, sizeof(host), "%s", st->target_host);
+    snprintf(port, sizeof(port), "%u", st->target_port);
+    pthread_mutex_unlock(&st->addr_mu);
+    if (st->sentinel)
+        redis_sentinel_resolve(st->sentinel);
+    if (!host[0])
+        return; /* no master known yet: the sentinels are being asked */
     for (size_t i = 0; i < ARRAY_SIZE(families) && !addrlen; i++) {
         struct addrinfo hints = { .ai_family = families[i],
                                   .ai_socktype = SOCK_STREAM,
                                   .ai_flags = AI_NUMERICSERV };
         struct addrinfo *res = NULL;
-        int r = getaddrinfo(st->url.hosts[0].host, port, &hints, &res);
+        int r = getaddrinfo(host, port, &hints, &res);
 
         if (r == 0 && res && res->ai_addrlen <= sizeof(addr)) {
             memcpy(&addr, res->ai_addr, res->ai_addrlen);
@@ -1138,16 +1244,62 @@ static void resolve_host(struct store_redis *st)
             freeaddrinfo(res);
     }
     if (!addrlen)
-        snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s",
-                 st->url.hosts[0].host, gai ? gai_strerror(gai) : "no address");
+        snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", host,
+                 gai ? gai_strerror(gai) : "no address");
     pthread_mutex_lock(&st->addr_mu);
-    if (addrlen) {
+    if (strcmp(host, st->target_host) != 0) {
+        /* the target moved meanwhile: this answer is for the old one */
+    } else if (addrlen) {
         st->addr = addr;
         st->addrlen = addrlen;
     } else if (!st->addrlen) {
         snprintf(st->resolve_why, sizeof(st->resolve_why), "%s", why);
     }
     pthread_mutex_unlock(&st->addr_mu);
+}
+
+/* ---- Sentinel: the master moves ---- */
+
+/* The sentinels named the master <host>:<port> (on the first loop's thread).
+ * A new one takes effect at once: every connection to the old one goes the
+ * next time it is used. An IP address needs no lookup; a name is looked up
+ * by the next PING job. */
+static void on_master(void *ctx, const char *host, unsigned port)
+{
+    struct store_redis *st = ctx;
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
+    struct addrinfo *res = NULL;
+    char p[8];
+    bool moved;
+
+    snprintf(p, sizeof(p), "%u", port);
+    pthread_mutex_lock(&st->addr_mu);
+    moved = strcmp(st->target_host, host) != 0 || st->target_port != port;
+    if (moved) {
+        if (st->target_host[0])
+            atomic_fetch_add(&st->failovers, 1);
+        snprintf(st->target_host, sizeof(st->target_host), "%s", host);
+        st->target_port = port;
+        st->addrlen = 0;
+        snprintf(st->resolve_why, sizeof(st->resolve_why),
+                 "the master %.255s:%u the sentinels named does not resolve (yet)", host, port);
+        if (getaddrinfo(host, p, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(st->addr)) {
+            memcpy(&st->addr, res->ai_addr, res->ai_addrlen);
+            st->addrlen = res->ai_addrlen;
+        }
+        atomic_fetch_add(&st->generation, 1);
+    }
+    pthread_mutex_unlock(&st->addr_mu);
+    if (res)
+        freeaddrinfo(res);
+}
+
+/* Asks the sentinels again: a connection failed, or found a replica. */
+static void rediscover(struct store_redis *st)
+{
+    if (st->sentinel)
+        redis_sentinel_ask(st->sentinel);
 }
 
 /* ---- readiness ---- */
@@ -1194,7 +1346,8 @@ static void redis_free(struct store *base)
      * stopped: everything accepted calls back before this returns. */
     for (unsigned i = 0; i < st->nlinks; i++)
         loop_call(st->links[i].loop, link_finish, &st->links[i]);
-    store_calls_done(&st->calls); /* inspect and purge */
+    redis_sentinel_free(st->sentinel); /* no link is left to ask it */
+    store_calls_done(&st->calls);      /* inspect and purge */
 
     for (unsigned i = 0; i < st->nlinks; i++)
         pthread_mutex_destroy(&st->links[i].mu);
@@ -1216,6 +1369,7 @@ static const struct store_ops redis_ops = {
     .purge = redis_purge,
     .set_notify = redis_set_notify,
     .is_ready = redis_is_ready,
+    .metrics = redis_metrics,
     .free = redis_free,
 };
 
@@ -1242,10 +1396,10 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         free(st);
         return err;
     }
-    if (st->url.kind != REDIS_URL_SERVER) {
+    if (st->url.kind == REDIS_URL_SEEDS) {
         redis_url_done(&st->url);
         free(st);
-        return -ENOTSUP; /* Sentinel and Cluster: not yet */
+        return -ENOTSUP; /* Cluster: not yet */
     }
     if (o->password) {
         char *pw = strdup(o->password);
@@ -1270,8 +1424,7 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         }
     }
     snprintf(st->tls_name, sizeof(st->tls_name), "%s",
-             o->tls_server_name && o->tls_server_name[0] ? o->tls_server_name
-                                                         : st->url.hosts[0].host);
+             o->tls_server_name ? o->tls_server_name : ""); /* "": the target's host */
     st->base.ops = &redis_ops;
     st->pool = pool;
     st->timeout_ms = o->timeout_ms;
@@ -1279,7 +1432,15 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
     atomic_init(&st->stopping, false);
     pthread_mutex_init(&st->addr_mu, NULL);
     pthread_mutex_init(&st->log_mu, NULL);
-    redis_addr_format(&st->url.hosts[0], st->name, sizeof(st->name));
+    if (st->url.kind == REDIS_URL_SENTINEL) {
+        snprintf(st->name, sizeof(st->name), "master '%.200s'", st->url.master);
+        snprintf(st->resolve_why, sizeof(st->resolve_why),
+                 "no master known yet: the sentinels are being asked");
+    } else {
+        redis_addr_format(&st->url.hosts[0], st->name, sizeof(st->name));
+        snprintf(st->target_host, sizeof(st->target_host), "%s", st->url.hosts[0].host);
+        st->target_port = st->url.hosts[0].port;
+    }
     resolve_host(st); /* here, before any loop runs; then by the PING job */
     store_calls_init(&st->calls);
     st->links = calloc(nloops, sizeof(*st->links));
@@ -1302,6 +1463,19 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         pthread_mutex_init(&k->mu, NULL);
         st->nlinks++;
         (void)loop_timer_add(loops[i], &k->timer); /* taken back by link_finish() */
+    }
+    if (st->url.kind == REDIS_URL_SENTINEL) {
+        err = redis_sentinel_new(loops[0],
+                                 &(struct redis_sentinel_opts){ .url = &st->url,
+                                                                .tls = st->tls,
+                                                                .timeout_ms = st->timeout_ms,
+                                                                .master = on_master,
+                                                                .ctx = st },
+                                 &st->sentinel);
+        if (err < 0) {
+            redis_free(&st->base);
+            return err;
+        }
     }
     /* The first ping at once (it waits for the first loop to start): /readyz
      * should not wait a whole interval. */

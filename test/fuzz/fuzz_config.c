@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Configuration values: each value parser, the Redis URL parser, and
+/* Configuration values: each value parser, the Redis URL parser (its
+ * redacted form hides the passwords), and
  * config_load() with flags and environment built from the input. Input: NUL
  * separated strings; the first goes to every value parser, all of them make
  * argv, except "IDEMPROXY_..."/"IDEMPOTENCY_..." ones holding '=', which make
@@ -13,7 +14,7 @@
 
 #include "fuzz.h"
 #include "idemproxy/config.h"
-#include "idemproxy/store_redis.h"
+#include "idemproxy/redis_url.h"
 
 #define MAX_PARTS 64
 
@@ -104,16 +105,50 @@ static void check_status_list(const char *s)
         FUZZ_CHECK(!set[i]); /* statuses are 100-599 */
 }
 
+static size_t count_in(const char *hay, const char *needle)
+{
+    size_t n = 0;
+
+    for (const char *p = hay; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+/* A secret shown as it was given (no %-escapes) must lose at least one of
+ * its appearances in the redacted form: the one in the user info or query. */
+static void check_hidden(const char *s, const char *redacted, const char *secret)
+{
+    if (!secret || strlen(secret) < 4 || strchr(secret, '*') || strchr(secret, '%'))
+        return;
+    if (!strstr(s, secret))
+        return; /* given %-encoded: not findable as such */
+    FUZZ_CHECK(count_in(redacted, secret) < count_in(s, secret));
+}
+
 static void check_redis_url(const char *s)
 {
-    struct store_redis_url u = { .port = 1 };
+    struct redis_url u;
+    char why[200], redacted[8192];
 
-    if (store_redis_parse_url(s, &u) < 0)
+    /* the redacted form ends (even when the URL is refused) and is terminated */
+    redis_url_redact(s, redacted, sizeof(redacted));
+    FUZZ_CHECK(strlen(redacted) < sizeof(redacted));
+    if (redis_url_parse(s, &u, why, sizeof(why)) < 0) {
+        FUZZ_CHECK(why[0] != '\0'); /* a refusal always says why */
         return;
-    FUZZ_CHECK(u.port >= 1 && u.port <= 65535);
-    FUZZ_CHECK(u.host[0] != '\0' && strlen(u.host) < sizeof(u.host));
+    }
+    FUZZ_CHECK(u.nhosts >= 1 && u.nhosts <= REDIS_URL_MAX_HOSTS);
+    for (unsigned i = 0; i < u.nhosts; i++) {
+        FUZZ_CHECK(u.hosts[i].port >= 1 && u.hosts[i].port <= 65535);
+        FUZZ_CHECK(u.hosts[i].host[0] != '\0');
+    }
     FUZZ_CHECK(u.db <= 2147483647u);
-    free(u.password);
+    FUZZ_CHECK((u.kind == REDIS_URL_SENTINEL) == (u.master != NULL));
+    if (strlen(s) < sizeof(redacted) - 64) { /* not truncated */
+        check_hidden(s, redacted, u.password);
+        check_hidden(s, redacted, u.sentinel_password);
+    }
+    redis_url_done(&u);
 }
 
 static void check_load(char **parts, size_t n)
