@@ -464,17 +464,41 @@ static void on_role(void *ctx, int err, const redisReply *r)
     rediscover(k->st);
 }
 
-static void link_on_ready(void *ctx)
+/* The PUBLISH probe's answer. complete.lua and release.lua PUBLISH the key
+ * after changing it: a user whose ACL forbids the channel (Redis 7 denies
+ * channels by default) would see the script fail after its write, so such a
+ * connection is refused before any op runs on it. */
+static void on_publish_probe(void *ctx, int err, const redisReply *r)
 {
     struct link *k = ctx;
     const char *argv[] = { "ROLE" };
     size_t lens[] = { 4 };
 
+    if (err < 0)
+        return; /* the connection failed: its down() sees to the rest */
+    if (redis_reply_is_error(r, "NOPERM")) {
+        link_drop(k, -EACCES,
+                  "the Redis user may not PUBLISH to " NOTIFY_CHANNEL
+                  ": add &idemproxy:* to its ACL (the scripts publish after they write)",
+                  true);
+        return;
+    }
     if (!k->st->sentinel) {
         link_confirmed(k);
         return;
     }
     if (redis_conn_command(k->conn, 1, argv, lens, on_role, k) < 0)
+        link_drop(k, -ECONNRESET, NULL, true);
+}
+
+static void link_on_ready(void *ctx)
+{
+    struct link *k = ctx;
+    /* an empty key: waiters ignore it */
+    const char *argv[] = { "PUBLISH", NOTIFY_CHANNEL, "" };
+    size_t lens[] = { 7, sizeof(NOTIFY_CHANNEL) - 1, 0 };
+
+    if (redis_conn_command(k->conn, 3, argv, lens, on_publish_probe, k) < 0)
         link_drop(k, -ECONNRESET, NULL, true);
 }
 
@@ -1093,7 +1117,7 @@ static void sub_on_message(void *ctx, const redisReply *m)
     struct subscriber *sub = ctx;
     const redisReply *key = m->element[2];
 
-    if (key->type == REDIS_REPLY_STRING)
+    if (key->type == REDIS_REPLY_STRING && key->len > 0) /* "": a connection's probe */
         sub->fn(sub->ctx, (struct span){ key->str, key->len });
 }
 
