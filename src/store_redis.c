@@ -36,113 +36,11 @@
 #include "idemproxy/redis_sentinel.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store_impl.h"
+#include "idemproxy/store_redis_impl.h"
 #include "idemproxy/worker.h"
 #include "lua_scripts.h"
 
-#define BACKOFF_FIRST_MS 50
-#define BACKOFF_MAX_MS 1000
 #define PING_INTERVAL_MS 1000
-#define OP_PING _LUA_MAX                /* an op that is no script: the readiness PING */
-#define OP_RAW (_LUA_MAX + 1)           /* a command given whole (operator calls) */
-#define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
-#define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
-
-struct store_redis;
-
-/* The --wait subscriber: a connection of its own on the first loop,
- * subscribed to NOTIFY_CHANNEL (a subscribed connection can do nothing
- * else), made again with backoff when it fails. Loop thread only. */
-struct subscriber {
-    struct store_redis *st;
-    store_notify_fn *fn;
-    void *ctx;
-    struct loop *loop;       /* borrowed: the first loop */
-    struct loop_timer timer; /* (re)connects */
-    struct redis_conn *conn; /* NULL: none */
-    unsigned generation;     /* of the target <conn> went to */
-    uint64_t backoff_ms;
-};
-
-/* One event loop's connection for the hot operations, driven by that loop
- * (redis_conn.h), with a timer for work put off to a later turn and a task
- * for ops queued from other threads. Everything below <stopping> belongs to
- * the loop thread (or, once the loop has stopped, to the thread freeing the
- * store). */
-struct link {
-    struct store_redis *st;
-    struct loop *loop;       /* borrowed */
-    struct loop_timer timer; /* registered on <loop> for good */
-    struct loop_task task;   /* posted when <queue> stops being empty */
-    pthread_mutex_t mu;
-    struct list queue;       /* guarded by mu: struct op from other threads */
-    bool stopping;           /* guarded by mu: refuse ops from other threads */
-    struct redis_conn *conn; /* NULL: none */
-    bool ready;              /* <conn> is set up (and, with Sentinel, confirmed the master) */
-    unsigned generation;     /* of the target <conn> went to */
-    uint64_t retry_at_ms;    /* no connect attempt before this */
-    uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
-    int last_err;            /* what ops get inside the backoff */
-    size_t sent;             /* ops on <conn>, not answered yet */
-    struct list later;       /* struct op called on the loop thread, not sendable at once */
-    struct list waiting;     /* waiting for the connection to be set up */
-};
-
-struct store_redis {
-    struct store base;
-    struct worker_pool *pool; /* borrowed */
-    struct redis_url url;     /* owned */
-    struct redis_tls *tls;    /* owned; NULL: plain TCP */
-    char tls_name[256];       /* the name checked in the certificate, and sent as SNI */
-    uint64_t timeout_ms;
-
-    /* Where the connections go: the URL's host, or the master the
-     * sentinels named. Its address is what the loops connect to, so that
-     * no loop thread ever waits on a name lookup: looked up when the store
-     * is made and again with every readiness PING, on a pool thread (an IP
-     * address the sentinels give is taken at once). */
-    pthread_mutex_t addr_mu;
-    char target_host[REDIS_URL_HOST_MAX]; /* "": no master known yet (Sentinel) */
-    unsigned target_port;
-    struct sockaddr_storage addr;
-    socklen_t addrlen;               /* 0 while the name has not resolved */
-    char resolve_why[400];           /* why it did not, for the log */
-    atomic_uint generation;          /* changes with the target: connections to the old one go */
-    atomic_ullong failovers;         /* the sentinels named another master */
-    struct redis_sentinel *sentinel; /* owned: redis-sentinel:// only */
-    char name[300];                  /* host:port, for the log */
-    pthread_mutex_t log_mu;
-    char logged_why[400]; /* the last failure logged, "" once connected again */
-
-    struct link *links; /* owned array, one per loop */
-    unsigned nlinks;
-    atomic_bool stopping; /* refuse ops called on a loop thread */
-    atomic_bool ready;
-    struct store_calls calls;
-    struct worker_every *pinger; /* owned: PINGs every PING_INTERVAL_MS */
-    struct subscriber *sub;      /* owned; NULL unless store_set_notify() was called */
-};
-
-/* One accepted hot operation, owned by the store until it calls back. */
-struct op {
-    struct store_redis *st;
-    struct link *link;     /* the connection it was sent on */
-    struct list_node node; /* on the queue, later or waiting */
-    bool eval;             /* Redis said NOSCRIPT: sent again as EVAL */
-    enum lua_script_id script;
-    store_done_fn *done;
-    void *ctx;
-    struct store_token tok;
-    char fp[FINGERPRINT_HEX + 1]; /* acquire */
-    uint64_t ttl_ms;              /* acquire, complete, extend */
-    struct record *rec;           /* complete: own reference, for the body */
-    struct buf head;              /* complete: the encoded head; OP_RAW: the arguments */
-    redis_reply_fn *raw;          /* set: gets the reply as it is (operator calls), not <done> */
-    void *raw_ctx;
-    int argc; /* OP_RAW */
-    size_t arglen[8];
-    size_t key_len;
-    char key[];
-};
 
 /* ---- operations ---- */
 
@@ -527,7 +425,7 @@ static const struct redis_conn_handlers link_handlers = {
 
 /* Fills <o> with where and how to connect now; <why> says why not when
  * there is nowhere yet (returns -ENXIO then). */
-static int target_opts(struct store_redis *st, struct redis_conn_opts *o, char *tls_name,
+int store_redis_target(struct store_redis *st, struct redis_conn_opts *o, char *tls_name,
                        size_t tls_name_len, unsigned *gen, char *why, size_t why_len)
 {
     *o = (struct redis_conn_opts){
@@ -559,7 +457,8 @@ static int link_connect(struct link *k)
     char why[sizeof(st->resolve_why)] = "", tls_name[REDIS_URL_HOST_MAX];
     int err;
 
-    if (target_opts(st, &o, tls_name, sizeof(tls_name), &k->generation, why, sizeof(why)) < 0) {
+    if (store_redis_target(st, &o, tls_name, sizeof(tls_name), &k->generation, why, sizeof(why)) <
+        0) {
         log_failure(st, why);
         return -ENXIO; /* the name does not resolve (yet): the PING job retries it */
     }
@@ -688,7 +587,7 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
  * queued for the first loop under its lock. On failure (-ECANCELED: the
  * store is being freed or the loop has stopped) <op> is freed and nothing
  * calls back. */
-static int op_submit(struct op *op)
+int store_redis_op_submit(struct op *op)
 {
     struct store_redis *st = op->st;
     struct loop *cur = loop_current();
@@ -728,7 +627,7 @@ static int op_submit(struct op *op)
     return err;
 }
 
-static struct store_redis *to_redis(struct store *st) { return (struct store_redis *)st; }
+struct store_redis *store_redis_of(struct store *st) { return (struct store_redis *)st; }
 
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
                          const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
@@ -739,12 +638,12 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
 
     if (!fp || lock_ttl_ms == 0)
         return -EINVAL;
-    err = op_new(to_redis(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
+    err = op_new(store_redis_of(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
     fingerprint_hex(fp, op->fp);
     op->ttl_ms = lock_ttl_ms;
-    return op_submit(op);
+    return store_redis_op_submit(op);
 }
 
 static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
@@ -755,7 +654,7 @@ static int redis_complete(struct store *base, struct span key, const struct stor
 
     if (!rec || ttl_ms == 0)
         return -EINVAL;
-    err = op_new(to_redis(base), LUA_COMPLETE, key, tok, done, ctx, &op);
+    err = op_new(store_redis_of(base), LUA_COMPLETE, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
     /* Encoded here so that a record that cannot be stored is refused at once. */
@@ -766,7 +665,7 @@ static int redis_complete(struct store *base, struct span key, const struct stor
     }
     op->rec = record_ref(rec);
     op->ttl_ms = ttl_ms;
-    return op_submit(op);
+    return store_redis_op_submit(op);
 }
 
 static int redis_release(struct store *base, struct span key, const struct store_token *tok,
@@ -775,10 +674,10 @@ static int redis_release(struct store *base, struct span key, const struct store
     struct op *op;
     int err;
 
-    err = op_new(to_redis(base), LUA_RELEASE, key, tok, done, ctx, &op);
+    err = op_new(store_redis_of(base), LUA_RELEASE, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
-    return op_submit(op);
+    return store_redis_op_submit(op);
 }
 
 static int redis_extend(struct store *base, struct span key, const struct store_token *tok,
@@ -789,24 +688,18 @@ static int redis_extend(struct store *base, struct span key, const struct store_
 
     if (lock_ttl_ms == 0)
         return -EINVAL;
-    err = op_new(to_redis(base), LUA_EXTEND, key, tok, done, ctx, &op);
+    err = op_new(store_redis_of(base), LUA_EXTEND, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
     op->ttl_ms = lock_ttl_ms;
-    return op_submit(op);
+    return store_redis_op_submit(op);
 }
-
-/* ---- for operators: inspect and purge ----
- * They run on the first loop's connection, as chains of ops whose replies
- * come as they are: SCAN page by page (never KEYS: it would stall Redis on a
- * large database), the inspect script for each key found, DEL for a purge.
- * A pool thread only starts them: nothing waits on Redis. */
 
 /* An op that hands <fn> its reply as it is: the command <argv> (OP_RAW),
  * or the inspect script on <key>. Returns 0 or a negative errno (nothing
  * calls back then). */
-static int raw_submit(struct store_redis *st, enum lua_script_id script, int argc,
-                      const char **argv, const size_t *lens, redis_reply_fn *fn, void *ctx)
+int store_redis_raw(struct store_redis *st, enum lua_script_id script, int argc, const char **argv,
+                    const size_t *lens, redis_reply_fn *fn, void *ctx)
 {
     struct op *op;
     size_t key_len = script == LUA_INSPECT ? lens[0] : 0;
@@ -835,390 +728,14 @@ static int raw_submit(struct store_redis *st, enum lua_script_id script, int arg
             }
         }
     }
-    return op_submit(op);
+    return store_redis_op_submit(op);
 }
 
-/* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
-static int append_glob_escaped(struct buf *b, struct span s)
-{
-    for (size_t i = 0; i < s.len; i++) {
-        int err = s.base[i] && strchr("*?[]\\", s.base[i]) ? buf_append(b, "\\", 1) : 0;
-
-        if (err == 0)
-            err = buf_append(b, &s.base[i], 1);
-        if (err < 0)
-            return err;
-    }
-    return 0;
-}
-
-static bool reply_is(const redisReply *r, int type) { return r && r->type == type; }
-
-/* Reads the inspect script's reply for the store key <key> into <info>.
- * Returns 1 when filled, 0 when the key went meanwhile, or a negative errno. */
-static int parse_inspect(const redisReply *r, struct span key, struct store_info *info)
-{
-    redisReply **el;
-    int err;
-
-    if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
-        return 0;
-    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7)
-        return -EPROTO;
-    el = r->element;
-    if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
-        el[1]->len != FINGERPRINT_HEX || !reply_is(el[5], REDIS_REPLY_INTEGER) ||
-        !reply_is(el[6], REDIS_REPLY_INTEGER))
-        return -EPROTO;
-    *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C' };
-    memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
-    info->fp_hex[FINGERPRINT_HEX] = '\0';
-    info->ttl_ms = el[5]->integer > 0 ? (uint64_t)el[5]->integer : 0;
-    if (reply_is(el[2], REDIS_REPLY_STRING)) {
-        long long ts = strtoll(el[2]->str, NULL, 10);
-
-        info->age_ms = el[6]->integer > ts ? (uint64_t)(el[6]->integer - ts) : 0;
-    }
-    if (info->completed && reply_is(el[3], REDIS_REPLY_STRING)) {
-        struct span body = { "", 0 };
-
-        if (reply_is(el[4], REDIS_REPLY_STRING))
-            body = (struct span){ el[4]->str, el[4]->len };
-        err = record_decode((struct span){ el[3]->str, el[3]->len }, body, &info->rec);
-        if (err < 0)
-            return err == -ENOMEM ? err : -EPROTO;
-    }
-    info->store_key = strndup(key.base, key.len);
-    if (!info->store_key) {
-        record_unref(info->rec);
-        return -ENOMEM;
-    }
-    return 1;
-}
-
-/* One inspect call, from its first SCAN to its callback. On the first
- * loop's thread once started. */
-struct inspect {
-    struct store_redis *st;
-    struct store_admin_job *job;
-    struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
-    char cursor[32];
-    bool scanned;     /* a SCAN was answered: cursor "0" now means the end */
-    unsigned pending; /* inspect scripts not answered yet */
-    struct store_info_list list;
-    size_t cap;
-    int err;
-};
-
-/* One key being read. */
-struct inspect_key {
-    struct inspect *in;
-    size_t len;
-    char key[];
-};
-
-static void inspect_finish(struct inspect *in)
-{
-    struct store_redis *st = in->st;
-
-    if (in->err < 0)
-        store_info_list_done(&in->list);
-    in->job->list_done(in->job->ctx, in->err < 0 ? in->err : 0, &in->list);
-    store_info_list_done(&in->list);
-    buf_done(&in->pattern);
-    store_admin_job_free(in->job);
-    free(in);
-    store_calls_end(&st->calls);
-}
-
-static void on_scan(void *ctx, int err, const redisReply *r);
-
-/* Asks for the next page, or ends the call. */
-static void inspect_next(struct inspect *in)
-{
-    const char *argv[] = { "SCAN", in->cursor, "MATCH", in->pattern.data, "COUNT", "1000" };
-    size_t lens[] = { 4, strlen(in->cursor), 5, in->pattern.len, 5, 4 };
-    int err;
-
-    if (in->err < 0 || (in->scanned && strcmp(in->cursor, "0") == 0)) {
-        inspect_finish(in);
-        return;
-    }
-    err = raw_submit(in->st, OP_RAW, 6, argv, lens, on_scan, in);
-    if (err < 0) {
-        in->err = err;
-        inspect_finish(in);
-    }
-}
-
-static void on_inspected(void *ctx, int err, const redisReply *r)
-{
-    struct inspect_key *ik = ctx;
-    struct inspect *in = ik->in;
-    struct store_info info;
-
-    if (err == 0 && in->err == 0) {
-        err = parse_inspect(r, (struct span){ ik->key, ik->len }, &info);
-        if (err == 1 && (err = store_info_list_add(&in->list, &in->cap, &info)) < 0) {
-            free(info.store_key);
-            record_unref(info.rec);
-        }
-    }
-    if (err < 0 && in->err == 0)
-        in->err = err;
-    free(ik);
-    if (--in->pending == 0)
-        inspect_next(in);
-}
-
-static void on_scan(void *ctx, int err, const redisReply *r)
-{
-    struct inspect *in = ctx;
-    struct span prefix = { in->job->prefix, in->job->prefix_len };
-    struct span key = { in->job->key, in->job->key_len };
-    const redisReply *keys;
-
-    if (err == 0 &&
-        (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
-         !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len >= sizeof(in->cursor) ||
-         !reply_is(r->element[1], REDIS_REPLY_ARRAY)))
-        err = -EPROTO;
-    if (err < 0) {
-        in->err = err;
-        inspect_finish(in);
-        return;
-    }
-    memcpy(in->cursor, r->element[0]->str, r->element[0]->len);
-    in->cursor[r->element[0]->len] = '\0';
-    in->scanned = true;
-    keys = r->element[1];
-    in->pending++; /* held while the page's keys are asked for */
-    for (size_t i = 0; i < keys->elements && in->err == 0; i++) {
-        const redisReply *k = keys->element[i];
-        struct inspect_key *ik;
-        const char *argv[2];
-        size_t lens[2];
-
-        if (!reply_is(k, REDIS_REPLY_STRING) ||
-            !idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key))
-            continue;
-        ik = malloc(sizeof(*ik) + k->len);
-        if (!ik) {
-            in->err = -ENOMEM;
-            break;
-        }
-        ik->in = in;
-        ik->len = k->len;
-        memcpy(ik->key, k->str, k->len);
-        argv[0] = ik->key;
-        lens[0] = k->len;
-        argv[1] = in->job->with_body ? "1" : "0";
-        lens[1] = 1;
-        in->pending++;
-        err = raw_submit(in->st, LUA_INSPECT, 2, argv, lens, on_inspected, ik);
-        if (err < 0) {
-            in->pending--;
-            in->err = err;
-            free(ik);
-        }
-    }
-    if (--in->pending == 0)
-        inspect_next(in);
-}
-
-/* On a pool thread: starts the chain (its ops go to the first loop). */
-static void inspect_run(void *arg)
-{
-    struct store_admin_job *job = arg;
-    struct inspect *in = calloc(1, sizeof(*in));
-    int err;
-
-    if (!in) {
-        struct store_info_list none = { 0 };
-        struct store_redis *st = job->st;
-
-        job->list_done(job->ctx, -ENOMEM, &none);
-        store_admin_job_free(job);
-        store_calls_end(&st->calls);
-        return;
-    }
-    in->st = job->st;
-    in->job = job;
-    in->pattern = BUF_INIT(4096);
-    snprintf(in->cursor, sizeof(in->cursor), "0");
-    err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
-    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
-        err = buf_append(&in->pattern, "?", 1);
-    if (err == 0)
-        err = buf_append(&in->pattern, ":", 1);
-    if (err == 0)
-        err = append_glob_escaped(&in->pattern, (struct span){ job->key, job->key_len });
-    if (err == 0)
-        err = buf_append(&in->pattern, "", 1); /* NUL-terminated, not counted */
-    if (err == 0)
-        in->pattern.len--;
-    in->err = err;
-    inspect_next(in);
-}
-
-static void on_purged(void *ctx, int err, const redisReply *r)
-{
-    struct store_admin_job *job = ctx;
-    struct store_redis *st = job->st;
-    struct store_result res = { .status = STORE_OK };
-
-    if (err == 0)
-        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
-    job->done(job->ctx, err, err == 0 ? &res : NULL);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
-}
-
-static void purge_run(void *arg)
-{
-    struct store_admin_job *job = arg;
-    const char *argv[] = { "DEL", job->key };
-    size_t lens[] = { 3, job->key_len };
-    int err = raw_submit(job->st, OP_RAW, 2, argv, lens, on_purged, job);
-
-    if (err < 0)
-        on_purged(job, err, NULL);
-}
-
-static int redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
-                         store_list_fn *done, void *ctx)
-{
-    struct store_redis *st = to_redis(base);
-
-    if (!done || !key.base || key.len == 0)
-        return -EINVAL;
-    return store_admin_job_submit(
-        &st->calls, st->pool, inspect_run,
-        &(struct store_admin_job){
-            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
-        prefix, key);
-}
-
-static int redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
-{
-    struct store_redis *st = to_redis(base);
-
-    if (!done || !store_key.base || store_key.len == 0)
-        return -EINVAL;
-    return store_admin_job_submit(&st->calls, st->pool, purge_run,
-                                  &(struct store_admin_job){ .st = st, .done = done, .ctx = ctx },
-                                  (struct span){ NULL, 0 }, store_key);
-}
-
-/* ---- notifications for --wait ---- */
-
-static void sub_on_message(void *ctx, const redisReply *m)
-{
-    struct subscriber *sub = ctx;
-    const redisReply *key = m->element[2];
-
-    if (key->type == REDIS_REPLY_STRING && key->len > 0) /* "": a connection's probe */
-        sub->fn(sub->ctx, (struct span){ key->str, key->len });
-}
-
-static void sub_on_subscribed(void *ctx, int err, const redisReply *r)
-{
-    struct subscriber *sub = ctx;
-
-    if (err == 0 && r->type == REDIS_REPLY_ARRAY)
-        sub->backoff_ms = 0; /* subscribed: the next failure retries at once */
-    /* else: NOPERM (an ACL without &idemproxy:*) or a failure: down() or the
-     * next message says more; the waiters' deadlines cover what is lost */
-    if (err == 0 && r->type == REDIS_REPLY_ERROR)
-        log_warn("redis %s: cannot subscribe to %s for --wait: %.*s", sub->st->name, NOTIFY_CHANNEL,
-                 (int)(r->len > 200 ? 200 : r->len), r->str);
-}
-
-static void sub_on_down(void *ctx, int err, const char *why)
-{
-    struct subscriber *sub = ctx;
-
-    (void)err, (void)why; /* the links log the store's failures */
-    redis_conn_free(sub->conn);
-    sub->conn = NULL;
-    sub->backoff_ms = sub->backoff_ms ? sub->backoff_ms * 2 : BACKOFF_FIRST_MS;
-    if (sub->backoff_ms > BACKOFF_MAX_MS)
-        sub->backoff_ms = BACKOFF_MAX_MS;
-    sub->timer.due_ms = now_ms() + sub->backoff_ms;
-}
-
-static void sub_on_timer(void *ctx)
-{
-    struct subscriber *sub = ctx;
-    struct store_redis *st = sub->st;
-    struct redis_conn_opts o;
-    struct redis_conn_handlers h = { .down = sub_on_down, .message = sub_on_message, .ctx = sub };
-    char why[sizeof(st->resolve_why)], tls_name[REDIS_URL_HOST_MAX];
-
-    if (sub->conn)
-        return;
-    if (target_opts(st, &o, tls_name, sizeof(tls_name), &sub->generation, why, sizeof(why)) < 0 ||
-        redis_conn_open(sub->loop, &o, &h, &sub->conn) < 0) {
-        sub->conn = NULL;
-        sub_on_down(sub, -ECONNREFUSED, NULL);
-        return;
-    }
-    if (redis_conn_subscribe(sub->conn, NOTIFY_CHANNEL, sub_on_subscribed, sub) < 0) {
-        redis_conn_free(sub->conn);
-        sub->conn = NULL;
-        sub_on_down(sub, -ECONNRESET, NULL);
-    }
-}
-
-/* On the subscriber's loop thread, or once that loop has stopped. */
-static void sub_finish(void *ctx)
-{
-    struct subscriber *sub = ctx;
-
-    redis_conn_free(sub->conn);
-    sub->conn = NULL;
-    loop_timer_del(sub->loop, &sub->timer);
-}
-
-static void sub_stop(struct subscriber *sub)
-{
-    if (!sub)
-        return;
-    loop_call(sub->loop, sub_finish, sub);
-    free(sub);
-}
-
-static void sub_start(void *ctx)
-{
-    struct subscriber *sub = ctx;
-
-    (void)loop_timer_add(sub->loop, &sub->timer);
-}
-
-/* The subscriber connects in the first loop's next turn (its first, when
- * called before the loops start, as the program does). */
-static int redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
-{
-    struct store_redis *st = to_redis(base);
-    struct subscriber *sub;
-
-    if (!fn || st->sub)
-        return -EINVAL;
-    sub = calloc(1, sizeof(*sub));
-    if (!sub)
-        return -ENOMEM;
-    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .loop = st->links[0].loop };
-    sub->timer = (struct loop_timer){ .fn = sub_on_timer, .ctx = sub, .due_ms = 0 };
-    loop_call(sub->loop, sub_start, sub);
-    st->sub = sub;
-    return 0;
-}
-
-static bool redis_is_ready(struct store *base) { return atomic_load(&to_redis(base)->ready); }
+static bool redis_is_ready(struct store *base) { return atomic_load(&store_redis_of(base)->ready); }
 
 static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
 {
-    struct store_redis *st = to_redis(base);
+    struct store_redis *st = store_redis_of(base);
     int err = emit(ctx, "idemproxy_redis_connected", "gauge",
                    "1 while the (current) Redis master answers", redis_is_ready(base) ? 1 : 0);
 
@@ -1349,14 +866,14 @@ static void ping_run(void *arg)
     op->script = OP_PING;
     op->done = ping_done;
     op->head = BUF_INIT(0);
-    (void)op_submit(op); /* refused only while the store stops */
+    (void)store_redis_op_submit(op); /* refused only while the store stops */
 }
 
 static void redis_free(struct store *base)
 {
-    struct store_redis *st = to_redis(base);
+    struct store_redis *st = store_redis_of(base);
 
-    sub_stop(st->sub);
+    store_redis_notify_stop(st->sub);
     worker_every_stop(st->pinger); /* waits for a ping in progress */
     /* Refuse new ops everywhere first: a callback run while one connection
      * finishes could otherwise call on another that has finished already. */
@@ -1389,9 +906,9 @@ static const struct store_ops redis_ops = {
     .complete = redis_complete,
     .release = redis_release,
     .extend = redis_extend,
-    .inspect = redis_inspect,
-    .purge = redis_purge,
-    .set_notify = redis_set_notify,
+    .inspect = store_redis_inspect,
+    .purge = store_redis_purge,
+    .set_notify = store_redis_set_notify,
     .is_ready = redis_is_ready,
     .metrics = redis_metrics,
     .free = redis_free,

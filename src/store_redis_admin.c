@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: MIT */
+/* The Redis store's operator calls (store.h: inspect, purge). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idemproxy/idemkey.h"
+#include "idemproxy/record.h"
+#include "idemproxy/store_impl.h"
+#include "idemproxy/store_redis_impl.h"
+
+/* ---- for operators: inspect and purge ----
+ * They run on the first loop's connection, as chains of ops whose replies
+ * come as they are: SCAN page by page (never KEYS: it would stall Redis on a
+ * large database), the inspect script for each key found, DEL for a purge.
+ * A pool thread only starts them: nothing waits on Redis. */
+
+/* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
+static int append_glob_escaped(struct buf *b, struct span s)
+{
+    for (size_t i = 0; i < s.len; i++) {
+        int err = s.base[i] && strchr("*?[]\\", s.base[i]) ? buf_append(b, "\\", 1) : 0;
+
+        if (err == 0)
+            err = buf_append(b, &s.base[i], 1);
+        if (err < 0)
+            return err;
+    }
+    return 0;
+}
+
+static bool reply_is(const redisReply *r, int type) { return r && r->type == type; }
+
+/* Reads the inspect script's reply for the store key <key> into <info>.
+ * Returns 1 when filled, 0 when the key went meanwhile, or a negative errno. */
+static int parse_inspect(const redisReply *r, struct span key, struct store_info *info)
+{
+    redisReply **el;
+    int err;
+
+    if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
+        return 0;
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7)
+        return -EPROTO;
+    el = r->element;
+    if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
+        el[1]->len != FINGERPRINT_HEX || !reply_is(el[5], REDIS_REPLY_INTEGER) ||
+        !reply_is(el[6], REDIS_REPLY_INTEGER))
+        return -EPROTO;
+    *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C' };
+    memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
+    info->fp_hex[FINGERPRINT_HEX] = '\0';
+    info->ttl_ms = el[5]->integer > 0 ? (uint64_t)el[5]->integer : 0;
+    if (reply_is(el[2], REDIS_REPLY_STRING)) {
+        long long ts = strtoll(el[2]->str, NULL, 10);
+
+        info->age_ms = el[6]->integer > ts ? (uint64_t)(el[6]->integer - ts) : 0;
+    }
+    if (info->completed && reply_is(el[3], REDIS_REPLY_STRING)) {
+        struct span body = { "", 0 };
+
+        if (reply_is(el[4], REDIS_REPLY_STRING))
+            body = (struct span){ el[4]->str, el[4]->len };
+        err = record_decode((struct span){ el[3]->str, el[3]->len }, body, &info->rec);
+        if (err < 0)
+            return err == -ENOMEM ? err : -EPROTO;
+    }
+    info->store_key = strndup(key.base, key.len);
+    if (!info->store_key) {
+        record_unref(info->rec);
+        return -ENOMEM;
+    }
+    return 1;
+}
+
+/* One inspect call, from its first SCAN to its callback. On the first
+ * loop's thread once started. */
+struct inspect {
+    struct store_redis *st;
+    struct store_admin_job *job;
+    struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
+    char cursor[32];
+    bool scanned;     /* a SCAN was answered: cursor "0" now means the end */
+    unsigned pending; /* inspect scripts not answered yet */
+    struct store_info_list list;
+    size_t cap;
+    int err;
+};
+
+/* One key being read. */
+struct inspect_key {
+    struct inspect *in;
+    size_t len;
+    char key[];
+};
+
+static void inspect_finish(struct inspect *in)
+{
+    struct store_redis *st = in->st;
+
+    if (in->err < 0)
+        store_info_list_done(&in->list);
+    in->job->list_done(in->job->ctx, in->err < 0 ? in->err : 0, &in->list);
+    store_info_list_done(&in->list);
+    buf_done(&in->pattern);
+    store_admin_job_free(in->job);
+    free(in);
+    store_calls_end(&st->calls);
+}
+
+static void on_scan(void *ctx, int err, const redisReply *r);
+
+/* Asks for the next page, or ends the call. */
+static void inspect_next(struct inspect *in)
+{
+    const char *argv[] = { "SCAN", in->cursor, "MATCH", in->pattern.data, "COUNT", "1000" };
+    size_t lens[] = { 4, strlen(in->cursor), 5, in->pattern.len, 5, 4 };
+    int err;
+
+    if (in->err < 0 || (in->scanned && strcmp(in->cursor, "0") == 0)) {
+        inspect_finish(in);
+        return;
+    }
+    err = store_redis_raw(in->st, OP_RAW, 6, argv, lens, on_scan, in);
+    if (err < 0) {
+        in->err = err;
+        inspect_finish(in);
+    }
+}
+
+static void on_inspected(void *ctx, int err, const redisReply *r)
+{
+    struct inspect_key *ik = ctx;
+    struct inspect *in = ik->in;
+    struct store_info info;
+
+    if (err == 0 && in->err == 0) {
+        err = parse_inspect(r, (struct span){ ik->key, ik->len }, &info);
+        if (err == 1 && (err = store_info_list_add(&in->list, &in->cap, &info)) < 0) {
+            free(info.store_key);
+            record_unref(info.rec);
+        }
+    }
+    if (err < 0 && in->err == 0)
+        in->err = err;
+    free(ik);
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
+static void on_scan(void *ctx, int err, const redisReply *r)
+{
+    struct inspect *in = ctx;
+    struct span prefix = { in->job->prefix, in->job->prefix_len };
+    struct span key = { in->job->key, in->job->key_len };
+    const redisReply *keys;
+
+    if (err == 0 &&
+        (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
+         !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len >= sizeof(in->cursor) ||
+         !reply_is(r->element[1], REDIS_REPLY_ARRAY)))
+        err = -EPROTO;
+    if (err < 0) {
+        in->err = err;
+        inspect_finish(in);
+        return;
+    }
+    memcpy(in->cursor, r->element[0]->str, r->element[0]->len);
+    in->cursor[r->element[0]->len] = '\0';
+    in->scanned = true;
+    keys = r->element[1];
+    in->pending++; /* held while the page's keys are asked for */
+    for (size_t i = 0; i < keys->elements && in->err == 0; i++) {
+        const redisReply *k = keys->element[i];
+        struct inspect_key *ik;
+        const char *argv[2];
+        size_t lens[2];
+
+        if (!reply_is(k, REDIS_REPLY_STRING) ||
+            !idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key))
+            continue;
+        ik = malloc(sizeof(*ik) + k->len);
+        if (!ik) {
+            in->err = -ENOMEM;
+            break;
+        }
+        ik->in = in;
+        ik->len = k->len;
+        memcpy(ik->key, k->str, k->len);
+        argv[0] = ik->key;
+        lens[0] = k->len;
+        argv[1] = in->job->with_body ? "1" : "0";
+        lens[1] = 1;
+        in->pending++;
+        err = store_redis_raw(in->st, LUA_INSPECT, 2, argv, lens, on_inspected, ik);
+        if (err < 0) {
+            in->pending--;
+            in->err = err;
+            free(ik);
+        }
+    }
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
+/* On a pool thread: starts the chain (its ops go to the first loop). */
+static void inspect_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    struct inspect *in = calloc(1, sizeof(*in));
+    int err;
+
+    if (!in) {
+        struct store_info_list none = { 0 };
+        struct store_redis *st = job->st;
+
+        job->list_done(job->ctx, -ENOMEM, &none);
+        store_admin_job_free(job);
+        store_calls_end(&st->calls);
+        return;
+    }
+    in->st = job->st;
+    in->job = job;
+    in->pattern = BUF_INIT(4096);
+    snprintf(in->cursor, sizeof(in->cursor), "0");
+    err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
+    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
+        err = buf_append(&in->pattern, "?", 1);
+    if (err == 0)
+        err = buf_append(&in->pattern, ":", 1);
+    if (err == 0)
+        err = append_glob_escaped(&in->pattern, (struct span){ job->key, job->key_len });
+    if (err == 0)
+        err = buf_append(&in->pattern, "", 1); /* NUL-terminated, not counted */
+    if (err == 0)
+        in->pattern.len--;
+    in->err = err;
+    inspect_next(in);
+}
+
+static void on_purged(void *ctx, int err, const redisReply *r)
+{
+    struct store_admin_job *job = ctx;
+    struct store_redis *st = job->st;
+    struct store_result res = { .status = STORE_OK };
+
+    if (err == 0)
+        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
+    job->done(job->ctx, err, err == 0 ? &res : NULL);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+static void purge_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    const char *argv[] = { "DEL", job->key };
+    size_t lens[] = { 3, job->key_len };
+    int err = store_redis_raw(job->st, OP_RAW, 2, argv, lens, on_purged, job);
+
+    if (err < 0)
+        on_purged(job, err, NULL);
+}
+
+int store_redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                        store_list_fn *done, void *ctx)
+{
+    struct store_redis *st = store_redis_of(base);
+
+    if (!done || !key.base || key.len == 0)
+        return -EINVAL;
+    return store_admin_job_submit(
+        &st->calls, st->pool, inspect_run,
+        &(struct store_admin_job){
+            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        prefix, key);
+}
+
+int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+{
+    struct store_redis *st = store_redis_of(base);
+
+    if (!done || !store_key.base || store_key.len == 0)
+        return -EINVAL;
+    return store_admin_job_submit(&st->calls, st->pool, purge_run,
+                                  &(struct store_admin_job){ .st = st, .done = done, .ctx = ctx },
+                                  (struct span){ NULL, 0 }, store_key);
+}
