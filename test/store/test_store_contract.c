@@ -42,6 +42,9 @@ struct store_kind {
 static const struct store_kind *kind;
 static struct worker_pool *pool;
 static const char *redis_url;
+/* redis-tls: the CA that verifies the TLS port, and the same server's plain
+ * port for the test's own checks (hiredis' blocking API has no TLS) */
+static const char *redis_tls_ca, *redis_admin_url;
 static atomic_int accepted, callbacks; /* every accepted call must call back exactly once */
 
 /* ---- helpers ---- */
@@ -1103,7 +1106,7 @@ static redisContext *admin_connect(unsigned db)
     redisContext *c;
     redisReply *r;
 
-    if (redis_url_parse(redis_url, &u, NULL, 0) < 0) {
+    if (redis_url_parse(redis_admin_url ? redis_admin_url : redis_url, &u, NULL, 0) < 0) {
         fprintf(stderr, "IDEMPROXY_TEST_REDIS_URL is not a redis:// URL: %s\n", redis_url);
         exit(1);
     }
@@ -1197,8 +1200,10 @@ static int redis_new(const char *url, struct worker_pool *p, uint64_t timeout_ms
     for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
         err = loop_new(&redis_loops[i]);
     if (err == 0)
-        err = store_redis_new(&(struct store_redis_opts){ .url = url, .timeout_ms = timeout_ms }, p,
-                              redis_loops, REDIS_LOOPS, ret, NULL, 0);
+        err = store_redis_new(&(struct store_redis_opts){ .url = url,
+                                                          .tls.ca_file = redis_tls_ca,
+                                                          .timeout_ms = timeout_ms },
+                              p, redis_loops, REDIS_LOOPS, ret, NULL, 0);
     for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
         err = loop_start(redis_loops[i]);
     if (err < 0)
@@ -1530,6 +1535,7 @@ static const struct test redis_tests[] = {
 /* A new kind adds a factory here and, if it has any, its own tests below. */
 static const struct store_kind store_kinds[] = {
     { "redis", make_redis, false },
+    { "redis-tls", make_redis, false }, /* the same suite over rediss:// */
     { "memory", make_memory, true },
 };
 
@@ -1546,7 +1552,7 @@ int main(int argc, char **argv)
             kind = &store_kinds[i];
     }
     if (!kind) {
-        fprintf(stderr, "usage: %s redis|memory\n", argv[0]);
+        fprintf(stderr, "usage: %s redis|redis-tls|memory\n", argv[0]);
         return 2;
     }
     if (strcmp(kind->name, "redis") == 0) {
@@ -1555,6 +1561,18 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "%s: IDEMPROXY_TEST_REDIS_URL is not set: the redis store suite "
                     "needs a running Redis (scripts/test starts one and sets it)\n",
+                    argv[0]);
+            return 1;
+        }
+    }
+    if (strcmp(kind->name, "redis-tls") == 0) {
+        redis_url = getenv("IDEMPROXY_TEST_REDISS_URL");
+        redis_tls_ca = getenv("IDEMPROXY_TEST_REDISS_CA");
+        redis_admin_url = getenv("IDEMPROXY_TEST_REDISS_PLAIN_URL");
+        if (!redis_url || !*redis_url || !redis_tls_ca || !redis_admin_url) {
+            fprintf(stderr,
+                    "%s: IDEMPROXY_TEST_REDISS_URL, _CA and _PLAIN_URL are not set: the "
+                    "redis-tls store suite needs a TLS Redis (scripts/test starts one)\n",
                     argv[0]);
             return 1;
         }
