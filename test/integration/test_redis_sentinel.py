@@ -8,7 +8,7 @@ import pytest
 
 from conftest import (REPLAY, assert_problem, hone, metrics_value, new_key, redis_only,
                       wait_for)
-from redis_fixtures import SentinelSet
+from redis_fixtures import SentinelSet, make_pki
 
 # How long service may stop when the master dies: the sentinels need
 # down-after-milliseconds (1 s) and an election (measured ~2.3 s in all for
@@ -58,13 +58,14 @@ def test_sentinel_unknown_master_name_is_503_with_the_reason_redis(proxy, upstre
 
 
 def load(p, stop, results):
-    """New keys, one after another, until <stop>: (time, status) of each."""
+    """New keys, one after another, until <stop>: (sent, answered, status)."""
     while not stop.is_set():
+        sent = time.monotonic()
         try:
             st, _, _ = execute(p, new_key())
         except OSError:
             st = 0
-        results.append((time.monotonic(), st))
+        results.append((sent, time.monotonic(), st))
         time.sleep(0.02)
 
 
@@ -80,18 +81,19 @@ def failover_under_load(p, sentinels, upstream, how):
     t = threading.Thread(target=load, args=(p, stop, results), daemon=True)
     t.start()
     time.sleep(0.5)
-    t_fail = time.monotonic()
     old = how()
+    t_fail = time.monotonic()  # the master is gone (killed or stopped) by now
     new = sentinels.wait_failover(old, timeout=FAILOVER_BOUND_S)
     assert new != old
     # service resumes without a restart of the proxy
-    wait_for(lambda: any(ts > t_fail and s == 201 for ts, s in results[-20:]),
+    wait_for(lambda: any(sent > t_fail and s == 201 for sent, _, s in results[-20:]),
              timeout=FAILOVER_BOUND_S, what="a 201 after the failover")
     time.sleep(0.5)
     stop.set()
     t.join(10)
-    resumed = min(ts for ts, s in results if ts > t_fail and s == 201) - t_fail
-    statuses = {s for _, s in results}
+    # the first request sent after the master went that executed
+    resumed = min(done for sent, done, s in results if sent > t_fail and s == 201) - t_fail
+    statuses = {s for _, _, s in results}
     assert statuses <= {201, 503}, statuses  # refused while there was no master, never worse
     assert resumed < FAILOVER_BOUND_S
     # the answer completed and replicated before the failover still replays
@@ -101,7 +103,7 @@ def failover_under_load(p, sentinels, upstream, how):
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 on the new master")
     assert metrics_value(p.metrics(), "idemproxy_redis_failovers_total") >= 1
     print("service resumed %.2f s after the master went (%s); %d requests, %d refused"
-          % (resumed, how.__name__, len(results), sum(1 for _, s in results if s == 503)))
+          % (resumed, how.__name__, len(results), sum(1 for _, _, s in results if s == 503)))
     return resumed, hits_before
 
 
@@ -121,3 +123,24 @@ def test_sentinel_master_frozen_under_load_service_resumes_redis(proxy, upstream
     for _ in range(5):
         st, _, _ = execute(p, new_key())
         assert st == 201
+
+
+@redis_only
+def test_rediss_sentinel_with_passwords_everywhere_redis(proxy, upstream, tmp_path):
+    """rediss-sentinel://: TLS to the sentinels and to the master, the
+    master's ACL user in the URL, the sentinels' own password in the query
+    (SPEC 2.1), and a failover followed over TLS."""
+    pki = make_pki(str(tmp_path / "pki"))
+    ss = SentinelSet(str(tmp_path / "tls-sentinel"), pki=pki, username="app",
+                     password="m4ster", sentinel_password="s3ntinel").start()
+    try:
+        url = ss.sentinel_url()
+        assert url.startswith("rediss-sentinel://") and "sentinel_password=" in url
+        p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=url)
+        failover_under_load(p, ss, upstream, ss.kill_master)
+        with open(p.stderr_path, encoding="utf-8", errors="replace") as f:
+            err = f.read()  # whole: p.stderr() keeps the end only
+        assert "m4ster" not in err and "s3ntinel" not in err
+        assert "sentinel_password=***" in err
+    finally:
+        ss.stop()
