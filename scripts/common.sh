@@ -46,9 +46,12 @@ build() {
 say() { echo "==> $*" >&2; }
 
 # running PID succeeds while PID exists and has not exited (a zombie has).
+# (Builtins only: a signal that reaches the script while it waits for a
+# foreground child that then exits normally is dropped by bash, so the demo's
+# polling loop must not run one: a Ctrl-C sent to scripts/run alone was lost.)
 running() {
     local s
-    s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    { read -r s <"/proc/$1/stat"; } 2>/dev/null || return 1
     s=${s##*) }
     [ "${s%% *}" != Z ]
 }
