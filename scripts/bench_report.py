@@ -50,7 +50,7 @@ for label, target in order:
             ratios.append(r["rps"] / ref[0]["rps"])
     cpu = med([r["proxy_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs])
     rcpu = med([r["redis_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs]) \
-        if target == "idemproxy-redis" else None
+        if target in ("idemproxy-redis", "idemproxy-rediss") else None
     notes = []
     errs = sum(r["status_err"] for r in rs); serrs = sum(r["socket_err"] for r in rs)
     total = sum(r["requests"] for r in rs)
@@ -85,5 +85,6 @@ if mem:
         rper = f"{int(rss) / n:,.0f}" if n else "–"
         print(f"| {target} | {n:,} | {what} | {int(delta):,} | {per} | {rper} | {ev} |")
 print("\nCPU µs/req: utime+stime of the proxy process (nginx: its workers) over the run, "
-      "per request completed; redis: redis-server's, on idemproxy-redis rows. "
+      "per request completed; redis: redis-server's, on the idemproxy-redis and -rediss rows "
+      "(plain TCP and TLS to the same redis-server). "
       "× nginx: the median of the per-repetition ratios.")

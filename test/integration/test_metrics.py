@@ -15,6 +15,7 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\["\\n])*)"(,|$)')
 MEMORY_FAMILIES = ("idemproxy_memory_store_bytes", "idemproxy_memory_store_max_bytes",
                    "idemproxy_memory_store_entries", "idemproxy_memory_store_evictions_total",
                    "idemproxy_memory_store_expired_total")
+REDIS_FAMILIES = ("idemproxy_redis_connected", "idemproxy_redis_failovers_total")
 
 
 def parse_labels(text, line):
@@ -239,6 +240,13 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
         ("idemproxy_build_info", {"version": "0.1.0"}, 1.0)]
     for name in MEMORY_FAMILIES:
         assert (name in fams) == (p.store == "memory"), name
+    for name in REDIS_FAMILIES:
+        assert (name in fams) == (p.store == "redis"), name
+    if p.store == "redis":
+        assert fams["idemproxy_redis_connected"]["type"] == "gauge"
+        assert gauge(fams, "idemproxy_redis_connected") == 1
+        assert fams["idemproxy_redis_failovers_total"]["type"] == "counter"
+        assert gauge(fams, "idemproxy_redis_failovers_total") == 0  # no Sentinel: no failover
     if p.store == "memory":
         assert gauge(fams, "idemproxy_memory_store_max_bytes") == 256 * 1024 * 1024
         assert gauge(fams, "idemproxy_memory_store_entries") == 3  # k1, k2, k3's marker
