@@ -679,7 +679,8 @@ int redis_conn_command(struct redis_conn *c, int argc, const char **argv, const 
     size_t before = c->out.len;
     int err;
 
-    if (c->state == DEAD || c->freed || (c->subscribed && strcasecmp(argv[0], "SUBSCRIBE") != 0))
+    if (c->state == DEAD || c->freed ||
+        (c->subscribed && !(lens[0] == 9 && strncasecmp(argv[0], "SUBSCRIBE", 9) == 0)))
         return -ECONNRESET;
     err = append_command(c, argc, argv, lens);
     if (err == 0 && (err = q_push(c, fn, ctx, now_ms(), false)) < 0)
