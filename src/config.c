@@ -503,8 +503,14 @@ static int set_upstream(char **slot, const char *v)
     size_t len = strlen(v);
     int r;
 
-    if (has_ctl(v))
+    /* No '?' or '#' at all (curl drops an empty query or fragment without a
+     * word, and the URL is shown as given), and ASCII only. */
+    if (has_ctl(v) || strpbrk(v, "?#"))
         return -EINVAL;
+    for (const char *c = v; *c; c++) {
+        if ((unsigned char)*c >= 0x80)
+            return -EINVAL;
+    }
     r = upstream_base_parse(v, &base); /* http or https only, as curl reads it */
     if (r < 0)
         return r;

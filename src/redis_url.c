@@ -185,25 +185,27 @@ static int parse_query(struct span q, struct redis_url *u, char *why, size_t why
 #define SENTINEL_PASSWORD_KEY "sentinel_password="
 
 /* The '@' that ends the user info of the URL whose authority starts at
- * <start>: the last one outside a sentinel_password value (so a password may
- * hold '/', '?' or '#' unencoded, and the sentinels' password an '@'), or
- * NULL. */
-static const char *userinfo_end(const char *start)
+ * <start>, or NULL. Without a query (redis://, rediss://) it is the last '@',
+ * so a password may hold '@', '/', '?' or '#' unencoded; a Sentinel URL has
+ * a query, and its user info ends at the last '@' before the first '?' (a
+ * '?' in its password must be encoded, an '@' in a query value need not). */
+static const char *userinfo_end(const char *start, bool sentinel)
 {
-    const size_t klen = sizeof(SENTINEL_PASSWORD_KEY) - 1;
+    const char *end = sentinel ? start + strcspn(start, "?") : start + strlen(start);
     const char *at = NULL;
 
-    for (const char *c = start; *c; c++) {
-        if (strncmp(c, SENTINEL_PASSWORD_KEY, klen) == 0 && c > start &&
-            (c[-1] == '?' || c[-1] == '&')) {
-            c += klen + strcspn(c + klen, "&");
-            if (!*c)
-                break;
-        } else if (*c == '@') {
+    for (const char *c = start; c < end; c++) {
+        if (*c == '@')
             at = c;
-        }
     }
     return at;
+}
+
+/* True for redis-sentinel:// and rediss-sentinel://. */
+static bool is_sentinel_scheme(const char *s)
+{
+    return strncasecmp(s, "redis-sentinel://", 17) == 0 ||
+           strncasecmp(s, "rediss-sentinel://", 18) == 0;
 }
 
 static int parse(const char *s, struct redis_url *u, char *why, size_t why_len)
@@ -238,7 +240,7 @@ static int parse(const char *s, struct redis_url *u, char *why, size_t why_len)
         if ((unsigned char)*c <= 0x20 || (unsigned char)*c == 0x7f)
             return fail(why, why_len, "a space or control character");
     }
-    at = userinfo_end(p);
+    at = userinfo_end(p, sentinel);
     hosts = at ? at + 1 : p;
     hosts_end = hosts + strcspn(hosts, "/?#");
     path = hosts_end;
@@ -360,7 +362,7 @@ void redis_url_redact(const char *s, char *out, size_t len)
 {
     const size_t klen = sizeof(SENTINEL_PASSWORD_KEY) - 1;
     const char *start = strstr(s, "://"), *end = s + strlen(s), *at = NULL, *secret = NULL,
-               *secret_end = NULL, *colon;
+               *secret_end = NULL, *colon, *query;
     size_t used = 0;
 
     if (!len)
@@ -371,7 +373,8 @@ void redis_url_redact(const char *s, char *out, size_t len)
         return;
     }
     start += 3;
-    at = userinfo_end(start);
+    at = userinfo_end(start, is_sentinel_scheme(s));
+    query = strchr(at ? at : start, '?');
     if (at) {
         colon = memchr(start, ':', (size_t)(at - start));
         secret = colon ? colon + 1 : start; /* USER:PASSWORD@, or PASSWORD@ */
@@ -382,8 +385,8 @@ void redis_url_redact(const char *s, char *out, size_t len)
             put(out, len, &used, "***", 3);
             c = secret_end;
             secret = NULL; /* once: an empty password would not move <c> on */
-        } else if (c > start && strncmp(c, SENTINEL_PASSWORD_KEY, klen) == 0 &&
-                   (c[-1] == '?' || c[-1] == '&')) {
+        } else if (query && c > query && strncmp(c, SENTINEL_PASSWORD_KEY, klen) == 0 &&
+                   (c - 1 == query || c[-1] == '&')) {
             put(out, len, &used, c, klen);
             put(out, len, &used, "***", 3);
             c += klen + strcspn(c + klen, "&");

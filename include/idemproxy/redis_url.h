@@ -39,9 +39,10 @@ struct redis_url {
  *   redis[s]-sentinel://[[USER]:PASSWORD@]S1[:PORT][,S2[:PORT]…][/DB]?master=NAME
  *       [&sentinel_user=U][&sentinel_password=P]
  * The scheme is case-insensitive; the user info and query values are
- * percent-decoded (%00 is refused). The last '@' outside the
- * sentinel_password value ends the user info, so a password may hold '@',
- * '/', '?' or '#' unencoded (master and sentinel_user may not hold an '@');
+ * percent-decoded (%00 is refused). Without a query (redis://, rediss://)
+ * the last '@' ends the user info, so a password may hold '@', '/', '?' or
+ * '#' unencoded; in a Sentinel URL it is the last '@' before the first '?'
+ * (a '?' in its password must be encoded, an '@' in a query value need not).
  * "PASSWORD@" without a colon is a password (as redis-cli reads it). Ports default to 6379 (26379
  * for a sentinel). Returns 0 with <ret> filled (free it with redis_url_done()), or -EINVAL with a
  * message of at most 160 bytes in <why> (which may be NULL), or -ENOMEM. */

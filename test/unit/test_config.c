@@ -649,6 +649,9 @@ static void test_config_errors_name_the_option(void)
         { { "--upstream", "ftp://x" }, NULL, "--upstream: 'ftp://x'", "http://" },
         { { "--upstream", "http://x/?a=1" }, NULL, "--upstream:", NULL },
         { { "--upstream", "http://x/#f" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http://x/#" }, NULL, "--upstream:", NULL },  /* curl drops an empty one */
+        { { "--upstream", "http://x/?" }, NULL, "--upstream:", NULL },
+        { { "--upstream", "http:/e://t\xa0#" }, NULL, "--upstream:", NULL }, /* fuzz_config */
         { { "--upstream", "http://" }, NULL, "--upstream:", NULL },
         { { "--upstream", "http://:3000" }, NULL, "--upstream:", NULL },
         { { "--upstream", "http:///api" }, NULL, "--upstream:", NULL },
