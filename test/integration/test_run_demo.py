@@ -73,9 +73,12 @@ class Demo:
     def __init__(self, tmp_path, **env):
         self.stderr_path = str(tmp_path / "run.stderr")
         with open(self.stderr_path, "wb") as err:
+            # Its own process group, as a terminal gives a command: Ctrl-C is
+            # sent to that group (interrupt()).
             self.proc = subprocess.Popen([RUN], cwd=REPO, env=run_env(**env),
                                          stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
+                                         stdin=subprocess.DEVNULL, preexec_fn=default_sigint,
+                                         start_new_session=True)
         self.lines = []
         self.pids = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -119,11 +122,25 @@ class Demo:
                 steps[n][1].append(line)
         return steps
 
+    def interrupt(self):
+        """Ctrl-C in a terminal: SIGINT to the script's whole process group
+        (the API and idemproxy run in sessions of their own)."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+
     def wait(self, timeout):
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            pytest.fail("scripts/run still running after %.0fs:\n%s" % (timeout, self.stderr()))
+            try:  # what the shell was doing, for the report
+                with open("/proc/%d/status" % self.proc.pid) as f:
+                    status = "".join(l for l in f if l.split(":")[0] in
+                                     ("State", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))
+                with open("/proc/%d/wchan" % self.proc.pid) as f:
+                    status += "wchan: " + f.read() + "\n"
+            except OSError as e:
+                status = str(e)
+            pytest.fail("scripts/run still running after %.0fs:\n%s\n%s"
+                        % (timeout, status, self.stderr()))
 
     def kill_all(self):
         """Teardown: whatever is still running of what this test started."""
@@ -230,7 +247,7 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
 
     # Ctrl-C stops both and exits 0.
     assert all(alive(pid) for pid in d.pids)
-    d.proc.send_signal(signal.SIGINT)
+    d.interrupt()
     assert d.wait(40) == 0, d.stderr()
     wait_for(lambda: not any(alive(pid) for pid in d.pids), timeout=5,
              what="the API and idemproxy to be gone")
