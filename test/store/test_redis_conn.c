@@ -31,6 +31,7 @@ struct seen {
     long long last_int;
     char last_msg[64];
     bool free_in_callback;
+    int get_err; /* a command tried on a subscribed connection */
 };
 
 static void on_ready(void *ctx)
@@ -58,7 +59,6 @@ static void on_message(void *ctx, const redisReply *m)
     snprintf(s->last_msg, sizeof(s->last_msg), "%.*s", (int)m->element[2]->len, m->element[2]->str);
     atomic_store(&s->over, true);
 }
-
 
 static void addr_of(const char *host, unsigned port, struct redis_conn_opts *o)
 {
@@ -185,14 +185,14 @@ static void test_redis_conn_pipelines_in_order(void)
     with_loop(&s);
     loop_call(s.l, start_incrs, &st);
     wait_over(&s, 10000);
+    end_loop(&s); /* the loop's writes are seen from here on */
     CHECK(atomic_load(&s.over));
     CHECK_EQ_INT(s.replies, N_CMDS);
     CHECK_EQ_INT(s.errors, 0);
     CHECK_EQ_INT(s.in_order, N_CMDS); /* 1, 2, 3, ...: every reply to its own command */
     CHECK_EQ_INT(s.last_int, N_CMDS);
-    CHECK_EQ_INT(s.ready, 1);
+    CHECK_EQ_INT(s.ready, 1); /* said once the replies of that read were handed out */
     CHECK_EQ_INT(s.downs, 0);
-    end_loop(&s);
 }
 
 /* ---- failures: each fails what it holds and says why ---- */
@@ -363,13 +363,20 @@ static void start_pub(void *ctx)
     CHECK_EQ_INT(redis_conn_command(p->s->c, 3, argv, lens, on_sub, p->s), 0);
 }
 
+static void try_get(void *ctx)
+{
+    struct seen *s = ctx;
+    const char *argv[] = { "GET", "x" };
+    size_t lens[] = { 3, 1 };
+
+    s->get_err = redis_conn_command(s->c, 2, argv, lens, on_sub, s);
+}
+
 static void test_redis_conn_subscribe_gets_messages(void)
 {
     struct seen s = { 0 }, ps = { 0 };
     struct start st = { .s = &s, .o = test_opts() };
     struct pub p = { .s = &ps, .o = test_opts() };
-    const char *argv[] = { "GET", "x" };
-    size_t lens[] = { 3, 1 };
 
     with_loop(&s);
     loop_call(s.l, start_sub, &st);
@@ -383,13 +390,14 @@ static void test_redis_conn_subscribe_gets_messages(void)
         wait_over(&s, 200);
         loop_call(s.l, free_conn, &ps);
     }
+    /* a subscribed connection takes no other command (asked on its thread) */
+    loop_call(s.l, try_get, &s);
+    end_loop(&s);
     CHECK(atomic_load(&s.over));
     CHECK(s.messages >= 1);
     CHECK_EQ_STR(s.last_msg, "hello");
     CHECK_EQ_INT(s.errors, 0);
-    /* a subscribed connection takes no other command */
-    CHECK_EQ_INT(redis_conn_command(s.c, 2, argv, lens, on_sub, &s), -ECONNRESET);
-    end_loop(&s);
+    CHECK_EQ_INT(s.get_err, -ECONNRESET);
 }
 
 /* ---- freed inside its own callback ---- */
@@ -433,12 +441,11 @@ static void test_redis_conn_freed_inside_its_callback(void)
     with_loop(&s);
     loop_call(s.l, start_free, &st);
     wait_over(&s, 5000);
-    usleep(50000);
+    end_loop(&s);
     CHECK(s.free_in_callback);
     CHECK_EQ_INT(s.replies, 3); /* the first answered, the other two cancelled */
     CHECK_EQ_INT(s.errors, 2);
     CHECK_EQ_INT(s.downs, 0); /* a free is not a failure */
-    end_loop(&s);
 }
 
 TEST_MAIN(test_redis_conn_pipelines_in_order, test_redis_conn_refused_silent_and_garbled,
