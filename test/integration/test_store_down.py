@@ -21,7 +21,8 @@ def healthz(p):
 @redis_only
 def test_redis_down_and_back(proxy, upstream, rdb, redis_server):
     p = proxy()
-    assert readyz(p) == 200
+    # ready once its first connection to Redis is set up (a few ms after start)
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
     redis_server.stop()
     key = new_key()
     t0 = time.monotonic()
