@@ -43,6 +43,7 @@ struct redis_sentinel {
     uint64_t retry_ms;
     /* the subscription */
     struct redis_conn *sub;
+    unsigned sub_next; /* tried after a failure: the next sentinel of <order> */
     uint64_t sub_at_ms; /* UINT64_MAX: none due */
     uint64_t sub_retry_ms;
     char last_master[300]; /* host:port last reported, for the log */
@@ -250,6 +251,7 @@ static void on_sub_down(void *ctx, int err, const char *why)
     (void)err, (void)why;
     redis_conn_free(s->sub);
     s->sub = NULL;
+    s->sub_next++; /* that sentinel may be gone: the next one */
     sub_retry(s);
 }
 
@@ -290,8 +292,9 @@ static void sub_start(struct redis_sentinel *s)
     s->sub_at_ms = UINT64_MAX;
     if (s->sub)
         return;
-    if (open_sentinel(s, s->order[0], &h, &s->sub) < 0) {
+    if (open_sentinel(s, s->order[s->sub_next % s->n], &h, &s->sub) < 0) {
         s->sub = NULL;
+        s->sub_next++;
         sub_retry(s);
         return;
     }

@@ -144,3 +144,13 @@ def test_rediss_sentinel_with_passwords_everywhere_redis(proxy, upstream, tmp_pa
         assert "sentinel_password=***" in err
     finally:
         ss.stop()
+
+
+@redis_only
+def test_sentinel_first_sentinel_dead_the_others_are_asked_redis(proxy, upstream, sentinels):
+    """The sentinels are asked in turn: with the first of the URL dead before
+    the proxy starts and the master killed later, the other two (still a
+    quorum) elect the replica and the proxy follows them."""
+    sentinels.sentinels[0].kill()
+    p = proxy(redis_url=sentinels.sentinel_url())
+    failover_under_load(p, sentinels, upstream, sentinels.kill_master)
