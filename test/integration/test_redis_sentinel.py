@@ -154,3 +154,40 @@ def test_sentinel_first_sentinel_dead_the_others_are_asked_redis(proxy, upstream
     sentinels.sentinels[0].kill()
     p = proxy(redis_url=sentinels.sentinel_url())
     failover_under_load(p, sentinels, upstream, sentinels.kill_master)
+
+
+@redis_only
+def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, tmp_path):
+    """An ACL user that may not run ROLE (-role): the proxy trusts what the
+    sentinels said and relies on READONLY replies instead (SPEC 2.1). A
+    graceful failover (SENTINEL FAILOVER) leaves the old master running as a
+    replica: writes sent there get READONLY, and the proxy moves to the new
+    master, through the reply or +switch-master, whichever comes first."""
+    import redis  # python3-redis, as the fixtures use it
+
+    ss = SentinelSet(str(tmp_path / "ro"), username="admin", password="adminpw",
+                     acl_users=["user app on >apppw ~* &* +@all -role"]).start()
+    try:
+        url = ss.sentinel_url(credentials=False).replace("://", "://app:apppw@", 1)
+        p = proxy(redis_url=url)
+
+        def graceful():
+            old = ss.master_addr()
+            s0 = ss.sentinels[0]
+            redis.Redis(host="127.0.0.1", port=s0.port, socket_timeout=5).execute_command(
+                "SENTINEL", "FAILOVER", ss.name)
+            return old
+
+        graceful.__name__ = "SENTINEL FAILOVER"
+        failover_under_load(p, ss, upstream, graceful)
+        # what executes now is stored on the new master
+        key = new_key()
+        st, _, _ = execute(p, key)
+        assert st == 201
+        m = ss.master_client()
+        assert m.execute_command("ROLE")[0] in (b"master", "master")
+        assert any(k.decode().endswith(":" + key) for k in m.scan_iter(match="idem:*"))
+        err = p.stderr()
+        assert "+switch-master" in err or "READONLY" in err, err
+    finally:
+        ss.stop()
