@@ -116,8 +116,8 @@ static const struct opt opts[] = {
       "every request goes there, a path prefix before every target",
       K_URL, F(upstream), 0, NULL, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
-      "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS; none: "
-      "in-process memory store",
+      "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, or "
+      "redis-sentinel://host[:port][,...]?master=NAME; none: in-process memory store",
       K_REDIS,
       F(redis_url), 0, NULL, false },
     { "--redis-password-file", "IDEMPROXY_REDIS_PASSWORD_FILE", "FILE", NULL,
@@ -522,10 +522,12 @@ static int set_upstream(char **slot, const char *v)
 
 #define TOKEN_MAX 4096
 
-/* Reads the secret of a token file <path>: its first line, without the line
- * end and the whitespace around it, into <secret_slot>; the path into
- * <path_slot>. Nothing changes on failure. */
-static int set_token_file(char **path_slot, char **secret_slot, const char *path)
+/* Reads the first line of the file <path> (its line end left out) as a
+ * secret: into <secret_slot>, and the path into <path_slot>. A token
+ * (<token>) has the whitespace around it cut and is 1 to TOKEN_MAX visible
+ * ASCII characters; a password is 1 to TOKEN_MAX bytes with no control
+ * character. Nothing changes on failure. */
+static int set_secret_file(char **path_slot, char **secret_slot, const char *path, bool token)
 {
     char buf[TOKEN_MAX + 2], *secret;
     struct span t;
@@ -541,18 +543,20 @@ static int set_token_file(char **path_slot, char **secret_slot, const char *path
     fclose(f);
     if (r < 0)
         return r;
-    buf[n] = '\0';
-    t = span_from_cstr(buf);
-    t.len = strcspn(buf, "\r\n");
-    while (t.len > 0 && (t.base[0] == ' ' || t.base[0] == '\t')) {
+    t = (struct span){ .base = buf, .len = 0 };
+    while (t.len < n && buf[t.len] != '\r' && buf[t.len] != '\n')
+        t.len++; /* a NUL stays in: it is refused below, not a silent end */
+    while (token && t.len > 0 && (t.base[0] == ' ' || t.base[0] == '\t')) {
         t.base++;
         t.len--;
     }
-    while (t.len > 0 && (t.base[t.len - 1] == ' ' || t.base[t.len - 1] == '\t'))
+    while (token && t.len > 0 && (t.base[t.len - 1] == ' ' || t.base[t.len - 1] == '\t'))
         t.len--;
     r = t.len == 0 || t.len > TOKEN_MAX ? -EINVAL : 0;
     for (size_t i = 0; r == 0 && i < t.len; i++) {
-        if ((unsigned char)t.base[i] < 0x21 || (unsigned char)t.base[i] > 0x7e)
+        unsigned char c = (unsigned char)t.base[i];
+
+        if (token ? c < 0x21 || c > 0x7e : c < 0x20 || c == 0x7f)
             r = -EINVAL;
     }
     if (r == 0) {
@@ -574,60 +578,19 @@ static int set_token_file(char **path_slot, char **secret_slot, const char *path
 
 static int set_redis(char **slot, const char *v)
 {
+    struct redis_url u;
+    int err;
+
     if (*v == '\0') {
         free(*slot); /* "" asks for no Redis, as if unset */
         *slot = NULL;
         return 0;
     }
-    struct redis_url u;
-    int err = redis_url_parse(v, &u, NULL, 0);
-
+    err = redis_url_parse(v, &u, NULL, 0);
     if (err < 0)
         return err;
     redis_url_done(&u);
     return replace_string(slot, v, strlen(v));
-}
-
-/* Reads the first line of <path> (without its line end) into <secret_slot>
- * and the path into <path_slot>: 1 to TOKEN_MAX bytes, no control character.
- * Nothing changes on failure. */
-static int set_password_file(char **path_slot, char **secret_slot, const char *path)
-{
-    char buf[TOKEN_MAX + 2], *secret;
-    size_t n, len;
-    FILE *f;
-    int r;
-
-    f = fopen(path, "re");
-    if (!f)
-        return -errno;
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    r = ferror(f) ? -EIO : 0;
-    fclose(f);
-    if (r < 0)
-        return r;
-    buf[n] = '\0';
-    len = strcspn(buf, "\r\n");
-    r = len == 0 || len > TOKEN_MAX || memchr(buf, '\0', len) ? -EINVAL : 0;
-    for (size_t i = 0; r == 0 && i < len; i++) {
-        if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)
-            r = -EINVAL;
-    }
-    if (r == 0) {
-        secret = strndup(buf, len);
-        r = secret ? replace_string(path_slot, path, strlen(path)) : -ENOMEM;
-        if (r == 0) {
-            if (*secret_slot)
-                explicit_bzero(*secret_slot, strlen(*secret_slot));
-            free(*secret_slot);
-            *secret_slot = secret;
-        } else if (secret) {
-            explicit_bzero(secret, len);
-            free(secret);
-        }
-    }
-    explicit_bzero(buf, sizeof(buf));
-    return r;
 }
 
 /* A path this process can read, kept as given. */
@@ -757,9 +720,9 @@ static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool 
         *(bool *)field = true;
         return 0;
     case K_TOKEN_FILE:
-        return set_token_file(&cfg->admin_token_file, &cfg->admin_token, v); /* the only one */
+        return set_secret_file(&cfg->admin_token_file, &cfg->admin_token, v, true);
     case K_PASSWORD_FILE:
-        return set_password_file(&cfg->redis_password_file, &cfg->redis_password, v);
+        return set_secret_file(&cfg->redis_password_file, &cfg->redis_password, v, false);
     case K_FILE:
         return set_file(field, v);
     case K_HOSTNAME:

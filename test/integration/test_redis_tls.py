@@ -5,8 +5,6 @@ Verification is on by default and a certificate that fails it is a store
 error (503, /readyz 503) with the reason in the log, never a silent fallback
 to plain TCP; plain TCP against a TLS port and TLS against a plain port
 never work either."""
-import os
-
 import pytest
 
 from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, run_binary,
@@ -150,9 +148,17 @@ def test_mutual_tls_with_an_acl_user_redis(proxy, upstream, mtls_redis, pki, tmp
 
 
 @redis_only
-def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstream, acl_redis):
+def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstream, acl_redis,
+                                                                     tmp_path):
     p = proxy(redis_url="redis://app:s3cret@127.0.0.1:%d" % acl_redis.port)
     executes_then_replays(p, upstream)
+    # the password file beats the URL's password (SPEC 2.1)
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    p3 = proxy("--redis-password-file", str(pw),
+               redis_url="redis://app:Wr0ngInUrl@127.0.0.1:%d" % acl_redis.port)
+    executes_then_replays(p3, upstream)
+    assert "Wr0ngInUrl" not in p3.stderr()
     p2 = proxy(redis_url="redis://app:Wr0ngPass@127.0.0.1:%d" % acl_redis.port)
     refused_503(p2, upstream, "refused")
     assert "Wr0ngPass" not in p2.stderr() and "s3cret" not in p2.stderr()
@@ -179,4 +185,3 @@ def test_redis_tls_options_are_checked_at_start(tmp_path, pki, upstream):
     empty.write_text("\n")
     r = start("--redis", "redis://127.0.0.1:6379", "--redis-password-file", str(empty))
     assert r.returncode == 2 and b"--redis-password-file" in r.stderr
-    assert os.path.exists(pki.ca_crt)

@@ -841,6 +841,59 @@ static void test_config_print_help(void)
     free(text);
 }
 
+/* Writes <n> bytes to a new temporary file; its path in <path>. */
+static void secret_file(char *path, size_t len, const char *bytes, size_t n)
+{
+    int fd;
+
+    snprintf(path, len, "/tmp/idemproxy-test-secret-XXXXXX");
+    fd = mkstemp(path);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT((int)write(fd, bytes, n), (int)n);
+    close(fd);
+}
+
+/* The token and password files: the first line, the token trimmed and
+ * visible ASCII, the password as written; a NUL in the line is refused, not
+ * an early end of the secret. */
+static void test_config_secret_files(void)
+{
+    static const struct {
+        bool token;
+        const char *bytes;
+        size_t n;
+        const char *want; /* NULL: refused */
+    } cases[] = {
+        { true, "  t0ken \nnext\n", 15, "t0ken" },
+        { true, "a b\n", 4, NULL },
+        { true, "ab\0cd\n", 6, NULL },
+        { true, "\n", 1, NULL },
+        { false, " pass word \r\nnext", 18, " pass word " },
+        { false, "pw\0rest\n", 8, NULL },
+        { false, "p\tw\n", 4, NULL },
+        { false, "", 0, NULL },
+    };
+    struct config c;
+    char path[64];
+
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        const char *flag = cases[i].token ? "--admin-token-file" : "--redis-password-file";
+        int r;
+
+        secret_file(path, sizeof(path), cases[i].bytes, cases[i].n);
+        r = load(&c, NOENV, flag, path, NULL);
+        if (cases[i].want) {
+            CHECK_EQ_INT(r, 0);
+            CHECK_EQ_STR(cases[i].token ? c.admin_token : c.redis_password, cases[i].want);
+        } else {
+            CHECK_EQ_INT(r, -EINVAL);
+            CHECK(strstr(err, flag) != NULL);
+        }
+        config_done(&c);
+        unlink(path);
+    }
+}
+
 static void test_config_done_is_idempotent(void)
 {
     struct config c;
@@ -863,4 +916,5 @@ TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_equals_form, test_config_require_key_forms, test_config_scope_headers,
           test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
           test_config_required_options, test_config_help_and_version, test_config_print_help,
+          test_config_secret_files,
           test_config_done_is_idempotent)
