@@ -146,3 +146,49 @@ for name, v in {
     "load-bad": "x\x00--ttl\x00\x00--upstream\x00ftp://h\x00stray",
 }.items():
     write("fuzz_config", name, v)
+
+# fuzz_cluster: the same bytes are a key, a MOVED/ASK error text, and (when
+# they start with '*') a CLUSTER SLOTS reply in RESP2, as hiredis reads it.
+
+
+def resp(v):
+    if v is None:
+        return b"$-1\r\n"
+    if isinstance(v, int):
+        return b":%d\r\n" % v
+    if isinstance(v, str):
+        v = v.encode("latin-1")
+    if isinstance(v, bytes):
+        return b"$%d\r\n%s\r\n" % (len(v), v)
+    return b"*%d\r\n" % len(v) + b"".join(resp(e) for e in v)
+
+
+for name, v in {
+    "key-tag": "{user1000}.following",
+    "key-empty-tag": "foo{}{bar}",
+    "key-nested-tag": "foo{{bar}}zap",
+    "key-binary": "idem:\x00\xff{t}\r\n",
+    "moved": "MOVED 3999 127.0.0.1:6381",
+    "ask": "ASK 16383 node-2.example:65535",
+    "moved-ipv6": "MOVED 1 ::1:7000",
+    "moved-ipv6-brackets": "ASK 2 [2001:db8::1]:7001",
+    "moved-self": "MOVED 12182 :7000",
+    "moved-unknown": "MOVED 1 ?:7000",
+    "moved-bad-slot": "MOVED 16384 h:1",
+    "moved-bad-port": "MOVED 1 h:65536",
+    "moved-overflow": "MOVED 99999999999999999999 h:1",
+}.items():
+    write("fuzz_cluster", name, v)
+write("fuzz_cluster", "slots-three-masters", resp([
+    [0, 5460, ["10.0.0.1", 7000, "a" * 40], ["10.0.0.4", 7003, "d" * 40]],
+    [5461, 10922, ["10.0.0.2", 7001, "b" * 40]],
+    [10923, 16383, ["10.0.0.3", 7002, "c" * 40], ["10.0.0.6", 7005, "f" * 40]]]))
+# as redis-server 7.0.15 answers: metadata maps, "" (own address unknown),
+# nil (unknown-endpoint), "?" (hostname asked for, none announced)
+write("fuzz_cluster", "slots-redis7", resp([
+    [0, 2, ["node1.example", 6379, "f5c4784d671c376f20161adda24120146cf1e6a1", ["ip", "10.0.0.1"]]],
+    [100, 100, ["", 6380, "id2", ["hostname", "node2.example"]]],
+    [200, 300, [None, 6381, "id3", []]],
+    [301, 16383, ["?", 6382, "id4", []], ["::1", 6383, "id5", []]]]))
+write("fuzz_cluster", "slots-empty", resp([]))
+write("fuzz_cluster", "slots-malformed", resp([[5, 4, ["h", 0, "i"]], [0, 16384, [1, "h"]]]))
