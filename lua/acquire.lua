@@ -3,9 +3,11 @@
 -- C completed), fp, token, ts (Redis time in ms of the last state change,
 -- for operators), and once completed head and body.
 -- Returns {"acquired"}, {"mismatch"}, {"in_flight"} or {"completed", head, body}.
--- One HMGET reads all four fields: a replay, the common case of a known key,
--- costs one call (head and body are absent while the key is locked).
-local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body')
+-- One HMGET reads all five fields: a replay, the common case of a known key,
+-- costs one call (head and body are absent while the key is locked). Sent
+-- again with the same token (its connection was lost before the answer, or
+-- a cluster failed over), it finds its own lock and says "acquired" again.
+local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body', 'token')
 local state, fp = h[1], h[2]
 if not state then
     local t = redis.call('TIME')
@@ -18,6 +20,9 @@ if fp ~= ARGV[1] then
     return {'mismatch'}
 end
 if state == 'L' then
+    if h[5] == ARGV[2] then
+        return {'acquired'}
+    end
     return {'in_flight'}
 end
 return {'completed', h[3], h[4]}

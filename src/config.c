@@ -38,6 +38,7 @@ enum kind {
     K_STATUS,        /* bool[600] */
     K_CHOICE,        /* an enum: the index in <choices> */
     K_COUNT,         /* unsigned, 1..COUNT_MAX */
+    K_COUNT0,        /* unsigned, 0..COUNT_MAX */
     K_ACTION,        /* bool set to true: --help, --version */
     K_TOKEN_FILE,    /* --admin-token-file: the path, and its first line in cfg->admin_token */
     K_PASSWORD_FILE, /* --redis-password-file: the path, and its first line in cfg->redis_password
@@ -73,6 +74,7 @@ static const struct {
                                     "or \"\" to cache every status" },
     [K_CHOICE] = { "a valid choice", NULL },
     [K_COUNT] = { "a whole number", "use 1 to 1000000" },
+    [K_COUNT0] = { "a whole number", "use 0 to 1000000" },
     [K_ACTION] = { "an action", "takes no value" },
     [K_PASSWORD_FILE] = { "a password file", "its first line is the password: 1 to 4096 bytes, "
                                              "no control characters" },
@@ -116,7 +118,8 @@ static const struct opt opts[] = {
       "every request goes there, a path prefix before every target",
       K_URL, F(upstream), 0, NULL, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
-      "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, or "
+      "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, "
+      "redis://h1:p1,h2:p2 for a cluster's seeds (a cluster is found by itself), or "
       "redis-sentinel://host[:port][,...]?master=NAME; none: in-process memory store",
       K_REDIS,
       F(redis_url), 0, NULL, false },
@@ -139,6 +142,13 @@ static const struct opt opts[] = {
     { "--redis-tls-insecure", "IDEMPROXY_REDIS_TLS_INSECURE", NULL, "false",
       "rediss://: do not verify Redis's certificate (warned about at start; for tests only)",
       K_BOOL, F(redis_tls_insecure), 0, NULL, false },
+    { "--redis-wait-replicas", "IDEMPROXY_REDIS_WAIT_REPLICAS", "N", "0",
+      "after each write, wait (WAIT) for this many replicas to have it; a new key they do not "
+      "confirm in time is refused (503); 0: do not wait",
+      K_COUNT0, F(redis_wait_replicas), 0, NULL, false },
+    { "--redis-wait-timeout", "IDEMPROXY_REDIS_WAIT_TIMEOUT", "S", "0.1",
+      "how long --redis-wait-replicas waits for the replicas", K_SECONDS,
+      F(redis_wait_timeout_ms), 0, NULL, false },
     { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
       "address of /healthz, /readyz and /metrics", K_ADDR, F(admin_listen), 0, NULL, false },
     { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
@@ -443,7 +453,7 @@ bool config_is_enforced(const struct config *cfg, struct span method)
     return false;
 }
 
-static int parse_count(const char *s, unsigned *ret)
+static int parse_count(const char *s, bool zero_ok, unsigned *ret)
 {
     unsigned long v = 0;
 
@@ -456,7 +466,7 @@ static int parse_count(const char *s, unsigned *ret)
         if (v > COUNT_MAX)
             return -EINVAL;
     }
-    if (v == 0)
+    if (v == 0 && !zero_ok)
         return -EINVAL;
     *ret = (unsigned)v;
     return 0;
@@ -715,7 +725,9 @@ static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool 
     case K_CHOICE:
         return parse_choice(o->choices, v, field);
     case K_COUNT:
-        return parse_count(v, field);
+        return parse_count(v, false, field);
+    case K_COUNT0:
+        return parse_count(v, true, field);
     case K_ACTION:
         *(bool *)field = true;
         return 0;
@@ -1034,6 +1046,32 @@ static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+/* WAIT is Redis's: without a Redis URL the option would be ignored. A
+ * WAIT holds its connection, and the ops behind it, for up to its timeout,
+ * so that timeout must leave room inside --store-timeout. */
+static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
+{
+    char wait[32], store[32];
+
+    if (cfg->redis_wait_replicas == 0)
+        return 0;
+    if (!cfg->redis_url) {
+        set_err(err, errlen, "--redis-wait-replicas: needs a --redis URL (the memory store has "
+                             "no replicas)");
+        return -EINVAL;
+    }
+    if (cfg->redis_wait_timeout_ms >= cfg->store_timeout_ms) {
+        format_secs(cfg->redis_wait_timeout_ms, wait, sizeof(wait));
+        format_secs(cfg->store_timeout_ms, store, sizeof(store));
+        set_err(err, errlen,
+                "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
+                "behind a WAIT wait for it",
+                wait, store);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
     int r;
@@ -1053,6 +1091,8 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         return -EINVAL;
     }
     r = check_redis_tls(cfg, err, errlen);
+    if (r == 0)
+        r = check_redis_wait(cfg, err, errlen);
     return r < 0 ? r : check_memory_budget(cfg, err, errlen);
 }
 

@@ -242,6 +242,8 @@ static int app_up(struct app *app)
                      .insecure = cfg->redis_tls_insecure },
             .tls_server_name = cfg->redis_tls_server_name,
             .timeout_ms = cfg->store_timeout_ms,
+            .wait_replicas = cfg->redis_wait_replicas,
+            .wait_timeout_ms = cfg->redis_wait_timeout_ms,
         };
         char why[512];
 
@@ -255,9 +257,7 @@ static int app_up(struct app *app)
                 log_error("--redis %s: %s", redacted, why);
                 app->exit_status = 2;
             } else {
-                log_error("--redis %s: cannot use this URL: %s", redacted,
-                          err == -ENOTSUP ? "Sentinel and Cluster URLs are not served yet"
-                                          : strerror(-err));
+                log_error("--redis %s: cannot use this URL: %s", redacted, strerror(-err));
             }
             return err;
         }

@@ -160,11 +160,16 @@ static int simple(struct buf *out, const char *name, const char *type, const cha
     return err ? err : appendf(out, "%s %llu\n", name, value);
 }
 
-/* A store's own value, as one family of its own. */
-static int emit_simple(void *ctx, const char *name, const char *type, const char *help,
-                       uint64_t value)
+/* A store's own value (store_metric_fn). */
+static int emit_store(void *ctx, const char *name, const char *labels, const char *type,
+                      const char *help, uint64_t value)
 {
-    return simple(ctx, name, type, help, (unsigned long long)value);
+    int err = help ? family(ctx, name, type, help) : 0;
+
+    if (err == 0)
+        err = appendf(ctx, "%s%s%s%s %llu\n", name, labels ? "{" : "", labels ? labels : "",
+                      labels ? "}" : "", (unsigned long long)value);
+    return err;
 }
 
 int metrics_format(struct buf *out, struct store *st)
@@ -213,7 +218,7 @@ int metrics_format(struct buf *out, struct store *st)
                    "Store calls that failed (unreachable, timed out, full).",
                    (unsigned long long)atomic_load_explicit(&m.store_errors, memory_order_relaxed));
     if (err == 0 && st)
-        err = store_metrics(st, emit_simple, out);
+        err = store_metrics(st, emit_store, out);
     if (err == 0)
         err = family(out, "idemproxy_build_info", "gauge", "The running version, always 1.");
     if (err == 0)

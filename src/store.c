@@ -49,6 +49,12 @@ const char *store_strerror(int err)
                "--memory-max-bytes";
     if (err == -ENXIO)
         return "the Redis host name does not resolve";
+    if (err == -EREMOTEIO)
+        return "too few Redis replicas confirmed the write in time (--redis-wait-replicas, "
+               "--redis-wait-timeout)";
+    if (err == -EAGAIN)
+        return "the Redis cluster is failing over or moving the key's slot (CLUSTERDOWN, "
+               "TRYAGAIN)";
     return strerror(-err);
 }
 

@@ -859,19 +859,19 @@ static int memory_metrics(struct store *base, store_metric_fn *emit, void *ctx)
     int err;
 
     store_memory_stats(base, &s);
-    err = emit(ctx, "idemproxy_memory_store_bytes", "gauge",
+    err = emit(ctx, "idemproxy_memory_store_bytes", NULL, "gauge",
                "Bytes the memory store counts against its budget (keys, locks, records).", s.bytes);
     if (err == 0)
-        err = emit(ctx, "idemproxy_memory_store_max_bytes", "gauge",
+        err = emit(ctx, "idemproxy_memory_store_max_bytes", NULL, "gauge",
                    "The memory store's budget (--memory-max-bytes).", s.max_bytes);
     if (err == 0)
-        err = emit(ctx, "idemproxy_memory_store_entries", "gauge",
+        err = emit(ctx, "idemproxy_memory_store_entries", NULL, "gauge",
                    "Keys the memory store holds: locks and completed records.", s.entries);
     if (err == 0)
-        err = emit(ctx, "idemproxy_memory_store_evictions_total", "counter",
+        err = emit(ctx, "idemproxy_memory_store_evictions_total", NULL, "counter",
                    "Completed records evicted from the memory store to make room.", s.evictions);
     if (err == 0)
-        err = emit(ctx, "idemproxy_memory_store_expired_total", "counter",
+        err = emit(ctx, "idemproxy_memory_store_expired_total", NULL, "counter",
                    "Expired entries the memory store reclaimed.", s.expired);
     return err;
 }

@@ -7,8 +7,17 @@
  * (pipelining); replies call back on the loop thread, in order. Ops from
  * other threads (heartbeats, --wait retries) are queued for the first loop.
  * The readiness PING and the operator calls (inspect, purge) are ops too, on
- * the first loop's connection; the --wait subscriber has a connection of its
- * own on that loop. No thread waits on Redis. */
+ * the first loop's connections; the --wait subscriber has a connection of
+ * its own on that loop. No thread waits on Redis.
+ *
+ * One server, the master the sentinels name, or a Redis Cluster: a loop has
+ * one connection per node it sends to. A cluster is found by asking CLUSTER
+ * SLOTS (a server without cluster support says so); each op then goes to the
+ * master of its key's slot, follows MOVED (the slot moved: the map learns it
+ * and is read again, at most once a second) and ASK (this op only, after
+ * ASKING), and is sent again with backoff on TRYAGAIN, CLUSTERDOWN or a lost
+ * connection until --store-timeout has passed: every script is idempotent
+ * for its fencing token, so a second run of one changes nothing. */
 #include "idemproxy/store_redis.h"
 
 #include <arpa/inet.h>
@@ -32,6 +41,7 @@
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/redis_cluster.h"
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_sentinel.h"
 #include "idemproxy/redis_url.h"
@@ -41,6 +51,12 @@
 #include "lua_scripts.h"
 
 #define PING_INTERVAL_MS 1000
+#define REFRESH_MIN_MS 1000   /* a slot map is asked for at most once a second */
+#define REFRESH_IDLE_MS 10000 /* and every 10 s when nothing asked for one */
+#define REDIRECTS_MAX 5       /* MOVED and ASK followed by one op */
+#define RETRY_FIRST_MS 20     /* the first wait before an op is sent again (cluster) */
+#define RETRY_MAX_MS 200
+#define SLOT_NONE UINT16_MAX /* no master known for the slot */
 
 /* ---- operations ---- */
 
@@ -92,7 +108,127 @@ static int parse_ok_or_stale(const redisReply *r, struct store_result *res)
     return -EPROTO;
 }
 
-/* ---- the hot operations: one pipelined connection per event loop ---- */
+/* ---- nodes ---- */
+
+struct store_redis *store_redis_of(struct store *st) { return (struct store_redis *)st; }
+
+static struct node *node_at(struct store_redis *st, unsigned i)
+{
+    return i < atomic_load_explicit(&st->nnodes, memory_order_acquire) ? st->nodes[i] : NULL;
+}
+
+static void node_set_up(struct node *n, bool up)
+{
+    if (atomic_load_explicit(&n->up, memory_order_relaxed) != up)
+        atomic_store(&n->up, up);
+}
+
+/* Points <n> at <host>:<port> (under addr_mu): an IP address is its
+ * address at once, a name waits for the PING job's lookup. */
+static void node_set_addr(struct node *n, const char *host, unsigned port)
+{
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
+    struct addrinfo *res = NULL;
+    struct redis_addr a;
+    char p[8];
+
+    snprintf(n->host, sizeof(n->host), "%s", host);
+    n->port = port;
+    snprintf(a.host, sizeof(a.host), "%s", host);
+    a.port = port;
+    redis_addr_format(&a, n->name, sizeof(n->name));
+    n->addrlen = 0;
+    snprintf(n->resolve_why, sizeof(n->resolve_why), "%.255s:%u does not resolve (yet)", host,
+             port);
+    snprintf(p, sizeof(p), "%u", port);
+    if (getaddrinfo(host, p, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(n->addr)) {
+        memcpy(&n->addr, res->ai_addr, res->ai_addrlen);
+        n->addrlen = res->ai_addrlen;
+    }
+    if (res)
+        freeaddrinfo(res);
+    atomic_fetch_add(&n->generation, 1);
+}
+
+/* The index of the node at <a>, added when it is new. Any thread; no name
+ * lookup. Returns it, or -E2BIG past NODE_MAX, -ENOMEM. */
+static int node_get(struct store_redis *st, const struct redis_addr *a)
+{
+    unsigned n;
+    int ret = -E2BIG;
+
+    pthread_mutex_lock(&st->addr_mu);
+    n = atomic_load(&st->nnodes);
+    for (unsigned i = 0; i < n; i++) {
+        if (st->nodes[i]->port == a->port && strcasecmp(st->nodes[i]->host, a->host) == 0) {
+            ret = (int)i;
+            goto out;
+        }
+    }
+    if (n < NODE_MAX) {
+        struct node *nd = calloc(1, sizeof(*nd));
+
+        ret = -ENOMEM;
+        if (!nd)
+            goto out;
+        node_set_addr(nd, a->host, a->port);
+        st->nodes[n] = nd;
+        atomic_store_explicit(&st->nnodes, n + 1, memory_order_release);
+        ret = (int)n;
+    }
+out:
+    pthread_mutex_unlock(&st->addr_mu);
+    return ret;
+}
+
+static bool is_cluster(struct store_redis *st)
+{
+    return atomic_load_explicit(&st->mode, memory_order_relaxed) == MODE_CLUSTER;
+}
+
+unsigned store_redis_masters(struct store_redis *st, unsigned *ret)
+{
+    bool seen[NODE_MAX] = { false };
+    unsigned n = 0;
+
+    if (!is_cluster(st)) {
+        ret[0] = 0;
+        return 1;
+    }
+    for (unsigned s = 0; s < REDIS_CLUSTER_SLOTS; s++) {
+        unsigned i = atomic_load_explicit(&st->slots[s], memory_order_relaxed);
+
+        if (i != SLOT_NONE && i < NODE_MAX && !seen[i]) {
+            seen[i] = true;
+            ret[n++] = i;
+        }
+    }
+    return n;
+}
+
+/* Ready: one server (node 0) answers; a cluster: every slot has a master
+ * and each of them answers. */
+static bool redis_is_ready(struct store *base)
+{
+    struct store_redis *st = store_redis_of(base);
+    unsigned masters[NODE_MAX], n;
+
+    if (!is_cluster(st))
+        return atomic_load(&st->nodes[0]->up);
+    for (unsigned s = 0; s < REDIS_CLUSTER_SLOTS; s++) {
+        if (atomic_load_explicit(&st->slots[s], memory_order_relaxed) == SLOT_NONE)
+            return false;
+    }
+    n = store_redis_masters(st, masters);
+    for (unsigned i = 0; i < n; i++) {
+        if (!atomic_load(&st->nodes[masters[i]]->up))
+            return false;
+    }
+    return n > 0;
+}
+
+/* ---- the hot operations: one pipelined connection per event loop and node ---- */
 
 static struct op *op_first(const struct list *l)
 {
@@ -110,14 +246,34 @@ static void op_free(struct op *op)
     free(op);
 }
 
-static void set_ready(struct store_redis *st, bool ready)
+/* The result <reply> holds for <op>. */
+static int op_parse(const struct op *op, const redisReply *reply, struct store_result *res)
 {
-    if (atomic_load_explicit(&st->ready, memory_order_relaxed) != ready)
-        atomic_store(&st->ready, ready);
+    if (reply->type == REDIS_REPLY_ERROR)
+        return -EPROTO;
+    if (op->script == OP_PING) {
+        res->status = STORE_OK;
+        return 0;
+    }
+    if (op->script == LUA_ACQUIRE)
+        return parse_acquire(reply, res);
+    return parse_ok_or_stale(reply, res);
+}
+
+/* Calls <op> back with <err>, or <res> (err 0), and frees it. */
+static void op_deliver(struct op *op, int err, const struct store_result *res)
+{
+    /* Answered: the caller may rely on the store holding no reference any more. */
+    record_unref(op->rec);
+    op->rec = NULL;
+    list_remove(&op->wait_node);
+    op->done(op->ctx, err, err == 0 ? res : NULL);
+    op_free(op);
 }
 
 /* Calls <op> back with <err>, or with the result <reply> holds (err 0), and
- * frees it. On its connection's loop thread, with <op> on no list. */
+ * frees it; with --redis-wait-replicas, a write is held for the WAIT sent
+ * after it instead. On its lane's loop thread, with <op> on no list. */
 static void op_finish(struct op *op, int err, const redisReply *reply)
 {
     struct store_result res = { .rec = NULL };
@@ -127,26 +283,150 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
         op_free(op);
         return;
     }
-    if (err == 0) {
-        if (reply->type == REDIS_REPLY_ERROR)
-            err = -EPROTO;
-        else if (op->script == OP_PING)
-            res.status = STORE_OK;
-        else if (op->script == LUA_ACQUIRE)
-            err = parse_acquire(reply, &res);
-        else
-            err = parse_ok_or_stale(reply, &res);
+    if (err == 0)
+        err = op_parse(op, reply, &res);
+    if (err == 0 && op->wait && (res.status == STORE_ACQUIRED || res.status == STORE_OK)) {
+        op->held = res.status; /* no record: only a replay carries one */
+        list_append(&op->link->held, &op->wait_node);
+        return;
     }
-    /* Answered: the caller may rely on the store holding no reference any more. */
-    record_unref(op->rec);
-    op->rec = NULL;
     if (err < 0) {
         record_unref(res.rec);
         res.rec = NULL;
     }
-    op->done(op->ctx, err, err == 0 ? &res : NULL);
+    op_deliver(op, err, &res);
     record_unref(res.rec);
-    op_free(op);
+}
+
+static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
+                  const struct store_token *tok, store_done_fn *done, void *ctx, struct op **ret);
+
+static void release_done(void *ctx, int err, const struct store_result *res)
+{
+    (void)ctx, (void)err, (void)res; /* a lock not released expires within --lock-ttl */
+}
+
+/* The WAIT after <op>'s write answered that <acked> replicas have it (-1:
+ * no answer). Short of --redis-wait-replicas, an acquire's lock might not
+ * survive a failover, so it is given back (fenced by its token) and the
+ * request refused before it reaches the upstream; any other write is
+ * answered as it went, and counted. */
+static void op_acked(struct op *op, long long acked)
+{
+    struct store_redis *st = op->st;
+    struct store_result res = { .status = op->held };
+    struct op *rel;
+
+    list_remove(&op->wait_node);
+    if (acked >= (long long)st->wait_replicas) {
+        op_deliver(op, 0, &res);
+        return;
+    }
+    atomic_fetch_add_explicit(&st->unreplicated[op->script], 1, memory_order_relaxed);
+    if (op->script != LUA_ACQUIRE) {
+        op_deliver(op, 0, &res);
+        return;
+    }
+    if (op_new(st, LUA_RELEASE, (struct span){ op->key, op->key_len }, &op->tok, release_done,
+               NULL, &rel) == 0) {
+        rel->wait = false; /* no need: an expired lock frees the key as well */
+        (void)store_redis_op_submit(rel);
+    }
+    op_deliver(op, -EREMOTEIO, NULL);
+}
+
+/* Answers the writes held on <k> up to number <seq>, told that <acked>
+ * replicas have them. */
+static void link_acked(struct link *k, uint64_t seq, long long acked)
+{
+    struct list_node *n;
+    struct op *op;
+
+    while ((n = list_first(&k->held))) {
+        op = list_entry(n, struct op, wait_node);
+        if (op->write_seq > seq)
+            break;
+        op_acked(op, acked);
+    }
+}
+
+/* One WAIT on <link>, covering its writes up to number <seq>. */
+struct wait_call {
+    struct link *link;
+    uint64_t seq;
+};
+
+static void on_wait(void *ctx, int err, const redisReply *reply)
+{
+    struct wait_call *w = ctx;
+    struct link *k = w->link;
+
+    k->sent--;
+    link_acked(k, w->seq,
+               err == 0 && reply->type == REDIS_REPLY_INTEGER ? reply->integer : -1);
+    free(w);
+}
+
+/* Sends a WAIT after the writes sent on <k> since the last one: one WAIT
+ * covers every write queued before it (Redis answers it once the replicas
+ * have them all, or at its timeout). */
+static void link_send_wait(struct link *k)
+{
+    struct store_redis *st = k->lane->st;
+    char n[16], ms[24];
+    const char *argv[] = { "WAIT", n, ms };
+    size_t lens[3] = { 4 };
+    struct wait_call *w;
+
+    if (k->writes_sent == k->writes_covered || !k->conn)
+        return;
+    w = malloc(sizeof(*w));
+    if (!w)
+        return; /* the next write's WAIT covers these too */
+    *w = (struct wait_call){ .link = k, .seq = k->writes_sent };
+    lens[1] = (size_t)snprintf(n, sizeof(n), "%u", st->wait_replicas);
+    lens[2] = (size_t)snprintf(ms, sizeof(ms), "%llu", (unsigned long long)st->wait_timeout_ms);
+    if (redis_conn_command(k->conn, 3, argv, lens, on_wait, w) < 0) {
+        free(w);
+        return; /* a dead connection: its down() answers what it held */
+    }
+    k->sent++;
+    k->writes_covered = k->writes_sent;
+}
+
+static void cluster_refresh(struct store_redis *st);
+
+/* Whether an op that failed with <err> may be sent again: the cluster is
+ * moving (TRYAGAIN, CLUSTERDOWN: -EAGAIN), or its connection failed, which
+ * a failover does. A second run of any script is harmless (its token). */
+static bool is_retryable(int err)
+{
+    return err == -EAGAIN || err == -ECONNRESET || err == -ECONNREFUSED || err == -ENXIO ||
+           err == -EHOSTUNREACH || err == -ENETUNREACH;
+}
+
+/* <op> failed with <err>: on a cluster, tried again after a backoff while
+ * --store-timeout lasts; else (or then) called back with <err>. On its
+ * lane's loop thread, with <op> on no list. */
+static void op_fail(struct op *op, int err)
+{
+    struct store_redis *st = op->st;
+    struct lane *ln = op->lane;
+    uint64_t now = now_ms();
+
+    if (!is_cluster(st) || !is_retryable(err) || atomic_load(&st->stopping) ||
+        now + op->backoff_ms >= op->deadline_ms) {
+        op_finish(op, err, NULL);
+        return;
+    }
+    op->via = -1;
+    op->asking = false;
+    op->not_before_ms = now + op->backoff_ms;
+    op->backoff_ms = op->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : op->backoff_ms * 2;
+    list_append(&ln->later, &op->node);
+    if (ln->timer.due_ms > op->not_before_ms)
+        ln->timer.due_ms = op->not_before_ms;
+    cluster_refresh(st); /* where the slot lives may have changed */
 }
 
 /* Fails every op of <l> with <err>. Takes the list first: a callback may
@@ -160,13 +440,18 @@ static void op_list_fail(struct list *l, int err)
     list_splice(&ops, l);
     while ((op = op_first(&ops))) {
         list_remove(&op->node);
-        op_finish(op, err, NULL);
+        op_fail(op, err);
     }
 }
 
 static void on_op_reply(void *ctx, int err, const redisReply *reply);
 static void link_drop(struct link *k, int err, const char *why, bool backoff);
 static void rediscover(struct store_redis *st);
+
+static void on_asking(void *ctx, int err, const redisReply *reply)
+{
+    (void)ctx, (void)err, (void)reply; /* the command after it tells */
+}
 
 /* Sends the script of <op> on the link's connection (EVALSHA, or EVAL once
  * Redis said NOSCRIPT): appended to the output, which goes out with every
@@ -179,6 +464,16 @@ static int op_send(struct link *k, struct op *op)
     char ttl[24];
     int argc = 0, err;
 
+    if (op->asking) {
+        const char *asking[] = { "ASKING" };
+        size_t asking_len[] = { 6 };
+
+        err = redis_conn_command(k->conn, 1, asking, asking_len, on_asking, NULL);
+        if (err < 0)
+            return err;
+        op->asking = false;
+    }
+    op->via = -1; /* an ASK holds for one send */
     if (op->script == OP_PING) {
         argv[argc] = "PING";
         lens[argc++] = 4;
@@ -235,8 +530,115 @@ send:
     if (err == 0) {
         op->link = k;
         k->sent++;
+        if (op->wait) {
+            op->write_seq = ++k->writes_sent;
+            k->lane->timer.due_ms = 0; /* its WAIT goes after this turn's other writes */
+        }
     }
     return err;
+}
+
+/* The node <op> goes to now: the one an ASK named, the one it was given,
+ * or its slot's master (node 0 until a cluster is known; any node that
+ * answers while the slot has no known master: it redirects). */
+static unsigned op_route(struct store_redis *st, const struct op *op)
+{
+    unsigned n = atomic_load_explicit(&st->nnodes, memory_order_acquire), i;
+
+    if (op->via >= 0)
+        return (unsigned)op->via;
+    if (op->to >= 0)
+        return (unsigned)op->to;
+    if (!is_cluster(st))
+        return 0;
+    i = atomic_load_explicit(&st->slots[op->slot], memory_order_relaxed);
+    if (i < n)
+        return i;
+    for (i = 0; i < n; i++) {
+        if (atomic_load_explicit(&st->nodes[i]->up, memory_order_relaxed))
+            return i;
+    }
+    return 0;
+}
+
+/* The lane's link to node <index>, made on first use. Loop thread. */
+static struct link *lane_link(struct lane *ln, unsigned index)
+{
+    struct link *k = ln->links[index];
+
+    if (k)
+        return k;
+    k = calloc(1, sizeof(*k));
+    if (!k)
+        return NULL;
+    k->lane = ln;
+    k->index = index;
+    k->node = ln->st->nodes[index];
+    list_init(&k->waiting);
+    list_init(&k->held);
+    ln->links[index] = k;
+    return k;
+}
+
+static bool link_is_current(const struct link *k)
+{
+    return k->conn && k->ready && k->generation == atomic_load(&k->node->generation);
+}
+
+/* Sends <op> on the lane's connection to its node when that is set up, or
+ * leaves it waiting there for the lane's timer (this turn). Loop thread.
+ * Returns 0, or -ENOMEM (nothing was done with <op>). */
+static int lane_send(struct lane *ln, struct op *op)
+{
+    struct link *k = lane_link(ln, op_route(ln->st, op));
+
+    if (!k)
+        return -ENOMEM;
+    if (link_is_current(k) && op_send(k, op) == 0)
+        return 0;
+    list_append(&k->waiting, &op->node);
+    ln->timer.due_ms = 0;
+    return 0;
+}
+
+static void lane_resend(struct lane *ln, struct op *op)
+{
+    if (lane_send(ln, op) < 0)
+        op_finish(op, -ENOMEM, NULL);
+}
+
+/* MOVED or ASK: <op> goes where Redis says. MOVED also teaches the map and
+ * asks for a fresh one; ASK holds for this op's next send only. Returns
+ * false when <reply> is no usable redirection (the op fails with it). */
+static bool follow_redirect(struct link *k, struct op *op, const redisReply *reply)
+{
+    struct store_redis *st = op->st;
+    struct redis_redirect rd;
+    char self[REDIS_URL_HOST_MAX];
+    int i;
+
+    if (op->redirects >= REDIRECTS_MAX)
+        return false;
+    pthread_mutex_lock(&st->addr_mu);
+    snprintf(self, sizeof(self), "%s", k->node->host);
+    pthread_mutex_unlock(&st->addr_mu);
+    if (redis_redirect_parse(reply->str, reply->len, self, &rd) < 0)
+        return false;
+    i = node_get(st, &rd.addr);
+    if (i < 0)
+        return false;
+    op->redirects++;
+    atomic_fetch_add_explicit(&st->redirections, 1, memory_order_relaxed);
+    atomic_store(&st->mode, MODE_CLUSTER);
+    if (rd.kind == REDIS_REDIRECT_MOVED) {
+        atomic_store_explicit(&st->slots[rd.slot], (uint16_t)i, memory_order_relaxed);
+        cluster_refresh(st);
+    } else {
+        op->via = i;
+        op->asking = true;
+    }
+    lane_resend(k->lane, op);
+    return true;
 }
 
 /* An op's reply, or the error of its connection. */
@@ -248,28 +650,44 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply)
 
     k->sent--;
     if (err < 0) {
-        set_ready(st, false);
-        op_finish(op, err == -ECANCELED ? -ECONNRESET : err, NULL);
+        node_set_up(k->node, false);
+        op_fail(op, err == -ECANCELED ? -ECONNRESET : err);
         return;
     }
-    /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) means it
-     * cannot serve us; NOSCRIPT only means the script cache was emptied. */
-    if (!op->eval && redis_reply_is_error(reply, "NOSCRIPT")) {
-        set_ready(st, true);
-        op->eval = true; /* EVAL caches it again for the EVALSHAs after it */
-        if (op_send(k, op) < 0)
-            op_finish(op, -ECONNRESET, NULL);
-        return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        /* NOSCRIPT only means the script cache was emptied (or this node,
+         * a promoted replica, never had it). */
+        if (!op->eval && redis_reply_is_error(reply, "NOSCRIPT")) {
+            node_set_up(k->node, true);
+            op->eval = true; /* EVAL caches it again for the EVALSHAs after it */
+            if (op_send(k, op) < 0)
+                op_fail(op, -ECONNRESET);
+            return;
+        }
+        if ((redis_reply_is_error(reply, "MOVED") || redis_reply_is_error(reply, "ASK")) &&
+            follow_redirect(k, op, reply)) {
+            node_set_up(k->node, true);
+            return;
+        }
+        if (redis_reply_is_error(reply, "TRYAGAIN") || redis_reply_is_error(reply, "CLUSTERDOWN")) {
+            atomic_store(&st->mode, MODE_CLUSTER);
+            op_fail(op, -EAGAIN);
+            return;
+        }
+        if (st->sentinel && redis_reply_is_error(reply, "READONLY") && k->conn) {
+            /* a demoted master: this op fails, the next ones go to the new one */
+            op_finish(op, 0, reply);
+            if (k->conn)
+                link_drop(k, -EAGAIN, "READONLY: a replica now; asking the sentinels again", true);
+            rediscover(st);
+            return;
+        }
     }
-    if (st->sentinel && redis_reply_is_error(reply, "READONLY") && k->conn) {
-        /* a demoted master: this op fails, the next ones go to the new one */
-        op_finish(op, 0, reply);
-        if (k->conn)
-            link_drop(k, -EAGAIN, "READONLY: a replica now; asking the sentinels again", true);
-        rediscover(st);
-        return;
-    }
-    set_ready(st, reply->type != REDIS_REPLY_ERROR);
+    /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) to one of
+     * ours means it cannot serve us; an operator's command (or CLUSTER SLOTS
+     * on a server without cluster support) may be refused by a healthy one. */
+    if (!op->raw)
+        node_set_up(k->node, reply->type != REDIS_REPLY_ERROR);
     op_finish(op, 0, reply);
 }
 
@@ -281,24 +699,42 @@ static void backoff_start(struct link *k)
     k->retry_at_ms = now_ms() + k->backoff_ms;
 }
 
+/* What the log calls node <n>: the store's name unless it is a cluster's node. */
+static void node_log_name(struct store_redis *st, const struct node *n, char *out, size_t len)
+{
+    pthread_mutex_lock(&st->addr_mu);
+    snprintf(out, len, "%s", is_cluster(st) ? n->name : st->name);
+    pthread_mutex_unlock(&st->addr_mu);
+}
+
 /* Says why the connections fail, once per new reason (every loop's link
  * retries, each with its backoff: the log gets one line, not one a retry). */
-static void log_failure(struct store_redis *st, const char *why)
+static void log_failure(struct store_redis *st, const struct node *n, const char *why)
 {
+    char name[sizeof(n->name)], line[sizeof(st->logged_why)];
+
+    node_log_name(st, n, name, sizeof(name));
+    snprintf(line, sizeof(line), "%.300s: %.400s", name, why);
     pthread_mutex_lock(&st->log_mu);
-    if (strcmp(st->logged_why, why) != 0) {
-        snprintf(st->logged_why, sizeof(st->logged_why), "%s", why);
-        log_warn("redis %s: %s", st->name, why);
+    if (strcmp(st->logged_why, line) != 0) {
+        memcpy(st->logged_why, line, sizeof(line));
+        log_warn("redis %s", line);
     }
     pthread_mutex_unlock(&st->log_mu);
 }
 
-static void log_recovery(struct store_redis *st)
+/* Says that node <n> answers again, when its failure was the last logged. */
+static void log_recovery(struct store_redis *st, const struct node *n)
 {
+    char name[sizeof(n->name)];
+    size_t len;
+
+    node_log_name(st, n, name, sizeof(name));
+    len = strlen(name);
     pthread_mutex_lock(&st->log_mu);
-    if (st->logged_why[0]) {
+    if (strncmp(st->logged_why, name, len) == 0 && st->logged_why[len] == ':') {
         st->logged_why[0] = '\0';
-        log_info("redis %s: connected", st->name);
+        log_info("redis %s: connected", name);
     }
     pthread_mutex_unlock(&st->log_mu);
 }
@@ -311,8 +747,8 @@ static void link_confirmed(struct link *k)
     k->ready = true;
     k->backoff_ms = 0;
     k->last_err = 0;
-    set_ready(k->st, true);
-    log_recovery(k->st);
+    node_set_up(k->node, true);
+    log_recovery(k->lane->st, k->node);
     link_dispatch(k, now_ms());
 }
 
@@ -325,15 +761,16 @@ static void link_drop(struct link *k, int err, const char *why, bool backoff)
     k->conn = NULL;
     k->ready = false;
     k->last_err = err;
-    set_ready(k->st, false);
+    node_set_up(k->node, false);
     if (backoff)
         backoff_start(k);
     if (why)
-        log_failure(k->st, why);
+        log_failure(k->lane->st, k->node, why);
     redis_conn_free(c); /* sent ops: -ECANCELED, answered as -ECONNRESET */
+    link_acked(k, UINT64_MAX, -1); /* writes whose WAIT was not sent yet */
+    k->writes_sent = k->writes_covered = 0;
     op_list_fail(&k->waiting, err);
 }
-
 /* ROLE, with Sentinel: what the sentinels named may have been demoted since. */
 static void on_role(void *ctx, int err, const redisReply *r)
 {
@@ -359,7 +796,7 @@ static void on_role(void *ctx, int err, const redisReply *r)
             ? r->element[0]->str
             : "unknown");
     link_drop(k, -EAGAIN, why, true);
-    rediscover(k->st);
+    rediscover(k->lane->st);
 }
 
 /* The PUBLISH probe's answer. complete.lua and release.lua PUBLISH the key
@@ -381,7 +818,7 @@ static void on_publish_probe(void *ctx, int err, const redisReply *r)
                   true);
         return;
     }
-    if (!k->st->sentinel) {
+    if (!k->lane->st->sentinel) {
         link_confirmed(k);
         return;
     }
@@ -404,18 +841,22 @@ static void link_on_ready(void *ctx)
 static void link_on_down(void *ctx, int err, const char *why)
 {
     struct link *k = ctx;
+    struct store_redis *st = k->lane->st;
 
     redis_conn_free(k->conn);
     k->conn = NULL;
-    set_ready(k->st, false);
+    link_acked(k, UINT64_MAX, -1); /* writes whose WAIT was not sent yet */
+    k->writes_sent = k->writes_covered = 0;
+    node_set_up(k->node, false);
     if (!k->ready)
         backoff_start(k);
     k->ready = false;
     k->last_err = err;
-    log_failure(k->st, why);
+    log_failure(st, k->node, why);
     op_list_fail(&k->waiting, err);
-    rediscover(k->st); /* Sentinel: find the master again on every reconnect */
-    k->timer.due_ms = list_is_empty(&k->later) ? k->timer.due_ms : 0;
+    rediscover(st); /* Sentinel: find the master again on every reconnect */
+    if (is_cluster(st))
+        cluster_refresh(st); /* a cluster: a failover, maybe */
 }
 
 static const struct redis_conn_handlers link_handlers = {
@@ -423,13 +864,18 @@ static const struct redis_conn_handlers link_handlers = {
     .down = link_on_down,
 };
 
-/* Fills <o> with where and how to connect now; <why> says why not when
- * there is nowhere yet (returns -ENXIO then). */
-int store_redis_target(struct store_redis *st, struct redis_conn_opts *o, char *tls_name,
-                       size_t tls_name_len, unsigned *gen, char *why, size_t why_len)
+int store_redis_target(struct store_redis *st, unsigned index, struct redis_conn_opts *o,
+                       char *tls_name, size_t tls_name_len, unsigned *gen, char *why,
+                       size_t why_len)
 {
+    struct node *n = node_at(st, index);
+
+    if (!n) {
+        snprintf(why, why_len, "no such node");
+        return -ENXIO;
+    }
     *o = (struct redis_conn_opts){
-        .name = st->name,
+        .name = n->name, /* copied by redis_conn_open(), which the caller calls next */
         .tls = st->tls,
         .tls_name = tls_name,
         .user = st->url.user,
@@ -438,12 +884,12 @@ int store_redis_target(struct store_redis *st, struct redis_conn_opts *o, char *
         .timeout_ms = st->timeout_ms,
     };
     pthread_mutex_lock(&st->addr_mu);
-    o->addr = st->addr;
-    o->addrlen = st->addrlen;
-    *gen = atomic_load(&st->generation);
-    snprintf(tls_name, tls_name_len, "%s", st->tls_name[0] ? st->tls_name : st->target_host);
-    if (!st->addrlen)
-        snprintf(why, why_len, "%s", st->resolve_why);
+    o->addr = n->addr;
+    o->addrlen = n->addrlen;
+    *gen = atomic_load(&n->generation);
+    snprintf(tls_name, tls_name_len, "%s", st->tls_name[0] ? st->tls_name : n->host);
+    if (!n->addrlen)
+        snprintf(why, why_len, "%s", n->resolve_why);
     pthread_mutex_unlock(&st->addr_mu);
     return o->addrlen ? 0 : -ENXIO;
 }
@@ -451,22 +897,22 @@ int store_redis_target(struct store_redis *st, struct redis_conn_opts *o, char *
 /* Starts a connection, with AUTH and SELECT ahead of everything. */
 static int link_connect(struct link *k)
 {
-    struct store_redis *st = k->st;
+    struct store_redis *st = k->lane->st;
     struct redis_conn_opts o;
     struct redis_conn_handlers h = link_handlers;
-    char why[sizeof(st->resolve_why)] = "", tls_name[REDIS_URL_HOST_MAX];
+    char why[sizeof(k->node->resolve_why)] = "", tls_name[REDIS_URL_HOST_MAX];
     int err;
 
-    if (store_redis_target(st, &o, tls_name, sizeof(tls_name), &k->generation, why, sizeof(why)) <
-        0) {
-        log_failure(st, why);
+    if (store_redis_target(st, k->index, &o, tls_name, sizeof(tls_name), &k->generation, why,
+                           sizeof(why)) < 0) {
+        log_failure(st, k->node, why);
         return -ENXIO; /* the name does not resolve (yet): the PING job retries it */
     }
     h.ctx = k;
-    err = redis_conn_open(k->loop, &o, &h, &k->conn);
+    err = redis_conn_open(k->lane->loop, &o, &h, &k->conn);
     if (err < 0) {
         snprintf(why, sizeof(why), "cannot connect: %s", strerror(-err));
-        log_failure(st, why);
+        log_failure(st, k->node, why);
     }
     return err;
 }
@@ -477,8 +923,7 @@ static void link_dispatch(struct link *k, uint64_t now)
     struct op *op;
     int err;
 
-    list_splice(&k->waiting, &k->later);
-    if (k->conn && k->generation != atomic_load(&k->st->generation))
+    if (k->conn && k->generation != atomic_load(&k->node->generation))
         link_drop(k, -ECONNRESET, NULL, false); /* the master moved: go there now */
     if (list_is_empty(&k->waiting))
         return;
@@ -486,77 +931,138 @@ static void link_dispatch(struct link *k, uint64_t now)
         while ((op = op_first(&k->waiting))) {
             list_remove(&op->node);
             if (op_send(k, op) < 0)
-                op_finish(op, -ECONNRESET, NULL);
+                op_fail(op, -ECONNRESET);
         }
         return;
     }
     if (k->conn)
         return; /* being set up: its ready() or down() sees to them */
-    /* Inside the backoff, ops fail fast; but once Redis is known to answer
-     * again (the readiness PING or another loop's connection got through),
-     * waiting out this loop's backoff (up to 1 s) would only turn away
-     * requests that Redis can serve. */
-    if (now < k->retry_at_ms && !atomic_load_explicit(&k->st->ready, memory_order_relaxed)) {
+    /* Inside the backoff, ops fail fast; but once the node is known to
+     * answer again (the readiness PING or another loop's connection got
+     * through), waiting out this loop's backoff (up to 1 s) would only turn
+     * away requests that Redis can serve. */
+    if (now < k->retry_at_ms && !atomic_load_explicit(&k->node->up, memory_order_relaxed)) {
         op_list_fail(&k->waiting, k->last_err ? k->last_err : -ECONNREFUSED);
         return;
     }
     err = link_connect(k);
     if (err < 0) {
-        set_ready(k->st, false);
+        node_set_up(k->node, false);
         backoff_start(k);
         k->last_err = err;
         op_list_fail(&k->waiting, err);
     }
 }
 
-static void link_on_timer(void *ctx)
+/* Sends the retries whose time has come, then what waits on each link.
+ * Loop thread (or the thread finishing the lane). */
+static void lane_run(struct lane *ln, uint64_t now)
 {
-    struct link *k = ctx;
+    struct list due;
+    struct list_node *n, *next;
+    struct op *op;
+    unsigned nnodes;
 
-    link_dispatch(k, now_ms());
+    list_init(&due);
+    ln->timer.due_ms = UINT64_MAX;
+    for (n = list_first(&ln->later); n; n = next) {
+        next = list_next(&ln->later, n);
+        op = list_entry(n, struct op, node);
+        if (op->not_before_ms <= now) {
+            list_remove(&op->node);
+            list_append(&due, &op->node);
+        } else if (op->not_before_ms < ln->timer.due_ms) {
+            ln->timer.due_ms = op->not_before_ms;
+        }
+    }
+    while ((op = op_first(&due))) {
+        list_remove(&op->node);
+        lane_resend(ln, op);
+    }
+    nnodes = atomic_load_explicit(&ln->st->nnodes, memory_order_acquire);
+    for (unsigned i = 0; i < nnodes; i++) {
+        if (ln->links[i]) {
+            link_dispatch(ln->links[i], now);
+            link_send_wait(ln->links[i]);
+        }
+    }
+}
+
+static void lane_on_timer(void *ctx)
+{
+    struct lane *ln = ctx;
+
+    lane_run(ln, now_ms());
 }
 
 /* Takes the ops other threads queued. */
-static void link_take_queue(struct link *k)
+static void lane_take_queue(struct lane *ln)
 {
-    pthread_mutex_lock(&k->mu);
-    list_splice(&k->later, &k->queue);
-    pthread_mutex_unlock(&k->mu);
+    struct list ops;
+    struct op *op;
+
+    list_init(&ops);
+    pthread_mutex_lock(&ln->mu);
+    list_splice(&ops, &ln->queue);
+    pthread_mutex_unlock(&ln->mu);
+    while ((op = op_first(&ops))) {
+        list_remove(&op->node);
+        lane_resend(ln, op);
+    }
 }
 
-static void link_on_task(void *ctx)
+static void lane_on_task(void *ctx)
 {
-    struct link *k = ctx;
+    struct lane *ln = ctx;
 
-    link_take_queue(k);
-    link_dispatch(k, now_ms());
+    lane_take_queue(ln);
+    lane_run(ln, now_ms());
 }
 
-/* Runs the link until every op it accepted has called back, then closes its
- * connection. On the loop thread, or on any thread once the loop has
+static bool lane_is_idle(struct lane *ln)
+{
+    bool idle;
+
+    pthread_mutex_lock(&ln->mu);
+    idle = list_is_empty(&ln->queue) && list_is_empty(&ln->later);
+    pthread_mutex_unlock(&ln->mu);
+    for (unsigned i = 0; idle && i < NODE_MAX; i++) {
+        struct link *k = ln->links[i];
+
+        idle = !k || (list_is_empty(&k->waiting) && list_is_empty(&k->held) && k->sent == 0);
+    }
+    return idle;
+}
+
+/* Runs the lane until every op it accepted has called back, then closes its
+ * connections. On the loop thread, or on any thread once the loop has
  * stopped: either way nothing else drives it meanwhile. No op is accepted
- * any more. */
-static void link_finish(void *ctx)
+ * any more, and none is retried. */
+static void lane_finish(void *ctx)
 {
-    struct link *k = ctx;
+    struct lane *ln = ctx;
 
     for (;;) {
-        bool idle;
-
-        link_take_queue(k);
-        link_dispatch(k, now_ms());
-        pthread_mutex_lock(&k->mu);
-        idle = list_is_empty(&k->queue) && list_is_empty(&k->later) && list_is_empty(&k->waiting) &&
-               k->sent == 0;
-        pthread_mutex_unlock(&k->mu);
-        if (idle)
+        lane_take_queue(ln);
+        lane_run(ln, UINT64_MAX); /* every retry at once: none waits for a backoff now */
+        if (lane_is_idle(ln))
             break;
-        if (k->conn)
-            redis_conn_drive(k->conn, 100);
+        for (unsigned i = 0; i < NODE_MAX; i++) {
+            struct link *k = ln->links[i];
+
+            if (k && k->conn && (k->sent || !list_is_empty(&k->waiting)))
+                redis_conn_drive(k->conn, 20);
+            else if (k && !k->conn)
+                link_acked(k, UINT64_MAX, -1);
+        }
     }
-    redis_conn_free(k->conn); /* idle: no op is left on it */
-    k->conn = NULL;
-    loop_timer_del(k->loop, &k->timer); /* the loop may go on without the store */
+    for (unsigned i = 0; i < NODE_MAX; i++) {
+        if (ln->links[i])
+            redis_conn_free(ln->links[i]->conn); /* idle: no op is left on it */
+        free(ln->links[i]);
+        ln->links[i] = NULL;
+    }
+    loop_timer_del(ln->loop, &ln->timer); /* the loop may go on without the store */
 }
 
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
@@ -577,6 +1083,9 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
     op->head = BUF_INIT(HEAD_MAX_BYTES);
     op->key_len = key.len;
     memcpy(op->key, key.base, key.len);
+    op->to = NODE_BY_SLOT;
+    op->slot = redis_cluster_key_slot(key.base, key.len);
+    op->wait = st->wait_replicas > 0; /* every script writes, or may */
     *ret = op;
     return 0;
 }
@@ -585,50 +1094,46 @@ static int op_new(struct store_redis *st, enum lua_script_id script, struct span
  * loop's own: sent at once when it can be (written once the socket is
  * writable), never called back inside this call. From any other thread,
  * queued for the first loop under its lock. On failure (-ECANCELED: the
- * store is being freed or the loop has stopped) <op> is freed and nothing
- * calls back. */
+ * store is being freed or the loop has stopped; -ENOMEM) <op> is freed and
+ * nothing calls back. */
 int store_redis_op_submit(struct op *op)
 {
     struct store_redis *st = op->st;
     struct loop *cur = loop_current();
-    struct link *k = &st->links[0];
+    struct lane *ln = &st->lanes[0];
     bool was_empty;
     int err = 0;
 
-    for (unsigned i = 0; cur && i < st->nlinks; i++) {
-        if (st->links[i].loop != cur)
+    op->via = -1;
+    op->deadline_ms = now_ms() + st->timeout_ms;
+    op->backoff_ms = RETRY_FIRST_MS;
+    for (unsigned i = 0; cur && i < st->nlanes; i++) {
+        if (st->lanes[i].loop != cur)
             continue;
-        k = &st->links[i];
-        if (atomic_load_explicit(&st->stopping, memory_order_relaxed)) {
+        ln = &st->lanes[i];
+        op->lane = ln;
+        err = atomic_load_explicit(&st->stopping, memory_order_relaxed) ? -ECANCELED
+                                                                         : lane_send(ln, op);
+        if (err < 0)
             op_free(op);
-            return -ECANCELED;
-        }
-        if (k->conn && k->ready && k->generation == atomic_load(&st->generation) &&
-            op_send(k, op) == 0)
-            return 0;
-        /* Connecting, or the connection is going: the timer sees to it this turn. */
-        list_append(&k->later, &op->node);
-        k->timer.due_ms = 0;
-        return 0;
+        return err;
     }
-    pthread_mutex_lock(&k->mu);
-    if (k->stopping) {
+    op->lane = ln;
+    pthread_mutex_lock(&ln->mu);
+    if (ln->stopping) {
         err = -ECANCELED;
     } else {
         /* Only the first op of a batch posts the task: it takes the whole queue. */
-        was_empty = list_is_empty(&k->queue);
-        list_append(&k->queue, &op->node);
-        if (was_empty && (err = loop_post(k->loop, &k->task)) < 0)
+        was_empty = list_is_empty(&ln->queue);
+        list_append(&ln->queue, &op->node);
+        if (was_empty && (err = loop_post(ln->loop, &ln->task)) < 0)
             list_remove(&op->node);
     }
-    pthread_mutex_unlock(&k->mu);
+    pthread_mutex_unlock(&ln->mu);
     if (err < 0)
         op_free(op);
     return err;
 }
-
-struct store_redis *store_redis_of(struct store *st) { return (struct store_redis *)st; }
-
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
                          const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
                          void *ctx)
@@ -698,13 +1203,13 @@ static int redis_extend(struct store *base, struct span key, const struct store_
 /* An op that hands <fn> its reply as it is: the command <argv> (OP_RAW),
  * or the inspect script on <key>. Returns 0 or a negative errno (nothing
  * calls back then). */
-int store_redis_raw(struct store_redis *st, enum lua_script_id script, int argc, const char **argv,
-                    const size_t *lens, redis_reply_fn *fn, void *ctx)
+int store_redis_raw(struct store_redis *st, enum lua_script_id script, int to, int argc,
+                    const char **argv, const size_t *lens, redis_reply_fn *fn, void *ctx)
 {
     struct op *op;
     size_t key_len = script == LUA_INSPECT ? lens[0] : 0;
 
-    if (argc > (int)ARRAY_SIZE(op->arglen))
+    if (argc > (int)ARRAY_SIZE(op->arglen) || (to == NODE_BY_SLOT && script == OP_RAW && argc < 2))
         return -EINVAL;
     op = calloc(1, sizeof(*op) + key_len);
     if (!op)
@@ -714,12 +1219,16 @@ int store_redis_raw(struct store_redis *st, enum lua_script_id script, int argc,
     op->raw = fn;
     op->raw_ctx = ctx;
     op->head = BUF_INIT(SIZE_MAX);
+    op->to = to;
     if (script == LUA_INSPECT) {
         memcpy(op->key, argv[0], key_len);
         op->key_len = key_len;
         op->fp[0] = argv[1][0];
+        op->slot = redis_cluster_key_slot(argv[0], lens[0]);
     } else {
         op->argc = argc;
+        if (to == NODE_BY_SLOT)
+            op->slot = redis_cluster_key_slot(argv[1], lens[1]);
         for (int i = 0; i < argc; i++) {
             op->arglen[i] = lens[i];
             if (buf_append(&op->head, argv[i], lens[i]) < 0) {
@@ -731,41 +1240,59 @@ int store_redis_raw(struct store_redis *st, enum lua_script_id script, int argc,
     return store_redis_op_submit(op);
 }
 
-static bool redis_is_ready(struct store *base) { return atomic_load(&store_redis_of(base)->ready); }
-
 static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
 {
     struct store_redis *st = store_redis_of(base);
-    int err = emit(ctx, "idemproxy_redis_connected", "gauge",
-                   "1 while the (current) Redis master answers", redis_is_ready(base) ? 1 : 0);
+    static const struct {
+        const char *name;
+        enum lua_script_id script;
+    } unreplicated_ops[] = { { "acquire", LUA_ACQUIRE },
+                             { "complete", LUA_COMPLETE },
+                             { "release", LUA_RELEASE },
+                             { "extend", LUA_EXTEND } };
+    int err = emit(ctx, "idemproxy_redis_connected", NULL, "gauge",
+                   "1 while the (current) Redis master of every slot answers",
+                   redis_is_ready(base) ? 1 : 0);
 
     if (err == 0)
-        err = emit(ctx, "idemproxy_redis_failovers_total", "counter",
-                   "times the sentinels named another master", atomic_load(&st->failovers));
+        err = emit(ctx, "idemproxy_redis_failovers_total", NULL, "counter",
+                   "times another master took over (named by the sentinels, or a cluster slot's)",
+                   atomic_load(&st->failovers));
+    if (err == 0)
+        err = emit(ctx, "idemproxy_redis_redirections_total", NULL, "counter",
+                   "Redis Cluster MOVED and ASK redirections followed",
+                   atomic_load(&st->redirections));
+    for (int i = 0; i < (int)ARRAY_SIZE(unreplicated_ops) && err == 0; i++) {
+        char labels[32];
+
+        snprintf(labels, sizeof(labels), "op=\"%s\"", unreplicated_ops[i].name);
+        err = emit(ctx, "idemproxy_store_unreplicated_total", labels, i == 0 ? "counter" : NULL,
+                   i == 0 ? "Writes that --redis-wait-replicas replicas did not confirm in time "
+                            "(an acquire among them was refused)"
+                          : NULL,
+                   atomic_load(&st->unreplicated[unreplicated_ops[i].script]));
+    }
     return err;
 }
 
-/* Looks the host of <st> up (blocking: never on a loop thread) and keeps an
- * address for the loops' connects, IPv4 first (a non-blocking connect takes
- * one address only; Redis listens on IPv4 more often than not, and
- * "localhost" may list ::1 first). A failed lookup keeps the last address,
- * and says why when there is none. */
-static void resolve_host(struct store_redis *st)
+/* Looks the host of node <index> up (blocking: never on a loop thread) and
+ * keeps an address for the loops' connects, IPv4 first (a non-blocking
+ * connect takes one address only; Redis listens on IPv4 more often than
+ * not, and "localhost" may list ::1 first). A failed lookup keeps the last
+ * address, and says why when there is none. */
+static void resolve_node(struct store_redis *st, unsigned index)
 {
     static const int families[] = { AF_INET, AF_INET6 };
+    struct node *n = st->nodes[index];
     struct sockaddr_storage addr;
     socklen_t addrlen = 0;
-    char port[8], why[sizeof(st->resolve_why)] = "";
+    char port[8], why[sizeof(n->resolve_why)] = "", host[REDIS_URL_HOST_MAX];
     int gai = 0;
 
-    char host[REDIS_URL_HOST_MAX];
-
     pthread_mutex_lock(&st->addr_mu);
-    snprintf(host, sizeof(host), "%s", st->target_host);
-    snprintf(port, sizeof(port), "%u", st->target_port);
+    snprintf(host, sizeof(host), "%s", n->host);
+    snprintf(port, sizeof(port), "%u", n->port);
     pthread_mutex_unlock(&st->addr_mu);
-    if (st->sentinel)
-        redis_sentinel_resolve(st->sentinel);
     if (!host[0])
         return; /* no master known yet: the sentinels are being asked */
     for (size_t i = 0; i < ARRAY_SIZE(families) && !addrlen; i++) {
@@ -788,13 +1315,13 @@ static void resolve_host(struct store_redis *st)
         snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", host,
                  gai ? gai_strerror(gai) : "no address");
     pthread_mutex_lock(&st->addr_mu);
-    if (strcmp(host, st->target_host) != 0) {
+    if (strcmp(host, n->host) != 0) {
         /* the target moved meanwhile: this answer is for the old one */
     } else if (addrlen) {
-        st->addr = addr;
-        st->addrlen = addrlen;
-    } else if (!st->addrlen) {
-        snprintf(st->resolve_why, sizeof(st->resolve_why), "%s", why);
+        n->addr = addr;
+        n->addrlen = addrlen;
+    } else if (!n->addrlen) {
+        snprintf(n->resolve_why, sizeof(n->resolve_why), "%s", why);
     }
     pthread_mutex_unlock(&st->addr_mu);
 }
@@ -808,32 +1335,20 @@ static void resolve_host(struct store_redis *st)
 static void on_master(void *ctx, const char *host, unsigned port)
 {
     struct store_redis *st = ctx;
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
-    char p[8];
-    bool moved;
+    struct node *n = st->nodes[0];
+    char name[sizeof(n->name)];
 
-    snprintf(p, sizeof(p), "%u", port);
     pthread_mutex_lock(&st->addr_mu);
-    moved = strcmp(st->target_host, host) != 0 || st->target_port != port;
-    if (moved) {
-        if (st->target_host[0])
+    if (strcmp(n->host, host) != 0 || n->port != port) {
+        if (n->host[0])
             atomic_fetch_add(&st->failovers, 1);
-        snprintf(st->target_host, sizeof(st->target_host), "%s", host);
-        st->target_port = port;
-        st->addrlen = 0;
-        snprintf(st->resolve_why, sizeof(st->resolve_why),
+        memcpy(name, n->name, sizeof(name));
+        node_set_addr(n, host, port);
+        memcpy(n->name, name, sizeof(name)); /* the log still says "master '<name>'" */
+        snprintf(n->resolve_why, sizeof(n->resolve_why),
                  "the master %.255s:%u the sentinels named does not resolve (yet)", host, port);
-        if (getaddrinfo(host, p, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(st->addr)) {
-            memcpy(&st->addr, res->ai_addr, res->ai_addrlen);
-            st->addrlen = res->ai_addrlen;
-        }
-        atomic_fetch_add(&st->generation, 1);
     }
     pthread_mutex_unlock(&st->addr_mu);
-    if (res)
-        freeaddrinfo(res);
 }
 
 /* Asks the sentinels again: a connection failed, or found a replica. */
@@ -843,30 +1358,142 @@ static void rediscover(struct store_redis *st)
         redis_sentinel_ask(st->sentinel);
 }
 
+/* ---- Cluster: the slot map ---- */
+
+static void ping(struct store_redis *st, unsigned index);
+
+/* Makes the map of <ranges> the store's: each slot's master, SLOT_NONE
+ * where none is known. A slot that changes hands from a master that is
+ * down counts as a failover. On the first loop's thread. */
+static void map_apply(struct store_redis *st, const struct redis_slot_range *ranges, int n)
+{
+    uint16_t *map = malloc(REDIS_CLUSTER_SLOTS * sizeof(*map));
+    bool failover = false;
+
+    if (!map)
+        return;
+    for (unsigned s = 0; s < REDIS_CLUSTER_SLOTS; s++)
+        map[s] = SLOT_NONE;
+    for (int r = 0; r < n; r++) {
+        int i = node_get(st, &ranges[r].master);
+
+        for (unsigned s = ranges[r].first; i >= 0 && s <= ranges[r].last; s++)
+            map[s] = (uint16_t)i;
+    }
+    for (unsigned s = 0; s < REDIS_CLUSTER_SLOTS; s++) {
+        uint16_t old = atomic_load_explicit(&st->slots[s], memory_order_relaxed);
+
+        if (old == map[s])
+            continue;
+        if (old != SLOT_NONE && map[s] != SLOT_NONE && !atomic_load(&st->nodes[old]->up))
+            failover = true;
+        atomic_store_explicit(&st->slots[s], map[s], memory_order_relaxed);
+    }
+    if (failover)
+        atomic_fetch_add(&st->failovers, 1);
+    free(map);
+}
+
+/* The CLUSTER SLOTS answer of node <refresh_node>. */
+static void on_slots(void *ctx, int err, const redisReply *r)
+{
+    struct store_redis *st = ctx;
+    unsigned from = atomic_load(&st->refresh_node), nnodes = atomic_load(&st->nnodes);
+    struct redis_slot_range *ranges = NULL;
+    char self[REDIS_URL_HOST_MAX];
+    unsigned masters[NODE_MAX];
+    int n;
+
+    atomic_store(&st->refreshing, false);
+    if (err == 0 && r->type == REDIS_REPLY_ERROR && atomic_load(&st->mode) == MODE_UNKNOWN &&
+        r->len < 200 && strstr(r->str, "cluster support disabled")) {
+        atomic_store(&st->mode, MODE_SINGLE); /* one server: node 0 is all there is */
+        return;
+    }
+    if (err < 0 || r->type != REDIS_REPLY_ARRAY) {
+        atomic_store(&st->refresh_node, (from + 1) % nnodes); /* ask another next time */
+        return;
+    }
+    pthread_mutex_lock(&st->addr_mu);
+    snprintf(self, sizeof(self), "%s", st->nodes[from]->host);
+    pthread_mutex_unlock(&st->addr_mu);
+    n = redis_cluster_slots_parse(r, self, &ranges);
+    if (n < 0) {
+        atomic_store(&st->refresh_node, (from + 1) % nnodes);
+        return;
+    }
+    map_apply(st, ranges, n);
+    free(ranges);
+    atomic_store(&st->mode, MODE_CLUSTER);
+    /* /readyz needs every master to answer: ask the ones not heard yet now */
+    nnodes = store_redis_masters(st, masters);
+    for (unsigned i = 0; i < nnodes; i++) {
+        if (!atomic_load(&st->nodes[masters[i]]->up))
+            ping(st, masters[i]);
+    }
+}
+
+/* Asks a node for the slot map (CLUSTER SLOTS), unless one was asked for
+ * less than REFRESH_MIN_MS ago or is under way. Any thread. */
+static void cluster_refresh(struct store_redis *st)
+{
+    const char *argv[] = { "CLUSTER", "SLOTS" };
+    size_t lens[] = { 7, 5 };
+    uint64_t now = now_ms(), last = atomic_load(&st->refresh_ms);
+
+    if (now < last + REFRESH_MIN_MS || atomic_load(&st->stopping) ||
+        atomic_exchange(&st->refreshing, true))
+        return;
+    atomic_store(&st->refresh_ms, now);
+    if (store_redis_raw(st, OP_RAW, (int)atomic_load(&st->refresh_node), 2, argv, lens, on_slots,
+                        st) < 0)
+        atomic_store(&st->refreshing, false);
+}
+
 /* ---- readiness ---- */
 
 static void ping_done(void *ctx, int err, const struct store_result *res)
 {
-    (void)ctx, (void)err, (void)res; /* on_op_reply() set the ready flag */
+    (void)ctx, (void)err, (void)res; /* on_op_reply() set the node's state */
 }
 
-/* Every PING_INTERVAL_MS, on a pool thread: looks the host up again, and
- * PINGs Redis on the first loop's connection (connecting it when it has
- * none), so that /readyz follows Redis without traffic. */
-static void ping_run(void *arg)
+static void ping(struct store_redis *st, unsigned index)
 {
-    struct store_redis *st = arg;
-    struct op *op;
+    struct op *op = calloc(1, sizeof(*op));
 
-    resolve_host(st); /* for the loops' next connects */
-    op = calloc(1, sizeof(*op));
     if (!op)
         return;
     op->st = st;
     op->script = OP_PING;
     op->done = ping_done;
     op->head = BUF_INIT(0);
+    op->to = (int)index;
     (void)store_redis_op_submit(op); /* refused only while the store stops */
+}
+
+/* Every PING_INTERVAL_MS, on a pool thread: looks the hosts up again, and
+ * PINGs Redis (each master of a cluster) on the first loop's connections
+ * (connecting them when there are none), so that /readyz follows Redis
+ * without traffic. Asks for the slot map until it is known whether this is
+ * a cluster; on a cluster, again while a slot lacks a master that answers,
+ * or every REFRESH_IDLE_MS. */
+static void ping_run(void *arg)
+{
+    struct store_redis *st = arg;
+    unsigned masters[NODE_MAX], n, nnodes = atomic_load_explicit(&st->nnodes, memory_order_acquire);
+    int mode = atomic_load(&st->mode);
+
+    if (st->sentinel)
+        redis_sentinel_resolve(st->sentinel);
+    for (unsigned i = 0; i < nnodes; i++)
+        resolve_node(st, i); /* for the loops' next connects */
+    n = store_redis_masters(st, masters);
+    for (unsigned i = 0; i < n; i++)
+        ping(st, masters[i]);
+    if (mode == MODE_UNKNOWN || (mode == MODE_CLUSTER && (!redis_is_ready(&st->base) ||
+                                                          now_ms() >= atomic_load(&st->refresh_ms) +
+                                                                          REFRESH_IDLE_MS)))
+        cluster_refresh(st);
 }
 
 static void redis_free(struct store *base)
@@ -878,21 +1505,23 @@ static void redis_free(struct store *base)
     /* Refuse new ops everywhere first: a callback run while one connection
      * finishes could otherwise call on another that has finished already. */
     atomic_store(&st->stopping, true);
-    for (unsigned i = 0; i < st->nlinks; i++) {
-        pthread_mutex_lock(&st->links[i].mu);
-        st->links[i].stopping = true;
-        pthread_mutex_unlock(&st->links[i].mu);
+    for (unsigned i = 0; i < st->nlanes; i++) {
+        pthread_mutex_lock(&st->lanes[i].mu);
+        st->lanes[i].stopping = true;
+        pthread_mutex_unlock(&st->lanes[i].mu);
     }
     /* Each is finished by its loop thread, or right here once its loop has
      * stopped: everything accepted calls back before this returns. */
-    for (unsigned i = 0; i < st->nlinks; i++)
-        loop_call(st->links[i].loop, link_finish, &st->links[i]);
+    for (unsigned i = 0; i < st->nlanes; i++)
+        loop_call(st->lanes[i].loop, lane_finish, &st->lanes[i]);
     redis_sentinel_free(st->sentinel); /* no link is left to ask it */
     store_calls_done(&st->calls);      /* inspect and purge */
 
-    for (unsigned i = 0; i < st->nlinks; i++)
-        pthread_mutex_destroy(&st->links[i].mu);
-    free(st->links);
+    for (unsigned i = 0; i < st->nlanes; i++)
+        pthread_mutex_destroy(&st->lanes[i].mu);
+    free(st->lanes);
+    for (unsigned i = 0; i < atomic_load(&st->nnodes); i++)
+        free(st->nodes[i]);
     pthread_mutex_destroy(&st->addr_mu);
     pthread_mutex_destroy(&st->log_mu);
     redis_url_done(&st->url);
@@ -913,6 +1542,34 @@ static const struct store_ops redis_ops = {
     .metrics = redis_metrics,
     .free = redis_free,
 };
+
+/* The nodes the URL names: the server, the seeds, or (Sentinel) node 0
+ * with no address until the sentinels name the master. */
+static int add_url_nodes(struct store_redis *st)
+{
+    struct node *n;
+
+    if (st->url.kind == REDIS_URL_SENTINEL) {
+        n = calloc(1, sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        snprintf(n->resolve_why, sizeof(n->resolve_why),
+                 "no master known yet: the sentinels are being asked");
+        snprintf(n->name, sizeof(n->name), "%s", st->name);
+        st->nodes[0] = n;
+        atomic_store(&st->nnodes, 1);
+        atomic_store(&st->mode, MODE_SINGLE);
+    }
+    for (unsigned i = 0; st->url.kind != REDIS_URL_SENTINEL && i < st->url.nhosts; i++) {
+        int err = node_get(st, &st->url.hosts[i]);
+
+        if (err < 0)
+            return err;
+    }
+    for (unsigned i = 0; i < REDIS_CLUSTER_SLOTS; i++)
+        atomic_init(&st->slots[i], SLOT_NONE);
+    return 0;
+}
 
 int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
                     struct loop *const *loops, unsigned nloops, struct store **ret, char *why,
@@ -937,11 +1594,6 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         free(st);
         return err;
     }
-    if (st->url.kind == REDIS_URL_SEEDS) {
-        redis_url_done(&st->url);
-        free(st);
-        return -ENOTSUP; /* Cluster: not yet */
-    }
     if (o->password) {
         char *pw = strdup(o->password);
 
@@ -965,45 +1617,45 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         }
     }
     snprintf(st->tls_name, sizeof(st->tls_name), "%s",
-             o->tls_server_name ? o->tls_server_name : ""); /* "": the target's host */
+             o->tls_server_name ? o->tls_server_name : ""); /* "": the node's host */
     st->base.ops = &redis_ops;
     st->pool = pool;
     st->timeout_ms = o->timeout_ms;
-    atomic_init(&st->ready, false);
+    st->wait_replicas = o->wait_replicas;
+    st->wait_timeout_ms = o->wait_timeout_ms;
     atomic_init(&st->stopping, false);
     pthread_mutex_init(&st->addr_mu, NULL);
     pthread_mutex_init(&st->log_mu, NULL);
-    if (st->url.kind == REDIS_URL_SENTINEL) {
+    if (st->url.kind == REDIS_URL_SENTINEL)
         snprintf(st->name, sizeof(st->name), "master '%.200s'", st->url.master);
-        snprintf(st->resolve_why, sizeof(st->resolve_why),
-                 "no master known yet: the sentinels are being asked");
-    } else {
+    else if (st->url.kind == REDIS_URL_SEEDS)
+        snprintf(st->name, sizeof(st->name), "cluster");
+    else
         redis_addr_format(&st->url.hosts[0], st->name, sizeof(st->name));
-        snprintf(st->target_host, sizeof(st->target_host), "%s", st->url.hosts[0].host);
-        st->target_port = st->url.hosts[0].port;
-    }
-    resolve_host(st); /* here, before any loop runs; then by the PING job */
     store_calls_init(&st->calls);
-    st->links = calloc(nloops, sizeof(*st->links));
-    for (unsigned i = 0; st->links && i < nloops; i++) {
-        list_init(&st->links[i].queue);
-        list_init(&st->links[i].later);
-        list_init(&st->links[i].waiting);
+    err = add_url_nodes(st);
+    if (err == 0) {
+        for (unsigned i = 0; i < atomic_load(&st->nnodes); i++)
+            resolve_node(st, i); /* here, before any loop runs; then by the PING job */
+        st->lanes = calloc(nloops, sizeof(*st->lanes));
+        err = st->lanes ? 0 : -ENOMEM;
     }
-    if (!st->links) {
+    if (err < 0) {
         redis_free(&st->base);
-        return -ENOMEM;
+        return err;
     }
     for (unsigned i = 0; i < nloops; i++) {
-        struct link *k = &st->links[i];
+        struct lane *ln = &st->lanes[i];
 
-        k->st = st;
-        k->loop = loops[i];
-        k->timer = (struct loop_timer){ .fn = link_on_timer, .ctx = k, .due_ms = UINT64_MAX };
-        k->task = (struct loop_task){ .fn = link_on_task, .ctx = k };
-        pthread_mutex_init(&k->mu, NULL);
-        st->nlinks++;
-        (void)loop_timer_add(loops[i], &k->timer); /* taken back by link_finish() */
+        ln->st = st;
+        ln->loop = loops[i];
+        list_init(&ln->queue);
+        list_init(&ln->later);
+        ln->timer = (struct loop_timer){ .fn = lane_on_timer, .ctx = ln, .due_ms = UINT64_MAX };
+        ln->task = (struct loop_task){ .fn = lane_on_task, .ctx = ln };
+        pthread_mutex_init(&ln->mu, NULL);
+        st->nlanes++;
+        (void)loop_timer_add(loops[i], &ln->timer); /* taken back by lane_finish() */
     }
     if (st->url.kind == REDIS_URL_SENTINEL) {
         err = redis_sentinel_new(loops[0],

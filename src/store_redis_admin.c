@@ -10,10 +10,11 @@
 #include "idemproxy/store_redis_impl.h"
 
 /* ---- for operators: inspect and purge ----
- * They run on the first loop's connection, as chains of ops whose replies
+ * They run on the first loop's connections, as chains of ops whose replies
  * come as they are: SCAN page by page (never KEYS: it would stall Redis on a
- * large database), the inspect script for each key found, DEL for a purge.
- * A pool thread only starts them: nothing waits on Redis. */
+ * large database) on each master in turn (one, unless it is a cluster), the
+ * inspect script for each key found and DEL for a purge on the key's slot's
+ * master. A pool thread only starts them: nothing waits on Redis. */
 
 /* Appends <s> to <b> with the glob characters of SCAN MATCH escaped. */
 static int append_glob_escaped(struct buf *b, struct span s)
@@ -80,7 +81,9 @@ struct inspect {
     struct store_admin_job *job;
     struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
     char cursor[32];
-    bool scanned;     /* a SCAN was answered: cursor "0" now means the end */
+    bool scanned;     /* a SCAN was answered: cursor "0" now means this master's end */
+    unsigned masters[NODE_MAX]; /* the nodes to scan, in turn */
+    unsigned nmasters, at;
     unsigned pending; /* inspect scripts not answered yet */
     struct store_info_list list;
     size_t cap;
@@ -117,11 +120,15 @@ static void inspect_next(struct inspect *in)
     size_t lens[] = { 4, strlen(in->cursor), 5, in->pattern.len, 5, 4 };
     int err;
 
-    if (in->err < 0 || (in->scanned && strcmp(in->cursor, "0") == 0)) {
+    if (in->err == 0 && in->scanned && strcmp(in->cursor, "0") == 0) {
+        in->scanned = false; /* this master is done: the next one from cursor "0" */
+        in->at++;
+    }
+    if (in->err < 0 || in->at == in->nmasters) {
         inspect_finish(in);
         return;
     }
-    err = store_redis_raw(in->st, OP_RAW, 6, argv, lens, on_scan, in);
+    err = store_redis_raw(in->st, OP_RAW, (int)in->masters[in->at], 6, argv, lens, on_scan, in);
     if (err < 0) {
         in->err = err;
         inspect_finish(in);
@@ -192,7 +199,7 @@ static void on_scan(void *ctx, int err, const redisReply *r)
         argv[1] = in->job->with_body ? "1" : "0";
         lens[1] = 1;
         in->pending++;
-        err = store_redis_raw(in->st, LUA_INSPECT, 2, argv, lens, on_inspected, ik);
+        err = store_redis_raw(in->st, LUA_INSPECT, NODE_BY_SLOT, 2, argv, lens, on_inspected, ik);
         if (err < 0) {
             in->pending--;
             in->err = err;
@@ -222,6 +229,7 @@ static void inspect_run(void *arg)
     in->st = job->st;
     in->job = job;
     in->pattern = BUF_INIT(4096);
+    in->nmasters = store_redis_masters(in->st, in->masters);
     snprintf(in->cursor, sizeof(in->cursor), "0");
     err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
     for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
@@ -256,7 +264,7 @@ static void purge_run(void *arg)
     struct store_admin_job *job = arg;
     const char *argv[] = { "DEL", job->key };
     size_t lens[] = { 3, job->key_len };
-    int err = store_redis_raw(job->st, OP_RAW, 2, argv, lens, on_purged, job);
+    int err = store_redis_raw(job->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_purged, job);
 
     if (err < 0)
         on_purged(job, err, NULL);

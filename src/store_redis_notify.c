@@ -38,6 +38,8 @@ static void sub_on_down(void *ctx, int err, const char *why)
     (void)err, (void)why; /* the links log the store's failures */
     redis_conn_free(sub->conn);
     sub->conn = NULL;
+    /* A cluster publishes every message on every node: any other will do. */
+    sub->node = (sub->node + 1) % atomic_load(&sub->st->nnodes);
     sub->backoff_ms = sub->backoff_ms ? sub->backoff_ms * 2 : BACKOFF_FIRST_MS;
     if (sub->backoff_ms > BACKOFF_MAX_MS)
         sub->backoff_ms = BACKOFF_MAX_MS;
@@ -50,12 +52,12 @@ static void sub_on_timer(void *ctx)
     struct store_redis *st = sub->st;
     struct redis_conn_opts o;
     struct redis_conn_handlers h = { .down = sub_on_down, .message = sub_on_message, .ctx = sub };
-    char why[sizeof(st->resolve_why)], tls_name[REDIS_URL_HOST_MAX];
+    char why[400], tls_name[REDIS_URL_HOST_MAX];
 
     if (sub->conn)
         return;
-    if (store_redis_target(st, &o, tls_name, sizeof(tls_name), &sub->generation, why, sizeof(why)) <
-            0 ||
+    if (store_redis_target(st, sub->node, &o, tls_name, sizeof(tls_name), &sub->generation, why,
+                           sizeof(why)) < 0 ||
         redis_conn_open(sub->loop, &o, &h, &sub->conn) < 0) {
         sub->conn = NULL;
         sub_on_down(sub, -ECONNREFUSED, NULL);
@@ -105,7 +107,7 @@ int store_redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
     sub = calloc(1, sizeof(*sub));
     if (!sub)
         return -ENOMEM;
-    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .loop = st->links[0].loop };
+    *sub = (struct subscriber){ .st = st, .fn = fn, .ctx = ctx, .loop = st->lanes[0].loop };
     sub->timer = (struct loop_timer){ .fn = sub_on_timer, .ctx = sub, .due_ms = 0 };
     loop_call(sub->loop, sub_start, sub);
     st->sub = sub;

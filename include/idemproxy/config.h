@@ -47,6 +47,8 @@ struct config {
     char *redis_tls_key_file;       /* --redis-tls-key-file */
     char *redis_tls_server_name;    /* --redis-tls-server-name, NULL: the URL's host */
     bool redis_tls_insecure;        /* --redis-tls-insecure: no certificate verification */
+    unsigned redis_wait_replicas;   /* --redis-wait-replicas, default 0: no WAIT */
+    uint64_t redis_wait_timeout_ms; /* --redis-wait-timeout, default 0.1 s */
     char *methods[CONFIG_MAX_LIST]; /* --methods, upper case, default POST,PUT,PATCH */
     size_t nmethods;
     char *key_header;                     /* --key-header, default Idempotency-Key */

@@ -38,8 +38,10 @@ struct store_result {
  * <res> filled, or <err> is a negative errno and <res> is NULL: -ESTALE when
  * the token is no longer the key's lock holder (complete, release, extend),
  * -ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EPROTO, -EACCES (Redis refused
- * the credentials) or -ENXIO (its host name does not resolve) when the store
- * failed. */
+ * the credentials), -ENXIO (its host name does not resolve), -EAGAIN (a
+ * cluster still failing over when --store-timeout ran out) or -EREMOTEIO
+ * (an acquire too few replicas confirmed: the lock was given back) when the
+ * store failed. */
 typedef void store_done_fn(void *ctx, int err, const struct store_result *res);
 
 struct store;
@@ -67,11 +69,14 @@ void store_info_list_done(struct store_info_list *l);
  * list->items = NULL), or a negative errno and <list> empty. */
 typedef void store_list_fn(void *ctx, int err, struct store_info_list *list);
 
-/* Reports one value of a store's own to /metrics: a Prometheus family <name>
- * of <type> ("gauge", "counter") described by <help>. Returns 0, or a
- * negative errno that ends the report. */
-typedef int store_metric_fn(void *ctx, const char *name, const char *type, const char *help,
-                            uint64_t value);
+/* Reports one value of a store's own to /metrics: a sample of the
+ * Prometheus family <name> of <type> ("gauge", "counter") described by
+ * <help>, with <labels> (`op="acquire"`; NULL: none). A family of several
+ * samples passes <type> and <help> with its first only (NULL with the
+ * others, which follow it at once). Returns 0, or a negative errno that
+ * ends the report. */
+typedef int store_metric_fn(void *ctx, const char *name, const char *labels, const char *type,
+                            const char *help, uint64_t value);
 
 /* Told that <key> was completed or released, so that requests waiting for it
  * may try again. Runs on a store thread or inside a call; must not block. */

@@ -2,9 +2,10 @@
 /* The Redis store: one hash per idempotency key, each state change one Lua
  * script (lua/<op>.lua, embedded at build time) run with EVALSHA, reloaded on
  * NOSCRIPT. The state changes are pipelined on one connection of the proxy's
- * own per event loop (redis_conn.h), driven by that loop; the operator calls
- * and the readiness PING go on the first loop's. All are reconnected with
- * backoff. */
+ * own per event loop and Redis server (redis_conn.h), driven by that loop;
+ * the operator calls and the readiness PING go on the first loop's. All are
+ * reconnected with backoff. One server, the master its sentinels name, or a
+ * Redis Cluster (found by itself: each key goes to its slot's master). */
 #ifndef IDEMPROXY_STORE_REDIS_H
 #define IDEMPROXY_STORE_REDIS_H
 
@@ -21,6 +22,8 @@ struct store_redis_opts {
     struct redis_tls_opts tls;   /* for rediss:// */
     const char *tls_server_name; /* the name checked and sent as SNI; NULL: the URL's host */
     uint64_t timeout_ms;         /* --store-timeout */
+    unsigned wait_replicas;      /* --redis-wait-replicas: WAIT after each write; 0: none */
+    uint64_t wait_timeout_ms;    /* --redis-wait-timeout: below <timeout_ms> */
 };
 
 /* Creates a Redis store on <o>->url: acquire, complete, release and extend run
@@ -34,8 +37,7 @@ struct store_redis_opts {
  * thread. Each call is bounded by <timeout_ms>. Does not need Redis to be up:
  * connections are made on first use and retried with backoff. Returns 0 with
  * the store in <ret>, or -EINVAL with why in <why> (a bad URL, TLS files
- * that cannot be used, no loops), -ENOTSUP for a form not served yet,
- * -ENOMEM or -EAGAIN.
+ * that cannot be used, no loops), -ENOMEM or -EAGAIN.
  *
  * The loops must outlive the store. store_free() finishes each connection on
  * its loop's thread, or on the calling thread once that loop has stopped, and

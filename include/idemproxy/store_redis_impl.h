@@ -13,6 +13,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/redis_cluster.h"
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
@@ -25,6 +26,7 @@
 #define OP_RAW (_LUA_MAX + 1)           /* a command given whole (operator calls) */
 #define NOTIFY_CHANNEL "idemproxy:done" /* complete.lua and release.lua publish the key */
 #define HEAD_MAX_BYTES (64u << 20)      /* far above what RECORD_MAX_HEADERS headers can need */
+#define NODE_MAX 512                    /* Redis servers one store knows (cluster nodes) */
 
 struct store_redis;
 
@@ -38,32 +40,72 @@ struct subscriber {
     struct loop *loop;       /* borrowed: the first loop */
     struct loop_timer timer; /* (re)connects */
     struct redis_conn *conn; /* NULL: none */
-    unsigned generation;     /* of the target <conn> went to */
+    unsigned node;           /* the node it listens on: PUBLISH reaches every node of a cluster */
+    unsigned generation;     /* of the address <conn> went to */
     uint64_t backoff_ms;
 };
 
-/* One event loop's connection for the hot operations, driven by that loop
- * (redis_conn.h), with a timer for work put off to a later turn and a task
- * for ops queued from other threads. Everything below <stopping> belongs to
- * the loop thread (or, once the loop has stopped, to the thread freeing the
- * store). */
+/* A Redis server the store sends to: the URL's host or the master the
+ * sentinels named (node 0), or a node of a cluster (the seeds first, then
+ * each master a slot map or a redirection names). Made once, kept until the
+ * store is freed, so an index names it for good. */
+struct node {
+    char host[REDIS_URL_HOST_MAX]; /* under st->addr_mu: Sentinel moves node 0 */
+    unsigned port;
+    char name[300]; /* host:port (Sentinel: the master's name), for the log */
+    /* The address the loops connect to, so that no loop thread ever waits
+     * on a name lookup: an IP address is taken at once, a name is looked up
+     * on a pool thread by the PING job. */
+    struct sockaddr_storage addr; /* under st->addr_mu */
+    socklen_t addrlen;            /* 0 while the name has not resolved */
+    char resolve_why[400];        /* why it did not, for the log */
+    atomic_uint generation;       /* changes with the address: connections to the old one go */
+    atomic_bool up;               /* its last connection was set up and answers */
+};
+
+struct lane;
+
+/* One event loop's connection to one node for the hot operations, driven by
+ * that loop (redis_conn.h). Loop thread only (or, once the loop has
+ * stopped, the thread freeing the store). */
 struct link {
+    struct lane *lane;
+    struct node *node;       /* borrowed from the store */
+    unsigned index;          /* the node's */
+    struct redis_conn *conn; /* NULL: none */
+    bool ready;              /* <conn> is set up (and, with Sentinel, confirmed the master) */
+    unsigned generation;     /* of the address <conn> went to */
+    uint64_t retry_at_ms;    /* no connect attempt before this */
+    uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
+    int last_err;            /* what ops get inside the backoff */
+    size_t sent;             /* ops on <conn>, not answered yet */
+    struct list waiting;     /* struct op waiting for the connection to be set up */
+    /* --redis-wait-replicas: the writes sent on <conn> are numbered; a WAIT
+     * sent after the <n>th covers the first <n>. */
+    uint64_t writes_sent;    /* the number of the last write sent */
+    uint64_t writes_covered; /* the number of the last write a WAIT was sent after */
+    struct list held;        /* struct op (wait_node), written, waiting for their WAIT */
+};
+
+/* One event loop's share of the store: a link per node it has sent to, a
+ * timer for work put off to a later turn, and a task for ops queued from
+ * other threads. Everything below <stopping> belongs to the loop thread. */
+struct lane {
     struct store_redis *st;
     struct loop *loop;       /* borrowed */
     struct loop_timer timer; /* registered on <loop> for good */
     struct loop_task task;   /* posted when <queue> stops being empty */
     pthread_mutex_t mu;
-    struct list queue;       /* guarded by mu: struct op from other threads */
-    bool stopping;           /* guarded by mu: refuse ops from other threads */
-    struct redis_conn *conn; /* NULL: none */
-    bool ready;              /* <conn> is set up (and, with Sentinel, confirmed the master) */
-    unsigned generation;     /* of the target <conn> went to */
-    uint64_t retry_at_ms;    /* no connect attempt before this */
-    uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
-    int last_err;            /* what ops get inside the backoff */
-    size_t sent;             /* ops on <conn>, not answered yet */
-    struct list later;       /* struct op called on the loop thread, not sendable at once */
-    struct list waiting;     /* waiting for the connection to be set up */
+    struct list queue;             /* guarded by mu: struct op from other threads */
+    bool stopping;                 /* guarded by mu: refuse ops from other threads */
+    struct list later;             /* struct op to retry once its not_before_ms has come */
+    struct link *links[NODE_MAX];  /* owned; made on first use */
+};
+
+enum store_redis_mode {
+    MODE_UNKNOWN, /* not asked yet: ops go to node 0, and a MOVED would tell */
+    MODE_SINGLE,  /* one server (or the master the sentinels name) */
+    MODE_CLUSTER, /* a node answered CLUSTER SLOTS: ops go to their slot's master */
 };
 
 struct store_redis {
@@ -73,40 +115,54 @@ struct store_redis {
     struct redis_tls *tls;    /* owned; NULL: plain TCP */
     char tls_name[256];       /* the name checked in the certificate, and sent as SNI */
     uint64_t timeout_ms;
+    unsigned wait_replicas;   /* WAIT for this many after each write; 0: none */
+    uint64_t wait_timeout_ms;
+    atomic_ullong unreplicated[_LUA_MAX]; /* writes WAIT did not confirm, by script */
 
-    /* Where the connections go: the URL's host, or the master the
-     * sentinels named. Its address is what the loops connect to, so that
-     * no loop thread ever waits on a name lookup: looked up when the store
-     * is made and again with every readiness PING, on a pool thread (an IP
-     * address the sentinels give is taken at once). */
-    pthread_mutex_t addr_mu;
-    char target_host[REDIS_URL_HOST_MAX]; /* "": no master known yet (Sentinel) */
-    unsigned target_port;
-    struct sockaddr_storage addr;
-    socklen_t addrlen;               /* 0 while the name has not resolved */
-    char resolve_why[400];           /* why it did not, for the log */
-    atomic_uint generation;          /* changes with the target: connections to the old one go */
-    atomic_ullong failovers;         /* the sentinels named another master */
+    pthread_mutex_t addr_mu;         /* adding nodes, and the address fields of each */
+    struct node *nodes[NODE_MAX];    /* owned; [0, nnodes) are set and never change */
+    atomic_uint nnodes;
+    atomic_int mode;                 /* enum store_redis_mode */
+    _Atomic uint16_t slots[REDIS_CLUSTER_SLOTS]; /* cluster: the node serving each slot */
+    atomic_bool refreshing;          /* a CLUSTER SLOTS is under way */
+    atomic_ullong refresh_ms;        /* when the last one was sent */
+    atomic_uint refresh_node;        /* the node asked next */
+    atomic_ullong failovers;         /* another master took over (Sentinel, or a slot's) */
+    atomic_ullong redirections;      /* MOVED and ASK followed */
     struct redis_sentinel *sentinel; /* owned: redis-sentinel:// only */
-    char name[300];                  /* host:port, for the log */
+    char name[300];                  /* what the log calls the store */
     pthread_mutex_t log_mu;
-    char logged_why[400]; /* the last failure logged, "" once connected again */
+    char logged_why[720]; /* "<name>: <why>": the last failure logged, "" once connected again */
 
-    struct link *links; /* owned array, one per loop */
-    unsigned nlinks;
+    struct lane *lanes; /* owned array, one per loop */
+    unsigned nlanes;
     atomic_bool stopping; /* refuse ops called on a loop thread */
-    atomic_bool ready;
     struct store_calls calls;
     struct worker_every *pinger; /* owned: PINGs every PING_INTERVAL_MS */
     struct subscriber *sub;      /* owned; NULL unless store_set_notify() was called */
 };
 
+#define NODE_BY_SLOT (-1) /* an op's <node>: its key's slot decides */
+
 /* One accepted hot operation, owned by the store until it calls back. */
 struct op {
     struct store_redis *st;
+    struct lane *lane;     /* the loop it runs on */
     struct link *link;     /* the connection it was sent on */
     struct list_node node; /* on the queue, later or waiting */
     bool eval;             /* Redis said NOSCRIPT: sent again as EVAL */
+    bool asking;           /* ASK: send ASKING first, to <via> */
+    int to;                /* a node index, or NODE_BY_SLOT */
+    int via;               /* >= 0: the next send goes there (ASK), whatever <to> says */
+    unsigned slot;         /* of <key> */
+    unsigned redirects;    /* MOVED and ASK followed */
+    uint64_t deadline_ms;  /* cluster: retries stop here (--store-timeout) */
+    uint64_t not_before_ms; /* on <lane>'s later list: retried from then */
+    uint64_t backoff_ms;   /* the wait before its next retry */
+    bool wait;                  /* a write to confirm with WAIT (--redis-wait-replicas) */
+    uint64_t write_seq;         /* its number on the link it was last sent on */
+    enum store_status held;     /* on <link>'s held list: its result */
+    struct list_node wait_node; /* on <link>'s held list */
     enum lua_script_id script;
     store_done_fn *done;
     void *ctx;
@@ -132,17 +188,25 @@ struct store_redis *store_redis_of(struct store *st);
 int store_redis_op_submit(struct op *op);
 
 /* Sends <argv> (OP_RAW), or the inspect script with <argv>[0] the store key
- * and <argv>[1] "1" or "0" (with the body or not), on the first loop's
- * connection; <fn> gets the reply as it is, on that loop's thread. Returns 0
- * or a negative errno (nothing calls back then). */
-int store_redis_raw(struct store_redis *st, enum lua_script_id script, int argc, const char **argv,
-                    const size_t *lens, redis_reply_fn *fn, void *ctx);
+ * and <argv>[1] "1" or "0" (with the body or not), from the first loop, to
+ * the node <to> (an index), or with NODE_BY_SLOT to the master of the slot
+ * of the key (<argv>[0] for the script, <argv>[1] for a command); <fn> gets
+ * the reply as it is, on that loop's thread. Returns 0 or a negative errno
+ * (nothing calls back then). */
+int store_redis_raw(struct store_redis *st, enum lua_script_id script, int to, int argc,
+                    const char **argv, const size_t *lens, redis_reply_fn *fn, void *ctx);
 
-/* Fills <o> with where and how to connect now (the URL's host, or the
- * master the sentinels named), and the target's generation in <gen>.
- * Returns 0, or -ENXIO with why in <why> when there is nowhere yet. */
-int store_redis_target(struct store_redis *st, struct redis_conn_opts *o, char *tls_name,
-                       size_t tls_name_len, unsigned *gen, char *why, size_t why_len);
+/* Fills <o> with where and how to connect to node <index> now, and its
+ * address's generation in <gen>. Returns 0, or -ENXIO with why in <why>
+ * when there is nowhere yet (a name that does not resolve, no master named
+ * by the sentinels yet). */
+int store_redis_target(struct store_redis *st, unsigned index, struct redis_conn_opts *o,
+                       char *tls_name, size_t tls_name_len, unsigned *gen, char *why,
+                       size_t why_len);
+
+/* The masters that serve slots (cluster), or node 0: their indexes in
+ * <ret> (room for NODE_MAX). Returns how many. */
+unsigned store_redis_masters(struct store_redis *st, unsigned *ret);
 
 /* store.h's inspect and purge, for the Redis store. */
 int store_redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,

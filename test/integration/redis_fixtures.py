@@ -1,6 +1,7 @@
 """Real Redis servers in the shapes of SPEC §2.1, for the integration suite:
-TLS (one-way and mutual), ACL users, and a Sentinel set (master, replica,
-three sentinels) that can be failed over.
+TLS (one-way and mutual), ACL users, a Sentinel set (master, replica,
+three sentinels) that can be failed over, and a Redis Cluster (masters with
+replicas) that can be failed over and have its slots moved.
 
 A plain module: no pytest fixtures here (tests and conftest.py wrap these
 classes in fixtures of the scope they need). Every server listens on
@@ -16,22 +17,38 @@ wait is bounded and fails with a FixtureError naming the server and its log.
     ss = SentinelSet(tmpdir).start()            # master, replica, 3 sentinels
     ss.sentinel_url()  # redis-sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3?master=mymaster
     old = ss.kill_master(); new = ss.wait_failover(old)
+    cs = ClusterSet(tmpdir).start()             # 3 masters, 1 replica each
+    cs.seed_url(seeds=3)  # redis://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
+    old = cs.kill_master(); seconds = cs.wait_failover(old); cs.revive(old)
+    cs.move_slot(cs.slot_of("idem:k"), cs.masters()[1])   # MOVED from the old owner
 
-Requires /usr/bin/redis-server built with TLS (Debian's is), the openssl CLI
-and python3-redis.
+From the command line (a cluster for a whole run of scripts/test):
+
+    /usr/bin/python3 redis_fixtures.py cluster --dir DIR [--masters 3] [--replicas 1]
+
+prints the seed URL (every master) on one line, runs until SIGTERM/SIGINT,
+then stops its servers and exits 0 (1, with the reason on stderr, when the
+cluster could not be started).
+
+Requires /usr/bin/redis-server built with TLS (Debian's is), /usr/bin/redis-cli
+(for the cluster), the openssl CLI and python3-redis.
 """
 import hashlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
 
 import redis
+import redis.cluster
 
 REDIS_SERVER = "/usr/bin/redis-server"
+REDIS_CLI = "/usr/bin/redis-cli"
+CLUSTER_SLOTS = 16384
 OPENSSL = "openssl"
 HOST = "127.0.0.1"
 
@@ -902,6 +919,648 @@ class SentinelSet:
             time.sleep(0.05)
 
 
+# --------------------------------------------------------------------------- cluster
+
+
+class ClusterInstance(RedisInstance):
+    """A RedisInstance with `cluster-enabled yes`. Its nodes file is
+    <workdir>/<name>-nodes.conf (`cluster-config-file`: Redis writes it,
+    and a restart on the same port keeps it, so the node comes back with
+    its id, epoch and peers); its cluster bus listens on a free port of its
+    own (`cluster-port`: the default, the client port + 10000, may be taken
+    or above 65535); `cluster-node-timeout <node_timeout_ms>`. With a pki the
+    bus and replication use TLS too (`tls-cluster yes`,
+    `tls-replication yes`). No `replicaof`: the cluster says who replicates
+    whom."""
+
+    kind = "redis-server (cluster)"
+
+    def __init__(self, workdir, name, node_timeout_ms=2000, **kw):
+        super().__init__(workdir, name=name, **kw)
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes_conf_path = os.path.join(self.workdir, name + "-nodes.conf")
+        self.bus_port = None
+        self.node_id = None  # CLUSTER MYID, once started
+
+    def write_conf(self):
+        """A new config file (the first start on a port) makes a new node:
+        the nodes file of an earlier attempt goes."""
+        if os.path.exists(self.nodes_conf_path):
+            os.unlink(self.nodes_conf_path)
+        super().write_conf()
+
+    def _conf_lines(self):
+        self.bus_port = free_port()  # written with the config: kept on a restart
+        lines = super()._conf_lines()
+        lines += ["cluster-enabled yes",
+                  "cluster-config-file %s" % self.nodes_conf_path,
+                  "cluster-port %d" % self.bus_port,
+                  "cluster-node-timeout %d" % self.node_timeout_ms]
+        if self.tls:
+            lines.append("tls-cluster yes")
+        return lines
+
+    def describe(self):
+        return "%s %s on %s:%d%s, bus %s (log %s)" % (
+            self.kind, self.name, HOST, self.port, " (TLS)" if self.tls else "",
+            self.bus_port, self.log_path)
+
+    def command(self, *args, timeout=2.0):
+        """One command with the fixture's credentials, on a connection of its own."""
+        c = self.client(timeout=timeout)
+        try:
+            return c.execute_command(*args)
+        finally:
+            c.close()
+
+    def cluster_info(self, timeout=2.0):
+        """CLUSTER INFO as {str: str}."""
+        text = _s(self.command("CLUSTER", "INFO", timeout=timeout))
+        return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+class ClusterSet:
+    """A Redis Cluster of <masters> masters (at least 3) with <replicas>
+    replicas each, on free loopback ports: masters * (1 + replicas)
+    ClusterInstances node1, node2... under <workdir>, joined with
+    `redis-cli --cluster create … --cluster-replicas R --cluster-yes`
+    (on one host, redis-cli makes the first <masters> nodes the masters, in
+    that order, each taking an equal share of the 16384 slots, and pairs the
+    replicas with them as it likes: ask masters()/replicas(), never assume a
+    pairing). Start-up takes about 2 to 3.5 s, most of it redis-cli's own
+    one-second polls.
+
+    node_timeout_ms:     `cluster-node-timeout` (a failover takes about 1.5
+                         times this, plus the replica's election delay)
+    pki, tls_auth_clients: TLS everywhere as in RedisInstance (`port 0`,
+                         `tls-port`, `tls-cluster yes`, `tls-replication
+                         yes`); redis-cli gets `--tls --cacert` (and the
+                         client certificate when tls_auth_clients is not "no")
+    password:            `requirepass` (username None) or, with username, an
+                         ACL user `~* &* +@all` with `user default off`, as
+                         in SentinelSet; every node's `masterauth`/
+                         `masteruser` (any of them may become a replica), and
+                         redis-cli's (REDISCLI_AUTH in its environment, and
+                         --user)
+    acl_users:           further ACL lines (e.g. a user restricted to ~idem:*)
+
+    With tls-cluster yes, CLUSTER SLOTS, CLUSTER NODES and the MOVED/ASK
+    redirections name each node's tls-port (the only port here, `port 0`) to
+    a client that came over TLS; Redis 7.0 gives the plaintext port instead
+    (pport) to a client that came over plain TCP to a node that also has a
+    `port` (checked by hand: CLUSTER SHARDS shows both).
+
+    start() returns once every node answers CLUSTER INFO with cluster_state:ok,
+    16384 slots assigned and ok and every node known, every replica's
+    master_link_status is up, all nodes report the same slot map, and each
+    sees every other as what that one says it is (problem()). Every process
+    of the set is ended by its own PID (stop(), also when start() fails).
+    """
+
+    def __init__(self, workdir, masters=3, replicas=1, node_timeout_ms=2000, pki=None,
+                 tls_auth_clients="no", password=None, username=None, acl_users=()):
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 masters (redis-cli refuses fewer)")
+        if replicas < 0:
+            raise ValueError("replicas: 0 or more")
+        if username is not None and password is None:
+            raise ValueError("username needs a password")
+        self.workdir = os.path.abspath(str(workdir))
+        os.makedirs(self.workdir, exist_ok=True)
+        self.n_masters = masters
+        self.n_replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.pki = pki
+        self.tls_auth_clients = tls_auth_clients
+        self.username = username
+        self.password = password
+        self.startup_seconds = None
+        self.create_log_path = os.path.join(self.workdir, "cluster-create.log")
+        self._down = {}  # addr -> (monotonic time, its slot ranges, its replicas' addrs)
+        self.promoted = {}  # old master's addr -> the replica wait_failover saw take over
+
+        acl = None
+        requirepass = None
+        if username is not None:
+            acl = ["user default off",
+                   "user %s on #%s ~* &* +@all" % (username, _sha256(password))] + list(acl_users)
+        else:
+            requirepass = password
+            if acl_users:
+                acl = list(acl_users)
+        self.nodes = [
+            ClusterInstance(self.workdir, "node%d" % (i + 1), node_timeout_ms=node_timeout_ms,
+                            pki=pki, tls_auth_clients=tls_auth_clients, acl=acl,
+                            password=requirepass, auth=(username, password),
+                            master_auth=(username, password))
+            for i in range(masters * (1 + replicas))]
+
+    # ---- start / stop
+    def start(self, timeout=20.0):
+        t0 = time.monotonic()
+        try:
+            for n in self.nodes:
+                n.start()
+            for n in self.nodes:
+                n.node_id = _s(n.command("CLUSTER", "MYID"))
+            self._create(timeout)
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _redis_cli_args(self):
+        """redis-cli's TLS and user options, and its environment (the password
+        goes in REDISCLI_AUTH, never on a command line)."""
+        args, env = [], dict(os.environ)
+        env.pop("REDISCLI_AUTH", None)
+        if self.tls:
+            args += ["--tls", "--cacert", self.pki.ca_crt]
+            if self.tls_auth_clients != "no":
+                args += ["--cert", self.pki.client_crt, "--key", self.pki.client_key]
+        if self.username is not None:
+            args += ["--user", self.username]
+        if self.password is not None:
+            env["REDISCLI_AUTH"] = self.password
+        return args, env
+
+    def _create(self, timeout):
+        args, env = self._redis_cli_args()
+        argv = ([REDIS_CLI] + args + ["--cluster", "create"]
+                + ["%s:%d" % n.addr for n in self.nodes]
+                + ["--cluster-replicas", str(self.n_replicas), "--cluster-yes"])
+        with open(self.create_log_path, "ab") as log:
+            log.write(("$ %s\n" % " ".join(argv)).encode())
+            log.flush()
+            try:
+                r = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise FixtureError("redis-cli --cluster create did not end within %.0f s:\n%s"
+                                   % (timeout, log_tail(self.create_log_path)))
+        if r.returncode != 0:
+            raise FixtureError("redis-cli --cluster create failed (%d):\n%s\nnode logs: %s" % (
+                r.returncode, log_tail(self.create_log_path),
+                ", ".join(n.log_path for n in self.nodes)))
+
+    def _live(self):
+        """The nodes running and not frozen."""
+        return [n for n in self.nodes if n.running() and not n.frozen]
+
+    def _node_problem(self, n, known):
+        """None when <n> reports the cluster up: cluster_state:ok, every slot
+        assigned and ok, <known> nodes known, and (a replica) its link to its
+        master up; otherwise what is missing."""
+        try:
+            info = n.cluster_info(timeout=1.0)
+            if (info.get("cluster_state") != "ok"
+                    or info.get("cluster_slots_assigned") != str(CLUSTER_SLOTS)
+                    or info.get("cluster_slots_ok") != str(CLUSTER_SLOTS)
+                    or info.get("cluster_known_nodes") != str(known)):
+                return "%s: CLUSTER INFO %r" % (n.name, info)
+            rep = n.client(timeout=1.0)
+            try:
+                r = rep.info("replication")
+            finally:
+                rep.close()
+            if r.get("role") == "slave" and r.get("master_link_status") != "up":
+                return "%s: replica, master_link_status %r (%s:%s)" % (
+                    n.name, r.get("master_link_status"), r.get("master_host"),
+                    r.get("master_port"))
+        except redis.exceptions.RedisError as e:
+            return "%s: %s" % (n.name, e)
+        return None
+
+    def problem(self, nodes=None):
+        """None when every node of <nodes> (default: the running, unfrozen
+        ones) reports the cluster up (see _node_problem), they all report
+        the same slot map, and each of them sees every other as what that
+        one says it is (master, or replica of the same master, not failing:
+        gossip can lag behind a replica's link coming up); otherwise what is
+        missing."""
+        nodes = self._live() if nodes is None else nodes
+        for n in nodes:
+            why = self._node_problem(n, len(self.nodes))
+            if why is not None:
+                return why
+        maps, views, selves = {}, {}, {}
+        for n in nodes:
+            try:
+                maps[n.name] = [(a, b, m) for a, b, m, _ in self.slot_map(via=n)]
+                view = self.cluster_nodes(via=n)
+            except redis.exceptions.RedisError as e:
+                return "%s: %s" % (n.name, e)
+            views[n.name] = {d["id"]: d for d in view}
+            for d in view:
+                if "myself" in d["flags"]:
+                    selves[d["id"]] = (n.name, "master" if "master" in d["flags"] else "slave",
+                                       d["master"])
+        if len(set(map(tuple, maps.values()))) > 1:
+            return "the nodes disagree on the slot map: %r" % maps
+        for name, view in views.items():
+            for nid, (other, role, master) in selves.items():
+                d = view.get(nid)
+                if (d is None or role not in d["flags"] or d["master"] != master
+                        or d["flags"] & {"fail", "fail?", "handshake", "noaddr"}):
+                    return "%s sees %s as %r, which says it is a %s%s" % (
+                        name, other, d and (sorted(d["flags"]), d["master"]), role,
+                        " of %s" % master if master else "")
+        return None
+
+    def wait_ok(self, timeout=20.0, nodes=None):
+        """Waits until problem(nodes) is None (see start())."""
+        deadline = time.monotonic() + timeout
+        while True:
+            why = self.problem(nodes)
+            if why is None:
+                return
+            for n in self.nodes:
+                if n.proc is not None and n.proc.poll() is not None:
+                    raise FixtureError("%s exited:\n%s" % (n.describe(), log_tail(n.log_path)))
+            if time.monotonic() > deadline:
+                raise FixtureError("cluster not up within %.0f s: %s\nlogs: %s" % (
+                    timeout, why, ", ".join(n.log_path for n in self.nodes)))
+            time.sleep(0.05)
+
+    def stop(self):
+        """Ends every node (its own PID only): SIGTERM to all (SIGCONT first
+        to a frozen one), then SIGKILL to any still there after 3 s."""
+        for n in self.nodes:
+            n.signal_term()
+        for n in self.nodes:
+            n.reap()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ---- addresses, clients
+    @property
+    def tls(self):
+        return self.pki is not None
+
+    def node(self, addr):
+        """The ClusterInstance listening on addr (host, port)."""
+        for n in self.nodes:
+            if n.addr == tuple(addr):
+                return n
+        raise FixtureError("%s:%s is none of this cluster's nodes (%s)" % (
+            addr[0], addr[1], ", ".join(n.describe() for n in self.nodes)))
+
+    def _node_by_id(self, node_id):
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise FixtureError("no node of this cluster has the id %s" % node_id)
+
+    def _viewer(self, via=None):
+        if via is not None:
+            return self.node(via) if isinstance(via, tuple) else via
+        live = self._live()
+        if not live:
+            raise FixtureError("no node of the cluster is running (and unfrozen)")
+        return live[0]
+
+    def seed_url(self, tls=None, credentials=True, seeds=1):
+        """redis://[[USER]:PASSWORD@]127.0.0.1:P1[,127.0.0.1:P2…] (SPEC §2.1's
+        seed list; rediss:// on a TLS cluster, or as <tls> says). seeds: how
+        many nodes, the masters first (by their first slot) then the
+        replicas, or a list of (host, port). credentials: the user/password
+        in the userinfo, when the cluster has them."""
+        tls = self.tls if tls is None else tls
+        if isinstance(seeds, int):
+            pool = self.masters() + self.replicas()
+            if not 1 <= seeds <= len(pool):
+                raise ValueError("seeds: 1 to %d" % len(pool))
+            seeds = pool[:seeds]
+        userinfo = ""
+        if credentials and self.password is not None:
+            userinfo = "%s:%s@" % (urllib.parse.quote(self.username or "", safe=""),
+                                   urllib.parse.quote(self.password, safe=""))
+        return "%s://%s%s" % ("rediss" if tls else "redis", userinfo,
+                              ",".join("%s:%d" % tuple(a) for a in seeds))
+
+    def client(self, username=None, password=None, ca=None, client_cert=None, timeout=5.0,
+               **kw):
+        """A redis.cluster.RedisCluster (redis-py's cluster client: follows
+        MOVED and ASK) seeded with every master, with the fixture's
+        credentials unless given (password="" for none) and, on a TLS
+        cluster, the PKI's CA (or <ca>) and client certificate as
+        RedisInstance.client does. Built from the cluster's current slot map:
+        make a new one after a failover."""
+        if username is None and password is None:
+            username, password = self.username, self.password
+        if password == "":
+            username, password = None, None
+        args = dict(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.masters()],
+                    username=username, password=password, socket_timeout=timeout,
+                    socket_connect_timeout=timeout)
+        if self.tls:
+            args.update(ssl=True, ssl_cert_reqs="required", ssl_ca_certs=ca or self.pki.ca_crt)
+            if client_cert is None and self.tls_auth_clients != "no":
+                client_cert = (self.pki.client_crt, self.pki.client_key)
+            if client_cert:
+                args.update(ssl_certfile=client_cert[0], ssl_keyfile=client_cert[1])
+        args.update(kw)
+        return redis.cluster.RedisCluster(**args)
+
+    def node_client(self, addr, **kw):
+        """A plain redis.Redis to the node at addr (no redirections followed):
+        RedisInstance.client's arguments."""
+        return self.node(addr).client(**kw)
+
+    # ---- topology
+    def slot_map(self, via=None):
+        """CLUSTER SLOTS as one node sees it (<via>: a node or an address;
+        default the first running, unfrozen one): [(first, last, master
+        (host, port), [replica (host, port)...])] by first slot. An empty host
+        (Redis 7: an address the node does not know) is 127.0.0.1. Redis 7.0
+        lists a replica there only once it has a replication offset (after
+        the first write it replicated): replicas() reads CLUSTER NODES."""
+        n = self._viewer(via)
+        out = []
+        for r in n.command("CLUSTER", "SLOTS"):
+            nodes = [(_s(x[0]) or HOST, int(x[1])) for x in r[2:]]
+            out.append((int(r[0]), int(r[1]), nodes[0], nodes[1:]))
+        return sorted(out)
+
+    def cluster_nodes(self, via=None):
+        """CLUSTER NODES as one node sees it: [{"id", "addr" (host, port),
+        "bus_port", "flags" (set), "master" (an id or None), "link",
+        "slots" [(first, last)], "migrating" ["[slot->-id]"...]}]."""
+        n = self._viewer(via)
+        out = []
+        for line in _s(n.command("CLUSTER", "NODES")).splitlines():
+            f = line.split()
+            if len(f) < 8:
+                continue
+            hostport, _, rest = f[1].partition("@")
+            host, _, port = hostport.rpartition(":")
+            slots, migrating = [], []
+            for s in f[8:]:
+                if s.startswith("["):
+                    migrating.append(s)
+                else:
+                    a, _, b = s.partition("-")
+                    slots.append((int(a), int(b or a)))
+            out.append(dict(id=f[0], addr=(host or HOST, int(port)),
+                            bus_port=int(rest.split(",")[0]) if rest else None,
+                            flags=set(f[2].split(",")), master=None if f[3] == "-" else f[3],
+                            link=f[7], slots=slots, migrating=migrating))
+        return out
+
+    def masters(self, via=None):
+        """[(host, port)] of the masters that serve slots (CLUSTER SLOTS), by
+        their first slot."""
+        seen = []
+        for _, _, m, _ in self.slot_map(via):
+            if m not in seen:
+                seen.append(m)
+        return seen
+
+    def replicas(self, master=None, via=None):
+        """[(host, port)] of the replicas not flagged failing (CLUSTER NODES),
+        those of every master in masters() order, or of <master> only."""
+        view = self.cluster_nodes(via)
+        by_id = {d["id"]: d for d in view}
+        order = {m: i for i, m in enumerate(self.masters(via))}
+        out = []
+        for d in view:
+            if "slave" not in d["flags"] or d["flags"] & {"fail", "fail?", "noaddr", "handshake"}:
+                continue
+            m = by_id.get(d["master"])
+            if m is None or (master is not None and m["addr"] != tuple(master)):
+                continue
+            out.append((order.get(m["addr"], len(order)), d["addr"]))
+        return [a for _, a in sorted(out)]
+
+    def master_of_slot(self, slot, via=None):
+        """(host, port) of the master serving <slot> (CLUSTER SLOTS)."""
+        for a, b, m, _ in self.slot_map(via):
+            if a <= slot <= b:
+                return m
+        raise FixtureError("slot %d is served by no node (as %s sees it)" % (
+            slot, self._viewer(via).name))
+
+    def slots_of(self, addr, via=None):
+        """[(first, last)] ranges the master at addr serves (CLUSTER SLOTS)."""
+        return [(a, b) for a, b, m, _ in self.slot_map(via) if m == tuple(addr)]
+
+    def slot_of(self, key):
+        """The hash slot of <key> as the server computes it (CLUSTER KEYSLOT)."""
+        return int(self._viewer().command("CLUSTER", "KEYSLOT", key))
+
+    # ---- failures
+    def _note_down(self, addr):
+        """Records, before <addr> is killed or frozen, what wait_failover
+        needs: the time, its slots, its replicas."""
+        addr = tuple(addr)
+        self._down[addr] = (time.monotonic(), self.slots_of(addr), self.replicas(master=addr))
+
+    def _default_master(self, addr):
+        return tuple(addr) if addr is not None else self.master_of_slot(0)
+
+    def kill_master(self, addr=None):
+        """SIGKILL the master at addr (default: the master of slot 0), and
+        reaps it. Returns its address."""
+        addr = self._default_master(addr)
+        n = self.node(addr)
+        if not self.slots_of(addr):
+            raise FixtureError("%s serves no slots: not a master" % n.describe())
+        self._note_down(addr)
+        n.kill()
+        return addr
+
+    def freeze(self, addr):
+        """SIGSTOP the node at addr: it holds its connections and answers
+        nothing (a master is failed over after the node timeout). Returns addr."""
+        addr = tuple(addr)
+        n = self.node(addr)
+        if self.slots_of(addr):
+            self._note_down(addr)
+        n.freeze()
+        return addr
+
+    def freeze_master(self, addr=None):
+        """freeze() of the master at addr (default: the master of slot 0)."""
+        return self.freeze(self._default_master(addr))
+
+    def thaw(self, addr=None):
+        """SIGCONT the node at addr, or every frozen node of the cluster."""
+        for n in ([self.node(addr)] if addr is not None else self.nodes):
+            n.thaw()
+
+    def revive(self, addr, wait_replica=True, timeout=20.0):
+        """Starts the (killed) node at addr again: same port, config file and
+        nodes file, so it comes back with its id and rejoins. A master that
+        was failed over meanwhile learns from its peers that its slots have
+        a newer owner and turns into a replica of it; wait_replica=True waits
+        for that (its master_link_status up) and for the whole cluster to be
+        up (wait_ok). Returns the node."""
+        n = self.node(addr)
+        n.start()
+        if wait_replica:
+            deadline = time.monotonic() + timeout
+            while True:
+                c = n.client(timeout=1.0)
+                try:
+                    r = c.info("replication")
+                except redis.exceptions.RedisError as e:
+                    r = e
+                finally:
+                    c.close()
+                if isinstance(r, dict) and r.get("role") == "slave" \
+                        and r.get("master_link_status") == "up":
+                    break
+                if n.proc.poll() is not None or time.monotonic() > deadline:
+                    raise FixtureError("%s did not come back as a replica within %.0f s "
+                                       "(INFO replication %r):\n%s" % (
+                                           n.describe(), timeout, r, log_tail(n.log_path)))
+                time.sleep(0.05)
+            self.wait_ok(max(1.0, deadline - time.monotonic()))
+        self._down.pop(tuple(addr), None)
+        return n
+
+    def wait_failover(self, old_addr, timeout=15.0):
+        """Waits until every slot the master at old_addr served is served by
+        one of its replicas, which answers ROLE as master, and every other
+        running, unfrozen node reports cluster_state:ok and that slot map.
+        old_addr should have gone down through kill_master/freeze (which
+        note its slots and replicas); otherwise they are read now. Returns
+        the seconds from the kill/freeze (else from this call) to then; the
+        new master is self.promoted[old_addr]."""
+        old_addr = tuple(old_addr)
+        t_call = time.monotonic()
+        if old_addr not in self._down:
+            self._note_down(old_addr)
+            self._down[old_addr] = (t_call,) + self._down[old_addr][1:]
+        t_down, old_slots, old_replicas = self._down[old_addr]
+        if not old_slots:
+            raise FixtureError("%s:%d served no slots: no failover to wait for" % old_addr)
+        deadline = t_call + timeout
+        why = None
+        while True:
+            survivors = [n for n in self._live() if n.addr != old_addr]
+            why = self.problem(survivors)
+            if why is None:
+                try:
+                    owners = {self.master_of_slot(a, via=survivors[0]) for a, _ in old_slots}
+                    new = owners.pop() if len(owners) == 1 else None
+                    if new is None or new == old_addr or (old_replicas and new not in old_replicas):
+                        why = "the slots %r are served by %r" % (old_slots, owners or new)
+                    elif self.node(new).role() != "master":
+                        why = "%s:%d serves the slots but ROLE says otherwise" % new
+                    else:
+                        took = time.monotonic() - t_down
+                        self.promoted[old_addr] = new
+                        return took
+                except redis.exceptions.RedisError as e:
+                    why = str(e)
+            if time.monotonic() > deadline:
+                raise FixtureError("no failover away from %s:%d within %.0f s: %s\nlogs: %s" % (
+                    old_addr[0], old_addr[1], timeout, why,
+                    ", ".join(n.log_path for n in self.nodes)))
+            time.sleep(0.05)
+
+    # ---- slot migration (MOVED and ASK)
+    def begin_migration(self, slot, dst_addr):
+        """CLUSTER SETSLOT <slot> IMPORTING <source id> on the destination,
+        then MIGRATING <destination id> on the source (its current master).
+        From then on the source answers ASK for the slot's keys it no longer
+        holds. Returns the source's address."""
+        src = self.node(self.master_of_slot(slot))
+        dst = self.node(dst_addr)
+        if src is dst:
+            raise FixtureError("slot %d is already served by %s" % (slot, dst.name))
+        self._setslot(dst, slot, "IMPORTING", src.node_id)
+        self._setslot(src, slot, "MIGRATING", dst.node_id)
+        return src.addr
+
+    def _setslot(self, n, slot, *args):
+        try:
+            n.command("CLUSTER", "SETSLOT", slot, *args)
+        except redis.exceptions.RedisError as e:
+            raise FixtureError("%s: CLUSTER SETSLOT %d %s: %s" % (
+                n.describe(), slot, " ".join(map(str, args)), e))
+
+    def _migrating_to(self, slot):
+        """(source, destination) nodes of a migration begun for <slot>,
+        read from the source's CLUSTER NODES ([slot->-dst_id])."""
+        src = self.node(self.master_of_slot(slot))
+        mark = "[%d->-" % slot
+        for d in self.cluster_nodes(via=src):
+            if "myself" in d["flags"]:
+                for m in d["migrating"]:
+                    if m.startswith(mark):
+                        return src, self._node_by_id(m[len(mark):-1])
+        raise FixtureError("slot %d is not being migrated away from %s" % (slot, src.name))
+
+    def migrate_keys(self, slot, count=None, timeout_ms=5000):
+        """Moves keys of a slot being migrated (begin_migration) from its
+        source to its destination: CLUSTER GETKEYSINSLOT, then MIGRATE … KEYS
+        (with AUTH/AUTH2 when the cluster has a password). count: at most
+        that many keys, None = all. Returns the keys moved (str)."""
+        src, dst = self._migrating_to(slot)
+        auth = []
+        if self.password is not None:
+            auth = (["AUTH2", self.username, self.password] if self.username is not None
+                    else ["AUTH", self.password])
+        moved = []
+        while count is None or len(moved) < count:
+            want = 100 if count is None else min(100, count - len(moved))
+            keys = src.command("CLUSTER", "GETKEYSINSLOT", slot, want)
+            if not keys:
+                break
+            try:
+                src.command("MIGRATE", HOST, dst.port, "", 0, timeout_ms, *auth, "KEYS", *keys,
+                            timeout=timeout_ms / 1000.0 + 2)
+            except redis.exceptions.RedisError as e:
+                raise FixtureError("%s: MIGRATE of %d keys of slot %d to %s: %s" % (
+                    src.describe(), len(keys), slot, dst.name, e))
+            moved += [_s(k) for k in keys]
+        return moved
+
+    def finish_migration(self, slot, dst_addr, timeout=10.0):
+        """CLUSTER SETSLOT <slot> NODE <destination id> on the destination,
+        then the source, then every other master; then waits until every
+        running node reports the destination as the slot's master (the
+        replicas learn it by gossip). The source must hold none of the
+        slot's keys any more."""
+        dst = self.node(dst_addr)
+        masters = [self.node(a) for a in self.masters()]
+        src = self.node(self.master_of_slot(slot))
+        order = [dst] + ([src] if src is not dst else []) + [
+            m for m in masters if m is not dst and m is not src]
+        for m in order:
+            self._setslot(m, slot, "NODE", dst.node_id)
+        deadline = time.monotonic() + timeout
+        while True:
+            views = {}
+            for n in self._live():
+                try:
+                    views[n.name] = self.master_of_slot(slot, via=n)
+                except (redis.exceptions.RedisError, FixtureError) as e:
+                    views[n.name] = str(e)
+            if set(views.values()) == {dst.addr}:
+                return
+            if time.monotonic() > deadline:
+                raise FixtureError("slot %d: not every node sees %s as its master within "
+                                   "%.0f s: %r" % (slot, dst.name, timeout, views))
+            time.sleep(0.05)
+
+    def move_slot(self, slot, dst_addr):
+        """begin_migration + migrate_keys (all) + finish_migration. Returns
+        the source's address."""
+        src = self.begin_migration(slot, dst_addr)
+        self.migrate_keys(slot)
+        self.finish_migration(slot, dst_addr)
+        return src
+
+
 # --------------------------------------------------------------------------- small helpers
 
 
@@ -925,3 +1584,79 @@ def _conf_quote(v):
     if v and all(c.isalnum() or c in "-_.:@/+=*~&<>!%" for c in v):
         return v
     return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# --------------------------------------------------------------------------- command line
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGINT reached the command-line entry."""
+
+
+def _on_signal(signum, frame):
+    # once: a second signal must not interrupt the teardown the first one began
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise _Signalled(signum)
+
+
+def main(argv=None):
+    """redis_fixtures.py cluster --dir DIR [--masters 3] [--replicas 1]
+    [--node-timeout-ms 2000]: starts a ClusterSet in DIR (created if
+    needed), prints its seed URL with every master as a seed on one line of
+    stdout (redis://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3), then stays in
+    the foreground until SIGTERM or SIGINT, stops every redis-server it
+    started and exits 0. A failed start-up (or a signal during it) stops
+    what was started, says why on stderr and exits 1. Nothing but the URL
+    goes to stdout; the node logs and redis-cli's output stay in DIR."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="redis_fixtures.py",
+                                description="Redis servers for idemproxy's tests, from the "
+                                            "command line.")
+    sub = p.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("cluster", help="run a Redis Cluster until SIGTERM/SIGINT")
+    c.add_argument("--dir", required=True, help="working directory (configs, logs, data)")
+    c.add_argument("--masters", type=int, default=3, help="masters (at least 3; default 3)")
+    c.add_argument("--replicas", type=int, default=1,
+                   help="replicas of each master (default 1)")
+    c.add_argument("--node-timeout-ms", type=int, default=2000,
+                   help="cluster-node-timeout (default 2000)")
+    args = p.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    cs = None
+    up = False
+    try:
+        cs = ClusterSet(args.dir, masters=args.masters, replicas=args.replicas,
+                        node_timeout_ms=args.node_timeout_ms)
+        cs.start()
+        url = cs.seed_url(seeds=args.masters)
+        print(url, flush=True)
+        up = True
+        print("redis_fixtures: cluster up in %.1f s: masters %s, replicas %s, in %s" % (
+            cs.startup_seconds, " ".join("%s:%d" % a for a in cs.masters()),
+            " ".join("%s:%d" % a for a in cs.replicas()) or "none", cs.workdir),
+            file=sys.stderr, flush=True)
+        while True:
+            signal.pause()
+    except _Signalled as e:
+        if up:
+            return 0
+        print("redis_fixtures: cluster: start-up interrupted by %s" % (
+            signal.Signals(e.args[0]).name), file=sys.stderr, flush=True)
+        return 1
+    except Exception as e:  # noqa: BLE001: whatever it is, stderr says it
+        print("redis_fixtures: cluster: %s: %s" % (
+            "failed" if up else "start-up failed", e), file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if cs is not None:
+            cs.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,7 @@
 #include "check.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+#include "idemproxy/redis_cluster.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
@@ -45,6 +46,7 @@ static const char *redis_url;
 /* redis-tls: the CA that verifies the TLS port, and the same server's plain
  * port for the test's own checks (hiredis' blocking API has no TLS) */
 static const char *redis_tls_ca, *redis_admin_url;
+static bool cluster_kind; /* redis-cluster: the URL names the seeds of a Redis Cluster */
 static atomic_int accepted, callbacks; /* every accepted call must call back exactly once */
 
 /* ---- helpers ---- */
@@ -608,6 +610,9 @@ static void test_ready_after_a_successful_call(void)
 
     key_make(key, sizeof(key), "ready");
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
+    /* A cluster is ready once its slot map is known too: asked for at start. */
+    for (int waited = 0; cluster_kind && !store_is_ready(st) && waited < 2000; waited += 20)
+        sleep_ms(20);
     CHECK(store_is_ready(st));
     store_close(st);
 }
@@ -1097,9 +1102,9 @@ static void test_memory_stress_keeps_its_accounts(void)
 
 /* ---- Redis only ---- */
 
-/* A connection of the test's own, to look at what the store wrote, on
- * database <db>. */
-static redisContext *admin_connect(unsigned db)
+/* A connection of the test's own to <host>:<port>, with the URL's
+ * credentials, on database <db>. */
+static redisContext *admin_connect_to(const char *host, unsigned port, unsigned db)
 {
     struct redis_url u;
     struct timeval tv = { .tv_sec = 5 };
@@ -1110,7 +1115,8 @@ static redisContext *admin_connect(unsigned db)
         fprintf(stderr, "IDEMPROXY_TEST_REDIS_URL is not a redis:// URL: %s\n", redis_url);
         exit(1);
     }
-    c = redisConnectWithTimeout(u.hosts[0].host, (int)u.hosts[0].port, tv);
+    c = redisConnectWithTimeout(host ? host : u.hosts[0].host,
+                                (int)(host ? port : u.hosts[0].port), tv);
     if (!c || c->err) {
         fprintf(stderr, "cannot connect to %s\n", redis_url);
         exit(1);
@@ -1122,12 +1128,39 @@ static redisContext *admin_connect(unsigned db)
         CHECK(r && r->type == REDIS_REPLY_STATUS);
         freeReplyObject(r);
     }
-    r = redisCommand(c, "SELECT %u", db);
+    r = redisCommand(c, "SELECT %u", db); /* a cluster has database 0 alone */
     CHECK(r && r->type == REDIS_REPLY_STATUS);
     freeReplyObject(r);
     redis_url_done(&u);
     return c;
 }
+
+/* A connection to the URL's (first) server, on database <db>, to look at
+ * what the store wrote. */
+static redisContext *admin_connect(unsigned db) { return admin_connect_to(NULL, 0, db); }
+
+/* A connection to the server that holds <key>: the URL's, or on a cluster
+ * the master its slot belongs to (where a MOVED points). */
+static redisContext *admin_for_key(const char *key)
+{
+    redisContext *c = admin_connect(0);
+    struct redis_redirect rd;
+    redisReply *r;
+
+    if (!cluster_kind)
+        return c;
+    r = redisCommand(c, "TYPE %s", key);
+    if (r && r->type == REDIS_REPLY_ERROR &&
+        redis_redirect_parse(r->str, r->len, "127.0.0.1", &rd) == 0) {
+        redisFree(c);
+        c = admin_connect_to(rd.addr.host, rd.addr.port, 0);
+    }
+    freeReplyObject(r);
+    return c;
+}
+
+/* Runs <cmd> on every master (one server: the URL's). */
+static bool admin_ok_everywhere(const char *cmd);
 
 static long long admin_int(redisContext *c, const char *cmd, const char *key)
 {
@@ -1150,6 +1183,34 @@ static bool admin_ok(redisContext *c, const char *cmd)
         fprintf(stderr, "%s: %s\n", cmd, r && r->str ? r->str : c->errstr);
     freeReplyObject(r);
     return ok;
+}
+
+static bool admin_ok_everywhere(const char *cmd)
+{
+    redisContext *c = admin_connect(0);
+    struct redis_slot_range *ranges = NULL;
+    redisReply *r;
+    bool ok = true;
+    int n = 0;
+
+    if (!cluster_kind) {
+        ok = admin_ok(c, cmd);
+        redisFree(c);
+        return ok;
+    }
+    r = redisCommand(c, "CLUSTER SLOTS");
+    n = r ? redis_cluster_slots_parse(r, "127.0.0.1", &ranges) : -EPROTO;
+    CHECK(n > 0);
+    for (int i = 0; i < n; i++) {
+        redisContext *m = admin_connect_to(ranges[i].master.host, ranges[i].master.port, 0);
+
+        ok = admin_ok(m, cmd) && ok;
+        redisFree(m);
+    }
+    free(ranges);
+    freeReplyObject(r);
+    redisFree(c);
+    return ok && n > 0;
 }
 
 static unsigned base_db(void)
@@ -1249,44 +1310,95 @@ static void test_redis_refuses_bad_arguments(void)
 static void test_redis_script_flush_reloads_scripts(void)
 {
     struct store *st = store_open();
-    redisContext *admin = admin_connect(base_db());
     struct store_token t1 = token(), t2 = token();
     struct record *rec = sample_record(200, "flush");
     struct res r;
     char key[128];
 
     key_make(key, sizeof(key), "flush");
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     CHECK_RES(extend(st, key, &t1, 10000), 0, STORE_OK);
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     CHECK_RES(complete(st, key, &t1, rec, 10000), 0, STORE_OK);
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     r = acquire(st, key, fp_a, &t2, 10000);
     CHECK_EQ_INT(r.status, STORE_COMPLETED);
     CHECK(record_equal(r.rec, rec));
     record_unref(r.rec);
     key_make(key, sizeof(key), "flush-release");
     CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     CHECK_RES(release(st, key, &t1), 0, STORE_OK);
     /* Every pool thread's connection meets the empty cache at least once. */
-    CHECK(admin_ok(admin, "SCRIPT FLUSH"));
+    CHECK(admin_ok_everywhere("SCRIPT FLUSH"));
     for (int i = 0; i < 4 * POOL_THREADS; i++)
         CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    /* A cluster is ready once every master answered: they are asked at once. */
+    for (int waited = 0; cluster_kind && !store_is_ready(st) && waited < 2000; waited += 20)
+        sleep_ms(20);
     CHECK(store_is_ready(st));
     record_unref(rec);
-    redisFree(admin);
     store_close(st);
 }
 
+/* Where the one-key test counts keys: a database of its own, so that no
+ * other test's keys (which expire) change DBSIZE (it also checks that
+ * SELECT works); or, on a cluster (database 0 alone), a slot that holds no
+ * key, on its master. */
+struct keyspace {
+    redisContext *c;
+    char tag[64]; /* a cluster: the hash tag of the empty slot */
+    long long slot;
+};
+
+static long long keyspace_count(struct keyspace *ks)
+{
+    redisReply *r;
+    long long n = -1;
+
+    if (!cluster_kind)
+        return admin_int(ks->c, "DBSIZE", NULL);
+    r = redisCommand(ks->c, "CLUSTER COUNTKEYSINSLOT %lld", ks->slot);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER);
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+static void keyspace_open(struct keyspace *ks, char *url, size_t url_len)
+{
+    char probe[128], slot[24];
+
+    *ks = (struct keyspace){ .slot = -1 };
+    if (!cluster_kind) {
+        unsigned db = base_db() == 15 ? 14 : base_db() + 1;
+
+        ks->c = admin_connect(db);
+        url_with_db(url, url_len, db);
+        return;
+    }
+    snprintf(url, url_len, "%s", redis_url);
+    for (int i = 0; i < 200 && ks->slot < 0; i++) {
+        snprintf(ks->tag, sizeof(ks->tag), "onekey-%ld-%d", (long)getpid(), i);
+        snprintf(probe, sizeof(probe), "{%s}", ks->tag);
+        redisFree(ks->c);
+        ks->c = admin_for_key(probe);
+        snprintf(slot, sizeof(slot), "%u", redis_cluster_key_slot(ks->tag, strlen(ks->tag)));
+        ks->slot = strtoll(slot, NULL, 10);
+        if (keyspace_count(ks) != 0)
+            ks->slot = -1;
+    }
+    CHECK(ks->slot >= 0);
+}
+
+
 static void test_redis_one_key_per_idempotency_key(void)
 {
-    /* A database of its own, so that no other test's keys (which expire)
-     * change DBSIZE; it also checks that SELECT works. */
-    unsigned db = base_db() == 15 ? 14 : base_db() + 1;
-    redisContext *admin = admin_connect(db), *base = admin_connect(base_db());
+    struct keyspace ks;
+    redisContext *admin, *base = admin_connect(base_db());
     struct store_token t1 = token(), t2 = token();
     struct record *rec = sample_record(200, "onekey");
     struct store *st = NULL;
@@ -1294,18 +1406,20 @@ static void test_redis_one_key_per_idempotency_key(void)
     char url[1200], key[128], key2[128];
     redisReply *r;
 
-    url_with_db(url, sizeof(url), db);
+    keyspace_open(&ks, url, sizeof(url));
+    admin = ks.c;
     CHECK_EQ_INT(redis_new(url, pool, 1000, &st), 0);
     if (!st)
         return;
-    key_make(key, sizeof(key), "onekey");
-    key_make(key2, sizeof(key2), "onekey-release");
-    before = admin_int(admin, "DBSIZE", NULL);
+    snprintf(key, sizeof(key), "test:{%s}:%ld:onekey", ks.tag, (long)getpid());
+    snprintf(key2, sizeof(key2), "test:{%s}:%ld:onekey-release", ks.tag, (long)getpid());
+    before = keyspace_count(&ks);
 
     CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
-    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 1);
     CHECK_EQ_INT(admin_int(admin, "EXISTS", key), 1);
-    CHECK_EQ_INT(admin_int(base, "EXISTS", key), 0); /* in the URL's database only */
+    if (!cluster_kind)
+        CHECK_EQ_INT(admin_int(base, "EXISTS", key), 0); /* in the URL's database only */
     r = redisCommand(admin, "TYPE %s", key);
     CHECK(r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "hash") == 0);
     freeReplyObject(r);
@@ -1323,7 +1437,7 @@ static void test_redis_one_key_per_idempotency_key(void)
     CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_IN_FLIGHT);
     CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
     CHECK_RES(complete(st, key, &t1, rec, 60000), 0, STORE_OK);
-    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 1);
     CHECK_EQ_INT(admin_int(admin, "HLEN", key), 6); /* + head, body */
     r = redisCommand(admin, "HGET %s body", key);
     CHECK(r && r->type == REDIS_REPLY_STRING && r->len == rec->body.len &&
@@ -1331,13 +1445,13 @@ static void test_redis_one_key_per_idempotency_key(void)
     freeReplyObject(r);
     CHECK(admin_int(admin, "PTTL", key) > 30000);
     CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_COMPLETED);
-    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 1);
 
     CHECK_RES(acquire(st, key2, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
     CHECK_RES(extend(st, key2, &t1, 10000), 0, STORE_OK);
-    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 2);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 2);
     CHECK_RES(release(st, key2, &t1), 0, STORE_OK);
-    CHECK_EQ_INT(admin_int(admin, "DBSIZE", NULL), before + 1);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 1);
     CHECK_EQ_INT(admin_int(admin, "EXISTS", key2), 0);
 
     CHECK_EQ_INT(admin_int(admin, "DEL", key), 1); /* leave the database as found */
@@ -1350,13 +1464,14 @@ static void test_redis_one_key_per_idempotency_key(void)
 static void test_redis_bad_stored_data_is_eproto(void)
 {
     struct store *st = store_open();
-    redisContext *admin = admin_connect(base_db());
+    redisContext *admin;
     struct store_token t = token();
     char fp_hex[FINGERPRINT_HEX + 1], key[128];
     redisReply *r;
 
     fingerprint_hex(fp_a, fp_hex);
     key_make(key, sizeof(key), "corrupt");
+    admin = admin_for_key(key);
     r = redisCommand(admin, "HSET %s state C fp %s token %s head garbage body x", key, fp_hex,
                      t.hex);
     freeReplyObject(r);
@@ -1364,6 +1479,8 @@ static void test_redis_bad_stored_data_is_eproto(void)
     CHECK_RES(acquire(st, key, fp_b, &t, 10000), 0, STORE_MISMATCH); /* still a usable key */
 
     key_make(key, sizeof(key), "wrongtype");
+    redisFree(admin);
+    admin = admin_for_key(key);
     r = redisCommand(admin, "SET %s plain", key);
     freeReplyObject(r);
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), -EPROTO, -1);
@@ -1432,7 +1549,7 @@ static void test_redis_timeout_frees_the_connection(void)
 {
     struct worker_pool *one = NULL;
     struct store *st = NULL;
-    redisContext *admin = admin_connect(base_db());
+    redisContext *admin;
     struct store_token t1 = token(), t2 = token();
     char key[128];
     uint64_t start, took;
@@ -1444,6 +1561,7 @@ static void test_redis_timeout_frees_the_connection(void)
     if (!st)
         return;
     key_make(key, sizeof(key), "timeout");
+    admin = admin_for_key(key); /* a cluster: the master the ops go to */
     CHECK_RES(acquire(st, key, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
     CHECK(admin_ok(admin, "CLIENT PAUSE 700 ALL"));
     start = now_ms();
@@ -1536,6 +1654,7 @@ static const struct test redis_tests[] = {
 static const struct store_kind store_kinds[] = {
     { "redis", make_redis, false },
     { "redis-tls", make_redis, false }, /* the same suite over rediss:// */
+    { "redis-cluster", make_redis, false }, /* the same suite on a Redis Cluster */
     { "memory", make_memory, true },
 };
 
@@ -1552,7 +1671,7 @@ int main(int argc, char **argv)
             kind = &store_kinds[i];
     }
     if (!kind) {
-        fprintf(stderr, "usage: %s redis|redis-tls|memory\n", argv[0]);
+        fprintf(stderr, "usage: %s redis|redis-tls|redis-cluster|memory\n", argv[0]);
         return 2;
     }
     if (strcmp(kind->name, "redis") == 0) {
@@ -1561,6 +1680,17 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "%s: IDEMPROXY_TEST_REDIS_URL is not set: the redis store suite "
                     "needs a running Redis (scripts/test starts one and sets it)\n",
+                    argv[0]);
+            return 1;
+        }
+    }
+    if (strcmp(kind->name, "redis-cluster") == 0) {
+        redis_url = getenv("IDEMPROXY_TEST_REDIS_CLUSTER_URL");
+        cluster_kind = true;
+        if (!redis_url || !*redis_url) {
+            fprintf(stderr,
+                    "%s: IDEMPROXY_TEST_REDIS_CLUSTER_URL is not set: the redis-cluster store "
+                    "suite needs a Redis Cluster (scripts/test starts one and sets it)\n",
                     argv[0]);
             return 1;
         }
