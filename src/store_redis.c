@@ -130,14 +130,10 @@ static void node_set_addr(struct node *n, const char *host, unsigned port)
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                               .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
     struct addrinfo *res = NULL;
-    struct redis_addr a;
     char p[8];
 
     snprintf(n->host, sizeof(n->host), "%s", host);
     n->port = port;
-    snprintf(a.host, sizeof(a.host), "%s", host);
-    a.port = port;
-    redis_addr_format(&a, n->name, sizeof(n->name));
     n->addrlen = 0;
     snprintf(n->resolve_why, sizeof(n->resolve_why), "%.255s:%u does not resolve (yet)", host,
              port);
@@ -172,6 +168,7 @@ static int node_get(struct store_redis *st, const struct redis_addr *a)
         ret = -ENOMEM;
         if (!nd)
             goto out;
+        redis_addr_format(a, nd->name, sizeof(nd->name)); /* never changes: read freely */
         node_set_addr(nd, a->host, a->port);
         st->nodes[n] = nd;
         atomic_store_explicit(&st->nnodes, n + 1, memory_order_release);
@@ -702,9 +699,7 @@ static void backoff_start(struct link *k)
 /* What the log calls node <n>: the store's name unless it is a cluster's node. */
 static void node_log_name(struct store_redis *st, const struct node *n, char *out, size_t len)
 {
-    pthread_mutex_lock(&st->addr_mu);
     snprintf(out, len, "%s", is_cluster(st) ? n->name : st->name);
-    pthread_mutex_unlock(&st->addr_mu);
 }
 
 /* Says why the connections fail, once per new reason (every loop's link
@@ -1336,15 +1331,12 @@ static void on_master(void *ctx, const char *host, unsigned port)
 {
     struct store_redis *st = ctx;
     struct node *n = st->nodes[0];
-    char name[sizeof(n->name)];
 
     pthread_mutex_lock(&st->addr_mu);
     if (strcmp(n->host, host) != 0 || n->port != port) {
         if (n->host[0])
             atomic_fetch_add(&st->failovers, 1);
-        memcpy(name, n->name, sizeof(name));
-        node_set_addr(n, host, port);
-        memcpy(n->name, name, sizeof(name)); /* the log still says "master '<name>'" */
+        node_set_addr(n, host, port); /* its name stays "master '<name>'" */
         snprintf(n->resolve_why, sizeof(n->resolve_why),
                  "the master %.255s:%u the sentinels named does not resolve (yet)", host, port);
     }

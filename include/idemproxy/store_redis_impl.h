@@ -52,7 +52,7 @@ struct subscriber {
 struct node {
     char host[REDIS_URL_HOST_MAX]; /* under st->addr_mu: Sentinel moves node 0 */
     unsigned port;
-    char name[300]; /* host:port (Sentinel: the master's name), for the log */
+    char name[300]; /* host:port (Sentinel: the master's name), for the log; set once */
     /* The address the loops connect to, so that no loop thread ever waits
      * on a name lookup: an IP address is taken at once, a name is looked up
      * on a pool thread by the PING job. */

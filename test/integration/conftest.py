@@ -19,6 +19,15 @@ assert_locked / assert_completed / assert_free / assert_nothing_stored /
 wait_completed, which probe behaviour on both stores (a duplicate gets 409, is
 replayed, or executes) and, on Redis, also read the hash.
 
+On a cluster: with IDEMPROXY_TEST_REDIS_KIND=cluster, the "redis" store is a
+Redis Cluster of three masters and three replicas (redis_fixtures.ClusterSet,
+started once for the session; rdb is then a redis-py RedisCluster client, which
+sums DBSIZE and scans every master), and only the tests that run on it are
+collected: those of the "redis" store, less the ones marked
+@single_redis_server (they stop or restart the one server, or connect to its
+port by another name) and those of test_redis_*.py (they start servers of
+their own). scripts/test runs the suite both ways.
+
 Run: IDEMPROXY_BIN=build/src/idemproxy /usr/bin/python3 -m pytest -q test/integration
 """
 import http.client
@@ -37,12 +46,14 @@ import redis
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fake_upstream import FakeUpstream  # noqa: E402
+from redis_fixtures import ClusterSet  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 IDEMPROXY_BIN = os.environ.get("IDEMPROXY_BIN", os.path.join(REPO, "build", "src", "idemproxy"))
 REDIS_SERVER = "/usr/bin/redis-server"
 DRAFT = "draft-ietf-httpapi-idempotency-key-header"
 REPLAY = "X-Idempotency-Replayed"
+ON_CLUSTER = os.environ.get("IDEMPROXY_TEST_REDIS_KIND", "server") == "cluster"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -404,11 +415,41 @@ class RedisServer:
         self.start()
 
 
+class ClusterServer:
+    """The suite's Redis as a Redis Cluster: what the tests use of RedisServer
+    (url, client(), running()), on a ClusterSet."""
+
+    def __init__(self, workdir):
+        self.cluster = ClusterSet(workdir)
+
+    @property
+    def url(self):
+        return self.cluster.seed_url(seeds=len(self.cluster.masters()))
+
+    def client(self):
+        c = self.cluster.client()
+        # redis-py sends DBSIZE to one node of a cluster: the tests mean all of it
+        c.dbsize = lambda: c.execute_command("DBSIZE", target_nodes=c.PRIMARIES)
+        return c
+
+    def running(self):
+        return True
+
+    def start(self):
+        self.cluster.start()
+
+    def stop(self):
+        self.cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     if not os.access(REDIS_SERVER, os.X_OK):
         pytest.skip("no %s" % REDIS_SERVER)
-    srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    if ON_CLUSTER:
+        srv = ClusterServer(str(tmp_path_factory.mktemp("cluster")))
+    else:
+        srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
     srv.start()
     yield srv
     srv.stop()
@@ -577,6 +618,12 @@ def memory_only(fn):
     return pytest.mark.parametrize("store", ["memory"])(fn)
 
 
+def single_redis_server(fn):
+    """The test stops or restarts the suite's one Redis server, or reaches it
+    by another name: it does not run on a cluster (IDEMPROXY_TEST_REDIS_KIND)."""
+    return pytest.mark.single_redis_server(fn)
+
+
 def store_independent(fn):
     """The test does not depend on the store: it runs once, on the memory store
     (the default store)."""
@@ -586,6 +633,8 @@ def store_independent(fn):
 def pytest_configure(config):
     config.addinivalue_line("markers", "store_independent: the test runs once, on the "
                             "memory store, because it does not depend on the store")
+    config.addinivalue_line("markers", "single_redis_server: the test needs the suite's Redis "
+                            "to be one server; it does not run on a cluster")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -610,6 +659,22 @@ def pytest_collection_modifyitems(config, items):
                         "(or mark it @store_independent)" % item.nodeid)
     if bad:
         raise pytest.UsageError("\n".join(sorted(bad)))
+    if ON_CLUSTER:
+        # The cluster pass: the tests of the suite's Redis store, now a cluster.
+        keep, drop = [], []
+        for item in items:
+            callspec = getattr(item, "callspec", None)
+            on_redis = callspec is not None and callspec.params.get("store") == "redis"
+            # test_redis_*.py start Redis servers of their own (TLS, Sentinel, a cluster)
+            own_servers = item.module.__name__.startswith("test_redis_")
+            if (on_redis and not own_servers
+                    and not item.get_closest_marker("single_redis_server")):
+                keep.append(item)
+            else:
+                drop.append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
 
 
 @pytest.hookimpl(hookwrapper=True)

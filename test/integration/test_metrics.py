@@ -4,7 +4,8 @@ import re
 import time
 
 from conftest import (assert_problem, hone, memory_only, metrics_value, new_key, redis_keys,
-                      redis_only, start_held, start_slow, store_independent, wait_for)
+                      redis_only, single_redis_server, start_held, start_slow, store_independent,
+                      wait_for)
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
             "invalid_key", "too_large", "store_error", "upstream_error", "bad_request")
@@ -283,6 +284,7 @@ def test_metrics_memory_store_evictions(proxy, upstream):
     assert 1 <= gauge(fams, "idemproxy_memory_store_entries") < 8
 
 
+@single_redis_server
 @redis_only
 def test_store_down_metrics_redis(proxy, upstream, rdb, redis_server):
     p = proxy()
@@ -294,6 +296,7 @@ def test_store_down_metrics_redis(proxy, upstream, rdb, redis_server):
     assert metrics_value(m, "idemproxy_store_errors_total") >= 1
 
 
+@single_redis_server
 @redis_only
 def test_store_error_passthrough_counts_as_store_error_redis(proxy, upstream, rdb, redis_server):
     """SPEC §5: a store error answered by passthrough counts as store_error."""

@@ -4,7 +4,8 @@ import json
 from fake_upstream import fake_date
 
 from conftest import (REPLAY, assert_completed, assert_free, assert_nothing_stored, end_to_end,
-                      hone, hvalues, keyed, new_key, redis_keys, redis_only, redis_record)
+                      hone, hvalues, keyed, new_key, redis_keys, redis_only, redis_record,
+                      single_redis_server)
 
 
 def test_get_is_passthrough_with_and_without_key(proxy, upstream):
@@ -163,6 +164,7 @@ def test_key_and_replay_header_and_prefix_options(proxy, upstream, rdb):
         assert len(redis_keys(rdb, key, prefix="myapp:")) == 1
 
 
+@single_redis_server
 def test_idempotency_disabled(proxy, upstream, redis_server):
     p = proxy(env={"IDEMPOTENCY_ENABLED": "false"})
     key = new_key()

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, redis_record,
+from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, single_redis_server, redis_record,
                       start_slow, wait_for)
 
 
@@ -18,6 +18,7 @@ def healthz(p):
     return p.admin_request("GET", "/healthz")[0]
 
 
+@single_redis_server
 @redis_only
 def test_redis_down_and_back(proxy, upstream, rdb, redis_server):
     p = proxy()
@@ -81,6 +82,7 @@ def test_redis_script_flush(proxy, upstream, rdb):
     assert upstream.hits("/echo") == 2
 
 
+@single_redis_server
 @redis_only
 def test_on_store_error_passthrough_redis_down(proxy, upstream, rdb, redis_server):
     p = proxy("--on-store-error", "passthrough")
@@ -92,6 +94,7 @@ def test_on_store_error_passthrough_redis_down(proxy, upstream, rdb, redis_serve
         assert upstream.hits("/echo") == n
 
 
+@single_redis_server
 @redis_only
 def test_proxy_starts_with_redis_down(proxy, upstream, rdb, redis_server):
     redis_server.stop()
@@ -143,6 +146,7 @@ def test_store_error_answer_is_fast_with_unroutable_redis(proxy, upstream, rdb):
         lsock.close()
 
 
+@single_redis_server
 @redis_only
 def test_redis_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
     """Redis dies while the upstream runs: the client still gets the upstream's
@@ -159,6 +163,7 @@ def test_redis_lost_after_upstream_answered(proxy, upstream, rdb, redis_server):
     wait_for(lambda: "retrying" in p.stderr(), timeout=3, what="a background retry of complete")
 
 
+@single_redis_server
 @redis_only
 def test_redis_by_host_name_redis(proxy, upstream, rdb, redis_server):
     """--redis with a host name: it is looked up off the event loops (at start and
