@@ -219,7 +219,9 @@ static bool redis_is_ready(struct store *base)
     }
     n = store_redis_masters(st, masters);
     for (unsigned i = 0; i < n; i++) {
-        if (!atomic_load(&st->nodes[masters[i]]->up))
+        struct node *nd = node_at(st, masters[i]);
+
+        if (!nd || !atomic_load(&nd->up))
             return false;
     }
     return n > 0;
@@ -1377,7 +1379,8 @@ static void map_apply(struct store_redis *st, const struct redis_slot_range *ran
 
         if (old == map[s])
             continue;
-        if (old != SLOT_NONE && map[s] != SLOT_NONE && !atomic_load(&st->nodes[old]->up))
+        if (old != SLOT_NONE && map[s] != SLOT_NONE && node_at(st, old) &&
+            !atomic_load(&node_at(st, old)->up))
             failover = true;
         atomic_store_explicit(&st->slots[s], map[s], memory_order_relaxed);
     }
@@ -1420,7 +1423,7 @@ static void on_slots(void *ctx, int err, const redisReply *r)
     /* /readyz needs every master to answer: ask the ones not heard yet now */
     nnodes = store_redis_masters(st, masters);
     for (unsigned i = 0; i < nnodes; i++) {
-        if (!atomic_load(&st->nodes[masters[i]]->up))
+        if (node_at(st, masters[i]) && !atomic_load(&node_at(st, masters[i])->up))
             ping(st, masters[i]);
     }
 }
