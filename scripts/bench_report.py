@@ -2,22 +2,29 @@
 """Prints scripts/bench's report: the markdown table of the README's
 Performance section, from the raw results scripts/bench wrote.
 
-  bench_report.py RESULTS MEMORY DATE MACHINE COMMAND REPS DUR SLOW_DUR NGINX_WORKERS VERSIONS CLK_TCK
+  bench_report.py RESULTS MEMORY REDIS_SERVERS DATE MACHINE COMMAND REPS DUR SLOW_DUR NGINX_WORKERS VERSIONS CLK_TCK
 
-RESULTS has one line per wrk run: label, target, repetition, connections, then
-key=value fields (requests, duration_us, p50_us, p99_us, status_err,
-socket_err, proxy_ticks, redis_ticks, rss_kib, stored_kib), tab-separated.
+RESULTS has one line per measured run (one wrk, or one per proxy of a target of
+several): label, target, repetition, connections, then key=value fields
+(requests, duration_us, p50_us, p99_us, status_err, socket_err, proxy_ticks,
+redis_each, rss_kib, stored_kib), tab-separated. redis_each is the CPU ticks
+of each redis-server behind the target, comma-separated ("-": none).
 MEMORY has one line per store of scenario 6: target|records|measure|delta|rss|evictions.
+REDIS_SERVERS has one line per target with redis-servers: target|what they are
+("redis-server", "3 masters", "master+replica").
 """
 import sys, statistics, math
-results, memory, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, clk = sys.argv[1:]
+results, memory, redis_servers, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, \
+    clk = sys.argv[1:]
 tick_us = 1e6 / int(clk)
 runs = {}      # (label, target) -> [run]
 order = []
 for line in open(results):
     label, target, rep, conns, kv, extra = line.rstrip("\n").split("\t")
     r = dict(x.split("=") for x in (kv + " " + extra).split())
+    each = r.pop("redis_each", "-")
     r = {k: float(v) for k, v in r.items()}
+    r["redis_each"] = [] if each == "-" else [float(x) for x in each.split(",")]
     r["rep"] = int(rep); r["conns"] = int(conns)
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     if (label, target) not in runs:
@@ -35,6 +42,22 @@ def ms(us):
 def num(x, fmt):
     return "–" if x is None else format(x, fmt)
 
+kinds = dict(l.strip().split("|", 1) for l in open(redis_servers) if l.strip())
+
+def redis_cpu(target, rs):
+    """The redis-servers' CPU µs per request: the median of the per-run sums, and
+    for more than one server each one's median ("3 masters: a+b+c")."""
+    per = [[t * tick_us / r["requests"] for t in r["redis_each"]]
+           for r in rs if r["requests"] and r["redis_each"]]
+    if not per:
+        return "–"
+    text = num(med([sum(p) for p in per]), ".1f")
+    if len(per[0]) > 1:
+        text += " (%s: %s)" % (kinds.get(target, "%d servers" % len(per[0])),
+                               "+".join(num(med([p[i] for p in per]), ".1f")
+                                        for i in range(len(per[0]))))
+    return text
+
 print(f"Measured {date} on {machine}; `{command}`.  ")
 print(f"{versions}; nginx `worker_processes {nginx_workers}`. "
       f"Medians of {reps} repetition(s), targets in turn in each; wrk `-t2`, {dur} s per run"
@@ -49,8 +72,7 @@ for label, target in order:
         if ref and ref[0]["rps"] > 0:
             ratios.append(r["rps"] / ref[0]["rps"])
     cpu = med([r["proxy_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs])
-    rcpu = med([r["redis_ticks"] * tick_us / r["requests"] if r["requests"] else None for r in rs]) \
-        if target in ("idemproxy-redis", "idemproxy-rediss") else None
+    rcpu = redis_cpu(target, rs)
     notes = []
     errs = sum(r["status_err"] for r in rs); serrs = sum(r["socket_err"] for r in rs)
     total = sum(r["requests"] for r in rs)
@@ -72,7 +94,7 @@ for label, target in order:
         notes.append(f"{serrs:.0f} socket errors")
     print(f"| {label} | {target} | {num(med([r['rps'] for r in rs]), ',.0f')} | "
           f"{num(med(ratios), '.2f') if target != 'nginx' else '1'} | {ms(med([r['p50_us'] for r in rs]))} | "
-          f"{ms(med([r['p99_us'] for r in rs]))} | {num(cpu, '.1f')} | {num(rcpu, '.1f')} | {'; '.join(notes)} |")
+          f"{ms(med([r['p99_us'] for r in rs]))} | {num(cpu, '.1f')} | {rcpu} | {'; '.join(notes)} |")
 
 mem = [l.strip().split("|") for l in open(memory) if l.strip()]
 if mem:
@@ -84,7 +106,15 @@ if mem:
         per = f"{int(delta) / n:,.0f}" if n else "–"
         rper = f"{int(rss) / n:,.0f}" if n else "–"
         print(f"| {target} | {n:,} | {what} | {int(delta):,} | {per} | {rper} | {ev} |")
-print("\nCPU µs/req: utime+stime of the proxy process (nginx: its workers) over the run, "
-      "per request completed; redis: redis-server's, on the idemproxy-redis and -rediss rows "
-      "(plain TCP and TLS to the same redis-server). "
+print("\nCPU µs/req: utime+stime over the run, per request completed, of the proxy process "
+      "(nginx: its workers; idemproxy-cluster-x2: both proxies) and of every redis-server behind "
+      "it: the one redis-server of idemproxy-redis and -rediss (plain TCP and TLS to the same "
+      "one); the 3 masters of the Redis Cluster (no replicas) of idemproxy-cluster and -x2, "
+      "their sum and each one's share; and of idemproxy-redis-wait (`--redis-wait-replicas 1`: "
+      "a WAIT after each write), its master's and its replica's. "
+      "idemproxy-cluster-x2: two proxies on the one cluster, each driven by its own wrk "
+      "(`-t1`, half the connections: the same offered load as the other rows); req/s is the "
+      "sum of the two, p50 and p99 the larger of the two wrks'. The cluster and WAIT targets "
+      "run scenarios 1 (64 connections) and 2 only; in 2 (one key) the master of that key's "
+      "slot answers every request. "
       "× nginx: the median of the per-repetition ratios.")
