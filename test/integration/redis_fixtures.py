@@ -1129,6 +1129,12 @@ class ClusterSet:
                 return "%s: replica, master_link_status %r (%s:%s)" % (
                     n.name, r.get("master_link_status"), r.get("master_host"),
                     r.get("master_port"))
+            # The master's side too: until it says "online" (not "wait_bgsave"), a
+            # WAIT on it counts no replica.
+            for k, v in r.items():
+                if k.startswith("slave") and isinstance(v, dict) and v.get("state") != "online":
+                    return "%s: master, its replica %s:%s is %r" % (
+                        n.name, v.get("ip"), v.get("port"), v.get("state"))
         except redis.exceptions.RedisError as e:
             return "%s: %s" % (n.name, e)
         return None
