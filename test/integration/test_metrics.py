@@ -16,7 +16,8 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\["\\n])*)"(,|$)')
 MEMORY_FAMILIES = ("idemproxy_memory_store_bytes", "idemproxy_memory_store_max_bytes",
                    "idemproxy_memory_store_entries", "idemproxy_memory_store_evictions_total",
                    "idemproxy_memory_store_expired_total")
-REDIS_FAMILIES = ("idemproxy_redis_connected", "idemproxy_redis_failovers_total")
+REDIS_FAMILIES = ("idemproxy_redis_connected", "idemproxy_redis_failovers_total",
+                  "idemproxy_redis_redirections_total", "idemproxy_store_unreplicated_total")
 
 
 def parse_labels(text, line):
@@ -247,7 +248,13 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
         assert fams["idemproxy_redis_connected"]["type"] == "gauge"
         assert gauge(fams, "idemproxy_redis_connected") == 1
         assert fams["idemproxy_redis_failovers_total"]["type"] == "counter"
-        assert gauge(fams, "idemproxy_redis_failovers_total") == 0  # no Sentinel: no failover
+        assert gauge(fams, "idemproxy_redis_failovers_total") == 0  # no failover
+        assert fams["idemproxy_redis_redirections_total"]["type"] == "counter"
+        unrepl = fams["idemproxy_store_unreplicated_total"]
+        assert unrepl["type"] == "counter"
+        # one sample per op, all 0: without --redis-wait-replicas nothing waits
+        assert sorted((lab["op"], v) for _, lab, v in unrepl["samples"]) == [
+            ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0)], unrepl
     if p.store == "memory":
         assert gauge(fams, "idemproxy_memory_store_max_bytes") == 256 * 1024 * 1024
         assert gauge(fams, "idemproxy_memory_store_entries") == 3  # k1, k2, k3's marker

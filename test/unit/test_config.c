@@ -315,6 +315,44 @@ static void test_config_wait_allows_zero(void)
     config_done(&c);
 }
 
+static void test_config_redis_wait(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(load(&c, NOENV, "--redis", "redis://h", NULL), 0);
+    CHECK_EQ_INT(c.redis_wait_replicas, 0); /* off by default */
+    CHECK_EQ_INT(c.redis_wait_timeout_ms, 100);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_REDIS_WAIT_REPLICAS=2"), "--redis", "redis://h",
+                      "--redis-wait-timeout", "0.25", NULL),
+                 0);
+    CHECK_EQ_INT(c.redis_wait_replicas, 2);
+    CHECK_EQ_INT(c.redis_wait_timeout_ms, 250);
+    config_done(&c);
+    /* the memory store has no replicas to wait for */
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", "http://127.0.0.1:3000",
+                           "--redis-wait-replicas", "1", NULL),
+                 -EINVAL);
+    CHECK(strstr(err, "--redis-wait-replicas: needs a --redis URL") == err);
+    config_done(&c);
+    /* a WAIT holds the ops behind it: its timeout must leave room in --store-timeout */
+    CHECK_EQ_INT(load(&c, NOENV, "--redis", "redis://h", "--redis-wait-replicas", "1",
+                      "--redis-wait-timeout", "1", NULL),
+                 -EINVAL);
+    CHECK(strstr(err, "--redis-wait-timeout: 1 s must be shorter than --store-timeout (1 s)") ==
+          err);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--redis", "redis://h", "--redis-wait-replicas", "1",
+                      "--redis-wait-timeout", "1", "--store-timeout", "1.5", NULL),
+                 0);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--redis-wait-replicas", "-1", NULL), -EINVAL);
+    CHECK(strstr(err, "--redis-wait-replicas: '-1'") == err);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--redis-wait-timeout", "0", NULL), -EINVAL);
+    config_done(&c);
+}
+
 static void test_config_parse_bool(void)
 {
     static const char *const yes[] = { "true", "TRUE", "True", "1", "yes", "Yes", "on", "ON" };
@@ -912,6 +950,7 @@ static void test_config_done_is_idempotent(void)
 TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_flag_beats_env_beats_default, test_config_ttl_precedence, test_config_enabled,
           test_config_parse_bytes, test_config_parse_seconds, test_config_wait_allows_zero,
+          test_config_redis_wait,
           test_config_parse_bool, test_config_parse_addr, test_config_parse_status_list,
           test_config_equals_form, test_config_require_key_forms, test_config_scope_headers,
           test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
