@@ -188,11 +188,12 @@ struct store_redis *store_redis_of(struct store *st);
 int store_redis_op_submit(struct op *op);
 
 /* Sends <argv> (OP_RAW), or the inspect script with <argv>[0] the store key
- * and <argv>[1] "1" or "0" (with the body or not), from the first loop, to
- * the node <to> (an index), or with NODE_BY_SLOT to the master of the slot
- * of the key (<argv>[0] for the script, <argv>[1] for a command); <fn> gets
- * the reply as it is, on that loop's thread. Returns 0 or a negative errno
- * (nothing calls back then). */
+ * and <argv>[1] "1" or "0" (with the body or not), to the node <to> (an
+ * index), or with NODE_BY_SLOT to the master of the slot of the key
+ * (<argv>[0] for the script, <argv>[1] for a command), from the calling
+ * loop (the first loop, from any other thread); <fn> gets the reply as it
+ * is, on that loop's thread. Returns 0 or a negative errno (nothing calls
+ * back then). */
 int store_redis_raw(struct store_redis *st, enum lua_script_id script, int to, int argc,
                     const char **argv, const size_t *lens, redis_reply_fn *fn, void *ctx);
 
