@@ -413,7 +413,9 @@ static void op_fail(struct op *op, int err)
     struct lane *ln = op->lane;
     uint64_t now = now_ms();
 
-    if (!is_cluster(st) || !is_retryable(err) || atomic_load(&st->stopping) ||
+    /* An op for one given node (a PING, CLUSTER SLOTS, a SCAN page) would only
+     * meet the same failure again: its caller moves on instead. */
+    if (!is_cluster(st) || op->to >= 0 || !is_retryable(err) || atomic_load(&st->stopping) ||
         now + op->backoff_ms >= op->deadline_ms) {
         op_finish(op, err, NULL);
         return;
@@ -1406,7 +1408,10 @@ static void on_slots(void *ctx, int err, const redisReply *r)
         return;
     }
     if (err < 0 || r->type != REDIS_REPLY_ARRAY) {
-        atomic_store(&st->refresh_node, (from + 1) % nnodes); /* ask another next time */
+        /* Ask another node, and at the next occasion: a dead node says nothing
+         * about the map, and the failover it may be part of wants one soon. */
+        atomic_store(&st->refresh_node, (from + 1) % nnodes);
+        atomic_store(&st->refresh_ms, 0);
         return;
     }
     pthread_mutex_lock(&st->addr_mu);
@@ -1415,6 +1420,7 @@ static void on_slots(void *ctx, int err, const redisReply *r)
     n = redis_cluster_slots_parse(r, self, &ranges);
     if (n < 0) {
         atomic_store(&st->refresh_node, (from + 1) % nnodes);
+        atomic_store(&st->refresh_ms, 0);
         return;
     }
     map_apply(st, ranges, n);
