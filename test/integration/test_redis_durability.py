@@ -520,13 +520,16 @@ def failover_run(proxy, upstream, cs, wait):
                 execs[v] += 1
     doubles = sorted(k for k in keys if execs[k] > 1)
     never = [k for k in keys if execs[k] == 0]
-    # keys left locked: their lock reached the replica, their completion did not
+    # keys left locked: their lock reached the replica, but what followed it (the
+    # completion, or with WAIT the release of a lock refused as unconfirmed) did not
     new_master = cs.node_client(replica)
-    locked = 0
+    locked_keys = set()
     for sk in new_master.scan_iter(match="idem:*", count=1000):
-        if sk.decode().split(":", 2)[2] in keyset and new_master.hget(sk, "state") == b"L":
-            locked += 1
+        k = sk.decode().split(":", 2)[2]
+        if k in keyset and new_master.hget(sk, "state") == b"L":
+            locked_keys.add(k)
     new_master.close()
+    locked = len(locked_keys)
     metrics = {op: unreplicated(p1, op) + unreplicated(p2, op)
                for op in ("acquire", "complete", "release", "extend")}
     fig = dict(
@@ -550,9 +553,14 @@ def failover_run(proxy, upstream, cs, wait):
         assert p.alive(), p.stderr()
         rc = p.stop()
         assert rc == 0, "exit status %s on SIGTERM:\n%s" % (rc, p.stderr())
-    # every key ran at least once: the retries after the outage were served
-    assert not never, "keys never executed: %r (final statuses %r)" % (
-        never[:5], [last.get(k) for k in never[:5]])
+    # Every key ran at least once (the retries after the outage were served), but
+    # one whose lock is still held on the new master: a lock written at the cut
+    # may still reach the replica (it was in the socket's buffer) while the
+    # release that followed it did not; such a key answers 409 until --lock-ttl
+    # (30 s) frees it, and runs once then. Never a key lost some other way.
+    assert set(never) <= locked_keys, "keys never executed and not locked: %r (final %r)" % (
+        sorted(set(never) - locked_keys)[:5], [last.get(k) for k in never[:5]])
+    assert all(last.get(k) == 409 for k in never), [last.get(k) for k in never]
     return fig
 
 
@@ -576,7 +584,10 @@ def test_redis_cluster_failover_double_executions_with_and_without_wait(proxy, u
       execute once: no double execution. (A key whose lock was confirmed but
       whose completion fell in the window stays locked on the new master, 409,
       until --lock-ttl: counted as "left locked" and in unreplicated{complete};
-      SPEC: a completion is answered even when not confirmed.)
+      SPEC: a completion is answered even when not confirmed. So does a key
+      whose refused lock still reached the replica, from the socket's buffer,
+      while its release did not: counted in unreplicated{acquire}, never run
+      until --lock-ttl frees it, never run twice.)
 
     Why a cluster rather than Sentinel: the cluster is the form this feature
     came with (test 3 covers it too); ClusterSet.revive turns the killed
@@ -598,7 +609,8 @@ def test_redis_cluster_failover_double_executions_with_and_without_wait(proxy, u
     # WAIT: the window's acquires were refused, and counted
     assert with_wait["window"]["503"] > 0, with_wait
     assert with_wait["unreplicated"]["acquire"] > 0, with_wait
-    assert with_wait["locked"] <= with_wait["unreplicated"]["complete"], with_wait
+    assert with_wait["locked"] <= (with_wait["unreplicated"]["complete"] +
+                                   with_wait["unreplicated"]["acquire"]), with_wait
     assert with_wait["doubles"] == 0, with_wait
     # without WAIT the window's executions were lost with the master
     assert without["window"]["201"] > 0, without
