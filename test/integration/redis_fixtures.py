@@ -639,7 +639,42 @@ class SentinelInstance(_Proc):
             c.close()
 
 
-class SentinelSet:
+class _ServerSet:
+    """What SentinelSet and ClusterSet share: a set of servers started
+    together, each its own process. A subclass has start(), <pki> (None: no
+    TLS), _stop_groups() (the processes, in groups stopped one after the
+    other) and _data_nodes() (the Redis servers that node() finds)."""
+
+    def stop(self):
+        """Ends every process of the set (its own PIDs only), group by group:
+        SIGTERM to each of a group (SIGCONT first to a frozen one), then
+        SIGKILL to any still there after 3 s."""
+        for group in self._stop_groups():
+            for p in group:
+                p.signal_term()
+            for p in group:
+                p.reap()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def tls(self):
+        return self.pki is not None
+
+    def node(self, addr):
+        """The Redis server of this set listening on addr (host, port)."""
+        for n in self._data_nodes():
+            if n.addr == tuple(addr):
+                return n
+        raise FixtureError("%s:%s is none of this set's Redis servers (%s)" % (
+            addr[0], addr[1], ", ".join(n.describe() for n in self._data_nodes())))
+
+
+class SentinelSet(_ServerSet):
     """A master, <replicas> replicas (`replicaof`) and <sentinels> sentinels
     on free loopback ports, each its own redis-server process with a config
     file under <workdir>.
@@ -777,26 +812,14 @@ class SentinelSet:
                     self.name, timeout, why, ", ".join(s.log_path for s in self.sentinels)))
             time.sleep(0.05)
 
-    def stop(self):
-        """Ends every process of the set (its own PIDs only): the sentinels
-        first, so that they do not fail over during the teardown."""
-        for group in (self.sentinels, self.data_nodes):
-            for p in group:
-                p.signal_term()
-            for p in group:
-                p.reap()
+    def _stop_groups(self):
+        # the sentinels first, so that they do not fail over during the teardown
+        return (self.sentinels, self.data_nodes)
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+    def _data_nodes(self):
+        return self.data_nodes
 
     # ---- addresses, clients
-    @property
-    def tls(self):
-        return self.pki is not None
-
     def sentinel_addrs(self):
         return [s.addr for s in self.sentinels]
 
@@ -820,14 +843,6 @@ class SentinelSet:
         return "%s://%s%s%s?%s" % ("rediss-sentinel" if tls else "redis-sentinel", userinfo,
                                    hosts, "" if db is None else "/%d" % db,
                                    urllib.parse.urlencode(query, quote_via=urllib.parse.quote))
-
-    def node(self, addr):
-        """The data node listening on addr (host, port)."""
-        for n in self.data_nodes:
-            if n.addr == tuple(addr):
-                return n
-        raise FixtureError("%s:%s is none of this set's data nodes (%s)" % (
-            addr[0], addr[1], ", ".join(n.describe() for n in self.data_nodes)))
 
     def sentinel_reports(self):
         """{sentinel name: (host, port) | error string} from every running,
@@ -979,7 +994,7 @@ class ClusterInstance(RedisInstance):
         return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
-class ClusterSet:
+class ClusterSet(_ServerSet):
     """A Redis Cluster of <masters> masters (at least 3) with <replicas>
     replicas each, on free loopback ports: masters * (1 + replicas)
     ClusterInstances node1, node2... under <workdir>, joined with
@@ -1190,32 +1205,13 @@ class ClusterSet:
                     timeout, why, ", ".join(n.log_path for n in self.nodes)))
             time.sleep(0.05)
 
-    def stop(self):
-        """Ends every node (its own PID only): SIGTERM to all (SIGCONT first
-        to a frozen one), then SIGKILL to any still there after 3 s."""
-        for n in self.nodes:
-            n.signal_term()
-        for n in self.nodes:
-            n.reap()
+    def _stop_groups(self):
+        return (self.nodes,)
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+    def _data_nodes(self):
+        return self.nodes
 
     # ---- addresses, clients
-    @property
-    def tls(self):
-        return self.pki is not None
-
-    def node(self, addr):
-        """The ClusterInstance listening on addr (host, port)."""
-        for n in self.nodes:
-            if n.addr == tuple(addr):
-                return n
-        raise FixtureError("%s:%s is none of this cluster's nodes (%s)" % (
-            addr[0], addr[1], ", ".join(n.describe() for n in self.nodes)))
 
     def _node_by_id(self, node_id):
         for n in self.nodes:
