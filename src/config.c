@@ -178,7 +178,7 @@ static const struct opt opts[] = {
       false },
     { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30", "seconds a lock lives without a heartbeat",
       K_SECONDS, F(lock_ttl_ms), 0, NULL, false },
-    { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,429",
+    { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,408,409,429",
       "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS, F(no_cache),
       0, NULL, false },
     { "--max-body", "IDEMPROXY_MAX_BODY", "BYTES", "1M", "largest request body (413 above)",

@@ -62,7 +62,7 @@ struct config {
     char *ttl_header;      /* --ttl-header, default X-TTL; "" disables */
     uint64_t lock_ttl_ms;  /* --lock-ttl, default 30 s */
     bool no_cache[600];    /* --no-cache-status: no_cache[status] is true when not cached (default
-                              5xx,429) */
+                              5xx,408,409,429) */
     size_t max_body_bytes; /* --max-body, default 1 MiB */
     size_t max_response_bytes;                 /* --max-response, default 4 MiB */
     size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */

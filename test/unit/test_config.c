@@ -842,7 +842,7 @@ static void test_config_print_help(void)
         "--ttl-header NAME",
         "--lock-ttl S",
         "--no-cache-status LIST",
-        "default 5xx,429",
+        "default 5xx,408,409,429",
         "--max-body BYTES",
         "IDEMPROXY_MAX_BODY",
         "default 1M",
