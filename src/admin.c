@@ -71,7 +71,7 @@ static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *
 static enum MHD_Result reply_problem(struct MHD_Connection *conn, enum problem p,
                                     const char *detail)
 {
-    struct record *rec = problem_new(p, detail);
+    struct record *rec = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
     struct MHD_Response *resp;
     enum MHD_Result ret;
 

@@ -203,7 +203,7 @@ static void set_answer(struct preq *r, struct record *rec, enum outcome o, const
  * the front end then drops the connection. */
 static void set_problem(struct preq *r, enum problem p, enum outcome o, const char *detail)
 {
-    set_answer(r, problem_new(p, detail), o, NULL);
+    set_answer(r, problem_new(p, PROBLEM_DIALECT_PROBLEM, detail), o, NULL);
 }
 
 /* Counts <r> in the metrics and writes its access line. */

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include <jansson.h>
@@ -17,17 +18,35 @@ static const struct problem_desc problems[] = {
 #undef X
 };
 
-static char *problem_json(const struct problem_desc *d, const char *detail)
+/* The four key problems are the client's to fix; Stripe-style SDKs raise an
+ * error of their own class for "idempotency_error". */
+static bool is_key_problem(enum problem p)
+{
+    return p == PROBLEM_KEY_IN_USE || p == PROBLEM_KEY_MISMATCH || p == PROBLEM_KEY_MISSING ||
+           p == PROBLEM_KEY_INVALID;
+}
+
+static json_t *body_object(enum problem p, enum problem_dialect dialect, const char *detail)
+{
+    const struct problem_desc *d = &problems[p];
+
+    if (dialect == PROBLEM_DIALECT_STRIPE)
+        return json_pack("{s:{s:s, s:s, s:s}}", "error", "type",
+                         is_key_problem(p) ? "idempotency_error" : "api_error", "code", d->code,
+                         "message", detail);
+    return json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
+                     (int)d->status, "detail", detail, "code", d->code);
+}
+
+static char *problem_json(enum problem p, enum problem_dialect dialect, const char *detail)
 {
     json_t *obj;
     char *s;
 
     /* json_pack() refuses a detail that is not UTF-8: fall back to the title. */
-    obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
-                    (int)d->status, "detail", detail ? detail : d->title, "code", d->code);
+    obj = body_object(p, dialect, detail ? detail : problems[p].title);
     if (!obj && detail)
-        obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
-                        (int)d->status, "detail", d->title, "code", d->code);
+        obj = body_object(p, dialect, problems[p].title);
     if (!obj)
         return NULL;
     s = json_dumps(obj, JSON_COMPACT);
@@ -35,17 +54,18 @@ static char *problem_json(const struct problem_desc *d, const char *detail)
     return s;
 }
 
-struct record *problem_new(enum problem p, const char *detail)
+struct record *problem_new(enum problem p, enum problem_dialect dialect, const char *detail)
 {
     const struct problem_desc *d;
     struct record *rec = NULL;
     char *body;
     size_t len;
 
-    if ((unsigned)p >= ARRAY_SIZE(problems))
+    if ((unsigned)p >= ARRAY_SIZE(problems) ||
+        (dialect != PROBLEM_DIALECT_PROBLEM && dialect != PROBLEM_DIALECT_STRIPE))
         return NULL;
     d = &problems[p];
-    body = problem_json(d, detail);
+    body = problem_json(p, dialect, detail);
     if (!body)
         return NULL;
     len = strlen(body);
@@ -53,7 +73,10 @@ struct record *problem_new(enum problem p, const char *detail)
     if (!rec)
         goto fail;
     rec->status = d->status;
-    if (record_add_header(rec, SPAN_LIT("Content-Type"), SPAN_LIT("application/problem+json")) < 0)
+    if (record_add_header(rec, SPAN_LIT("Content-Type"),
+                          dialect == PROBLEM_DIALECT_STRIPE ? SPAN_LIT("application/json")
+                                                            : SPAN_LIT("application/problem+json")) <
+        0)
         goto fail;
     if ((d->status == 409 || d->status == 503) &&
         record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)

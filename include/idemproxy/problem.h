@@ -8,10 +8,20 @@
 
 struct record;
 
-/* Returns a new record (refs 1) answering problem <p>: its status, the header
- * Content-Type: application/problem+json, Retry-After: 1 for the 409 and 503
- * problems, Connection: close for bad_request (400, 501), and a JSON body with type, title, status,
- * detail (<detail>, which may be NULL for the title) and code. NULL on OOM. */
-struct record *problem_new(enum problem p, const char *detail);
+/* How a route answers its errors (SPEC §6 `errors`). */
+enum problem_dialect {
+    PROBLEM_DIALECT_PROBLEM, /* RFC 9457 application/problem+json */
+    PROBLEM_DIALECT_STRIPE,  /* {"error": {"type", "code", "message"}}, as Stripe's SDKs read it */
+};
+
+/* Returns a new record (refs 1) answering problem <p> in <dialect>: its
+ * status, Retry-After: 1 for the 409 and 503 problems, Connection: close for
+ * bad_request (400, 501), and a JSON body. PROBLEM_DIALECT_PROBLEM:
+ * Content-Type: application/problem+json, members type, title, status,
+ * detail and code. PROBLEM_DIALECT_STRIPE: Content-Type: application/json,
+ * {"error": {"type": T, "code": code, "message": detail}}, T being
+ * "idempotency_error" for the four key problems and "api_error" otherwise.
+ * <detail> may be NULL for the title. NULL on OOM or an unknown <p>. */
+struct record *problem_new(enum problem p, enum problem_dialect dialect, const char *detail);
 
 #endif

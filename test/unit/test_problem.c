@@ -12,7 +12,7 @@
 static void check_problem(enum problem p, const char *detail, unsigned status, const char *code,
                           const char *type, const char *want_detail, bool retry_after)
 {
-    struct record *rec = problem_new(p, detail);
+    struct record *rec = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
     json_error_t err;
     json_t *j;
 
@@ -117,8 +117,60 @@ static void test_problem_detail_is_escaped(void)
 
 static void test_problem_out_of_range(void)
 {
-    CHECK(problem_new(_PROBLEM_MAX, NULL) == NULL);
-    CHECK(problem_new((enum problem) - 1, NULL) == NULL);
+    CHECK(problem_new(_PROBLEM_MAX, PROBLEM_DIALECT_PROBLEM, NULL) == NULL);
+    CHECK(problem_new((enum problem) - 1, PROBLEM_DIALECT_PROBLEM, NULL) == NULL);
+    CHECK(problem_new(PROBLEM_KEY_MISSING, (enum problem_dialect)7, NULL) == NULL);
+}
+
+/* The stripe dialect: same status and headers but Content-Type, body
+ * {"error": {"type", "code", "message"}} and nothing else. */
+static void check_stripe(enum problem p, const char *detail, const char *want_type,
+                         const char *want_message)
+{
+    struct record *rec = problem_new(p, PROBLEM_DIALECT_STRIPE, detail);
+    struct record *plain = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
+    json_t *j = NULL, *e;
+
+    CHECK(rec != NULL && plain != NULL);
+    if (!rec || !plain)
+        goto out;
+    CHECK_EQ_INT(rec->status, plain->status);
+    CHECK_EQ_INT(rec->nheaders, plain->nheaders);
+    CHECK_EQ_STR(record_header_get(rec, "Content-Type"), "application/json");
+    if (record_header_get(plain, "Retry-After"))
+        CHECK_EQ_STR(record_header_get(rec, "Retry-After"), "1");
+    if (record_header_get(plain, "Connection"))
+        CHECK_EQ_STR(record_header_get(rec, "Connection"), "close");
+    j = json_loadb(rec->body.data, rec->body.len, JSON_REJECT_DUPLICATES, NULL);
+    CHECK(json_is_object(j) && json_object_size(j) == 1);
+    e = json_object_get(j, "error");
+    CHECK(json_is_object(e) && json_object_size(e) == 3);
+    CHECK_EQ_STR(json_string_value(json_object_get(e, "type")), want_type);
+    CHECK_EQ_STR(json_string_value(json_object_get(e, "code")), problem_code(p));
+    CHECK_EQ_STR(json_string_value(json_object_get(e, "message")), want_message);
+out:
+    json_decref(j);
+    record_unref(rec);
+    record_unref(plain);
+}
+
+static void test_problem_stripe_dialect(void)
+{
+    check_stripe(PROBLEM_KEY_IN_USE, "still running", "idempotency_error", "still running");
+    check_stripe(PROBLEM_KEY_MISMATCH, "other payload", "idempotency_error", "other payload");
+    check_stripe(PROBLEM_KEY_MISSING, NULL, "idempotency_error",
+                 "Idempotency-Key header is required");
+    check_stripe(PROBLEM_KEY_INVALID, "bad", "idempotency_error", "bad");
+    check_stripe(PROBLEM_STORE_UNAVAILABLE, "down", "api_error", "down");
+    check_stripe(PROBLEM_UPSTREAM_UNAVAILABLE, NULL, "api_error", "Upstream unavailable");
+    check_stripe(PROBLEM_UPSTREAM_TIMEOUT, NULL, "api_error", "Upstream timed out");
+    check_stripe(PROBLEM_PAYLOAD_TOO_LARGE, NULL, "api_error", "Request body too large");
+    check_stripe(PROBLEM_RESPONSE_TOO_LARGE, NULL, "api_error",
+                 "Original response was too large to keep");
+    check_stripe(PROBLEM_BAD_REQUEST, "framing", "api_error", "framing");
+    /* not UTF-8: the title instead, as in the problem dialect */
+    check_stripe(PROBLEM_KEY_INVALID, "bad \xff", "idempotency_error",
+                 "Idempotency-Key header is invalid");
 }
 
 static void test_problem_tables(void)
@@ -151,4 +203,4 @@ static void test_problem_tables(void)
 TEST_MAIN(test_problem_in_use_409, test_problem_mismatch_422, test_problem_key_errors_400,
           test_problem_payload_too_large_413, test_problem_store_unavailable_503,
           test_problem_upstream_and_marker, test_problem_detail_is_escaped,
-          test_problem_out_of_range, test_problem_tables)
+          test_problem_out_of_range, test_problem_stripe_dialect, test_problem_tables)
