@@ -192,3 +192,36 @@ write("fuzz_cluster", "slots-redis7", resp([
     [301, 16383, ["?", 6382, "id4", []], ["::1", 6383, "id5", []]]]))
 write("fuzz_cluster", "slots-empty", resp([]))
 write("fuzz_cluster", "slots-malformed", resp([[5, 4, ["h", 0, "i"]], [0, 16384, [1, "h"]]]))
+
+# fuzz_keysource: the first line is the JSON pointer, the rest the body (and,
+# split at '\n', the values of a composite key).
+for name, v in {
+    "stripe-event": '/id\n{"id":"evt_1NG8Du2eZvKYlo2C","object":"event","type":"charge.succeeded"}',
+    "nested": '/data/object/id\n{"data":{"object":{"id":"pi_42","amount":500}},"id":"evt_1"}',
+    "array-index": '/items/1/id\n{"items":[{"id":"a"},{"id":"b"},{"id":"c"}]}',
+    "array-leading-zero": '/items/01\n{"items":["a","b"]}',
+    "array-dash": '/items/-\n{"items":["a"]}',
+    "escaped-names": '/a~1b/m~0n/~01\n{"a/b":{"m~n":{"~1":"k","/":"no"}}}',
+    "empty-name": '/\n{"":"empty-member"}',
+    "integer": '/n\n{"n":-9223372036854775808}',
+    "integer-overflow": '/n\n{"n":9223372036854775808}',
+    "real": '/n\n{"n":1.5e3}',
+    "literals": '/t\n{"t":true,"f":false,"z":null}',
+    "whole-string": '\n"abc"',
+    "whole-object": '\n{"id":"x"}',
+    "no-pointer": '"bare-body"',
+    "key-255": '/k\n{"k":"' + "k" * 255 + '"}',
+    "key-256": '/k\n{"k":"' + "k" * 256 + '"}',
+    "key-escapes": '/k\n{"k":"a\\"b\\\\c\\u0041\\/"}',
+    "key-space": '/k\n{"k":"a b"}',
+    "key-utf8": '/k\n{"k":"caf\\u00e9 \xc3\xa9"}',
+    "nul-escape": '/k\n{"k":"a\\u0000b"}',
+    "duplicates": '/id\n{"id":"a","id":"b"}',
+    "trailing": '\n{}x',
+    "truncated": '/id\n{"id":"ev',
+    "bad-pointer": '/a~2\n{"a~2":"x"}',
+    "deep": '/0/0/0/0\n' + '[' * 300 + ']' * 300,
+    "composite": 'x\n//example.com/source\nA234-1234-1234',
+    "composite-bad": 'x\nok\n\na b\n\x7f',
+}.items():
+    write("fuzz_keysource", name, v)
