@@ -44,10 +44,11 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 
 static void free_cb(void *p) { free(p); }
 
-/* The Prometheus exposition, built fresh on each scrape (a few kB). */
+/* The Prometheus exposition, built fresh on each scrape: a few kB, up to
+ * about 1.6 MB with METRICS_ROUTES_MAX routes. */
 static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *st)
 {
-    struct buf out = BUF_INIT(1u << 20);
+    struct buf out = BUF_INIT(METRICS_TEXT_MAX);
     struct MHD_Response *resp;
     enum MHD_Result ret;
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "idemproxy/config.h"
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
@@ -129,23 +130,31 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
     return reply_json(conn, status, json_pack("{s:s}", "error", msg));
 }
 
+/* The longest key the proxy stores: a composite of CONFIG_MAX_LIST header
+ * values of IDEMKEY_MAX bytes, one space apart (SPEC §6). */
+#define KEY_MAX (CONFIG_MAX_LIST * (IDEMKEY_MAX + 1))
+
 /* Decodes the key of the raw target <raw> ("/keys/<key>[?query]", as the
- * client sent it) into <ret> (256 bytes): %XX decoded, the result a key as
- * the proxy stores it, 1-255 bytes in 0x21-0x7E (unquoted). Decoded here,
- * not by the HTTP layer, whose C string would end at a %00. Returns 0 or
- * -EINVAL. */
+ * client sent it) into <ret> (KEY_MAX + 1 bytes): %XX decoded, the result a
+ * key as the proxy stores it: 0x21-0x7E (unquoted), or a composite key's
+ * parts of those joined by single spaces. Decoded here, not by the HTTP
+ * layer, whose C string would end at a %00. Returns 0 or -EINVAL. */
 static int decode_key(const char *raw, char *ret)
 {
     size_t n, at = strlen(ADMIN_KEYS_PATH);
     struct span in = { .base = raw, .len = strcspn(raw, "?") };
-    char path[4096];
+    char path[3 * KEY_MAX + 64];
 
     if (in.len > sizeof(path) || http_percent_decode(in, path, &n) < 0)
         return -EINVAL;
-    if (n < at || memcmp(path, ADMIN_KEYS_PATH, at) != 0 || n - at == 0 || n - at > 255)
+    if (n < at || memcmp(path, ADMIN_KEYS_PATH, at) != 0 || n - at == 0 || n - at > KEY_MAX)
         return -EINVAL;
     for (size_t i = at; i < n; i++) {
-        if ((unsigned char)path[i] < 0x21 || (unsigned char)path[i] > 0x7e)
+        unsigned char c = (unsigned char)path[i];
+
+        if (c == ' ' && i > at && i + 1 < n && path[i - 1] != ' ')
+            continue; /* between two parts of a composite key */
+        if (c < 0x21 || c > 0x7e)
             return -EINVAL;
     }
     memcpy(ret, path + at, n - at);
@@ -222,7 +231,6 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, const char *prefix,
                                  const char *key, const char *scope)
 {
-    struct idemkey k = { .len = strlen(key) };
     struct waiter *w;
     char *store_key;
     int err;
@@ -230,8 +238,7 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
     if (!scope || !idemkey_is_scope(span_from_cstr(scope)))
         return reply_error(conn, 400,
                            "scope: give ?scope=<the 32 hex characters shown by GET /keys/<key>>");
-    memcpy(k.buf, key, k.len); /* decode_key() made it 1-255 bytes */
-    if (idemkey_store_key(span_from_cstr(prefix), scope, &k, &store_key) < 0)
+    if (idemkey_store_key(span_from_cstr(prefix), scope, span_from_cstr(key), &store_key) < 0)
         return reply_error(conn, 500, "out of memory");
     w = waiter_new();
     if (!w) {
@@ -265,7 +272,7 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
 enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, const char *prefix,
                                  const char *target, const char *method)
 {
-    char key[256];
+    char key[KEY_MAX + 1];
     const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
     bool is_get = strcmp(method, "GET") == 0, is_delete = strcmp(method, "DELETE") == 0;
 
@@ -275,8 +282,9 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, 
         return reply_error(conn, 404, "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
     if (decode_key(target, key) < 0)
         return reply_error(conn, 400,
-                           "key: 1 to 255 bytes of 0x21-0x7E, as stored (unquoted), "
-                           "percent-encoded in the path");
+                           "key: 1 to 255 bytes of 0x21-0x7E, as stored (unquoted), or a "
+                           "composite key's parts joined by single spaces, percent-encoded in "
+                           "the path");
     if (is_get)
         return list_keys(conn, st, prefix, key, body && strcmp(body, "1") == 0);
     return purge_key(conn, st, prefix, key,

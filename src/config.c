@@ -14,8 +14,10 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "idemproxy/config_file.h"
 #include "idemproxy/http.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/route.h"
 #include "idemproxy/upstream.h"
 
 #define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
@@ -218,6 +220,14 @@ static const struct opt opts[] = {
       "/keys on the admin listener requires Authorization: Bearer <the file's first line>; "
       "none: /keys is served only on a loopback admin address",
       K_TOKEN_FILE, F(admin_token_file), 0, NULL, false },
+    { "--config", "IDEMPROXY_CONFIG", "FILE", NULL,
+      "YAML configuration file: any option above (spelled without the dashes), routes and key "
+      "sources; flags and environment win over it; SIGHUP reads it again",
+      K_FILE, F(config_file), 0, NULL, false },
+    { "--check-config", NULL, NULL, NULL,
+      "validate the options, environment and configuration file, print each problem, and exit "
+      "0 (valid) or 2",
+      K_ACTION, F(check_config), 0, NULL, false },
     { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help), 0,
       NULL, false },
     { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, F(show_version), 0,
@@ -636,8 +646,9 @@ static void list_clear(char **list, size_t *n)
 }
 
 /* Parses the comma-separated tokens of <v> and replaces the list with them,
- * or appends them when <append>. Nothing changes on failure. -E2BIG past
- * CONFIG_MAX_LIST entries. */
+ * or appends them when <append>; <upper> (methods) upper-cases them and
+ * refuses an empty list, which other lists (scope headers) take as none.
+ * Nothing changes on failure. -E2BIG past CONFIG_MAX_LIST entries. */
 static int list_set(char **list, size_t *n, const char *v, bool append, bool upper)
 {
     char *items[CONFIG_MAX_LIST] = { NULL };
@@ -645,6 +656,11 @@ static int list_set(char **list, size_t *n, const char *v, bool append, bool upp
     const char *p = v;
     int r;
 
+    if (trim(v, strlen(v)).len == 0 && !upper) {
+        if (!append)
+            list_clear(list, n); /* scope headers "": none, every client in one scope */
+        return 0;
+    }
     for (;;) {
         const char *end = strchr(p, ',');
         struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
@@ -815,13 +831,14 @@ static void mask_userinfo(const char *v, char *out, size_t outlen)
         snprintf(out, outlen, "%.*s***%s", (int)(start - v), v, at);
 }
 
-static void value_err(const struct opt *o, bool from_env, const char *v, int r, char *err,
+/* Explains why <v> was refused for <o> (<r> from opt_set()), the line
+ * starting with <src>: the flag, the variable, or the file's key. */
+static void value_err(const struct opt *o, const char *src, const char *v, int r, char *err,
                       size_t errlen)
 {
-    char src[128], val[80], expect[256], masked[512];
+    char val[80], expect[256], masked[512];
     struct redis_url u;
 
-    source_name(o, from_env, src, sizeof(src));
     if (o->kind == K_URL) {
         mask_userinfo(v, masked, sizeof(masked));
         v = masked;
@@ -856,12 +873,104 @@ static int apply(struct config *cfg, const struct opt *o, bool from_env, const c
                  char *err, size_t errlen)
 {
     int r = opt_set(cfg, o, v, append);
+    char src[128];
 
     if (r < 0) {
-        value_err(o, from_env, v, r, err, errlen);
+        source_name(o, from_env, src, sizeof(src));
+        value_err(o, src, v, r, err, errlen);
         return r == -ENOMEM ? -ENOMEM : -EINVAL;
     }
     return 0;
+}
+
+static const struct opt *opt_find(const char *name, size_t n);
+
+/* apply(), the error line starting with the file's key <name>. */
+static int apply_named(struct config *cfg, const struct opt *o, const char *name, const char *v,
+                       char *err, size_t errlen)
+{
+    int r = opt_set(cfg, o, v, false);
+
+    if (r < 0) {
+        value_err(o, name, v, r, err, errlen);
+        return r == -ENOMEM ? -ENOMEM : -EINVAL;
+    }
+    return 0;
+}
+
+/* ---- the configuration file's view of the table ---- */
+
+static const char *const route_options[] = {
+    "methods", "require-key", "scope-header", "ttl", "max-ttl", "ttl-header", "lock-ttl", "wait",
+    "no-cache-status", "max-body", "max-response", "replay-header",
+};
+
+bool config_is_route_option(const char *name)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(route_options); i++) {
+        if (strcmp(name, route_options[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The entry a file's key <name> sets: a flag's, without its dashes; not the
+ * actions, and not --config itself. */
+static const struct opt *file_opt(const char *name)
+{
+    char flag[64];
+    const struct opt *o;
+
+    if (snprintf(flag, sizeof(flag), "--%s", name) >= (int)sizeof(flag))
+        return NULL;
+    o = opt_find(flag, strlen(flag));
+    if (!o || o->kind == K_ACTION || strcmp(o->flag, "--config") == 0)
+        return NULL;
+    return o;
+}
+
+int config_set_option(struct config *cfg, const char *name, const char *const *items, size_t n,
+                      bool is_list, char *why, size_t whylen)
+{
+    const struct opt *o = file_opt(name);
+    char joined[4096];
+    size_t used = 0;
+
+    if (!o) {
+        set_err(why, whylen, "unknown key '%s'", name);
+        return -ENOENT;
+    }
+    if (!is_list) {
+        if (n != 1) {
+            set_err(why, whylen, "%s: needs a value", name);
+            return -EINVAL;
+        }
+        return apply_named(cfg, o, name, items[0], why, whylen);
+    }
+    if (o->kind != K_METHODS && o->kind != K_HEADERS && o->kind != K_STATUS) {
+        set_err(why, whylen, "%s: takes one value, not a list", name);
+        return -EINVAL;
+    }
+    /* The list is given to the comma-separated parser: an item may not hold a
+     * comma of its own (no method, header name or status does). */
+    joined[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(items[i]);
+
+        if (strchr(items[i], ',') || len == 0 || used + len + 2 > sizeof(joined)) {
+            char val[80];
+
+            quote_value(items[i], val, sizeof(val));
+            set_err(why, whylen, "%s: '%s' is not %s (%s)", name, val, kind_info[o->kind].what,
+                    "one item per list entry");
+            return -EINVAL;
+        }
+        if (i > 0)
+            joined[used++] = ',';
+        memcpy(joined + used, items[i], len + 1);
+        used += len;
+    }
+    return apply_named(cfg, o, name, joined, why, whylen);
 }
 
 /* ---- loading ---- */
@@ -1082,23 +1191,136 @@ static int check(const struct config *cfg, char *err, size_t errlen)
                 "--upstream http://127.0.0.1:3000)");
         return -EINVAL;
     }
+    r = config_check_route(cfg, err, errlen);
+    if (r == 0)
+        r = check_redis_tls(cfg, err, errlen);
+    if (r == 0)
+        r = check_redis_wait(cfg, err, errlen);
+    return r;
+}
+
+int config_check_route(const struct config *cfg, char *why, size_t whylen)
+{
     if (cfg->ttl_ms > cfg->max_ttl_ms) {
         char ttl[32], max[32];
 
         format_secs(cfg->ttl_ms, ttl, sizeof(ttl));
         format_secs(cfg->max_ttl_ms, max, sizeof(max));
-        set_err(err, errlen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
+        set_err(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
-    r = check_redis_tls(cfg, err, errlen);
-    if (r == 0)
-        r = check_redis_wait(cfg, err, errlen);
-    return r < 0 ? r : check_memory_budget(cfg, err, errlen);
+    return check_memory_budget(cfg, why, whylen);
+}
+
+/* ---- copies ---- */
+
+static int copy_string(char **dst, const char *src)
+{
+    *dst = NULL;
+    if (src && !(*dst = strdup(src)))
+        return -ENOMEM;
+    return 0;
+}
+
+int config_copy(struct config *dst, const struct config *src)
+{
+    int r = 0;
+
+    memcpy(dst, src, sizeof(*dst));
+    dst->redis_password = NULL;
+    dst->admin_token = NULL;
+    dst->routes = NULL;
+    /* Every pointer of <dst> is made its own (or NULL) before anything can
+     * fail, so that config_done(<dst>) never frees what <src> owns. */
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+        char **field = (char **)(void *)((char *)dst + o->off);
+
+        switch (o->kind) {
+        case K_URL:
+        case K_REDIS:
+        case K_STR:
+        case K_HEADER:
+        case K_HEADER_OPT:
+        case K_FILE:
+        case K_HOSTNAME:
+        case K_TOKEN_FILE:
+        case K_PASSWORD_FILE:
+            *field = NULL;
+            break;
+        case K_METHODS:
+        case K_HEADERS:
+            memset(field, 0, CONFIG_MAX_LIST * sizeof(char *));
+            break;
+        default:
+            break;
+        }
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(opts) && r == 0; i++) {
+        const struct opt *o = &opts[i];
+        char **field = (char **)(void *)((char *)dst + o->off);
+        char *const *from = (char *const *)(const void *)((const char *)src + o->off);
+        size_t n;
+
+        if (o->env_only)
+            continue; /* the same field as its flag's entry */
+        switch (o->kind) {
+        case K_URL:
+        case K_REDIS:
+        case K_STR:
+        case K_HEADER:
+        case K_HEADER_OPT:
+        case K_FILE:
+        case K_HOSTNAME:
+        case K_TOKEN_FILE:
+        case K_PASSWORD_FILE:
+            r = copy_string(field, *from);
+            break;
+        case K_METHODS:
+        case K_HEADERS:
+            n = *(const size_t *)(const void *)((const char *)src + o->off_n);
+            for (size_t k = 0; k < n && r == 0; k++)
+                r = copy_string(&field[k], from[k]);
+            break;
+        default:
+            break;
+        }
+    }
+    return r;
+}
+
+/* The file --config names (its last value, as load_flags() reads flags),
+ * else IDEMPROXY_CONFIG's; NULL: none. Read before the environment and the
+ * flags, which are applied over the file. */
+static const char *config_path(int argc, char *const argv[], char *const envp[])
+{
+    const char *path = env_lookup(envp, "IDEMPROXY_CONFIG");
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *eq = strchr(a, '=');
+        size_t n = eq ? (size_t)(eq - a) : strlen(a);
+        const struct opt *o = strncmp(a, "--", 2) == 0 ? opt_find(a, n) : NULL;
+        bool is_config = o && strcmp(o->flag, "--config") == 0;
+
+        if (is_config && eq) {
+            path = eq + 1;
+            continue;
+        }
+        if (!o || !o->arg || eq || i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+            continue;
+        i++; /* the value, as load_flags() takes it */
+        if (is_config)
+            path = argv[i];
+    }
+    return path;
 }
 
 int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
                 size_t errlen)
 {
+    struct config_file *file = NULL;
+    const char *path;
     int r;
 
     set_err(err, errlen, "%s", "");
@@ -1111,19 +1333,38 @@ int config_load(struct config *cfg, int argc, char *const argv[], char *const en
     }
     if (scan_actions(cfg, argc, argv))
         return 0;
+    path = config_path(argc, argv, envp);
+    if (path) {
+        r = config_file_read(path, &file, err, errlen);
+        if (r == 0)
+            r = config_file_apply(file, cfg, err, errlen);
+        if (r == -EINVAL && file) {
+            struct route_table *t = NULL;
+
+            /* Every problem of the file at once: its routes' too. */
+            if (config_file_routes(file, cfg, &t, err, errlen) == 0)
+                route_table_unref(t);
+        }
+        if (r < 0)
+            goto out;
+    }
     for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
         const char *v = opts[i].env ? env_lookup(envp, opts[i].env) : NULL;
 
         if (v) {
             r = apply(cfg, &opts[i], true, v, false, err, errlen);
             if (r < 0)
-                return r;
+                goto out;
         }
     }
     r = load_flags(cfg, argc, argv, err, errlen);
-    if (r < 0)
-        return r;
-    return check(cfg, err, errlen);
+    if (r == 0)
+        r = check(cfg, err, errlen);
+    if (r == 0)
+        r = config_file_routes(file, cfg, &cfg->routes, err, errlen);
+out:
+    config_file_free(file);
+    return r;
 }
 
 void config_done(struct config *cfg)
@@ -1164,6 +1405,10 @@ void config_done(struct config *cfg)
     cfg->admin_token = NULL;
     list_clear(cfg->methods, &cfg->nmethods);
     list_clear(cfg->scope_headers, &cfg->nscope_headers);
+    free(cfg->config_file);
+    cfg->config_file = NULL;
+    route_table_unref(cfg->routes);
+    cfg->routes = NULL;
 }
 
 void config_print_help(FILE *f)

@@ -313,7 +313,7 @@ static void record_unref_cb(void *cls) { record_unref(cls); }
 
 /* Queues the answer of <r>. The response borrows the record's body (no copy)
  * and holds a reference on it until MHD is done with it. */
-static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn, struct req *r)
+static enum MHD_Result send_answer(struct MHD_Connection *conn, struct req *r)
 {
     struct record *rec = r->out.answer;
     struct MHD_Response *resp;
@@ -334,7 +334,7 @@ static enum MHD_Result send_answer(struct front *f, struct MHD_Connection *conn,
                       rec->headers[i].name);
     }
     if (r->out.replayed)
-        (void)MHD_add_response_header(resp, f->cfg->replay_header, r->out.replayed);
+        (void)MHD_add_response_header(resp, r->out.replay_header, r->out.replayed);
     ret = MHD_queue_response(conn, rec->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -402,7 +402,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             span_from_cstr(version), r->in.headers, r->in.nheaders);
         pipeline_begin(f->pl, r, on_done, f);
         if (r->out.decided)
-            return send_answer(f, conn, r); /* refused: the body is not read */
+            return send_answer(conn, r); /* refused: the body is not read */
         return MHD_YES;
     }
     if (*upload_data_size) {
@@ -413,7 +413,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     /* The body is complete: an answer decided while it was read, or the one
      * a resumed connection comes back with, goes out now. */
     if (r->out.decided)
-        return send_answer(f, conn, r);
+        return send_answer(conn, r);
     if (r->in.conn)
         return MHD_YES; /* still waiting */
     r->in.conn = conn;

@@ -116,10 +116,10 @@ bool idemkey_store_key_matches(struct span s, struct span prefix, struct span ke
            s.base[head - 1] == ':' && memcmp(s.base + head, key.base, key.len) == 0;
 }
 
-int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret)
+int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret)
 {
     size_t slen = strlen(scope);
-    char *s = malloc(prefix.len + slen + 1 + k->len + 1), *p;
+    char *s = malloc(prefix.len + slen + 1 + key.len + 1), *p;
 
     if (!s)
         return -ENOMEM;
@@ -131,8 +131,9 @@ int idemkey_store_key(struct span prefix, const char *scope, const struct idemke
     memcpy(p, scope, slen);
     p += slen;
     *p++ = ':';
-    memcpy(p, k->buf, k->len);
-    p += k->len;
+    if (key.len)
+        memcpy(p, key.base, key.len);
+    p += key.len;
     *p = '\0';
     *ret = s;
     return 0;

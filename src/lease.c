@@ -25,8 +25,7 @@
 struct leases {
     struct store *st;         /* borrowed */
     struct worker_pool *pool; /* borrowed */
-    uint64_t lock_ttl_ms;
-    uint64_t beat_every_ms; /* a lease is extended this long after its last extend */
+    uint64_t lock_ttl_ms; /* a lease's TTL when lease_start() is given none */
     atomic_bool stopping;
     pthread_mutex_t mu;         /* guards the list and the heartbeat fields of leases */
     struct list list;           /* every active struct lease, each with a reference */
@@ -38,6 +37,8 @@ struct lease {
     struct leases *ls;
     char *key; /* owned */
     struct store_token tok;
+    uint64_t lock_ttl_ms;   /* each extend takes the lock this long */
+    uint64_t beat_every_ms; /* it is extended this long after its last extend */
     atomic_bool active;              /* the heartbeat goes on while true */
     atomic_bool lost;                /* lock_lost was counted: once per lease */
     atomic_bool finishing;           /* complete or release has been sent */
@@ -112,7 +113,7 @@ static void beat_done(struct lease *l)
 
     pthread_mutex_lock(&ls->mu);
     l->extending = false;
-    l->next_beat_ms = now_ms() + ls->beat_every_ms;
+    l->next_beat_ms = now_ms() + l->beat_every_ms;
     pthread_mutex_unlock(&ls->mu);
     lease_unref(l);
 }
@@ -124,7 +125,7 @@ static void on_extended(void *ctx, int err, const struct store_result *res)
     (void)res;
     metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - l->tick_sent_us);
     if (err == 0) {
-        atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->ls->lock_ttl_ms);
+        atomic_store(&l->valid_until_ms, l->tick_sent_ms + l->lock_ttl_ms);
     } else if (err == -ESTALE) {
         lease_deactivate(l);
         /* Once finishing, our own complete or release may have landed first:
@@ -144,7 +145,7 @@ static void beat(struct lease *l)
 
     l->tick_sent_ms = now_ms();
     l->tick_sent_us = metrics_now_us();
-    if (store_extend(ls->st, span_from_cstr(l->key), &l->tok, ls->lock_ttl_ms, on_extended, l) <
+    if (store_extend(ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_extended, l) <
         0)
         beat_done(l);
 }
@@ -187,8 +188,7 @@ int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
     ls->st = st;
     ls->pool = pool;
     ls->lock_ttl_ms = lock_ttl_ms;
-    ls->beat_every_ms = lock_ttl_ms / 3 ? lock_ttl_ms / 3 : 1;
-    check_ms = ls->beat_every_ms / 4;
+    check_ms = lock_ttl_ms / 12; /* a quarter of the shortest beat */
     if (check_ms < BEAT_CHECK_MIN_MS)
         check_ms = BEAT_CHECK_MIN_MS;
     if (check_ms > BEAT_CHECK_MAX_MS)
@@ -225,7 +225,7 @@ void leases_free(struct leases *ls)
 /* ---- a lease's life ---- */
 
 struct lease *lease_start(struct leases *ls, const char *key, const struct store_token *tok,
-                          uint64_t acquired_at_ms)
+                          uint64_t acquired_at_ms, uint64_t lock_ttl_ms)
 {
     struct lease *l = calloc(1, sizeof(*l));
 
@@ -239,10 +239,12 @@ struct lease *lease_start(struct leases *ls, const char *key, const struct store
     atomic_init(&l->refs, 2); /* the holder's and the heartbeat list's */
     l->ls = ls;
     l->tok = *tok;
+    l->lock_ttl_ms = lock_ttl_ms ? lock_ttl_ms : ls->lock_ttl_ms;
+    l->beat_every_ms = l->lock_ttl_ms / 3 ? l->lock_ttl_ms / 3 : 1;
     atomic_init(&l->active, true);
     atomic_init(&l->finishing, false);
-    atomic_init(&l->valid_until_ms, acquired_at_ms + ls->lock_ttl_ms);
-    l->next_beat_ms = acquired_at_ms + ls->beat_every_ms;
+    atomic_init(&l->valid_until_ms, acquired_at_ms + l->lock_ttl_ms);
+    l->next_beat_ms = acquired_at_ms + l->beat_every_ms;
     pthread_mutex_lock(&ls->mu);
     list_append(&ls->list, &l->beat);
     pthread_mutex_unlock(&ls->mu);
@@ -258,7 +260,7 @@ static void on_confirmed(void *ctx, int err, const struct store_result *res)
     (void)res;
     metrics_store_call(METRICS_STORE_EXTEND, metrics_now_us() - l->confirm_sent_us);
     if (err == 0) {
-        atomic_store(&l->valid_until_ms, l->confirm_sent_ms + l->ls->lock_ttl_ms);
+        atomic_store(&l->valid_until_ms, l->confirm_sent_ms + l->lock_ttl_ms);
     } else if (err == -ESTALE) {
         lease_deactivate(l);
         lock_lost(l, "before forwarding");
@@ -275,7 +277,7 @@ void lease_confirm(struct lease *l, lease_confirm_fn *done, void *ctx)
     l->confirm_ctx = ctx;
     l->confirm_sent_ms = now_ms();
     l->confirm_sent_us = metrics_now_us();
-    if (store_extend(l->ls->st, span_from_cstr(l->key), &l->tok, l->ls->lock_ttl_ms, on_confirmed,
+    if (store_extend(l->ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_confirmed,
                      l) < 0)
         on_confirmed(l, -ECONNRESET, NULL);
 }

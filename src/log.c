@@ -207,6 +207,9 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
     err |= json_object_set_new(obj, "target", json_span(a->target, LOG_FIELD_MAX));
     err |= json_object_set_new(obj, "status", json_integer(a->status));
     err |= json_object_set_new(obj, "outcome", json_string(a->outcome));
+    if (a->route)
+        err |= json_object_set_new(obj, "route",
+                                   json_span(span_from_cstr(a->route), LOG_FIELD_MAX / 8));
     if (a->key.base)
         err |= json_object_set_new(obj, "key", json_span(a->key, LOG_FIELD_MAX / 2));
     if (a->has_upstream)
@@ -239,6 +242,10 @@ void log_access(const struct log_access *a)
         put_escaped(line, sizeof(line), &n, a->target, LOG_FIELD_MAX);
         snprintf(num, sizeof(num), " %u %s", a->status, a->outcome);
         put(line, sizeof(line), &n, num, strlen(num));
+        if (a->route) {
+            put(line, sizeof(line), &n, " route=", 7);
+            put_escaped(line, sizeof(line), &n, span_from_cstr(a->route), LOG_FIELD_MAX / 8);
+        }
         if (a->key.base) {
             put(line, sizeof(line), &n, " key=", 5);
             put_escaped(line, sizeof(line), &n, a->key, LOG_FIELD_MAX / 2);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,8 +16,10 @@
 #include "idemproxy/front.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/metrics.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/route.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/upstream.h"
@@ -87,7 +90,9 @@ static bool drain(struct app *app, const sigset_t *set, uint64_t deadline_ms, bo
     while (app_requests(app) > 0) {
         if (now_ms() >= deadline_ms)
             return false;
-        if (wait_signal(set, 50)) {
+        int sig = wait_signal(set, 50);
+
+        if (sig && sig != SIGHUP) {
             *ret_forced = true;
             return false;
         }
@@ -203,11 +208,25 @@ static int forward_on_loop(void *ctx, struct loop *loop, const struct upstream_r
     return -ECANCELED;
 }
 
+/* What an upstream answer may grow to before it is cut: well past the
+ * largest max-response of any route, so that a too-large answer is still
+ * relayed whole. */
+static size_t capture_bytes(const struct config *cfg)
+{
+    const struct route_table *t = cfg->routes;
+    size_t most = cfg->max_response_bytes;
+
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        if (t->routes[i].cfg.max_response_bytes > most)
+            most = t->routes[i].cfg.max_response_bytes;
+    }
+    return most > MIN_CAPTURE_BYTES / 4 ? most * 4 : MIN_CAPTURE_BYTES;
+}
+
 static int app_up(struct app *app)
 {
     const struct config *cfg = &app->cfg;
-    size_t capture = cfg->max_response_bytes > MIN_CAPTURE_BYTES / 4 ? cfg->max_response_bytes * 4
-                                                                     : MIN_CAPTURE_BYTES;
+    size_t capture = capture_bytes(cfg);
     struct upstream_options uo = {
         .base_url = cfg->upstream,
         .timeout_ms = cfg->upstream_timeout_ms,
@@ -311,10 +330,131 @@ static int app_up(struct app *app)
     return 0;
 }
 
+/* Writes each line of <problems> to stderr, after "idemproxy: ". */
+static void print_problems(const char *problems)
+{
+    for (const char *p = problems; *p;) {
+        size_t n = strcspn(p, "\n");
+
+        fprintf(stderr, "idemproxy: %.*s\n", (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+}
+
+/* The settings SIGHUP cannot change (SPEC §6), and those the modules took
+ * at start: <name> when <a> and <b> differ in it, else NULL. */
+static const char *restart_setting(const struct config *a, const struct config *b, size_t i)
+{
+#define SAME_STR(x, y) ((!(x) && !(y)) || ((x) && (y) && strcmp((x), (y)) == 0))
+    switch (i) {
+    case 0:
+        return strcmp(a->listen.text, b->listen.text) ? "listen" : NULL;
+    case 1:
+        return strcmp(a->admin_listen.text, b->admin_listen.text) ? "admin-listen" : NULL;
+    case 2:
+        return SAME_STR(a->upstream, b->upstream) ? NULL : "upstream";
+    case 3:
+        return SAME_STR(a->redis_url, b->redis_url) ? NULL : "redis";
+    case 4:
+        return a->memory_max_bytes != b->memory_max_bytes ? "memory-max-bytes" : NULL;
+    case 5:
+        return a->max_connections != b->max_connections ? "max-connections" : NULL;
+    case 6:
+        return a->enabled != b->enabled ? "IDEMPOTENCY_ENABLED" : NULL;
+    case 7:
+        return SAME_STR(a->key_prefix, b->key_prefix) ? NULL : "key-prefix";
+    case 8:
+        return a->store_timeout_ms != b->store_timeout_ms ? "store-timeout" : NULL;
+    case 9:
+        return a->upstream_timeout_ms != b->upstream_timeout_ms ? "upstream-timeout" : NULL;
+    case 10:
+        return a->client_timeout_ms != b->client_timeout_ms ? "client-timeout" : NULL;
+    case 11:
+        return SAME_STR(a->admin_token_file, b->admin_token_file) ? NULL : "admin-token-file";
+    case 12:
+        return (a->redis_wait_replicas != b->redis_wait_replicas ||
+                a->redis_wait_timeout_ms != b->redis_wait_timeout_ms)
+                   ? "redis-wait-replicas/redis-wait-timeout"
+                   : NULL;
+    case 13:
+        return (!SAME_STR(a->redis_password_file, b->redis_password_file) ||
+                !SAME_STR(a->redis_tls_ca_file, b->redis_tls_ca_file) ||
+                !SAME_STR(a->redis_tls_cert_file, b->redis_tls_cert_file) ||
+                !SAME_STR(a->redis_tls_key_file, b->redis_tls_key_file) ||
+                !SAME_STR(a->redis_tls_server_name, b->redis_tls_server_name) ||
+                a->redis_tls_insecure != b->redis_tls_insecure)
+                   ? "redis-password-file/redis-tls-*"
+                   : NULL;
+    default:
+        return NULL;
+    }
+#undef SAME_STR
+}
+
+#define RESTART_SETTINGS 14
+
+/* SIGHUP: reads the configuration again (the same flags and environment,
+ * the file as it is now). A valid one gives the requests that begin from
+ * now on its routes and settings, and its log level and format; what needs a
+ * restart keeps its value, and is said. An invalid one changes nothing. */
+static void reload(struct app *app, int argc, char **argv)
+{
+    struct config next = { 0 };
+    struct route_table *t, *old;
+    char err[8192] = "", why[512];
+    size_t restart = 0;
+
+    if (config_load(&next, argc, argv, environ, err, sizeof(err)) < 0) {
+        for (const char *p = err; *p;) {
+            size_t n = strcspn(p, "\n");
+
+            log_error("reload: %.*s", (int)n, p);
+            p += n + (p[n] == '\n');
+        }
+        log_error("reload: the configuration has problems; nothing was changed");
+        metrics_config_reload(false);
+        config_done(&next);
+        return;
+    }
+    for (size_t i = 0; i < RESTART_SETTINGS; i++) {
+        const char *name = restart_setting(&app->cfg, &next, i);
+
+        if (name) {
+            log_warn("reload: %s changed: it needs a restart, and keeps its value until then",
+                     name);
+            restart++;
+        }
+    }
+    /* The routes run under the settings that need a restart as they are. */
+    t = next.routes;
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        struct config *rc = &t->routes[i].cfg;
+        char *prefix = strdup(app->cfg.key_prefix);
+
+        if (prefix) {
+            free(rc->key_prefix);
+            rc->key_prefix = prefix;
+        }
+        rc->enabled = app->cfg.enabled;
+    }
+    if (pipeline_set_routes(app->pl, t, why, sizeof(why)) > 0)
+        log_warn("reload: %s", why);
+    log_setup(next.log_level, next.log_format);
+    old = app->cfg.routes; /* the running configuration holds the table in use */
+    app->cfg.routes = t;
+    next.routes = NULL;
+    route_table_unref(old);
+    metrics_config_reload(true);
+    log_info("reload: %s applied: %zu routes%s",
+             app->cfg.config_file ? app->cfg.config_file : "the configuration", t->nroutes,
+             restart ? "; see above for what needs a restart" : "");
+    config_done(&next);
+}
+
 int main(int argc, char **argv)
 {
     struct app app = { 0 };
-    char err[512] = "";
+    char err[8192] = "";
     sigset_t set;
     bool forced = false;
     char storedesc[320];
@@ -322,7 +462,7 @@ int main(int argc, char **argv)
     int sig;
 
     if (config_load(&app.cfg, argc, argv, environ, err, sizeof(err)) < 0) {
-        fprintf(stderr, "idemproxy: %s\n", err);
+        print_problems(err);
         config_done(&app.cfg);
         return 2;
     }
@@ -334,6 +474,13 @@ int main(int argc, char **argv)
         config_done(&app.cfg);
         return 0;
     }
+    if (app.cfg.check_config) {
+        printf("idemproxy: the configuration is valid (%s%s%zu routes)\n",
+               app.cfg.config_file ? app.cfg.config_file : "no file",
+               app.cfg.config_file ? ": " : ", ", app.cfg.routes->nroutes);
+        config_done(&app.cfg);
+        return 0;
+    }
     log_setup(app.cfg.log_level, app.cfg.log_format);
 
     /* Signals are taken by the main thread alone: block them before any thread starts. */
@@ -342,6 +489,7 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     curl_global_init(CURL_GLOBAL_DEFAULT);
 
@@ -364,6 +512,10 @@ int main(int argc, char **argv)
 
     do {
         sig = wait_signal(&set, 1000);
+        if (sig == SIGHUP) {
+            reload(&app, argc, argv);
+            sig = 0;
+        }
         watch_memory_store(&app, &watch);
     } while (!sig);
     log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),

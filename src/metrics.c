@@ -3,9 +3,13 @@
  * updates without a lock, read by the admin thread when /metrics is asked.
  * A scrape may see a request counted in one family and not yet in another;
  * within a histogram, _count is computed from the buckets read, so it always
- * equals the +Inf bucket. */
+ * equals the +Inf bucket. Route names are interned under a mutex and
+ * published by a release store of their count, so a reader that loads the
+ * count with acquire sees every name below it whole, without the lock. */
 #include "idemproxy/metrics.h"
 
+#include <assert.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -24,15 +28,82 @@ static const char *const store_op_names[] = {
     [METRICS_STORE_EXTEND] = "extend",
 };
 
+/* The longest idemproxy_requests_total sample line: the name and labels with a
+ * route name of METRICS_ROUTE_NAME_MAX bytes, an outcome of 14 ("upstream_error"),
+ * a 20-digit count and the newline. All other families take well under 64 KiB. */
+#define REQUESTS_LINE_MAX                                                                          \
+    (sizeof("idemproxy_requests_total{route=\"\",outcome=\"\"} \n") - 1 + METRICS_ROUTE_NAME_MAX + \
+     14 + 20)
+#define REQUESTS_TEXT_MAX ((uint64_t)METRICS_ROUTES_MAX * _OUTCOME_MAX * REQUESTS_LINE_MAX)
+_Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
+               "METRICS_TEXT_MAX holds the exposition with every route interned");
+
+/* The counters are static: BSS pages are only made resident when first
+ * written, so the 1024 x 11 counters (~90 KB) and names (~65 KB) cost memory
+ * for the routes in use only, and a route id is an index that needs no
+ * allocation, no failure path and no pointer to publish. */
 static struct {
-    _Atomic uint64_t requests[_OUTCOME_MAX];
+    _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     struct metrics_histogram request_duration;
     struct metrics_histogram upstream_duration;
     struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
     _Atomic int64_t inflight;
     _Atomic uint64_t lock_lost;
+    _Atomic uint64_t reloads[2]; /* SIGHUP: [0] error, [1] ok */
     _Atomic uint64_t store_errors;
 } m;
+
+/* Route names: route_names[id] for 0 < id < route_count, written once under
+ * route_lock before route_count is raised past it, never changed after.
+ * "default" (id 0) is not stored, so the array stays in BSS (a non-zero
+ * initialiser would put all of it in the binary's data). */
+static pthread_mutex_t route_lock = PTHREAD_MUTEX_INITIALIZER;
+static char route_names[METRICS_ROUTES_MAX][METRICS_ROUTE_NAME_MAX + 1];
+static _Atomic unsigned route_count = 1;
+
+static const char *route_name(unsigned id) { return id == 0 ? "default" : route_names[id]; }
+
+static bool is_route_name(const char *name)
+{
+    size_t len = 0;
+
+    if (!name)
+        return false;
+    for (; name[len]; len++) {
+        char c = name[len];
+
+        if (len == METRICS_ROUTE_NAME_MAX)
+            return false;
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return len > 0;
+}
+
+int metrics_route_id(const char *name)
+{
+    unsigned n;
+    int id = -E2BIG;
+
+    if (!is_route_name(name))
+        return -EINVAL;
+    pthread_mutex_lock(&route_lock);
+    n = atomic_load_explicit(&route_count, memory_order_relaxed); /* only written under the lock */
+    for (unsigned i = 0; i < n; i++) {
+        if (strcmp(route_name(i), name) == 0) {
+            id = (int)i;
+            goto out;
+        }
+    }
+    if (n < METRICS_ROUTES_MAX) {
+        memcpy(route_names[n], name, strlen(name) + 1);
+        atomic_store_explicit(&route_count, n + 1, memory_order_release);
+        id = (int)n;
+    }
+out:
+    pthread_mutex_unlock(&route_lock);
+    return id;
+}
 
 uint64_t metrics_now_us(void)
 {
@@ -57,10 +128,13 @@ void metrics_histogram_observe(struct metrics_histogram *h, uint64_t us)
     atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
 }
 
-void metrics_request(enum outcome o, uint64_t total_us, bool has_upstream, uint64_t upstream_us)
+void metrics_request(unsigned route_id, enum outcome o, uint64_t total_us, bool has_upstream,
+                     uint64_t upstream_us)
 {
+    /* Relaxed is enough: the id reached this thread after its count was stored. */
+    assert(route_id < atomic_load_explicit(&route_count, memory_order_relaxed));
     if ((unsigned)o < _OUTCOME_MAX)
-        atomic_fetch_add_explicit(&m.requests[o], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m.requests[route_id][o], 1, memory_order_relaxed);
     metrics_histogram_observe(&m.request_duration, total_us);
     if (has_upstream)
         metrics_histogram_observe(&m.upstream_duration, upstream_us);
@@ -78,6 +152,11 @@ void metrics_inflight_add(int delta)
 }
 
 void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory_order_relaxed); }
+
+void metrics_config_reload(bool ok)
+{
+    atomic_fetch_add_explicit(&m.reloads[ok], 1, memory_order_relaxed);
+}
 
 void metrics_store_error(void)
 {
@@ -174,16 +253,21 @@ static int emit_store(void *ctx, const char *name, const char *labels, const cha
 
 int metrics_format(struct buf *out, struct store *st)
 {
+    unsigned nroutes = atomic_load_explicit(&route_count, memory_order_acquire);
     char labels[64];
     int64_t inflight;
     int err;
 
     err = family(out, "idemproxy_requests_total", "counter",
-                 "Client requests answered, by outcome (SPEC section 1).");
-    for (size_t o = 0; o < _OUTCOME_MAX && err == 0; o++)
-        err = appendf(
-            out, "idemproxy_requests_total{outcome=\"%s\"} %llu\n", outcome_label((enum outcome)o),
-            (unsigned long long)atomic_load_explicit(&m.requests[o], memory_order_relaxed));
+                 "Client requests answered, by route (default when none matched) and outcome "
+                 "(SPEC section 1).");
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (size_t o = 0; o < _OUTCOME_MAX && err == 0; o++)
+            err = appendf(
+                out, "idemproxy_requests_total{route=\"%s\",outcome=\"%s\"} %llu\n", route_name(r),
+                outcome_label((enum outcome)o),
+                (unsigned long long)atomic_load_explicit(&m.requests[r][o], memory_order_relaxed));
+    }
     if (err == 0)
         err = family(out, "idemproxy_request_duration_seconds", "histogram",
                      "Time from a request's headers to its answer.");
@@ -212,6 +296,14 @@ int metrics_format(struct buf *out, struct store *st)
         err = simple(out, "idemproxy_lock_lost_total", "counter",
                      "Locks found taken by another request before the answer was stored.",
                      (unsigned long long)atomic_load_explicit(&m.lock_lost, memory_order_relaxed));
+    if (err == 0)
+        err = family(out, "idemproxy_config_reloads_total", "counter",
+                     "Configuration reloads on SIGHUP, by result (ok: applied; error: the file "
+                     "had problems, nothing changed).");
+    for (int ok = 1; ok >= 0 && err == 0; ok--)
+        err = appendf(
+            out, "idemproxy_config_reloads_total{result=\"%s\"} %llu\n", ok ? "ok" : "error",
+            (unsigned long long)atomic_load_explicit(&m.reloads[ok], memory_order_relaxed));
     if (err == 0)
         err =
             simple(out, "idemproxy_store_errors_total", "counter",

@@ -14,6 +14,7 @@
 #include "idemproxy/pipeline.h"
 
 #include <assert.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,11 +25,13 @@
 #include "idemproxy/fingerprint.h"
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
+#include "idemproxy/keysource.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
+#include "idemproxy/route.h"
 #include "idemproxy/store.h"
 #include "idemproxy/waitlist.h"
 #include "idemproxy/worker.h"
@@ -36,12 +39,24 @@
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
 struct pipeline {
-    const struct config *cfg;
     struct store *st;
     struct worker_pool *pool;
     struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases;  /* owned: held locks and their heartbeat (lease.h) */
     struct pipeline_forwarder fwd;
+    pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
+    struct route_table *routes; /* owned reference: what new requests are matched against */
+    uint64_t min_lock_ttl_ms;   /* the heartbeat was set up for locks this short */
+};
+
+/* Where a key came from. Keys of different sources never share a store key:
+ * each source but the key header hashes a tag of its own into the scope,
+ * a tag no header value can equal (it holds a NUL). */
+enum key_domain {
+    KEY_DOMAIN_HEADER,
+    KEY_DOMAIN_HEADERS,
+    KEY_DOMAIN_JSON,
+    KEY_DOMAIN_FINGERPRINT,
 };
 
 /* A request as the pipeline knows it: what the front end sees (<req>), and
@@ -49,8 +64,12 @@ struct pipeline {
 struct preq {
     struct req req;
     struct pipeline *pl;
-    struct buf body; /* owned, limited by --max-body */
-    bool enforced;   /* the idempotency rules apply (a valid key was given) */
+    struct route_table *routes; /* reference: the table <route> belongs to */
+    const struct route *route;  /* its route, and the settings it runs under (route->cfg) */
+    struct buf body;            /* owned, limited by the route's max-body */
+    bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
+    bool key_deferred;          /* the key comes from the body: decided by pipeline_end() */
+    char *derived_key;          /* owned: a key not sent as such (composite, JSON, fingerprint) */
     /* What is forwarded and fingerprinted: the target in origin-form (or "*"),
      * borrowing <req.in.target_buf> or <fwd_target_buf>, and the Host an
      * absolute-form target names (base NULL: the client's Host). */
@@ -126,9 +145,9 @@ static int parse_uint(struct span s, uint64_t *ret)
 
 /* The TTL of the completed answer: the TTL header when it is a positive
  * integer (capped at --max-ttl), else --ttl. */
-static uint64_t request_ttl_ms(const struct pipeline *pl, const struct preq *r)
+static uint64_t request_ttl_ms(const struct preq *r)
 {
-    const struct config *cfg = pl->cfg;
+    const struct config *cfg = &r->route->cfg;
     const struct span *v;
     uint64_t s;
 
@@ -143,13 +162,19 @@ static uint64_t request_ttl_ms(const struct pipeline *pl, const struct preq *r)
 }
 
 /* Builds <prefix><scope>:<key> (idemkey.h), the scope hashing the
- * --scope-header values in order; several instances of one header count as
- * their comma-joined list. */
-static int build_store_key(const struct pipeline *pl, struct preq *r, const struct idemkey *k)
+ * --scope-header values in order (several instances of one header count as
+ * their comma-joined list), then the tag of <domain> for a derived key. */
+static int build_store_key(struct preq *r, struct span key, enum key_domain domain)
 {
-    const struct config *cfg = pl->cfg;
+    static const struct span tags[] = {
+        [KEY_DOMAIN_HEADERS] = { "\0idemproxy:headers", 19 },
+        [KEY_DOMAIN_JSON] = { "\0idemproxy:json", 16 },
+        [KEY_DOMAIN_FINGERPRINT] = { "\0idemproxy:fingerprint", 23 },
+    };
+    const struct config *cfg = &r->route->cfg;
     const struct req_intake *in = &r->req.in;
-    struct span values[CONFIG_MAX_LIST];
+    struct span values[CONFIG_MAX_LIST + 1];
+    size_t nvalues = cfg->nscope_headers;
     struct buf joined[CONFIG_MAX_LIST];
     char scope[IDEMKEY_SCOPE_HEX + 1];
     int err = 0;
@@ -180,10 +205,12 @@ static int build_store_key(const struct pipeline *pl, struct preq *r, const stru
         if (!values[i].base)
             values[i].base = ""; /* present, though empty */
     }
+    if (domain != KEY_DOMAIN_HEADER)
+        values[nvalues++] = tags[domain];
     if (err == 0)
-        err = idemkey_scope(values, cfg->nscope_headers, scope);
+        err = idemkey_scope(values, nvalues, scope);
     if (err == 0)
-        err = idemkey_store_key(span_from_cstr(cfg->key_prefix), scope, k, &r->store_key);
+        err = idemkey_store_key(span_from_cstr(cfg->key_prefix), scope, key, &r->store_key);
     for (size_t i = 0; i < cfg->nscope_headers; i++)
         buf_done(&joined[i]);
     return err;
@@ -197,31 +224,43 @@ static void set_answer(struct preq *r, struct record *rec, enum outcome o, const
     r->req.out.answer = rec;
     r->req.out.outcome = o;
     r->req.out.replayed = replayed;
+    r->req.out.replay_header = r->route->cfg.replay_header;
 }
 
 /* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
  * the front end then drops the connection. */
 static void set_problem(struct preq *r, enum problem p, enum outcome o, const char *detail)
 {
-    set_answer(r, problem_new(p, PROBLEM_DIALECT_PROBLEM, detail), o, NULL);
+    set_answer(r, problem_new(p, r->route->errors, detail), o, NULL);
 }
 
 /* Counts <r> in the metrics and writes its access line. */
 static void account(struct pipeline *pl, struct preq *r)
 {
     const struct req *q = &r->req;
+    const struct route *rt = r->route;
     uint64_t total_us = metrics_now_us() - r->start_us;
-    const struct span *key = NULL;
+    struct span key = { NULL, 0 };
+    const struct span *sent;
 
-    metrics_request(q->out.outcome, total_us, r->forwarded, r->upstream_us);
+    (void)pl;
+    metrics_request(rt->metrics_id, q->out.outcome, total_us, r->forwarded, r->upstream_us);
     if (!log_enabled(CONFIG_LOG_INFO))
         return;
-    if (pl->cfg->key_header && pl->cfg->key_header[0])
-        key = find_header(r, span_from_cstr(pl->cfg->key_header), NULL);
+    /* The key as sent, or the one derived (which /keys finds) */
+    if (r->derived_key) {
+        key = span_from_cstr(r->derived_key);
+    } else if (rt->key.kind == ROUTE_KEY_HEADER) {
+        sent = find_header(r, span_from_cstr(rt->key.header ? rt->key.header : rt->cfg.key_header),
+                           NULL);
+        if (sent)
+            key = *sent;
+    }
     log_access(&(struct log_access){
+        .route = rt->name,
         .method = q->in.method,
         .target = q->in.target,
-        .key = key ? *key : (struct span){ NULL, 0 },
+        .key = key,
         .status = q->out.answer ? q->out.answer->status : 0,
         .outcome = outcome_label(q->out.outcome),
         .has_upstream = r->forwarded,
@@ -298,48 +337,178 @@ static int check_head(struct preq *r)
     return 0;
 }
 
-/* Decides passthrough or enforcement and reads the key. Returns 0 to go on
- * with the body, 1 with an answer set. */
-static int begin(struct pipeline *pl, struct preq *r)
+/* Answers 503 for a request the proxy has no memory for. Returns 1. */
+static int oom(struct preq *r)
 {
-    const struct config *cfg = pl->cfg;
+    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                "Out of memory while reading the request.");
+    return 1;
+}
+
+/* Starts hashing the request: its key will be checked against it. */
+static int start_fingerprint(struct preq *r)
+{
+    if (fingerprint_init(&r->fp, r->req.in.method, r->fwd_target) < 0)
+        return oom(r);
+    r->enforced = true;
+    r->ttl_ms = request_ttl_ms(r);
+    return 0;
+}
+
+/* <r> runs under the idempotency key <key> from <domain>. Returns 0, or 1
+ * with an answer set. */
+static int keyed(struct preq *r, struct span key, enum key_domain domain)
+{
+    if (build_store_key(r, key, domain) < 0)
+        return oom(r);
+    return r->enforced ? 0 : start_fingerprint(r);
+}
+
+/* What the route asks for its key, for a missing_key answer. */
+static void describe_key(const struct route *rt, char *out, size_t outlen)
+{
+    const struct route_key *k = &rt->key;
+    size_t used;
+
+    switch (k->kind) {
+    case ROUTE_KEY_HEADERS:
+        used = (size_t)snprintf(out, outlen, "This request must carry the headers");
+        for (size_t i = 0; i < k->nheaders && used < outlen; i++)
+            used +=
+                (size_t)snprintf(out + used, outlen - used, "%s %s", i ? "," : "", k->headers[i]);
+        if (used < outlen)
+            snprintf(out + used, outlen - used, ", each once.");
+        break;
+    case ROUTE_KEY_JSON:
+        snprintf(out, outlen,
+                 "This request must carry a JSON body with its idempotency key at %s (a string "
+                 "or an integer).",
+                 k->pointer[0] ? k->pointer : "the top level");
+        break;
+    default:
+        snprintf(out, outlen, "This request must carry an %s header.",
+                 k->header ? k->header : rt->cfg.key_header);
+        break;
+    }
+}
+
+/* No key: the fingerprint stands for one (fallback), a 400 (require-key),
+ * or passthrough. Returns 0 to go on, 1 with an answer set. */
+static int no_key(struct preq *r)
+{
+    const struct route *rt = r->route;
+    char detail[512];
+
+    if (rt->key.fallback) {
+        r->key_deferred = true; /* keyed by its fingerprint once the body is in */
+        return r->enforced ? 0 : start_fingerprint(r);
+    }
+    if (rt->cfg.require_key) {
+        describe_key(rt, detail, sizeof(detail));
+        set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY, detail);
+        return 1;
+    }
+    r->enforced = false; /* passthrough, unprotected */
+    return 0;
+}
+
+static int refuse_invalid_key(struct preq *r, const char *detail)
+{
+    set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY, detail);
+    return 1;
+}
+
+/* Reads the key from the headers, as the route's key source says; a key in
+ * the body is left for pipeline_end(). Returns 0 to go on, 1 with an answer. */
+static int read_key(struct preq *r)
+{
+    const struct route *rt = r->route;
+    struct span values[CONFIG_MAX_LIST];
     const struct span *v;
     struct idemkey key;
-    uint64_t announced;
-    size_t n;
+    size_t n, len;
+    char *text;
+    int err;
 
+    switch (rt->key.kind) {
+    case ROUTE_KEY_JSON:
+        r->key_deferred = true;
+        return start_fingerprint(r);
+    case ROUTE_KEY_HEADERS:
+        for (size_t i = 0; i < rt->key.nheaders; i++) {
+            v = find_header(r, span_from_cstr(rt->key.headers[i]), &n);
+            if (n != 1)
+                return no_key(r);
+            values[i] = *v;
+        }
+        err = keysource_composite(values, rt->key.nheaders, &text, &len);
+        if (err == -EINVAL)
+            return refuse_invalid_key(r, "Each key header's value is 1-255 visible ASCII "
+                                         "characters (0x21-0x7E).");
+        if (err < 0)
+            return oom(r);
+        r->derived_key = text;
+        return keyed(r, (struct span){ text, len }, KEY_DOMAIN_HEADERS);
+    default:
+        v = find_header(r, span_from_cstr(rt->key.header ? rt->key.header : rt->cfg.key_header),
+                        &n);
+        if (n == 0)
+            return no_key(r);
+        if (n > 1)
+            return refuse_invalid_key(r, "Send exactly one Idempotency-Key header.");
+        if (idemkey_parse(*v, &key) < 0)
+            return refuse_invalid_key(
+                r, "An Idempotency-Key is 1-255 visible ASCII characters (0x21-0x7E), bare or as "
+                   "a quoted sf-string; a bare key may not hold , \" or \\.");
+        return keyed(r, idemkey_span(&key), KEY_DOMAIN_HEADER);
+    }
+}
+
+/* The path a route is matched on: the target up to its query. */
+static struct span target_path(struct span target)
+{
+    const char *q = target.base ? memchr(target.base, '?', target.len) : NULL;
+
+    if (q)
+        target.len = (size_t)(q - target.base);
+    return target;
+}
+
+/* Matches <r> to its route, by <target>, and the Host of <host> (base NULL:
+ * the client's Host header). */
+static void route_request(struct preq *r, struct span target, struct span host)
+{
+    const struct span *h = NULL;
+
+    if (!host.base && (h = find_header(r, SPAN_LIT("Host"), NULL)))
+        host = *h;
+    r->route = route_match(r->routes, r->req.in.method, target_path(target), host);
+    r->body.limit = r->route->cfg.max_body_bytes;
+}
+
+/* Routes the request, decides passthrough or enforcement and reads the key.
+ * Returns 0 to go on with the body, 1 with an answer set. */
+static int begin(struct pipeline *pl, struct preq *r)
+{
+    const struct config *cfg;
+    const struct span *v;
+    uint64_t announced;
+
+    pthread_mutex_lock(&pl->routes_mu);
+    r->routes = route_table_ref(pl->routes);
+    pthread_mutex_unlock(&pl->routes_mu);
+    /* A first match on the target as sent, so that even a malformed request
+     * is answered in its route's dialect and counted under its route. */
+    route_request(r, r->req.in.target, (struct span){ NULL, 0 });
     r->req.out.outcome = OUTCOME_PASSTHROUGH;
     if (check_head(r))
         return 1;
-    if (cfg->enabled && config_is_enforced(cfg, r->req.in.method)) {
-        v = find_header(r, span_from_cstr(cfg->key_header), &n);
-        if (n == 0 && cfg->require_key) {
-            set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY,
-                        "This request must carry an Idempotency-Key header.");
-            return 1;
-        }
-        if (n > 1) {
-            set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY,
-                        "Send exactly one Idempotency-Key header.");
-            return 1;
-        }
-        if (n == 1) {
-            if (idemkey_parse(*v, &key) < 0) {
-                set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY,
-                            "An Idempotency-Key is 1-255 visible ASCII characters (0x21-0x7E), "
-                            "bare or as a quoted sf-string; a bare key may not hold , \" or \\.");
-                return 1;
-            }
-            if (build_store_key(pl, r, &key) < 0 ||
-                fingerprint_init(&r->fp, r->req.in.method, r->fwd_target) < 0) {
-                set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                            "Out of memory while reading the request.");
-                return 1;
-            }
-            r->enforced = true;
-            r->ttl_ms = request_ttl_ms(pl, r);
-        }
-    }
+    if (r->fwd_target.base != r->req.in.target.base || r->fwd_host.base)
+        route_request(r, r->fwd_target, r->fwd_host); /* an absolute-form target */
+    cfg = &r->route->cfg;
+    if (cfg->enabled && r->route->enforce && config_is_enforced(cfg, r->req.in.method) &&
+        read_key(r))
+        return 1;
     v = find_header(r, SPAN_LIT("Content-Length"), NULL);
     if (v && parse_uint(*v, &announced) == 0 && announced > cfg->max_body_bytes) {
         set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
@@ -386,6 +555,44 @@ void pipeline_body(struct pipeline *pl, struct req *q, const char *p, size_t n)
 
 /* ---- 3. The run: the lock first, when the key is enforced ---- */
 
+/* The key of a route whose key is in the body (json), or of a request keyed
+ * by its fingerprint (fallback), now that the body is in. Returns 0 to go
+ * on (<r>->enforced false: passthrough), 1 with an answer set. */
+static int body_key(struct preq *r)
+{
+    const struct route *rt = r->route;
+    char hex[2 * FINGERPRINT_LEN + 1];
+    struct idemkey key;
+    int err = -ENOENT;
+
+    r->key_deferred = false;
+    if (rt->key.kind == ROUTE_KEY_JSON && !r->derived_key) {
+        err = keysource_json(buf_span(&r->body), rt->key.pointer, &key);
+        if (err == -EINVAL)
+            return refuse_invalid_key(r, "The key in the JSON body is not a string of 1-255 "
+                                         "visible ASCII characters (0x21-0x7E) or an integer.");
+        if (err == 0) {
+            r->derived_key = strndup(key.buf, key.len);
+            if (!r->derived_key)
+                return oom(r);
+            return keyed(r, idemkey_span(&key), KEY_DOMAIN_JSON);
+        }
+        if (err != -ENOENT)
+            return oom(r);
+        if (!rt->key.fallback) {
+            r->enforced = false; /* for no_key(): nothing is hashed any more */
+            return no_key(r);
+        }
+    }
+    /* fallback: the request's own fingerprint is its key */
+    for (size_t i = 0; i < FINGERPRINT_LEN; i++)
+        snprintf(hex + 2 * i, 3, "%02x", r->digest[i]);
+    r->derived_key = strdup(hex);
+    if (!r->derived_key)
+        return oom(r);
+    return keyed(r, (struct span){ hex, 2 * FINGERPRINT_LEN }, KEY_DOMAIN_FINGERPRINT);
+}
+
 void pipeline_end(struct pipeline *pl, struct req *q)
 {
     struct preq *r = preq_of(q);
@@ -403,6 +610,14 @@ void pipeline_end(struct pipeline *pl, struct req *q)
         set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                     "Out of memory while reading the request.");
         finish(r);
+        return;
+    }
+    if (r->key_deferred && body_key(r)) {
+        finish(r);
+        return;
+    }
+    if (!r->enforced) {
+        forward(r); /* no key in the body, none required: passthrough */
         return;
     }
     acquire(r);
@@ -429,7 +644,7 @@ static void acquire(struct preq *r)
     r->store_sent_us = metrics_now_us();
     if (err == 0)
         err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
-                            pl->cfg->lock_ttl_ms, on_acquired, r);
+                            r->route->cfg.lock_ttl_ms, on_acquired, r);
     if (err < 0) {
         metrics_store_error();
         set_store_problem(r, err);
@@ -444,18 +659,20 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
     struct preq *r = ctx;
     struct pipeline *pl = r->pl;
+    const struct config *cfg = &r->route->cfg;
     uint64_t now = now_ms();
 
     metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
     if (err == 0 && res->status == STORE_ACQUIRED) {
-        r->lease = lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms);
+        r->lease =
+            lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms, cfg->lock_ttl_ms);
         if (!r->lease) {
             set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
             finish(r); /* the lock expires within --lock-ttl */
             return;
         }
         /* A holder that stalled past half its lock TTL confirms the lock first. */
-        if (now - r->acquire_sent_ms > pl->cfg->lock_ttl_ms / 2) {
+        if (now - r->acquire_sent_ms > cfg->lock_ttl_ms / 2) {
             lease_confirm(r->lease, on_confirmed, r);
             return;
         }
@@ -480,7 +697,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         metrics_store_error();
         log_warn("store acquire of key %s failed: %s", r->store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
-        if (pl->cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
+        if (cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
             r->req.out.outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
             return;
@@ -516,9 +733,11 @@ static void on_confirmed(void *ctx, int err)
  * not held: no --wait, its wait is over, or the proxy is stopping. */
 static bool wait_hold(struct preq *r, uint64_t now)
 {
-    if (!r->pl->waits)
+    if (!r->pl->waits || r->route->cfg.wait_ms == 0)
         return false;
     r->wait.key = r->store_key;
+    if (r->wait.until_ms == 0)
+        r->wait.until_ms = now + r->route->cfg.wait_ms; /* the route's, not the list's */
     return waitlist_hold(r->pl->waits, &r->wait, now);
 }
 
@@ -622,7 +841,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct preq *r = ctx;
     const struct req_intake *in = &r->req.in;
-    const struct config *cfg = r->pl->cfg;
+    const struct config *cfg = &r->route->cfg;
 
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
@@ -672,21 +891,32 @@ int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool 
                  const struct pipeline_forwarder *fwd, struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
+    const struct route_table *t = cfg->routes;
+    uint64_t wait_ms = 0;
     int err = 0;
 
     if (!pl)
         return -ENOMEM;
-    pl->cfg = cfg;
+    pthread_mutex_init(&pl->routes_mu, NULL);
+    pl->routes = route_table_ref(cfg->routes);
     pl->st = st;
     pl->pool = pool;
     pl->fwd = *fwd;
-    if (st && cfg->wait_ms > 0) {
-        err = waitlist_new(pool, cfg->wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
+    pl->min_lock_ttl_ms = cfg->lock_ttl_ms;
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        if (t->routes[i].cfg.wait_ms > wait_ms)
+            wait_ms = t->routes[i].cfg.wait_ms;
+        if (t->routes[i].cfg.lock_ttl_ms < pl->min_lock_ttl_ms)
+            pl->min_lock_ttl_ms = t->routes[i].cfg.lock_ttl_ms;
+    }
+    /* The --wait subscriber only when a route waits (an ACL may forbid it). */
+    if (st && wait_ms > 0) {
+        err = waitlist_new(pool, wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
         if (err == 0)
             err = store_set_notify(st, waitlist_notify, pl->waits);
     }
     if (st && err == 0)
-        err = leases_new(st, pool, cfg->lock_ttl_ms, &pl->leases);
+        err = leases_new(st, pool, pl->min_lock_ttl_ms, &pl->leases);
     if (err < 0) {
         pipeline_free(pl);
         return err;
@@ -709,7 +939,38 @@ void pipeline_free(struct pipeline *pl)
         return;
     leases_free(pl->leases);
     waitlist_free(pl->waits);
+    route_table_unref(pl->routes);
+    pthread_mutex_destroy(&pl->routes_mu);
     free(pl);
+}
+
+int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, size_t whylen)
+{
+    struct route_table *old;
+
+    why[0] = '\0';
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        const struct route *rt = &t->routes[i];
+
+        if (rt->cfg.wait_ms > 0 && !pl->waits && pl->st) {
+            snprintf(why, whylen,
+                     "route %s: wait needs a restart (no route waited at start, so the "
+                     "notifications of --wait are not subscribed to); it answers 409 at once "
+                     "until then",
+                     rt->name);
+        } else if (rt->cfg.lock_ttl_ms < pl->min_lock_ttl_ms) {
+            snprintf(why, whylen,
+                     "route %s: a lock-ttl shorter than at start (%llu ms) needs a restart for "
+                     "the heartbeat to keep up; the lock may lapse under a long request until then",
+                     rt->name, (unsigned long long)pl->min_lock_ttl_ms);
+        }
+    }
+    pthread_mutex_lock(&pl->routes_mu);
+    old = pl->routes;
+    pl->routes = route_table_ref(t);
+    pthread_mutex_unlock(&pl->routes_mu);
+    route_table_unref(old); /* the requests that began under it keep their own references */
+    return why[0] ? 1 : 0;
 }
 
 /* ---- The request object ---- */
@@ -721,7 +982,7 @@ struct req *req_new(struct pipeline *pl)
     if (!r)
         return NULL;
     r->pl = pl;
-    r->body = BUF_INIT(pl->cfg->max_body_bytes);
+    r->body = BUF_INIT(0); /* its limit is its route's max-body (pipeline_begin()) */
     return &r->req;
 }
 
@@ -757,5 +1018,7 @@ void req_free(struct req *q)
     free(r->store_key);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
     record_unref(q->out.answer);
+    free(r->derived_key);
+    route_table_unref(r->routes);
     free(r);
 }

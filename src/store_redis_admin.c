@@ -228,7 +228,7 @@ static void inspect_run(void *arg)
     }
     in->st = job->st;
     in->job = job;
-    in->pattern = BUF_INIT(4096);
+    in->pattern = BUF_INIT(64 << 10); /* a composite key, every byte escaped */
     in->nmasters = store_redis_masters(in->st, in->masters);
     snprintf(in->cursor, sizeof(in->cursor), "0");
     err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });

@@ -10,6 +10,8 @@
 
 #include "idemproxy/common.h"
 
+struct route_table;
+
 #define CONFIG_MAX_LIST 32 /* entries of a list option (methods, scope headers) */
 
 enum config_on_store_error {
@@ -78,22 +80,56 @@ struct config {
     bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
     char *admin_token_file;                    /* --admin-token-file, NULL: none */
     char *admin_token;                         /* its first line: the secret /keys asks for */
-    bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
-    bool show_version; /* --version was given */
+    char *config_file; /* --config / IDEMPROXY_CONFIG: the YAML file (SPEC §6), NULL: none */
+    bool check_config; /* --check-config: validate, print the problems, exit 0 or 2 */
+    struct route_table *routes; /* owned reference: the routes and the default route (route.h) */
+    bool show_help;             /* --help / -h was given: print config_print_help() and exit 0 */
+    bool show_version;          /* --version was given */
 };
 
-/* Fills <cfg> from the defaults, then the environment <envp> (a NULL-terminated
- * "NAME=value" array, as environ), then the flags <argv>[1..argc-1]; validates
- * the result. Returns 0, or -EINVAL with one line naming the option written to
- * <err> (e.g. "--ttl: '0' is not a positive number of seconds"). <cfg> must be
- * zeroed; on any return the caller calls config_done(). With --help or
- * --version it returns 0 with show_help/show_version set and skips the check
- * for required options. */
+/* Fills <cfg> from the defaults, then the configuration file (--config or
+ * IDEMPROXY_CONFIG: its top level, config_file.h), then the environment
+ * <envp> (a NULL-terminated "NAME=value" array, as environ), then the flags
+ * <argv>[1..argc-1]; validates the result and builds cfg->routes (the file's
+ * routes over the final top-level settings, and the default route). Returns
+ * 0, or -EINVAL with the problems written to <err>, one per line: a flag or
+ * an environment variable stops at its first problem, with a line naming
+ * the option (e.g. "--ttl: '0' is not a positive number of seconds"); the
+ * file's problems are all reported, each as "FILE:LINE:COLUMN: message".
+ * <cfg> must be zeroed; on any return the caller calls config_done(). With
+ * --help or --version it returns 0 with show_help/show_version set and
+ * skips every check. */
 int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
                 size_t errlen);
 
 /* Frees what config_load() allocated. NULL-safe, idempotent. */
 void config_done(struct config *cfg);
+
+/* Sets the option <name>, spelled as its flag without the leading dashes
+ * ("max-body"), as the configuration file does: from the one value
+ * <items>[0] (<is_list> false), or from the <n> items of a list (<is_list>
+ * true, for the list options only: methods, scope-header, no-cache-status;
+ * an empty list empties it). Returns 0; -ENOENT when no option has that name
+ * (or it cannot be set from a file: config, check-config, help, version);
+ * -EINVAL for a bad value; -ENOMEM. On failure one line saying why, without
+ * a position, is written to <why>. */
+int config_set_option(struct config *cfg, const char *name, const char *const *items, size_t n,
+                      bool is_list, char *why, size_t whylen);
+
+/* True when <name> is an option a route may set (SPEC §6): methods,
+ * require-key, scope-header, ttl, max-ttl, ttl-header, lock-ttl, wait,
+ * no-cache-status, max-body, max-response, replay-header. */
+bool config_is_route_option(const char *name);
+
+/* Checks the settings a route may change in <cfg> against each other and
+ * the top level (a TTL above max-ttl, a max-response the memory store cannot
+ * hold twice). Returns 0, or -EINVAL with one line in <why>. */
+int config_check_route(const struct config *cfg, char *why, size_t whylen);
+
+/* Makes <dst> (zeroed) a deep copy of <src>, without its secrets (the Redis
+ * password and the admin token are left NULL) and without its routes: what
+ * a route's settings start from. Returns 0 or -ENOMEM (then config_done(<dst>)). */
+int config_copy(struct config *dst, const struct config *src);
 
 /* Writes the usage text: every option, its environment variable and default. */
 void config_print_help(FILE *f);

@@ -31,7 +31,13 @@ int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HE
 /* Builds the store key "<prefix><scope>:<key>" as a new NUL-terminated heap
  * string in <ret> (the caller frees it). Returns 0 or -ENOMEM. The one place
  * the store-key layout is written; idemkey_store_key_matches() reads it. */
-int idemkey_store_key(struct span prefix, const char *scope, const struct idemkey *k, char **ret);
+int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret);
+
+/* The key text of <k>, borrowed. */
+static inline struct span idemkey_span(const struct idemkey *k)
+{
+    return (struct span){ .base = k->buf, .len = k->len };
+}
 
 /* True when <s> is a scope as idemkey_scope() writes it: IDEMKEY_SCOPE_HEX
  * lowercase hex characters. */

@@ -28,10 +28,12 @@ typedef void lease_confirm_fn(void *ctx, int err);
  * back (later attempts, if the store failed, go on without the holder). */
 typedef void lease_finish_fn(void *ctx);
 
-/* Creates the set of leases of locks taken for <lock_ttl_ms> on <st>, with
- * its heartbeat on <pool> (both borrowed: they must outlive it). A lease is
- * extended when a third of the TTL has passed since its last extend. Returns
- * 0 with it in <ret>, or -ENOMEM. */
+/* Creates the set of leases of locks on <st>, with its heartbeat on <pool>
+ * (both borrowed: they must outlive it). <lock_ttl_ms> is the shortest lock
+ * TTL its leases will use (the heartbeat looks often enough for it), and
+ * the TTL of a lease started without one. A lease is extended when a third
+ * of its TTL has passed since its last extend. Returns 0 with it in <ret>,
+ * or -ENOMEM. */
 int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
                struct leases **ret);
 
@@ -43,10 +45,11 @@ void leases_stop(struct leases *ls);
 void leases_free(struct leases *ls);
 
 /* Starts the lease of the lock of <key> (copied) under <tok> (copied), asked
- * for at <acquired_at_ms>: its heartbeat starts. Returns it, holding the
- * caller's reference, or NULL on OOM (the lock then expires by itself). */
+ * for at <acquired_at_ms> for <lock_ttl_ms> (0: the set's): its heartbeat
+ * starts. Returns it, holding the caller's reference, or NULL on OOM (the
+ * lock then expires by itself). */
 struct lease *lease_start(struct leases *ls, const char *key, const struct store_token *tok,
-                          uint64_t acquired_at_ms);
+                          uint64_t acquired_at_ms, uint64_t lock_ttl_ms);
 
 /* Until when the lock cannot have lapsed (monotonic milliseconds). */
 uint64_t lease_valid_until_ms(const struct lease *l);

@@ -29,6 +29,7 @@ struct log_access {
     struct span key; /* the Idempotency-Key as sent; base NULL when absent */
     unsigned status; /* 0: no answer was sent (out of memory) */
     const char *outcome;
+    const char *route; /* the route's name; NULL: left out */
     bool has_upstream; /* the request was forwarded: <upstream_us> is meaningful */
     uint64_t upstream_us;
     uint64_t total_us;
@@ -36,12 +37,13 @@ struct log_access {
 };
 
 /* Writes the access line of <a> at info level, its client fields (method,
- * target, key) escaped as log_write() escapes a message. Text:
- * "<time> info access <method> <target> <status> <outcome> key=<key>
- * upstream_ms=<ms|-> total_ms=<ms> bytes=<n>" (key= left out when absent).
- * JSON: {"time","level","msg":"access","method","target","status","outcome",
- * "key","upstream_ms","total_ms","bytes"} ("key" and "upstream_ms" absent when
- * they do not apply). Milliseconds have three decimals. */
+ * target, key) and route escaped as log_write() escapes a message. Text:
+ * "<time> info access <method> <target> <status> <outcome> route=<route>
+ * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n>" (route= left out when
+ * NULL, key= when absent). JSON: {"time","level","msg":"access","method",
+ * "target","status","outcome","route","key","upstream_ms","total_ms","bytes"}
+ * ("route", "key" and "upstream_ms" absent when they do not apply).
+ * Milliseconds have three decimals. */
 void log_access(const struct log_access *a);
 
 /* The level is tested before the arguments are formatted. */

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Process-wide counters, gauges and histograms, and their Prometheus text
  * exposition (format 0.0.4) for the admin listener's /metrics. Any thread may
- * record: every update is one or two relaxed atomic additions, no lock. */
+ * record: every update is one or two relaxed atomic additions, no lock (only
+ * interning a route name, at config load, takes one). */
 #ifndef IDEMPROXY_METRICS_H
 #define IDEMPROXY_METRICS_H
 
@@ -56,10 +57,34 @@ void metrics_histogram_observe(struct metrics_histogram *h, uint64_t us);
 int metrics_histogram_format(struct buf *out, const char *name, const char *labels,
                              const struct metrics_histogram *h);
 
-/* Counts one client request answered with outcome <o> after <total_us>; when
- * <has_upstream>, it was forwarded and the upstream took <upstream_us>. Call
- * once per request. */
-void metrics_request(enum outcome o, uint64_t total_us, bool has_upstream, uint64_t upstream_us);
+/* The most route names metrics_route_id() interns, "default" included. */
+#define METRICS_ROUTES_MAX 1024
+
+/* The longest route name, in bytes (SPEC section 6: [a-z0-9_-]{1,64}). */
+#define METRICS_ROUTE_NAME_MAX 64
+
+/* A limit for the buffer metrics_format() writes into that always holds the
+ * whole exposition: METRICS_ROUTES_MAX routes with names of
+ * METRICS_ROUTE_NAME_MAX bytes and 20-digit counts take about 1.6 MB. */
+#define METRICS_TEXT_MAX (4u << 20)
+
+/* Returns the id of the route <name> (a NUL-terminated string), interning it
+ * on first use: the same name always gets the same id for the life of the
+ * process, across config reloads, and ids count up from 0 in the order names
+ * are first seen. "default" (the route of a request that matches none) is
+ * always 0, interned from the start. Returns -EINVAL when <name> is NULL or
+ * not 1 to METRICS_ROUTE_NAME_MAX bytes of [a-z0-9_-], or -E2BIG for a new
+ * name once METRICS_ROUTES_MAX are interned (a known name still gets its id).
+ * Any thread may call it; it takes a lock and scans the names, so call it
+ * when routes are loaded and keep the id, not once per request. */
+int metrics_route_id(const char *name);
+
+/* Counts one client request of route <route_id> (an id metrics_route_id()
+ * returned; any other is a bug, caught by assert()) answered with outcome <o>
+ * after <total_us>; when <has_upstream>, it was forwarded and the upstream
+ * took <upstream_us>. Call once per request. */
+void metrics_request(unsigned route_id, enum outcome o, uint64_t total_us, bool has_upstream,
+                     uint64_t upstream_us);
 
 /* Records one store call of kind <op> that took <us>. */
 void metrics_store_call(enum metrics_store_op op, uint64_t us);
@@ -71,12 +96,17 @@ void metrics_inflight_add(int delta);
 /* Counts a lock found taken by another request (lock_lost). */
 void metrics_lock_lost(void);
 
+/* Counts a SIGHUP reload: applied (<ok>) or refused for its problems. */
+void metrics_config_reload(bool ok);
+
 /* Counts a store call that failed (not a lost lock). */
 void metrics_store_error(void);
 
-/* Appends the whole exposition to <out>: every family with # HELP and # TYPE,
- * and the memory-store gauges when <st> (borrowed, may be NULL) is the memory
- * store. Returns 0, -ENOMEM or -E2BIG. */
+/* Appends the whole exposition to <out>: every family with # HELP and # TYPE
+ * (idemproxy_requests_total has one sample per interned route, in id order,
+ * and outcome), and the memory-store gauges when <st> (borrowed, may be NULL)
+ * is the memory store. Returns 0, -ENOMEM or -E2BIG (the limit of <out>;
+ * never with a limit of METRICS_TEXT_MAX). */
 int metrics_format(struct buf *out, struct store *st);
 
 /* The Content-Type of metrics_format()'s text. */

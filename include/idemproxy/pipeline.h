@@ -14,6 +14,7 @@
 
 struct config;
 struct loop;
+struct route_table;
 struct pipeline;
 struct record;
 struct req;
@@ -53,8 +54,9 @@ struct req_intake {
 /* What the pipeline hands back: set once, before the done callback, and only
  * read by the front end after it. */
 struct req_answer {
-    struct record *answer; /* owned reference; NULL: out of memory, drop the connection */
-    const char *replayed;  /* value of the replay header ("true"/"false"), or NULL for none */
+    struct record *answer;     /* owned reference; NULL: out of memory, drop the connection */
+    const char *replayed;      /* value of the replay header ("true"/"false"), or NULL for none */
+    const char *replay_header; /* its name (the route's replay-header), valid until req_free() */
     enum outcome outcome;
     bool decided; /* the answer is set and the done callback was called */
 };
@@ -77,8 +79,11 @@ struct pipeline_forwarder {
     void *ctx;
 };
 
-/* Creates the pipeline. Borrows <cfg>, <st> (NULL when enforcement is off),
- * <pool> and <fwd> (copied): they must outlive it. Returns 0 or -ENOMEM. */
+/* Creates the pipeline, matching requests against cfg->routes (a reference
+ * is taken). Borrows <st> (NULL when enforcement is off), <pool> and <fwd>
+ * (copied): they must outlive it. The --wait subscriber is set up when a
+ * route waits, and the lock heartbeat for the shortest lock-ttl. Returns 0
+ * or -ENOMEM. */
 int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
                  const struct pipeline_forwarder *fwd, struct pipeline **ret);
 
@@ -107,6 +112,12 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
 /* The body is complete: runs the request (store, upstream) unless its answer
  * was already decided, in which case it does nothing. */
 void pipeline_end(struct pipeline *pl, struct req *r);
+
+/* Makes <t> (a reference is taken) the routes of the requests that begin
+ * from now on; those already begun keep theirs. Returns 0, or 1 when a
+ * setting of <t> cannot take full effect without a restart (a wait when no
+ * route waited at start, a lock-ttl shorter than at start), said in <why>. */
+int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, size_t whylen);
 
 /* On SIGTERM: duplicates held by --wait get their 409 at once (within
  * 50 ms), and no new one is held, so that draining need not wait for them. */

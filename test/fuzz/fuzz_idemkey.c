@@ -55,7 +55,7 @@ static void check_store_key(const struct idemkey *k)
     const char *scope = "0123456789abcdef0123456789abcdef";
     char *s = NULL;
 
-    FUZZ_CHECK(idemkey_store_key(prefix, scope, k, &s) == 0 && s);
+    FUZZ_CHECK(idemkey_store_key(prefix, scope, idemkey_span(k), &s) == 0 && s);
     FUZZ_CHECK(strlen(s) == prefix.len + IDEMKEY_SCOPE_HEX + 1 + k->len);
     FUZZ_CHECK(memcmp(s, "idem:", 5) == 0 && s[prefix.len + IDEMKEY_SCOPE_HEX] == ':');
     FUZZ_CHECK(memcmp(s + prefix.len + IDEMKEY_SCOPE_HEX + 1, k->buf, k->len) == 0);

@@ -255,7 +255,8 @@ def test_redis_paused_is_503_within_store_timeout_then_serves_redis(proxy, upstr
     st, h, _ = p.request("GET", "/echo")  # passthrough needs no store
     assert st == 201 and hone(h, REPLAY) is None
     assert metric(p, STORE_ERRORS) >= len(keys)
-    assert metric(p, "idemproxy_requests_total", {"outcome": "store_error"}) >= len(keys)
+    assert metric(p, "idemproxy_requests_total",
+                  {"route": "default", "outcome": "store_error"}) >= len(keys)
 
     # After the pause: a new key is served normally (acquire, forward, complete).
     def serves():
@@ -333,7 +334,8 @@ def test_upstream_broken_answer_is_502_nothing_stored(proxy, upstream, path):
     st, h, b = assert_free(p, key, req)
     assert st == 502 and json.loads(b)["code"] == "upstream_unavailable", (st, b[:200])
     assert upstream.hits(upath) == 2
-    assert metric(p, "idemproxy_requests_total", {"outcome": "upstream_error"}) == 2
+    assert metric(p, "idemproxy_requests_total",
+                  {"route": "default", "outcome": "upstream_error"}) == 2
     # Passthrough gets the same problem, without a replay header.
     assert_problem(p.request("GET", path), 502, "upstream_unavailable")
     # The proxy still serves, on fresh or reused upstream connections.

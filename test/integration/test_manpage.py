@@ -21,6 +21,10 @@ README_PROSE_DEFAULTS = {"required": None, "none: memory store": None, "none": N
 
 # --------------------------------------------------------------------------- --help
 
+# Options that do something and exit, with no variable and no default.
+ACTIONS = ("--help", "--version", "--check-config")
+
+
 def parse_help():
     """Returns ({flag: {"arg", "env", "default"}}, {env-only name: default})."""
     r = run_binary(["--help"])
@@ -134,7 +138,7 @@ def man_options():
         flag, _, arg = tag.partition(" ")
         flag = flag.rstrip(",")  # "--help, -h"
         entry = {"arg": arg or None, "envs": [], "default": None}
-        if flag not in ("--help", "--version"):
+        if flag not in ACTIONS:
             m = ENTRY_RE.search(body)
             assert m, "man page: %s does not end with 'Environment: ...; default: ...': %r" % (
                 flag, body)
@@ -224,7 +228,7 @@ def test_manpage_options_agree_with_help():
         m = man[flag]
         assert m["arg"] == h["arg"], "%s: man page argument %r, --help %r" % (
             flag, m["arg"], h["arg"])
-        if flag in ("--help", "--version"):
+        if flag in ACTIONS:
             continue
         assert m["envs"][0] == h["env"], "%s: man page environment %r, --help %r" % (
             flag, m["envs"], h["env"])
@@ -263,7 +267,7 @@ def test_readme_options_agree_with_help():
         "only in --help: %s; only in README: %s"
         % (sorted(set(helpopts) - set(by_flag)), sorted(set(by_flag) - set(helpopts))))
     for flag, h in helpopts.items():
-        if flag in ("--help", "--version"):
+        if flag in ACTIONS:
             continue
         arg, envs, default = by_flag[flag]
         assert arg == h["arg"], "%s: README argument %r, --help %r" % (flag, arg, h["arg"])
@@ -289,7 +293,7 @@ def test_readme_and_manpage_name_the_same_variables():
     man = man_options()
     readme = {f: envs for flags, _, envs, _ in readme_options() for f in flags}
     for flag, m in man.items():
-        if flag in ("--help", "--version"):
+        if flag in ACTIONS:
             continue
         assert m["envs"] == readme[flag], "%s: man page %r, README %r" % (
             flag, m["envs"], readme[flag])

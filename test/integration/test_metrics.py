@@ -98,11 +98,14 @@ def check_histogram(name, samples):
 
 
 def requests_by_outcome(fams):
+    """The samples of idemproxy_requests_total{route,outcome}: without a
+    routes file, the route is always "default"."""
     fam = fams["idemproxy_requests_total"]
     assert fam["type"] == "counter"
     got = {}
     for _, labels, value in fam["samples"]:
-        assert list(labels) == ["outcome"], labels
+        assert list(labels) == ["route", "outcome"], labels
+        assert labels["route"] == "default", labels
         assert labels["outcome"] not in got
         got[labels["outcome"]] = value
     assert sorted(got) == sorted(OUTCOMES), "every outcome of SPEC §1, exactly: %r" % got
@@ -157,7 +160,8 @@ def test_metrics_count_outcomes(proxy, upstream):
     m = p.metrics()
 
     def count(outcome):
-        return metrics_value(m, "idemproxy_requests_total", {"outcome": outcome}) or 0
+        return metrics_value(m, "idemproxy_requests_total",
+                             {"route": "default", "outcome": outcome}) or 0
 
     assert count("bad_request") == 2
     assert count("executed") == 1
@@ -166,9 +170,10 @@ def test_metrics_count_outcomes(proxy, upstream):
     assert count("missing_key") == 1
     assert count("invalid_key") == 1
     assert count("passthrough") == 1
-    # Outcome label values are exactly those of SPEC §1.
+    # Labels: route (default: no routes file), then outcome, exactly those of SPEC §1.
     for line in m.splitlines():
         if line.startswith("idemproxy_requests_total{"):
+            assert line.startswith('idemproxy_requests_total{route="default",outcome="'), line
             label = line.split('outcome="', 1)[1].split('"', 1)[0]
             assert label in OUTCOMES, line
 
@@ -299,7 +304,8 @@ def test_store_down_metrics_redis(proxy, upstream, rdb, redis_server):
     assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"), 503,
                    "store_unavailable")
     m = p.metrics()
-    assert metrics_value(m, "idemproxy_requests_total", {"outcome": "store_error"}) >= 1
+    assert metrics_value(m, "idemproxy_requests_total",
+                         {"route": "default", "outcome": "store_error"}) >= 1
     assert metrics_value(m, "idemproxy_store_errors_total") >= 1
 
 
@@ -344,15 +350,16 @@ def test_access_log_text(proxy, upstream):
     wait_for(lambda: len(access_lines(p)) == 3, what="three access lines")
     first, second, third = access_lines(p)
     pat = (r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z info access (\S+) (\S+) (\d{3}) (\w+)"
-           r"( key=\S+)? upstream_ms=(-|\d+\.\d{3}) total_ms=\d+\.\d{3} bytes=(\d+)$")
+           r" route=([a-z0-9_-]+)( key=\S+)? upstream_ms=(-|\d+\.\d{3}) total_ms=\d+\.\d{3}"
+           r" bytes=(\d+)$")
     m1, m2, m3 = (re.match(pat, ln) for ln in (first, second, third))
     assert m1 and m2 and m3, (first, second, third)
-    assert m1.groups()[:5] == ("POST", "/echo?a=1", "201", "executed", " key=" + key)
-    assert m1.group(6) != "-" and int(m1.group(7)) > 0
-    assert m2.groups()[:5] == ("POST", "/echo?a=1", "201", "replayed", " key=" + key)
-    assert m2.group(6) == "-", "a replay does not reach the upstream"
-    assert m2.group(7) == m1.group(7), "the replay has the same body"
-    assert m3.groups()[:5] == ("GET", "/status/404", "404", "passthrough", None)
+    assert m1.groups()[:6] == ("POST", "/echo?a=1", "201", "executed", "default", " key=" + key)
+    assert m1.group(7) != "-" and int(m1.group(8)) > 0
+    assert m2.groups()[:6] == ("POST", "/echo?a=1", "201", "replayed", "default", " key=" + key)
+    assert m2.group(7) == "-", "a replay does not reach the upstream"
+    assert m2.group(8) == m1.group(8), "the replay has the same body"
+    assert m3.groups()[:6] == ("GET", "/status/404", "404", "passthrough", "default", None)
 
 
 @store_independent
@@ -369,13 +376,15 @@ def test_access_log_json(proxy, upstream):
         assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", obj["time"]), obj
         assert isinstance(obj["total_ms"], (int, float)) and obj["total_ms"] >= 0
         assert isinstance(obj["bytes"], int)
-    assert {k: a[k] for k in ("method", "target", "status", "outcome", "key", "bytes")} == {
-        "method": "POST", "target": "/echo", "status": 201, "outcome": "executed", "key": key,
-        "bytes": len(body)}
+    assert {k: a[k] for k in ("method", "target", "status", "outcome", "route", "key",
+                              "bytes")} == {
+        "method": "POST", "target": "/echo", "status": 201, "outcome": "executed",
+        "route": "default", "key": key, "bytes": len(body)}
     assert a["upstream_ms"] >= 0 and a["total_ms"] >= a["upstream_ms"]
-    assert (b["status"], b["outcome"], b["key"]) == (413, "too_large", key)
+    assert (b["status"], b["outcome"], b["route"], b["key"]) == (413, "too_large", "default", key)
     assert "upstream_ms" not in b, "never forwarded"
-    assert (c["method"], c["status"], c["outcome"]) == ("GET", 201, "passthrough")
+    assert (c["method"], c["status"], c["outcome"], c["route"]) == (
+        "GET", 201, "passthrough", "default")
     assert "key" not in c
 
 

@@ -109,7 +109,7 @@ def assert_bad_request(port, data, status=400):
 def outcome_count(p, outcome):
     text = p.metrics()
     for line in text.splitlines():
-        if line.startswith('idemproxy_requests_total{outcome="%s"}' % outcome):
+        if line.startswith('idemproxy_requests_total{route="default",outcome="%s"}' % outcome):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -399,6 +399,7 @@ def test_bad_request_counted_and_logged_one_line_whatever_the_bytes(proxy, upstr
     if fmt == "json":
         bad = [a for a in access if a["outcome"] == "bad_request"]
         assert len(bad) == len(heads), access
+        assert all(a["route"] == "default" for a in access), access
         targets = [a["target"] for a in bad]
         assert '/x"y\\z\x1b[31m\\xff\u00e9%00' in targets, targets
         assert '/q"uote\\' in targets, targets
@@ -409,8 +410,8 @@ def test_bad_request_counted_and_logged_one_line_whatever_the_bytes(proxy, upstr
         assert len(bad) == len(heads), access
         assert any(' /x\\"y\\\\z\\x1b[31m\\xff\\xc3\\xa9%00 400 bad_request' in a
                    for a in bad), bad
-        assert any(' /q\\"uote\\\\ 400 bad_request' in a for a in bad), bad
-        assert any(' executed key=\\"k\\\\\\"q\\" ' in a for a in access), access
+        assert any(' /q\\"uote\\\\ 400 bad_request route=default' in a for a in bad), bad
+        assert any(' executed route=default key=\\"k\\\\\\"q\\" ' in a for a in access), access
 
 
 # --------------------------------------------------------------------------- X-TTL

@@ -200,12 +200,13 @@ static void test_idemkey_store_key_joins_parts(void)
     char *s = NULL, *keep = (char *)"untouched";
 
     CHECK_EQ_INT(idemkey_parse(SPAN_LIT("\"a\\\"b\""), &k), 0);
-    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("idem:"), "0123456789abcdef0123456789abcdef", &k, &s),
+    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("idem:"), "0123456789abcdef0123456789abcdef",
+                                   idemkey_span(&k), &s),
                  0);
     CHECK_EQ_STR(s, "idem:0123456789abcdef0123456789abcdef:a\"b");
     free(s);
     s = keep;
-    CHECK_EQ_INT(idemkey_store_key((struct span){ NULL, 0 }, "ff", &k, &s), 0);
+    CHECK_EQ_INT(idemkey_store_key((struct span){ NULL, 0 }, "ff", idemkey_span(&k), &s), 0);
     CHECK_EQ_STR(s, "ff:a\"b"); /* empty prefix */
     CHECK(s != keep);
     free(s);
@@ -215,7 +216,7 @@ static void test_idemkey_store_key_joins_parts(void)
 
     memset(v, 'z', sizeof(v));
     CHECK_EQ_INT(idemkey_parse((struct span){ .base = v, .len = sizeof(v) }, &k), 0);
-    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("p:"), "s", &k, &s), 0);
+    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("p:"), "s", idemkey_span(&k), &s), 0);
     CHECK_EQ_INT(strlen(s), 2 + 1 + 1 + IDEMKEY_MAX);
     CHECK_EQ_MEM(s, "p:s:zzz", 7);
     CHECK_EQ_INT(s[strlen(s) - 1], 'z');
@@ -234,7 +235,7 @@ static void test_idemkey_store_key_matches_its_own_layout(void)
     CHECK(!idemkey_is_scope(SPAN_LIT("0123456789ABCDEF0123456789abcdef")));
     CHECK(!idemkey_is_scope(SPAN_LIT("0123456789abcdef0123456789abcde")));
     CHECK(!idemkey_is_scope(SPAN_LIT("0123456789abcdef0123456789abcdeg")));
-    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("idem:"), scope, &k, &sk), 0);
+    CHECK_EQ_INT(idemkey_store_key(SPAN_LIT("idem:"), scope, idemkey_span(&k), &sk), 0);
     CHECK(sk && idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
     CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idem:"), SPAN_LIT("a")));
     CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idex:"), SPAN_LIT("a:b")));

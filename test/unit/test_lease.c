@@ -201,7 +201,7 @@ static void test_lease_completes_with_its_token_and_tells_once(void)
 {
     struct leases *ls = setup(30000);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     struct record *rec = record_new(16);
 
     CHECK(l != NULL && rec != NULL);
@@ -212,7 +212,7 @@ static void test_lease_completes_with_its_token_and_tells_once(void)
     CHECK_EQ_INT(calls(&fake, OP_RELEASE), 0);
     CHECK_EQ_STR(fake.last_tok, tok.hex);
     CHECK_EQ_INT(fake.last_ttl_ms, 5000);
-    l = lease_start(ls, "idem:s:k2", &tok, now_ms());
+    l = lease_start(ls, "idem:s:k2", &tok, now_ms(), 0);
     lease_finish(l, NULL, 5000, on_told, &t); /* NULL: release */
     CHECK_EQ_INT(t.n, 2);
     CHECK_EQ_INT(calls(&fake, OP_RELEASE), 1);
@@ -225,7 +225,7 @@ static void test_lease_finish_retried_until_the_store_answers(void)
 {
     struct leases *ls = setup(30000);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     struct record *rec = record_new(16);
 
     fail_next(&fake, OP_COMPLETE, -ECONNRESET);
@@ -243,7 +243,7 @@ static void test_lease_stale_complete_counts_lock_lost_once_no_retry(void)
 {
     struct leases *ls = setup(30000);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     uint64_t before = lock_lost_total();
 
     fail_next(&fake, OP_COMPLETE, -ESTALE);
@@ -261,7 +261,7 @@ static void test_lease_too_big_for_the_store_keeps_the_marker(void)
 {
     struct leases *ls = setup(30000);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     struct record *rec = record_new(16);
 
     rec->status = 200;
@@ -279,7 +279,7 @@ static void test_lease_heartbeat_extends_until_finished(void)
 {
     struct leases *ls = setup(60);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     uint64_t valid0 = lease_valid_until_ms(l);
     int n;
 
@@ -290,7 +290,7 @@ static void test_lease_heartbeat_extends_until_finished(void)
     sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n); /* none after the one in flight, if any */
 
-    l = lease_start(ls, "idem:s:k2", &tok, now_ms());
+    l = lease_start(ls, "idem:s:k2", &tok, now_ms(), 0);
     CHECK(wait_calls(&fake, OP_EXTEND, n + 2));
     lease_abandon(l);
     n = quiet_extends();
@@ -303,7 +303,7 @@ static void test_lease_heartbeat_extends_until_finished(void)
 static void test_lease_heartbeat_finding_the_lock_taken_counts_lock_lost(void)
 {
     struct leases *ls = setup(60);
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     uint64_t before = lock_lost_total();
     int n;
 
@@ -321,7 +321,7 @@ static void test_lease_confirm(void)
 {
     struct leases *ls = setup(30000);
     struct told t = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms() - 20000);
+    struct lease *l = lease_start(ls, "idem:s:k", &tok, now_ms() - 20000, 0);
     uint64_t before = lock_lost_total(), valid0 = lease_valid_until_ms(l);
 
     lease_confirm(l, on_confirm, &t);
@@ -330,7 +330,7 @@ static void test_lease_confirm(void)
     CHECK(lease_valid_until_ms(l) >= valid0 + 19000);
     lease_abandon(l);
 
-    l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     fail_next(&fake, OP_EXTEND, -ESTALE);
     lease_confirm(l, on_confirm, &t);
     CHECK_EQ_INT(t.n, 2);
@@ -338,7 +338,7 @@ static void test_lease_confirm(void)
     CHECK_EQ_INT(lock_lost_total(), before + 1);
     lease_abandon(l);
 
-    l = lease_start(ls, "idem:s:k", &tok, now_ms());
+    l = lease_start(ls, "idem:s:k", &tok, now_ms(), 0);
     fail_next(&fake, OP_EXTEND, -ECONNREFUSED);
     lease_confirm(l, on_confirm, &t);
     CHECK_EQ_INT(t.n, 3);

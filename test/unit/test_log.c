@@ -115,6 +115,7 @@ static void log_hostile_access(void)
         .key = { all_bytes, sizeof(all_bytes) },
         .status = 400,
         .outcome = "bad_request",
+        .route = "default",
         .total_us = 1500,
         .bytes = 12,
     });
@@ -137,7 +138,7 @@ static void test_log_hostile_bytes_text(void)
     }
     CHECK(strstr(out, " info access PO\\\"ST /a\\\"b\\\\c\\x0d\\x0a2026-01-01T00:00:00.000Z "
                       "error forged key=x\\x00zz\\x1b[31m\\x7f\\xc3\\xa9\\xff") != NULL);
-    CHECK(strstr(out, " 400 bad_request key=\\x00\\x01") != NULL);
+    CHECK(strstr(out, " 400 bad_request route=default key=\\x00\\x01") != NULL);
     CHECK(strstr(out, "\\x1f !\\\"#") != NULL);
     CHECK(strstr(out, " upstream_ms=- total_ms=1.500 bytes=12\n") != NULL);
     CHECK(strstr(out, " warn upstream /a\\\"b\\\\c\\x0d\\x0a2026") != NULL);
@@ -173,6 +174,7 @@ static void test_log_hostile_bytes_json(void)
             CHECK(json_is_string(key) && json_string_length(key) > 256);
             CHECK(json_integer_value(json_object_get(j, "status")) == 400);
             CHECK_EQ_STR(json_string_value(json_object_get(j, "outcome")), "bad_request");
+            CHECK_EQ_STR(json_string_value(json_object_get(j, "route")), "default");
         } else {
             CHECK_EQ_STR(json_string_value(json_object_get(j, "level")), "warn");
         }
@@ -181,4 +183,80 @@ static void test_log_hostile_bytes_json(void)
     CHECK_EQ_INT(n, 2);
 }
 
-TEST_MAIN(test_log_text_and_json, test_log_hostile_bytes_text, test_log_hostile_bytes_json)
+static void log_routed_access(void)
+{
+    log_access(&(struct log_access){
+        .method = SPAN_LIT("POST"),
+        .target = SPAN_LIT("/v1/payments"),
+        .key = SPAN_LIT("k-42"),
+        .status = 201,
+        .outcome = "executed",
+        .route = "payments",
+        .has_upstream = true,
+        .upstream_us = 12804,
+        .total_us = 13901,
+        .bytes = 357,
+    });
+    log_access(&(struct log_access){
+        .method = SPAN_LIT("GET"),
+        .target = SPAN_LIT("/x"),
+        .status = 200,
+        .outcome = "passthrough",
+        .route = NULL, /* left out */
+        .total_us = 1,
+    });
+}
+
+static void test_log_access_route_text(void)
+{
+    /* the route right after the outcome, before key= */
+    static const char first[] = " info access POST /v1/payments 201 executed route=payments "
+                                "key=k-42 upstream_ms=12.804 total_ms=13.901 bytes=357\n";
+    const char *out, *line2;
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    out = capture_stderr(log_routed_access);
+    CHECK_EQ_INT(count_lines(out), 2);
+    check_stamp(out);
+    CHECK(strncmp(out + 24, first, sizeof(first) - 1) == 0);
+    line2 = strchr(out, '\n');
+    CHECK(line2 != NULL);
+    if (line2) {
+        check_stamp(line2 + 1);
+        CHECK_EQ_STR(line2 + 25,
+                     " info access GET /x 200 passthrough upstream_ms=- total_ms=0.001 bytes=0\n");
+    }
+    CHECK(strstr(out, "route=(null)") == NULL);
+}
+
+static void test_log_access_route_json(void)
+{
+    const char *out, *nl;
+    json_error_t jerr;
+    json_t *j;
+
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    out = capture_stderr(log_routed_access);
+    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    CHECK_EQ_INT(count_lines(out), 2);
+    nl = strchr(out, '\n');
+    j = json_loadb(out, nl ? (size_t)(nl - out) : 0, 0, &jerr);
+    CHECK(j != NULL);
+    if (j) {
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "route")), "payments");
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "outcome")), "executed");
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "key")), "k-42");
+        json_decref(j);
+    }
+    CHECK(strstr(out, "\"outcome\":\"executed\",\"route\":\"payments\",\"key\"") != NULL);
+    j = nl ? json_loads(nl + 1, 0, &jerr) : NULL;
+    CHECK(j != NULL);
+    if (j) {
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "outcome")), "passthrough");
+        CHECK(json_object_get(j, "route") == NULL); /* NULL: no member */
+        json_decref(j);
+    }
+}
+
+TEST_MAIN(test_log_text_and_json, test_log_hostile_bytes_text, test_log_hostile_bytes_json,
+          test_log_access_route_text, test_log_access_route_json)

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "check.h"
 #include "idemproxy/buf.h"
@@ -69,8 +71,8 @@ static void test_metrics_format_counts_every_outcome(void)
     struct buf out = BUF_INIT(1 << 20);
     char *text;
 
-    metrics_request(OUTCOME_REPLAYED, 1200, false, 0);
-    metrics_request(OUTCOME_EXECUTED, 3000, true, 2000);
+    metrics_request(0, OUTCOME_REPLAYED, 1200, false, 0);
+    metrics_request(0, OUTCOME_EXECUTED, 3000, true, 2000);
     metrics_store_call(METRICS_STORE_EXTEND, 700);
     metrics_inflight_add(1);
     metrics_lock_lost();
@@ -79,10 +81,13 @@ static void test_metrics_format_counts_every_outcome(void)
     CHECK_EQ_INT(metrics_format(&out, NULL), 0);
     text = text_of(&out);
     CHECK(strstr(text, "# TYPE idemproxy_requests_total counter\n"));
-    CHECK(strstr(text, "\nidemproxy_requests_total{outcome=\"replayed\"} 1\n"));
-    CHECK(strstr(text, "\nidemproxy_requests_total{outcome=\"executed\"} 1\n"));
-    CHECK(strstr(text, "\nidemproxy_requests_total{outcome=\"upstream_error\"} 0\n"));
-    CHECK(strstr(text, "\nidemproxy_requests_total{outcome=\"passthrough\"} 0\n"));
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"replayed\"} 1\n"));
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"executed\"} 1\n"));
+    CHECK(strstr(text,
+                 "\nidemproxy_requests_total{route=\"default\",outcome=\"upstream_error\"} 0\n"));
+    CHECK(
+        strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"passthrough\"} 0\n"));
+    CHECK(!strstr(text, "{outcome=")); /* the route label always comes first */
     CHECK(strstr(text, "\nidemproxy_request_duration_seconds_count 2\n"));
     CHECK(strstr(text, "\nidemproxy_request_duration_seconds_sum 0.0042\n"));
     CHECK(strstr(text, "\nidemproxy_upstream_duration_seconds_count 1\n"));
@@ -106,7 +111,156 @@ static void test_metrics_format_respects_the_buffer_limit(void)
     buf_done(&out);
 }
 
-TEST_MAIN(test_metrics_bucket_bounds_are_inclusive,
+/* Before any other test interns a name: "default" is there from the start. */
+static void test_metrics_route_default_is_zero(void)
+{
+    struct buf out = BUF_INIT(1 << 20);
+    char *text;
+
+    CHECK_EQ_INT(metrics_route_id("default"), 0);
+    CHECK_EQ_INT(metrics_route_id("default"), 0);
+    CHECK_EQ_INT(metrics_format(&out, NULL), 0);
+    text = text_of(&out);
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"passthrough\"} "));
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"bad_request\"} "));
+    buf_done(&out);
+}
+
+static void test_metrics_route_id_interns_once(void)
+{
+    int a = metrics_route_id("payments"), b = metrics_route_id("stripe-webhooks_2");
+
+    CHECK(a > 0);
+    CHECK(b > 0 && b != a);
+    CHECK_EQ_INT(b, a + 1); /* ids count up in the order names are first seen */
+    CHECK_EQ_INT(metrics_route_id("payments"), a);
+    CHECK_EQ_INT(metrics_route_id("stripe-webhooks_2"), b);
+    CHECK_EQ_INT(metrics_route_id("default"), 0);
+}
+
+static void test_metrics_route_id_refuses_bad_names(void)
+{
+    char longest[METRICS_ROUTE_NAME_MAX + 2];
+
+    CHECK_EQ_INT(metrics_route_id(NULL), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id(""), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id("Payments"), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id("a b"), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id("a.b"), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id("a\"b"), -EINVAL); /* would break the label */
+    CHECK_EQ_INT(metrics_route_id("a\nb"), -EINVAL);
+    CHECK_EQ_INT(metrics_route_id("caf\xc3\xa9"), -EINVAL);
+    memset(longest, 'x', METRICS_ROUTE_NAME_MAX);
+    longest[METRICS_ROUTE_NAME_MAX] = '\0';
+    CHECK(metrics_route_id(longest) > 0); /* 64 bytes: the longest allowed */
+    longest[METRICS_ROUTE_NAME_MAX] = 'x';
+    longest[METRICS_ROUTE_NAME_MAX + 1] = '\0';
+    CHECK_EQ_INT(metrics_route_id(longest), -EINVAL); /* 65 */
+}
+
+static void test_metrics_format_labels_route_and_outcome(void)
+{
+    struct buf out = BUF_INIT(1 << 20);
+    int pay = metrics_route_id("payments"), hooks = metrics_route_id("stripe-webhooks_2");
+    char *text, *p_default, *p_pay, *p_hooks;
+
+    CHECK(pay > 0 && hooks > pay);
+    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 100, true, 50);
+    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 100, true, 50);
+    metrics_request((unsigned)hooks, OUTCOME_MISMATCH, 100, false, 0);
+    CHECK_EQ_INT(metrics_format(&out, NULL), 0);
+    text = text_of(&out);
+    CHECK(strstr(text, "# HELP idemproxy_requests_total Client requests answered, by route"));
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"payments\",outcome=\"executed\"} 2\n"));
+    CHECK(strstr(text, "\nidemproxy_requests_total{route=\"payments\",outcome=\"mismatch\"} 0\n"));
+    CHECK(strstr(
+        text, "\nidemproxy_requests_total{route=\"stripe-webhooks_2\",outcome=\"mismatch\"} 1\n"));
+    CHECK(strstr(
+        text, "\nidemproxy_requests_total{route=\"stripe-webhooks_2\",outcome=\"executed\"} 0\n"));
+    /* in id order, the family's samples together, histograms unlabelled */
+    p_default = strstr(text, "{route=\"default\",outcome=\"bad_request\"}");
+    p_pay = strstr(text, "{route=\"payments\",outcome=\"passthrough\"}");
+    p_hooks = strstr(text, "{route=\"stripe-webhooks_2\",outcome=\"passthrough\"}");
+    CHECK(p_default && p_pay && p_hooks && p_default < p_pay && p_pay < p_hooks);
+    CHECK(p_hooks && p_hooks < strstr(text, "# HELP idemproxy_request_duration_seconds "));
+    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_bucket{le=\"+Inf\"} "));
+    CHECK(!strstr(text, "duration_seconds_bucket{route="));
+    buf_done(&out);
+}
+
+struct intern_arg {
+    int ids[64];
+    bool reverse;
+};
+
+static void *intern_many(void *p)
+{
+    struct intern_arg *a = p;
+    char name[32];
+
+    for (int k = 0; k < 64; k++) {
+        int i = a->reverse ? 63 - k : k;
+
+        snprintf(name, sizeof(name), "race-%d", i);
+        a->ids[i] = metrics_route_id(name);
+    }
+    return NULL;
+}
+
+/* Threads interning the same names in different orders agree on every id. */
+static void test_metrics_route_id_is_thread_safe(void)
+{
+    struct intern_arg args[4] = {
+        { .reverse = false }, { .reverse = true }, { .reverse = false }, { .reverse = true }
+    };
+    pthread_t t[4];
+
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(pthread_create(&t[i], NULL, intern_many, &args[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    for (int k = 0; k < 64; k++) {
+        CHECK(args[0].ids[k] > 0);
+        for (int i = 1; i < 4; i++)
+            CHECK_EQ_INT(args[i].ids[k], args[0].ids[k]);
+    }
+}
+
+/* Last: it fills the table for the rest of the process. */
+static void test_metrics_route_id_full_is_e2big(void)
+{
+    struct buf out = BUF_INIT(METRICS_TEXT_MAX);
+    char name[METRICS_ROUTE_NAME_MAX + 1], last[METRICS_ROUTE_NAME_MAX + 1] = "", line[128];
+    int pay = metrics_route_id("payments"), id, prev = -1;
+
+    for (int i = 0; i <= METRICS_ROUTES_MAX; i++) {
+        snprintf(name, sizeof(name), "%064d", i); /* the longest names: the biggest exposition */
+        id = metrics_route_id(name);
+        if (id < 0)
+            break;
+        if (prev >= 0)
+            CHECK_EQ_INT(id, prev + 1);
+        prev = id;
+        memcpy(last, name, sizeof(name));
+    }
+    CHECK_EQ_INT(id, -E2BIG);
+    CHECK_EQ_INT(prev, METRICS_ROUTES_MAX - 1);
+    CHECK_EQ_INT(metrics_route_id(name), -E2BIG);    /* refused again: nothing half interned */
+    CHECK_EQ_INT(metrics_route_id("payments"), pay); /* known names still get their id */
+    CHECK_EQ_INT(metrics_route_id("default"), 0);
+    CHECK_EQ_INT(metrics_route_id(last), METRICS_ROUTES_MAX - 1);
+    CHECK_EQ_INT(metrics_route_id("Bad name"), -EINVAL); /* validated first */
+    metrics_request(METRICS_ROUTES_MAX - 1, OUTCOME_REPLAYED, 1, false, 0);
+    CHECK_EQ_INT(metrics_format(&out, NULL), 0); /* the whole table fits METRICS_TEXT_MAX */
+    snprintf(line, sizeof(line),
+             "\nidemproxy_requests_total{route=\"%s\",outcome=\"replayed\"} 1\n", last);
+    CHECK(strstr(text_of(&out), line));
+    buf_done(&out);
+}
+
+TEST_MAIN(test_metrics_route_default_is_zero, test_metrics_bucket_bounds_are_inclusive,
           test_metrics_histogram_is_cumulative_with_sum_and_count,
           test_metrics_histogram_labels_come_first, test_metrics_format_counts_every_outcome,
-          test_metrics_format_respects_the_buffer_limit)
+          test_metrics_format_respects_the_buffer_limit, test_metrics_route_id_interns_once,
+          test_metrics_route_id_refuses_bad_names, test_metrics_format_labels_route_and_outcome,
+          test_metrics_route_id_is_thread_safe, test_metrics_route_id_full_is_e2big)

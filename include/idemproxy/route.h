@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* Routes (SPEC §6): what a request is matched on (methods, raw path, host),
+ * and the settings, key source and error dialect it then gets. A route table
+ * is built once from the configuration (config_file.c), never changed, and
+ * shared by reference: a reload swaps in a new table while the requests
+ * that began under the old one keep it. Matching is pure and thread-safe. */
+#ifndef IDEMPROXY_ROUTE_H
+#define IDEMPROXY_ROUTE_H
+
+#include <stdatomic.h>
+
+#include "idemproxy/common.h"
+#include "idemproxy/config.h"
+#include "idemproxy/problem.h"
+
+#define ROUTE_NAME_MAX 64
+#define ROUTE_MAX 256           /* routes in one file */
+#define ROUTE_DEFAULT "default" /* the route of a request that matches none */
+
+enum route_key_kind {
+    ROUTE_KEY_HEADER,  /* one header, as an Idempotency-Key (sf-string or token) */
+    ROUTE_KEY_HEADERS, /* a composite of several headers' values */
+    ROUTE_KEY_JSON,    /* an RFC 6901 pointer into a JSON body */
+};
+
+/* Where a route's keys come from. */
+struct route_key {
+    enum route_key_kind kind;
+    char *header;                   /* HEADER: owned; NULL: the route's key-header */
+    char *headers[CONFIG_MAX_LIST]; /* HEADERS: owned */
+    size_t nheaders;
+    char *pointer; /* JSON: owned, checked by keysource_pointer_check() */
+    bool fallback; /* fallback: fingerprint: a request without a key is keyed by its fingerprint */
+};
+
+struct route {
+    char *name;          /* owned: [a-z0-9_-]{1,64}, or "default" */
+    unsigned metrics_id; /* metrics_route_id() of <name> */
+    /* match: an empty or NULL field matches anything */
+    char *match_methods[CONFIG_MAX_LIST]; /* owned, upper case */
+    size_t nmatch_methods;
+    char *match_path; /* owned: an exact path, or the base of a prefix pattern */
+    size_t match_path_len;
+    bool match_prefix; /* the pattern was <base> + "/" + "*": <base> and everything below */
+    char *match_host;  /* owned: compared case-insensitively with the Host value */
+    /* what the route does */
+    bool enforce; /* false: every request of the route is passthrough */
+    struct route_key key;
+    enum problem_dialect errors;
+    struct config cfg; /* owned: the top-level settings with the route's own on top (no secret) */
+};
+
+struct route_table {
+    atomic_int refs;
+    size_t nroutes;       /* the file's routes, then "default": nroutes + 1 entries */
+    struct route *routes; /* owned */
+};
+
+/* The route of a request: the first of <t> whose match accepts <method>, the
+ * raw <path> (the target up to its '?', not decoded) and <host> (the Host
+ * value, base NULL when absent), else the table's default. Never NULL. */
+const struct route *route_match(const struct route_table *t, struct span method, struct span path,
+                                struct span host);
+
+/* Sets <rt>'s match.path from <pattern>: an exact path "/a/b", or a prefix
+ * "/a/" + "*", which matches "/a" itself and every path under "/a/". Returns 0, -EINVAL (not
+ * starting with '/', a '*' elsewhere, a byte outside 0x21-0x7E, a '?' or '#') or -ENOMEM. */
+int route_set_path(struct route *rt, const char *pattern);
+
+/* Checks a route name: [a-z0-9_-]{1,ROUTE_NAME_MAX}. */
+bool route_name_is_valid(const char *name);
+
+/* A new table of <n> routes plus a default, all zeroed but the refcount (1):
+ * the builder fills them. Returns 0 or -ENOMEM. */
+int route_table_new(size_t n, struct route_table **ret);
+
+/* The default route of <t>: its last entry. */
+static inline struct route *route_table_default(struct route_table *t)
+{
+    return &t->routes[t->nroutes];
+}
+
+struct route_table *route_table_ref(struct route_table *t);
+
+/* Drops a reference; the last one frees the table and its routes. NULL-safe. */
+void route_table_unref(struct route_table *t);
+
+/* Frees what <rt> owns (not <rt>). NULL-safe, idempotent. */
+void route_done(struct route *rt);
+
+#endif

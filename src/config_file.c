@@ -1,0 +1,644 @@
+/* SPDX-License-Identifier: MIT */
+/* The YAML configuration file (SPEC §6), read with libyaml's document API:
+ * the whole file is parsed first (a syntax error has libyaml's position),
+ * then walked once for the top level and once for the routes, each node
+ * keeping its position for the messages. Runs on the main thread. */
+#include "idemproxy/config_file.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "idemproxy/config.h"
+#include "idemproxy/http.h"
+#include "idemproxy/keysource.h"
+#include "idemproxy/metrics.h"
+#include "idemproxy/route.h"
+
+#define ERR_LINES_MAX 50 /* past this many problems, one line says how many more */
+
+struct config_file {
+    char *path;           /* owned */
+    yaml_document_t *doc; /* owned, loaded */
+};
+
+/* Where the problems go: <err>, one line each. */
+struct errs {
+    const struct config_file *f;
+    char *err;
+    size_t errlen;
+    unsigned n;
+    bool oom;
+};
+
+static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
+{
+    size_t used = strlen(e->err);
+    char msg[512];
+
+    e->n++;
+    if (e->n > ERR_LINES_MAX)
+        return;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (e->n == ERR_LINES_MAX)
+        snprintf(msg, sizeof(msg), "too many problems: the rest are not shown");
+    if (at)
+        snprintf(e->err + used, e->errlen - used, "%s%s:%zu:%zu: %s", used ? "\n" : "", e->f->path,
+                 at->start_mark.line + 1, at->start_mark.column + 1, msg);
+    else
+        snprintf(e->err + used, e->errlen - used, "%s%s: %s", used ? "\n" : "", e->f->path, msg);
+}
+
+static void errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    errs_vadd(e, at, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- reading ---- */
+
+static void append_line(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void append_line(char *err, size_t errlen, const char *fmt, ...)
+{
+    size_t used = strlen(err);
+    va_list ap;
+
+    if (used && used + 1 < errlen)
+        err[used++] = '\n';
+    va_start(ap, fmt);
+    vsnprintf(err + used, errlen - used, fmt, ap);
+    va_end(ap);
+}
+
+/* Reads at most CONFIG_FILE_MAX_BYTES of <path> into a new buffer. */
+static int slurp(const char *path, unsigned char **ret, size_t *ret_len, char *err, size_t errlen)
+{
+    unsigned char *data = malloc(CONFIG_FILE_MAX_BYTES + 1);
+    size_t n;
+    FILE *fp;
+    int r = 0;
+
+    if (!data)
+        return -ENOMEM;
+    fp = fopen(path, "re");
+    if (!fp) {
+        r = -errno;
+        append_line(err, errlen, "%s: cannot read the configuration file: %s", path, strerror(-r));
+        free(data);
+        return -EINVAL;
+    }
+    n = fread(data, 1, CONFIG_FILE_MAX_BYTES + 1, fp);
+    if (ferror(fp)) {
+        append_line(err, errlen, "%s: cannot read the configuration file: %s", path, strerror(EIO));
+        r = -EINVAL;
+    } else if (n > CONFIG_FILE_MAX_BYTES) {
+        append_line(err, errlen, "%s: larger than %u bytes: not a configuration file", path,
+                    CONFIG_FILE_MAX_BYTES);
+        r = -EINVAL;
+    }
+    fclose(fp);
+    if (r < 0) {
+        free(data);
+        return r;
+    }
+    *ret = data;
+    *ret_len = n;
+    return 0;
+}
+
+int config_file_read(const char *path, struct config_file **ret, char *err, size_t errlen)
+{
+    struct config_file *f = NULL;
+    unsigned char *data = NULL;
+    yaml_parser_t parser;
+    yaml_document_t extra;
+    bool parser_up = false;
+    size_t len;
+    int r;
+
+    r = slurp(path, &data, &len, err, errlen);
+    if (r < 0)
+        return r;
+    f = calloc(1, sizeof(*f));
+    if (!f || !(f->path = strdup(path)) || !(f->doc = calloc(1, sizeof(*f->doc))) ||
+        !yaml_parser_initialize(&parser)) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    parser_up = true;
+    yaml_parser_set_input_string(&parser, data, len);
+    if (!yaml_parser_load(&parser, f->doc)) {
+        free(f->doc); /* nothing to delete */
+        f->doc = NULL;
+        append_line(err, errlen, "%s:%zu:%zu: %s%s%s", path, parser.problem_mark.line + 1,
+                    parser.problem_mark.column + 1, parser.problem ? parser.problem : "not YAML",
+                    parser.context ? " " : "", parser.context ? parser.context : "");
+        r = -EINVAL;
+        goto fail;
+    }
+    /* A second document would be silently ignored: say so instead. */
+    if (!yaml_parser_load(&parser, &extra)) {
+        append_line(err, errlen, "%s:%zu:%zu: %s", path, parser.problem_mark.line + 1,
+                    parser.problem_mark.column + 1, parser.problem ? parser.problem : "not YAML");
+        r = -EINVAL;
+        goto fail;
+    }
+    if (yaml_document_get_root_node(&extra)) {
+        append_line(err, errlen, "%s:%zu:%zu: a second YAML document: the file holds one", path,
+                    extra.start_mark.line + 1, extra.start_mark.column + 1);
+        yaml_document_delete(&extra);
+        r = -EINVAL;
+        goto fail;
+    }
+    yaml_document_delete(&extra);
+    yaml_parser_delete(&parser);
+    free(data);
+    *ret = f;
+    return 0;
+
+fail:
+    if (parser_up)
+        yaml_parser_delete(&parser);
+    free(data);
+    config_file_free(f);
+    return r;
+}
+
+void config_file_free(struct config_file *f)
+{
+    if (!f)
+        return;
+    if (f->doc)
+        yaml_document_delete(f->doc);
+    free(f->doc);
+    free(f->path);
+    free(f);
+}
+
+/* ---- nodes ---- */
+
+static yaml_node_t *node(const struct config_file *f, int id)
+{
+    return yaml_document_get_node(f->doc, id);
+}
+
+/* The text of scalar <n>; NULL for a YAML null (an empty, "~" or "null"
+ * plain scalar), or a scalar holding a NUL byte, which no option takes. */
+static const char *scalar(const yaml_node_t *n)
+{
+    const char *s = (const char *)n->data.scalar.value;
+    size_t len = n->data.scalar.length;
+
+    if (n->type != YAML_SCALAR_NODE || strlen(s) != len)
+        return NULL;
+    if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+        (len == 0 || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 || strcmp(s, "Null") == 0 ||
+         strcmp(s, "NULL") == 0))
+        return NULL;
+    return s;
+}
+
+static const char *type_name(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return scalar(n) ? "a value" : "null";
+    }
+}
+
+/* Calls <fn> for each pair of mapping <map>, after checking that its key is
+ * a scalar seen once. <what> names the mapping in messages. */
+typedef void pair_fn(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx);
+
+static void each_pair(struct errs *e, yaml_node_t *map, const char *what, pair_fn *fn, void *ctx)
+{
+    const struct config_file *f = e->f;
+
+    if (map->type != YAML_MAPPING_NODE) {
+        errs_add(e, map, "%s must be a mapping (key: value), not %s", what, type_name(map));
+        return;
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = node(f, p->key), *v = node(f, p->value);
+        const char *key = k ? scalar(k) : NULL;
+        bool dup = false;
+
+        if (!k || !v)
+            continue;
+        if (!key) {
+            errs_add(e, k, "%s: a key must be a plain name", what);
+            continue;
+        }
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p && !dup; q++) {
+            yaml_node_t *qk = node(f, q->key);
+            const char *other = qk ? scalar(qk) : NULL;
+
+            if (other && strcmp(other, key) == 0) {
+                errs_add(e, k, "duplicate key '%s' (first at line %zu)", key,
+                         qk->start_mark.line + 1);
+                dup = true;
+            }
+        }
+        if (!dup)
+            fn(e, key, k, v, ctx);
+    }
+}
+
+/* The items of <v>, a scalar or a list of scalars, into <items> (at most
+ * CONFIG_MAX_LIST). Returns the count, or -1 with the problem reported. */
+static int items_of(struct errs *e, const char *key, yaml_node_t *v, const char **items,
+                    bool *ret_is_list)
+{
+    size_t n = 0;
+
+    *ret_is_list = v->type == YAML_SEQUENCE_NODE;
+    if (v->type == YAML_MAPPING_NODE) {
+        errs_add(e, v, "%s: takes a value or a list, not a mapping", key);
+        return -1;
+    }
+    if (v->type == YAML_SCALAR_NODE) {
+        if (!(items[0] = scalar(v))) {
+            errs_add(e, v, "%s: needs a value", key);
+            return -1;
+        }
+        return 1;
+    }
+    for (yaml_node_item_t *i = v->data.sequence.items.start; i < v->data.sequence.items.top; i++) {
+        yaml_node_t *item = node(e->f, *i);
+
+        if (!item)
+            continue;
+        if (item->type != YAML_SCALAR_NODE || !scalar(item)) {
+            errs_add(e, item, "%s: a list entry must be a value, not %s", key, type_name(item));
+            return -1;
+        }
+        if (n == CONFIG_MAX_LIST) {
+            errs_add(e, item, "%s: too many entries (at most %d)", key, CONFIG_MAX_LIST);
+            return -1;
+        }
+        items[n++] = scalar(item);
+    }
+    return (int)n;
+}
+
+/* Sets option <key> of <cfg> from <v>; a problem is reported at <k> (an
+ * unknown key) or <v> (a bad value). */
+static void set_option(struct errs *e, struct config *cfg, const char *key, yaml_node_t *k,
+                       yaml_node_t *v)
+{
+    const char *items[CONFIG_MAX_LIST];
+    char why[512];
+    bool is_list;
+    int n = items_of(e, key, v, items, &is_list);
+    int r;
+
+    if (n < 0)
+        return;
+    r = config_set_option(cfg, key, items, (size_t)n, is_list, why, sizeof(why));
+    if (r == -ENOMEM)
+        e->oom = true;
+    if (r < 0)
+        errs_add(e, r == -ENOENT ? k : v, "%s", why);
+}
+
+/* ---- the top level ---- */
+
+static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct config *cfg = ctx;
+
+    if (strcmp(key, "routes") == 0 || strcmp(key, "key") == 0 || strcmp(key, "errors") == 0)
+        return; /* config_file_routes() */
+    if (strcmp(key, "config") == 0 || strcmp(key, "check-config") == 0) {
+        errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
+        return;
+    }
+    set_option(e, cfg, key, k, v);
+}
+
+int config_file_apply(const struct config_file *f, struct config *cfg, char *err, size_t errlen)
+{
+    struct errs e = { .f = f, .err = err, .errlen = errlen };
+    yaml_node_t *root = yaml_document_get_root_node(f->doc);
+
+    if (!root)
+        return 0; /* an empty file sets nothing */
+    each_pair(&e, root, "the file", top_pair, cfg);
+    if (e.oom)
+        return -ENOMEM;
+    return e.n ? -EINVAL : 0;
+}
+
+/* ---- routes ---- */
+
+static bool parse_bool_node(struct errs *e, const char *key, yaml_node_t *v, bool *ret)
+{
+    const char *s = scalar(v);
+
+    if (!s || config_parse_bool(s, ret) < 0) {
+        errs_add(e, v, "%s: '%s' is not a boolean (use true or false)", key, s ? s : type_name(v));
+        return false;
+    }
+    return true;
+}
+
+static char *dup_or_oom(struct errs *e, const char *s)
+{
+    char *copy = strdup(s);
+
+    if (!copy)
+        e->oom = true;
+    return copy;
+}
+
+static bool is_header_name(const char *s) { return s && http_is_token(span_from_cstr(s)); }
+
+static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct route_key *rk = ctx;
+    const char *s = scalar(v);
+
+    if (strcmp(key, "header") == 0 || strcmp(key, "json") == 0 || strcmp(key, "headers") == 0) {
+        if (rk->header || rk->pointer || rk->nheaders) {
+            errs_add(e, k, "key: one source only (header, headers or json)");
+            return;
+        }
+    }
+    if (strcmp(key, "header") == 0) {
+        if (!is_header_name(s)) {
+            errs_add(e, v, "key.header: '%s' is not a header name", s ? s : type_name(v));
+            return;
+        }
+        rk->kind = ROUTE_KEY_HEADER;
+        rk->header = dup_or_oom(e, s);
+    } else if (strcmp(key, "headers") == 0) {
+        const char *items[CONFIG_MAX_LIST];
+        bool is_list;
+        int n = items_of(e, "key.headers", v, items, &is_list);
+
+        if (n < 0)
+            return;
+        if (!is_list || n == 0) {
+            errs_add(e, v,
+                     "key.headers: a list of one or more header names, e.g. "
+                     "[ce-source, ce-id]");
+            return;
+        }
+        for (int i = 0; i < n; i++) {
+            if (!is_header_name(items[i])) {
+                errs_add(e, v, "key.headers: '%s' is not a header name", items[i]);
+                return;
+            }
+        }
+        rk->kind = ROUTE_KEY_HEADERS;
+        for (int i = 0; i < n; i++)
+            rk->headers[rk->nheaders++] = dup_or_oom(e, items[i]);
+    } else if (strcmp(key, "json") == 0) {
+        if (!s || keysource_pointer_check(s) < 0) {
+            errs_add(e, v,
+                     "key.json: '%s' is not a JSON pointer (RFC 6901: \"\" or /member/0/..., "
+                     "~0 for ~ and ~1 for /), e.g. /id",
+                     s ? s : type_name(v));
+            return;
+        }
+        rk->kind = ROUTE_KEY_JSON;
+        rk->pointer = dup_or_oom(e, s);
+    } else if (strcmp(key, "fallback") == 0) {
+        if (!s || strcmp(s, "fingerprint") != 0) {
+            errs_add(e, v, "key.fallback: '%s' is not a fallback (use fingerprint)",
+                     s ? s : type_name(v));
+            return;
+        }
+        rk->fallback = true;
+    } else {
+        errs_add(e, k, "key: unknown key '%s' (use header, headers or json, and fallback)", key);
+    }
+}
+
+static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
+{
+    const char *s = scalar(v);
+
+    if (s && strcmp(s, "problem") == 0)
+        *ret = PROBLEM_DIALECT_PROBLEM;
+    else if (s && strcmp(s, "stripe") == 0)
+        *ret = PROBLEM_DIALECT_STRIPE;
+    else
+        errs_add(e, v, "errors: '%s' is not an error dialect (use problem or stripe)",
+                 s ? s : type_name(v));
+}
+
+static void match_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct route *rt = ctx;
+    const char *s = scalar(v);
+    int r;
+
+    if (strcmp(key, "methods") == 0) {
+        const char *items[CONFIG_MAX_LIST];
+        bool is_list;
+        int n = items_of(e, "match.methods", v, items, &is_list);
+
+        for (int i = 0; i < n; i++) {
+            char *m;
+
+            if (!http_is_token(span_from_cstr(items[i]))) {
+                errs_add(e, v, "match.methods: '%s' is not a method", items[i]);
+                return;
+            }
+            m = dup_or_oom(e, items[i]);
+            for (char *c = m; c && *c; c++)
+                *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 'a' + 'A' : *c);
+            rt->match_methods[rt->nmatch_methods++] = m;
+        }
+    } else if (strcmp(key, "path") == 0) {
+        r = s ? route_set_path(rt, s) : -EINVAL;
+        if (r == -ENOMEM)
+            e->oom = true;
+        else if (r < 0)
+            errs_add(e, v,
+                     "match.path: '%s' is not a path (an exact path such as /v1/payments, or a "
+                     "prefix ending in /* such as /v1/*; visible ASCII, no ? or #)",
+                     s ? s : type_name(v));
+    } else if (strcmp(key, "host") == 0) {
+        bool ok = s && *s && strlen(s) <= 255;
+
+        for (const char *c = s; ok && *c; c++)
+            ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                 strchr("-.:[]_", *c);
+        if (!ok)
+            errs_add(e, v, "match.host: '%s' is not a host (a name or address, optionally :port)",
+                     s ? s : type_name(v));
+        else
+            rt->match_host = dup_or_oom(e, s);
+    } else {
+        errs_add(e, k, "match: unknown key '%s' (use methods, path and host)", key);
+    }
+}
+
+struct route_ctx {
+    struct route *rt;
+    const struct route_table *t; /* the routes before this one, for unique names */
+    size_t index;
+    yaml_node_t *name_node;
+};
+
+static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct route_ctx *c = ctx;
+    struct route *rt = c->rt;
+    const char *s = scalar(v);
+
+    if (strcmp(key, "name") == 0) {
+        c->name_node = v;
+        if (!s || !route_name_is_valid(s)) {
+            errs_add(e, v, "name: '%s' is not a route name ([a-z0-9_-], 1 to %d characters)",
+                     s ? s : type_name(v), ROUTE_NAME_MAX);
+            return;
+        }
+        if (strcmp(s, ROUTE_DEFAULT) == 0) {
+            errs_add(e, v,
+                     "name: '%s' is the route of requests that match no route; choose "
+                     "another name",
+                     s);
+            return;
+        }
+        for (size_t i = 0; i < c->index; i++) {
+            if (c->t->routes[i].name && strcmp(c->t->routes[i].name, s) == 0) {
+                errs_add(e, v, "name: '%s' is already the name of route %zu", s, i + 1);
+                return;
+            }
+        }
+        rt->name = dup_or_oom(e, s);
+    } else if (strcmp(key, "match") == 0) {
+        each_pair(e, v, "match", match_pair, rt);
+    } else if (strcmp(key, "enforce") == 0) {
+        (void)parse_bool_node(e, key, v, &rt->enforce);
+    } else if (strcmp(key, "key") == 0) {
+        each_pair(e, v, "key", key_pair, &rt->key);
+    } else if (strcmp(key, "errors") == 0) {
+        parse_errors(e, v, &rt->errors);
+    } else if (config_is_route_option(key)) {
+        set_option(e, &rt->cfg, key, k, v);
+    } else {
+        errs_add(e, k,
+                 "route: unknown key '%s' (a route has name, match, enforce, key, errors, and "
+                 "the options methods, require-key, scope-header, ttl, max-ttl, ttl-header, "
+                 "lock-ttl, wait, no-cache-status, max-body, max-response, replay-header)",
+                 key);
+    }
+}
+
+/* The top level's key, errors and routes nodes (NULL: absent). */
+struct top_nodes {
+    yaml_node_t *key, *errors, *routes;
+};
+
+static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct top_nodes *t = ctx;
+
+    (void)e, (void)k;
+    if (strcmp(key, "key") == 0)
+        t->key = v;
+    else if (strcmp(key, "errors") == 0)
+        t->errors = v;
+    else if (strcmp(key, "routes") == 0)
+        t->routes = v;
+}
+
+static void check_route(struct errs *e, struct route *rt, yaml_node_t *at)
+{
+    char why[512];
+
+    if (config_check_route(&rt->cfg, why, sizeof(why)) < 0)
+        errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
+}
+
+int config_file_routes(const struct config_file *f, const struct config *cfg,
+                       struct route_table **ret, char *err, size_t errlen)
+{
+    struct config_file none = { .path = (char *)"" };
+    struct errs e = { .f = f ? f : &none, .err = err, .errlen = errlen };
+    struct top_nodes top = { NULL, NULL, NULL };
+    enum problem_dialect dialect = PROBLEM_DIALECT_PROBLEM;
+    struct route_table *t = NULL;
+    yaml_node_t *root = f ? yaml_document_get_root_node(f->doc) : NULL;
+    size_t n = 0;
+    int r;
+
+    if (root && root->type == YAML_MAPPING_NODE) {
+        struct errs quiet = { .f = f, .err = (char[1]){ 0 }, .errlen = 1 };
+
+        each_pair(&quiet, root, "the file", find_top, &top); /* apply() said what is wrong */
+    }
+    if (top.routes && top.routes->type == YAML_SEQUENCE_NODE)
+        n = (size_t)(top.routes->data.sequence.items.top - top.routes->data.sequence.items.start);
+    else if (top.routes && scalar(top.routes))
+        errs_add(&e, top.routes, "routes: a list of routes, not %s", type_name(top.routes));
+    if (n > ROUTE_MAX) {
+        errs_add(&e, top.routes, "routes: %zu routes, at most %d", n, ROUTE_MAX);
+        n = 0;
+    }
+    if (top.errors)
+        parse_errors(&e, top.errors, &dialect); /* every route's default, and the default's */
+    r = route_table_new(n, &t);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i <= n; i++) {
+        struct route *rt = &t->routes[i];
+
+        rt->enforce = true;
+        rt->errors = dialect;
+        if (config_copy(&rt->cfg, cfg) < 0)
+            e.oom = true;
+    }
+    for (size_t i = 0; i < n && !e.oom; i++) {
+        yaml_node_t *rn = node(f, top.routes->data.sequence.items.start[i]);
+        struct route_ctx c = { .rt = &t->routes[i], .t = t, .index = i };
+
+        if (!rn)
+            continue;
+        each_pair(&e, rn, "a route", route_pair, &c);
+        if (rn->type == YAML_MAPPING_NODE && !c.name_node)
+            errs_add(&e, rn, "route %zu: name is required", i + 1);
+        check_route(&e, c.rt, rn);
+    }
+    {
+        struct route *def = route_table_default(t);
+
+        def->name = dup_or_oom(&e, ROUTE_DEFAULT);
+        if (top.key)
+            each_pair(&e, top.key, "key", key_pair, &def->key);
+    }
+    for (size_t i = 0; i <= n && !e.oom && e.n == 0; i++) {
+        int id = metrics_route_id(t->routes[i].name);
+
+        if (id < 0)
+            errs_add(&e, NULL, "route '%s': more than %d route names since the start; restart",
+                     t->routes[i].name, METRICS_ROUTES_MAX);
+        else
+            t->routes[i].metrics_id = (unsigned)id;
+    }
+    if (e.oom || e.n) {
+        route_table_unref(t);
+        return e.oom ? -ENOMEM : -EINVAL;
+    }
+    *ret = t;
+    return 0;
+}
