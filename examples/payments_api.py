@@ -13,6 +13,11 @@ Every payment is forgotten on exit.
   GET  /payments        200 {"count": N, "in_progress": M, "payments": [...]}
                         (in_progress: slow creations still sleeping)
   GET  /payments/<id>   200 the payment, or 404
+  POST /webhooks/payments
+                        an event delivery, JSON {"id": "evt_...", ...}: the API
+                        processes every delivery it gets (it does not deduplicate):
+                        200 {"received": "<id>", "processed": N}
+  GET  /webhooks        200 {"processed": N, "events": [ids in order]}
 
 Usage: /usr/bin/python3 examples/payments_api.py --port 3000 [--slow-seconds 5] [--quiet]
 It listens on 127.0.0.1 only, logs one line per created payment on stderr
@@ -38,6 +43,7 @@ class Ledger:
     def __init__(self):
         self.lock = threading.Lock()
         self.payments = []
+        self.events = []  # webhook deliveries processed, duplicates included
         self.by_id = {}
         self.in_progress = 0
 
@@ -60,6 +66,16 @@ class Ledger:
         with self.lock:
             return {"count": len(self.payments), "in_progress": self.in_progress,
                     "payments": list(self.payments)}
+
+    def deliver(self, event_id):
+        """Processes an event delivery; returns how many were processed."""
+        with self.lock:
+            self.events.append(event_id)
+            return len(self.events)
+
+    def deliveries(self):
+        with self.lock:
+            return {"processed": len(self.events), "events": list(self.events)}
 
     def get(self, pid):
         with self.lock:
@@ -142,6 +158,8 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         if path == "/payments":
             return self._send(200, self.server.ledger.listing())
+        if path == "/webhooks":
+            return self._send(200, self.server.ledger.deliveries())
         m = re.fullmatch(r"/payments/(pay_\d+)", path)
         if m:
             p = self.server.ledger.get(m.group(1))
@@ -153,10 +171,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         path = urlsplit(self.path).path
         body = self._read_body()
-        if path not in ("/payments", "/slow/payments"):
+        if path not in ("/payments", "/slow/payments", "/webhooks/payments"):
             return self._error(404, "no such resource")
         if body is None:
             return self._error(413, "the body is over %d bytes" % MAX_BODY)
+        if path == "/webhooks/payments":
+            return self._webhook(body)
         fields, err = parse_payment(body)
         if err:
             return self._error(400, err)
@@ -174,6 +194,18 @@ class Handler(BaseHTTPRequestHandler):
                              % (p["id"], p["amount"], p["currency"],
                                 ", Idempotency-Key: %s" % key if key else ""))
         self._send(201, p, [("Location", "/payments/" + p["id"])])
+
+    def _webhook(self, body):
+        try:
+            event = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("id"), str):
+            return self._error(400, "an event is a JSON object with a string id")
+        n = self.server.ledger.deliver(event["id"])
+        if not self.server.quiet:
+            sys.stderr.write("payments-api: processed event %s (delivery %d)\n" % (event["id"], n))
+        self._send(200, {"received": event["id"], "processed": n})
 
     def _not_allowed(self):
         self._read_body()

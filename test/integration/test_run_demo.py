@@ -176,7 +176,8 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
     assert "http://127.0.0.1:%d/healthz" % admin in text
     assert "memory store" in text
     steps = d.steps()
-    assert sorted(steps) == [1, 2, 3, 4, 5, 6], text
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7, 8], text
+    assert "examples/demo.yaml" in text
     for n, (_, cmds) in steps.items():
         for c in cmds:
             assert "127.0.0.1:%d" % port in c or c.startswith("sleep "), c
@@ -240,6 +241,21 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
     st, h, body = parse_http(shell(invalid))
     assert st == 400, body
     assert json.loads(body)["code"] == "idempotency_key_invalid"
+
+    # 7. missing key on the route that requires one
+    (keyless,) = steps[7][1]
+    st, h, body = parse_http(shell(keyless))
+    assert st == 400, body
+    assert json.loads(body)["code"] == "idempotency_key_missing"
+
+    # 8. a webhook delivered twice: processed once, the second delivery replayed
+    hook, hook_again, deliveries = steps[8][1]
+    assert hook_again == hook
+    st, h, first_hook = parse_http(shell(hook))
+    assert st == 200 and hone(h, REPLAY) == "false", first_hook
+    st, h, again = parse_http(shell(hook))
+    assert st == 200 and hone(h, REPLAY) == "true" and again == first_hook
+    assert json.loads(shell(deliveries)) == {"processed": 1, "events": ["evt_1"]}
 
     # Two payments in all: nothing ran twice.
     assert json.loads(shell(listing))["count"] == 2
