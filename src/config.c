@@ -1413,10 +1413,12 @@ void config_done(struct config *cfg)
 
 void config_print_help(FILE *f)
 {
-    fprintf(f, "Usage: idemproxy --upstream URL [options]\n\n"
+    fprintf(f, "Usage: idemproxy --upstream URL [options]\n"
+               "       idemproxy --config FILE [options] [--check-config]\n\n"
                "An HTTP reverse proxy that enforces the Idempotency-Key header.\n"
-               "Each option is also read from the environment variable shown; "
-               "a flag wins over the\nenvironment, which wins over the default. "
+               "Each option is also read from the environment variable shown, and from the "
+               "--config\nfile (spelled without the dashes); a flag wins over the environment, "
+               "which wins over\nthe file, which wins over the default. "
                "Lists in the environment are comma-separated.\n"
                "S is seconds (fractions allowed, e.g. 0.5); BYTES takes a K, M or G suffix.\n\n"
                "Options:\n");

@@ -6,8 +6,9 @@ so neither man nor groff is needed.
 """
 import os
 import re
+import subprocess
 
-from conftest import REPO, run_binary
+from conftest import IDEMPROXY_BIN, REPO, clean_env, run_binary
 
 MANPAGE = os.path.join(REPO, "doc", "idemproxy.1")
 README = os.path.join(REPO, "README.md")
@@ -297,3 +298,43 @@ def test_readme_and_manpage_name_the_same_variables():
             continue
         assert m["envs"] == readme[flag], "%s: man page %r, README %r" % (
             flag, m["envs"], readme[flag])
+
+
+def readme_section(title):
+    """The text of README's section (## or ###) <title>, up to the next one of its level or above."""
+    with open(README) as f:
+        text = f.read()
+    m = re.search(r"^(#+) %s\n" % re.escape(title), text, re.M)
+    assert m, "README has no section %r" % title
+    level = len(m.group(1))
+    end = re.search(r"^#{1,%d} " % level, text[m.end():], re.M)
+    return text[m.end():m.end() + end.start()] if end else text[m.end():]
+
+
+def test_readme_configuration_examples_are_valid(tmp_path):
+    """Every YAML example of README's Configuration file section, and the
+    shipped example files, pass --check-config; the broken example fails with
+    exactly the lines README shows."""
+    blocks = re.findall(r"```yaml\n(.*?)```", readme_section("Configuration file"), re.S)
+    assert len(blocks) >= 6, blocks
+    for i, block in enumerate(blocks):
+        path = tmp_path / ("readme%d.yaml" % i)
+        path.write_text(block)
+        r = run_binary(["--config", str(path), "--upstream", "http://127.0.0.1:3000",
+                        "--check-config"])
+        assert r.returncode == 0, (block, r.stderr.decode())
+        assert r.stdout.decode().startswith("idemproxy: the configuration is valid (")
+    for example in ("idemproxy.yaml", "demo.yaml"):
+        r = run_binary(["--config", os.path.join(REPO, "examples", example), "--upstream",
+                        "http://127.0.0.1:3000", "--check-config"])
+        assert r.returncode == 0, (example, r.stderr.decode())
+
+    shown = re.search(r"```\n\$ cat bad.yaml\n(.*?)\$ idemproxy --config bad.yaml --check-config\n"
+                      r"(.*?)```", readme_section("Problems"), re.S)
+    assert shown, "README's Problems section shows no broken file and its output"
+    (tmp_path / "bad.yaml").write_text(shown.group(1))
+    r = subprocess.run([os.path.abspath(IDEMPROXY_BIN), "--config", "bad.yaml", "--check-config"],
+                       cwd=str(tmp_path), env=clean_env(), capture_output=True, timeout=10,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2
+    assert r.stderr.decode() == shown.group(2), r.stderr.decode()
