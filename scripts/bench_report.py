@@ -114,7 +114,8 @@ print("\nCPU µs/req: utime+stime over the run, per request completed, of the pr
       "a WAIT after each write), its master's and its replica's. "
       "idemproxy-cluster-x2: two proxies on the one cluster, each driven by its own wrk "
       "(`-t1`, half the connections: the same offered load as the other rows); req/s is the "
-      "sum of the two, p50 and p99 the larger of the two wrks'. The cluster and WAIT targets "
-      "run scenarios 1 (64 connections) and 2 only; in 2 (one key) the master of that key's "
-      "slot answers every request. "
+      "sum of the two, p50 and p99 the larger of the two wrks'. The cluster, WAIT and "
+      "routes50 targets run scenarios 1 (64 connections) and 2 only; in 2 (one key) on the "
+      "cluster the master of that key's slot answers every request. idemproxy-routes50 is idemproxy-memory with 50 routes, the "
+      "request matching the last: the difference is what route matching costs. "
       "× nginx: the median of the per-repetition ratios.")
