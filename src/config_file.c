@@ -34,6 +34,9 @@ struct errs {
 };
 
 static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
 {
     size_t used = strlen(e->err);
     char msg[512];
