@@ -100,9 +100,11 @@ static int slurp(const char *path, unsigned char **ret, size_t *ret_len, char *e
         free(data);
         return -EINVAL;
     }
+    errno = 0;
     n = fread(data, 1, CONFIG_FILE_MAX_BYTES + 1, fp);
     if (ferror(fp)) {
-        append_line(err, errlen, "%s: cannot read the configuration file: %s", path, strerror(EIO));
+        append_line(err, errlen, "%s: cannot read the configuration file: %s", path,
+                    strerror(errno ? errno : EIO)); /* EISDIR for a directory */
         r = -EINVAL;
     } else if (n > CONFIG_FILE_MAX_BYTES) {
         append_line(err, errlen, "%s: larger than %u bytes: not a configuration file", path,
@@ -592,8 +594,9 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
     }
     if (top.routes && top.routes->type == YAML_SEQUENCE_NODE)
         n = (size_t)(top.routes->data.sequence.items.top - top.routes->data.sequence.items.start);
-    else if (top.routes && scalar(top.routes))
-        errs_add(&e, top.routes, "routes: a list of routes, not %s", type_name(top.routes));
+    else if (top.routes && (top.routes->type == YAML_MAPPING_NODE || scalar(top.routes)))
+        errs_add(&e, top.routes, "routes: a list of routes (each one starting with '- '), not %s",
+                 type_name(top.routes)); /* an empty "routes:" is no routes */
     if (n > ROUTE_MAX) {
         errs_add(&e, top.routes, "routes: %zu routes, at most %d", n, ROUTE_MAX);
         n = 0;

@@ -82,8 +82,10 @@ static void put(char *out, size_t cap, size_t *len, const char *p, size_t n)
 /* Appends <s> escaped for a text line, so that a line stays one line and its
  * fields stay apart whatever bytes a client sent: printable ASCII as is, but
  * '"' and '\\' escaped with a backslash, every other byte (controls, DEL,
- * 8-bit) as \xHH. At most <max> bytes of <s> are taken; more ends in "...". */
-static void put_escaped(char *out, size_t cap, size_t *len, struct span s, size_t max)
+ * 8-bit) as \xHH, and a space too in a <field> (a composite key is its parts
+ * joined by a space: "key=src\x20id", never a second field). At most <max>
+ * bytes of <s> are taken; more ends in "...". */
+static void put_escaped(char *out, size_t cap, size_t *len, struct span s, size_t max, bool field)
 {
     static const char hex[] = "0123456789abcdef";
 
@@ -91,7 +93,7 @@ static void put_escaped(char *out, size_t cap, size_t *len, struct span s, size_
         unsigned char c = (unsigned char)s.base[i];
         char e[4] = { '\\', (char)c, 0, 0 };
 
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+        if (c >= (field ? 0x21 : 0x20) && c < 0x7f && c != '"' && c != '\\')
             put(out, cap, len, (const char *)&c, 1);
         else if (c == '"' || c == '\\')
             put(out, cap, len, e, 2);
@@ -237,18 +239,18 @@ void log_access(const struct log_access *a)
     } else {
         put(line, sizeof(line), &n, stamp, strlen(stamp));
         put(line, sizeof(line), &n, " info access ", 13);
-        put_escaped(line, sizeof(line), &n, a->method, LOG_FIELD_MAX / 8);
+        put_escaped(line, sizeof(line), &n, a->method, LOG_FIELD_MAX / 8, true);
         put(line, sizeof(line), &n, " ", 1);
-        put_escaped(line, sizeof(line), &n, a->target, LOG_FIELD_MAX);
+        put_escaped(line, sizeof(line), &n, a->target, LOG_FIELD_MAX, true);
         snprintf(num, sizeof(num), " %u %s", a->status, a->outcome);
         put(line, sizeof(line), &n, num, strlen(num));
         if (a->route) {
             put(line, sizeof(line), &n, " route=", 7);
-            put_escaped(line, sizeof(line), &n, span_from_cstr(a->route), LOG_FIELD_MAX / 8);
+            put_escaped(line, sizeof(line), &n, span_from_cstr(a->route), LOG_FIELD_MAX / 8, true);
         }
         if (a->key.base) {
             put(line, sizeof(line), &n, " key=", 5);
-            put_escaped(line, sizeof(line), &n, a->key, LOG_FIELD_MAX / 2);
+            put_escaped(line, sizeof(line), &n, a->key, LOG_FIELD_MAX / 2, true);
         }
         if (a->has_upstream)
             snprintf(num, sizeof(num), " upstream_ms=%llu.%03llu",
@@ -258,8 +260,8 @@ void log_access(const struct log_access *a)
             snprintf(num, sizeof(num), " upstream_ms=-");
         put(line, sizeof(line), &n, num, strlen(num));
         snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu\n",
-                 (unsigned long long)(a->total_us / 1000),
-                 (unsigned long long)(a->total_us % 1000), a->bytes);
+                 (unsigned long long)(a->total_us / 1000), (unsigned long long)(a->total_us % 1000),
+                 a->bytes);
         put(line, sizeof(line), &n, num, strlen(num));
     }
     if (n > 0)
@@ -294,7 +296,7 @@ void log_write(enum config_log_level level, const char *fmt, ...)
         put(line, sizeof(line), &n, " ", 1);
         put(line, sizeof(line), &n, name, strlen(name));
         put(line, sizeof(line), &n, " ", 1);
-        put_escaped(line, sizeof(line), &n, span_from_cstr(msg), LOG_MSG_MAX);
+        put_escaped(line, sizeof(line), &n, span_from_cstr(msg), LOG_MSG_MAX, false);
         put(line, sizeof(line), &n, "\n", 1);
     }
     if (n > 0)
