@@ -393,6 +393,17 @@ static const char *restart_setting(const struct config *a, const struct config *
 
 #define RESTART_SETTINGS 14
 
+/* Logs each line of <text> at <level>, after "reload: ". */
+static void log_lines(enum config_log_level level, const char *text)
+{
+    for (const char *p = text; *p;) {
+        size_t n = strcspn(p, "\n");
+
+        LOG(level, "reload: %.*s", (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+}
+
 /* SIGHUP: reads the configuration again (the same flags and environment,
  * the file as it is now). A valid one gives the requests that begin from
  * now on its routes and settings, and its log level and format; what needs a
@@ -401,16 +412,11 @@ static void reload(struct app *app, int argc, char **argv)
 {
     struct config next = { 0 };
     struct route_table *t, *old;
-    char err[8192] = "", why[512];
+    char err[8192] = "", why[4096];
     size_t restart = 0;
 
     if (config_load(&next, argc, argv, environ, err, sizeof(err)) < 0) {
-        for (const char *p = err; *p;) {
-            size_t n = strcspn(p, "\n");
-
-            log_error("reload: %.*s", (int)n, p);
-            p += n + (p[n] == '\n');
-        }
+        log_lines(CONFIG_LOG_ERROR, err);
         log_error("reload: the configuration has problems; nothing was changed");
         metrics_config_reload(false);
         config_done(&next);
@@ -438,8 +444,7 @@ static void reload(struct app *app, int argc, char **argv)
         rc->enabled = app->cfg.enabled;
     }
     if (pipeline_set_routes(app->pl, t, why, sizeof(why)) > 0)
-        log_warn("reload: %s", why);
-    log_setup(next.log_level, next.log_format);
+        log_lines(CONFIG_LOG_WARN, why);
     old = app->cfg.routes; /* the running configuration holds the table in use */
     app->cfg.routes = t;
     next.routes = NULL;
@@ -448,6 +453,7 @@ static void reload(struct app *app, int argc, char **argv)
     log_info("reload: %s applied: %zu routes%s",
              app->cfg.config_file ? app->cfg.config_file : "the configuration", t->nroutes,
              restart ? "; see above for what needs a restart" : "");
+    log_setup(next.log_level, next.log_format); /* after the line above, which it may silence */
     config_done(&next);
 }
 

@@ -947,23 +947,25 @@ void pipeline_free(struct pipeline *pl)
 int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, size_t whylen)
 {
     struct route_table *old;
+    size_t used = 0;
 
     why[0] = '\0';
-    for (size_t i = 0; i <= t->nroutes; i++) {
+    for (size_t i = 0; i <= t->nroutes && used < whylen; i++) {
         const struct route *rt = &t->routes[i];
+        const char *sep = used ? "\n" : "";
 
-        if (rt->cfg.wait_ms > 0 && !pl->waits && pl->st) {
-            snprintf(why, whylen,
-                     "route %s: wait needs a restart (no route waited at start, so the "
-                     "notifications of --wait are not subscribed to); it answers 409 at once "
-                     "until then",
-                     rt->name);
-        } else if (rt->cfg.lock_ttl_ms < pl->min_lock_ttl_ms) {
-            snprintf(why, whylen,
-                     "route %s: a lock-ttl shorter than at start (%llu ms) needs a restart for "
-                     "the heartbeat to keep up; the lock may lapse under a long request until then",
-                     rt->name, (unsigned long long)pl->min_lock_ttl_ms);
-        }
+        if (rt->cfg.wait_ms > 0 && !pl->waits && pl->st)
+            used += (size_t)snprintf(why + used, whylen - used,
+                                     "%sroute %s: wait needs a restart (no route waited at start, "
+                                     "so the notifications of --wait are not subscribed to); it "
+                                     "answers 409 at once until then",
+                                     sep, rt->name);
+        else if (rt->cfg.lock_ttl_ms < pl->min_lock_ttl_ms)
+            used += (size_t)snprintf(why + used, whylen - used,
+                                     "%sroute %s: a lock-ttl shorter than at start (%llu ms) needs "
+                                     "a restart for the heartbeat to keep up; the lock may lapse "
+                                     "under a long request until then",
+                                     sep, rt->name, (unsigned long long)pl->min_lock_ttl_ms);
     }
     pthread_mutex_lock(&pl->routes_mu);
     old = pl->routes;

@@ -114,9 +114,10 @@ void pipeline_body(struct pipeline *pl, struct req *r, const char *p, size_t n);
 void pipeline_end(struct pipeline *pl, struct req *r);
 
 /* Makes <t> (a reference is taken) the routes of the requests that begin
- * from now on; those already begun keep theirs. Returns 0, or 1 when a
- * setting of <t> cannot take full effect without a restart (a wait when no
- * route waited at start, a lock-ttl shorter than at start), said in <why>. */
+ * from now on; those already begun keep theirs. Returns 0, or 1 when
+ * settings of <t> cannot take full effect without a restart (a wait when no
+ * route waited at start, a lock-ttl shorter than at start), said in <why>,
+ * one line per route. */
 int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, size_t whylen);
 
 /* On SIGTERM: duplicates held by --wait get their 409 at once (within
