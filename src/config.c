@@ -1222,6 +1222,25 @@ static int copy_string(char **dst, const char *src)
     return 0;
 }
 
+/* True when the field of kind <k> is one string the config owns. */
+static bool owns_string(enum kind k)
+{
+    switch (k) {
+    case K_URL:
+    case K_REDIS:
+    case K_STR:
+    case K_HEADER:
+    case K_HEADER_OPT:
+    case K_FILE:
+    case K_HOSTNAME:
+    case K_TOKEN_FILE:
+    case K_PASSWORD_FILE:
+        return true;
+    default:
+        return false;
+    }
+}
+
 int config_copy(struct config *dst, const struct config *src)
 {
     int r = 0;
@@ -1233,28 +1252,12 @@ int config_copy(struct config *dst, const struct config *src)
     /* Every pointer of <dst> is made its own (or NULL) before anything can
      * fail, so that config_done(<dst>) never frees what <src> owns. */
     for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
-        const struct opt *o = &opts[i];
-        char **field = (char **)(void *)((char *)dst + o->off);
+        char **field = (char **)(void *)((char *)dst + opts[i].off);
 
-        switch (o->kind) {
-        case K_URL:
-        case K_REDIS:
-        case K_STR:
-        case K_HEADER:
-        case K_HEADER_OPT:
-        case K_FILE:
-        case K_HOSTNAME:
-        case K_TOKEN_FILE:
-        case K_PASSWORD_FILE:
+        if (owns_string(opts[i].kind))
             *field = NULL;
-            break;
-        case K_METHODS:
-        case K_HEADERS:
+        else if (opts[i].kind == K_METHODS || opts[i].kind == K_HEADERS)
             memset(field, 0, CONFIG_MAX_LIST * sizeof(char *));
-            break;
-        default:
-            break;
-        }
     }
     for (size_t i = 0; i < ARRAY_SIZE(opts) && r == 0; i++) {
         const struct opt *o = &opts[i];
@@ -1264,26 +1267,12 @@ int config_copy(struct config *dst, const struct config *src)
 
         if (o->env_only)
             continue; /* the same field as its flag's entry */
-        switch (o->kind) {
-        case K_URL:
-        case K_REDIS:
-        case K_STR:
-        case K_HEADER:
-        case K_HEADER_OPT:
-        case K_FILE:
-        case K_HOSTNAME:
-        case K_TOKEN_FILE:
-        case K_PASSWORD_FILE:
+        if (owns_string(o->kind)) {
             r = copy_string(field, *from);
-            break;
-        case K_METHODS:
-        case K_HEADERS:
+        } else if (o->kind == K_METHODS || o->kind == K_HEADERS) {
             n = *(const size_t *)(const void *)((const char *)src + o->off_n);
             for (size_t k = 0; k < n && r == 0; k++)
                 r = copy_string(&field[k], from[k]);
-            break;
-        default:
-            break;
         }
     }
     return r;
