@@ -46,6 +46,7 @@ struct app {
     struct upstream *ups[MAX_LOOPS];
     struct front *fronts[MAX_LOOPS];
     struct admin *admin;
+    size_t capture_bytes; /* the upstream clients' cap on an answer, set at start */
 };
 
 /* Waits up to <ms> for a signal of <set>. Returns the signal, or 0. */
@@ -226,7 +227,7 @@ static size_t capture_bytes(const struct config *cfg)
 static int app_up(struct app *app)
 {
     const struct config *cfg = &app->cfg;
-    size_t capture = capture_bytes(cfg);
+    size_t capture = app->capture_bytes = capture_bytes(cfg);
     struct upstream_options uo = {
         .base_url = cfg->upstream,
         .timeout_ms = cfg->upstream_timeout_ms,
@@ -442,6 +443,12 @@ static void reload(struct app *app, int argc, char **argv)
             rc->key_prefix = prefix;
         }
         rc->enabled = app->cfg.enabled;
+    }
+    if (capture_bytes(&next) > app->capture_bytes) {
+        log_warn("reload: a max-response this large needs a restart: until then an answer over "
+                 "%zu bytes is cut and answered 502",
+                 app->capture_bytes);
+        restart++;
     }
     if (pipeline_set_routes(app->pl, t, why, sizeof(why)) > 0)
         log_lines(CONFIG_LOG_WARN, why);

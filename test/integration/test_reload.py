@@ -667,3 +667,20 @@ def test_reload_logs_every_route_whose_wait_or_lock_ttl_needs_a_restart(proxy, u
         assert want in log, "missing %r in:\n%s" % (want, log)
     want = "reload: route short-lock: a lock-ttl shorter than at start (30000 ms) needs a restart"
     assert want in log, "missing %r in:\n%s" % (want, log)
+
+
+def test_reload_max_response_past_the_start_capture_needs_a_restart(proxy, upstream, tmp_path):
+    """The upstream clients cap an answer at start (4 x the largest
+    max-response, at least 64 MiB): a reload whose route asks for more says
+    that it needs a restart; one within the cap does not."""
+    path = tmp_path / "idemproxy.yaml"
+    cfg = write(path, "routes:\n  - {name: a, match: {path: /a}}\n")
+    p = proxy("--config", cfg)
+    write(path, "routes:\n  - {name: a, match: {path: /a}, max-response: 8M}\n")
+    hup(p, cfg)
+    assert "max-response this large needs a restart" not in log_text(p)
+    write(path, "memory-max-bytes: 256M\n"
+                "routes:\n  - {name: a, match: {path: /a}, max-response: 20M}\n")
+    hup(p, cfg)
+    assert "reload: a max-response this large needs a restart" in log_text(p)
+    assert p.request(*keyed(new_key()))[0] == 201  # the rest applied, still serving
