@@ -136,8 +136,9 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
 
 /* Decodes the key of the raw target <raw> ("/keys/<key>[?query]", as the
  * client sent it) into <ret> (KEY_MAX + 1 bytes): %XX decoded, the result a
- * key as the proxy stores it: 0x21-0x7E (unquoted), or a composite key's
- * parts of those joined by single spaces. Decoded here, not by the HTTP
+ * key as the proxy stores it: 1-255 bytes of 0x21-0x7E (unquoted), or a
+ * composite key's parts of those (at most CONFIG_MAX_LIST) joined by single
+ * spaces. Decoded here, not by the HTTP
  * layer, whose C string would end at a %00. Returns 0 or -EINVAL. */
 static int decode_key(const char *raw, char *ret)
 {
@@ -149,12 +150,15 @@ static int decode_key(const char *raw, char *ret)
         return -EINVAL;
     if (n < at || memcmp(path, ADMIN_KEYS_PATH, at) != 0 || n - at == 0 || n - at > KEY_MAX)
         return -EINVAL;
-    for (size_t i = at; i < n; i++) {
+    for (size_t i = at, part = 0, parts = 1; i < n; i++) {
         unsigned char c = (unsigned char)path[i];
 
-        if (c == ' ' && i > at && i + 1 < n && path[i - 1] != ' ')
-            continue; /* between two parts of a composite key */
-        if (c < 0x21 || c > 0x7e)
+        if (c == ' ' && i > at && i + 1 < n && path[i - 1] != ' ' && parts < CONFIG_MAX_LIST) {
+            part = 0; /* between two parts of a composite key */
+            parts++;
+            continue;
+        }
+        if (c < 0x21 || c > 0x7e || ++part > IDEMKEY_MAX)
             return -EINVAL;
     }
     memcpy(ret, path + at, n - at);
