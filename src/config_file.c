@@ -501,6 +501,7 @@ struct route_ctx {
     const struct route_table *t; /* the routes before this one, for unique names */
     size_t index;
     yaml_node_t *name_node;
+    bool has_key; /* the route sets its own key (else: the top level's) */
 };
 
 static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -535,6 +536,7 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
     } else if (strcmp(key, "enforce") == 0) {
         (void)parse_bool_node(e, key, v, &rt->enforce);
     } else if (strcmp(key, "key") == 0) {
+        c->has_key = true;
         each_pair(e, v, "key", key_pair, &rt->key);
     } else if (strcmp(key, "errors") == 0) {
         parse_errors(e, v, &rt->errors);
@@ -621,6 +623,13 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
         if (!rn)
             continue;
         each_pair(&e, rn, "a route", route_pair, &c);
+        if (!c.has_key && top.key) {
+            /* the top level's key: its problems are said once, for the default route */
+            struct errs quiet = { .f = f, .err = (char[1]){ 0 }, .errlen = 1 };
+
+            each_pair(&quiet, top.key, "key", key_pair, &c.rt->key);
+            e.oom |= quiet.oom;
+        }
         if (rn->type == YAML_MAPPING_NODE && !c.name_node)
             errs_add(&e, rn, "route %zu: name is required", i + 1);
         check_route(&e, c.rt, rn);

@@ -296,7 +296,7 @@ static void test_route_top_level_key_and_errors_are_the_default_route(void)
     write_file("upstream: http://127.0.0.1:3000\n"
                "errors: stripe\n"
                "key: {headers: [a, b], fallback: fingerprint}\n"
-               "routes:\n  - {name: p, match: {path: /p}, errors: problem}\n"
+               "routes:\n  - {name: p, match: {path: /p}, errors: problem, key: {json: /id}}\n"
                "  - {name: q, match: {path: /q}}\n");
     CHECK_EQ_INT(load(&cfg, NULL), 0);
     if (cfg.routes) {
@@ -306,6 +306,15 @@ static void test_route_top_level_key_and_errors_are_the_default_route(void)
         CHECK(rt->key.fallback);
         CHECK_EQ_INT(match(&cfg, "POST", "/p", NULL)->errors, PROBLEM_DIALECT_PROBLEM);
         CHECK_EQ_INT(match(&cfg, "POST", "/q", NULL)->errors, PROBLEM_DIALECT_STRIPE);
+        /* a route without a key of its own takes the top level's; one with its own keeps it */
+        rt = match(&cfg, "POST", "/q", NULL);
+        CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADERS);
+        CHECK(rt->key.nheaders == 2 && rt->key.fallback);
+        CHECK_EQ_STR(rt->key.headers[1], "b");
+        rt = match(&cfg, "POST", "/p", NULL);
+        CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_JSON);
+        CHECK_EQ_STR(rt->key.pointer, "/id");
+        CHECK(!rt->key.fallback);
     }
     config_done(&cfg);
     unlink(path);
