@@ -147,3 +147,24 @@ run_fuzz() {
     fi
     return 1
 }
+
+# ensure_promtool sets PROMTOOL to Prometheus' promtool (contrib/prometheus'
+# rules and contrib/grafana's queries are checked with it). It comes from
+# Debian's prometheus package, which is downloaded and unpacked under
+# build-tools/, not installed: installing it would start a Prometheus server.
+ensure_promtool() {
+    PROMTOOL=$(command -v promtool) && return 0
+    local dir="$IDEMPROXY_ROOT/build-tools/prometheus" tmp
+    PROMTOOL="$dir/usr/bin/promtool"
+    [ -x "$PROMTOOL" ] && return 0
+    say "downloading Debian's prometheus package for its promtool (unpacked in $dir, not installed)"
+    tmp=$(mktemp -d) || return 1
+    if ! { apt-get update -qq >&2 && (cd "$tmp" && apt-get download -qq prometheus >&2 2>/dev/null); }; then
+        rm -rf "$tmp"
+        echo "apt-get download prometheus failed: can this machine reach Debian's mirrors?" >&2
+        return 1
+    fi
+    rm -rf "$dir" && mkdir -p "$dir" && dpkg-deb -x "$tmp"/prometheus_*.deb "$dir"
+    rm -rf "$tmp"
+    [ -x "$PROMTOOL" ] || { echo "the prometheus package had no usr/bin/promtool" >&2; return 1; }
+}

@@ -50,6 +50,7 @@ static struct {
     _Atomic int64_t inflight;
     _Atomic uint64_t lock_lost;
     _Atomic uint64_t reloads[2]; /* SIGHUP: [0] error, [1] ok */
+    atomic_bool last_reload_failed;
     _Atomic uint64_t store_errors;
 } m;
 
@@ -156,6 +157,7 @@ void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory
 void metrics_config_reload(bool ok)
 {
     atomic_fetch_add_explicit(&m.reloads[ok], 1, memory_order_relaxed);
+    atomic_store_explicit(&m.last_reload_failed, !ok, memory_order_relaxed);
 }
 
 void metrics_store_error(void)
@@ -304,6 +306,11 @@ int metrics_format(struct buf *out, struct store *st)
         err = appendf(
             out, "idemproxy_config_reloads_total{result=\"%s\"} %llu\n", ok ? "ok" : "error",
             (unsigned long long)atomic_load_explicit(&m.reloads[ok], memory_order_relaxed));
+    if (err == 0)
+        err = simple(out, "idemproxy_config_last_reload_successful", "gauge",
+                     "0 while the last SIGHUP reload failed (the proxy runs on the configuration "
+                     "it had before); 1 once one applied, and from start.",
+                     !atomic_load_explicit(&m.last_reload_failed, memory_order_relaxed));
     if (err == 0)
         err =
             simple(out, "idemproxy_store_errors_total", "counter",

@@ -26,6 +26,7 @@ from conftest import (REPLAY, assert_free, assert_locked, assert_problem, free_p
 from fake_upstream import FakeUpstream
 
 RELOADS = "idemproxy_config_reloads_total"
+LAST_OK = "idemproxy_config_last_reload_successful"
 NOTHING_CHANGED = "reload: the configuration has problems; nothing was changed"
 
 
@@ -47,6 +48,8 @@ def hup(p, path, ok=True, applied_line=True):
     line "reload: PATH applied", unless the new log level hides it) or error
     (with its line "nothing was changed")."""
     ok0, err0 = reloads(p)
+    if ok0 == err0 == 0:
+        assert metrics_value(p.metrics(), LAST_OK) == 1, "before any reload"
     applied = "reload: %s applied" % path
     n_applied, n_failed = log_text(p).count(applied), log_text(p).count(NOTHING_CHANGED)
     p.proc.send_signal(signal.SIGHUP)
@@ -61,6 +64,8 @@ def hup(p, path, ok=True, applied_line=True):
                  what="reload %s counted error" % path)
         wait_for(lambda: log_text(p).count(NOTHING_CHANGED) > n_failed, timeout=10,
                  what="the line '%s'" % NOTHING_CHANGED)
+    # The gauge the alert IdemproxyConfigReloadFailed reads: the last result.
+    assert metrics_value(p.metrics(), LAST_OK) == (1 if ok else 0)
 
 
 def write(path, text):

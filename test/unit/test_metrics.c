@@ -258,9 +258,45 @@ static void test_metrics_route_id_full_is_e2big(void)
     buf_done(&out);
 }
 
+/* idemproxy_config_last_reload_successful: 1 from start, 0 while the last
+ * reload failed, the counters by result beside it. */
+static void test_metrics_last_reload_follows_the_last_result(void)
+{
+    static const struct {
+        int reload; /* -1: none yet; else the result of the reload */
+        const char *gauge, *ok, *error;
+    } steps[] = {
+        { -1, "1", "0", "0" }, { 0, "0", "0", "1" }, { 0, "0", "0", "2" },
+        { 1, "1", "1", "2" },  { 0, "0", "1", "3" },
+    };
+    char line[128];
+
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        struct buf out = BUF_INIT(METRICS_TEXT_MAX);
+        const char *text;
+
+        if (steps[i].reload >= 0)
+            metrics_config_reload(steps[i].reload);
+        CHECK_EQ_INT(metrics_format(&out, NULL), 0);
+        text = text_of(&out);
+        CHECK(strstr(text, "# TYPE idemproxy_config_last_reload_successful gauge\n"));
+        snprintf(line, sizeof(line), "\nidemproxy_config_last_reload_successful %s\n",
+                 steps[i].gauge);
+        CHECK(strstr(text, line));
+        snprintf(line, sizeof(line), "\nidemproxy_config_reloads_total{result=\"ok\"} %s\n",
+                 steps[i].ok);
+        CHECK(strstr(text, line));
+        snprintf(line, sizeof(line), "\nidemproxy_config_reloads_total{result=\"error\"} %s\n",
+                 steps[i].error);
+        CHECK(strstr(text, line));
+        buf_done(&out);
+    }
+}
+
 TEST_MAIN(test_metrics_route_default_is_zero, test_metrics_bucket_bounds_are_inclusive,
           test_metrics_histogram_is_cumulative_with_sum_and_count,
           test_metrics_histogram_labels_come_first, test_metrics_format_counts_every_outcome,
           test_metrics_format_respects_the_buffer_limit, test_metrics_route_id_interns_once,
           test_metrics_route_id_refuses_bad_names, test_metrics_format_labels_route_and_outcome,
-          test_metrics_route_id_is_thread_safe, test_metrics_route_id_full_is_e2big)
+          test_metrics_route_id_is_thread_safe, test_metrics_route_id_full_is_e2big,
+          test_metrics_last_reload_follows_the_last_result)
