@@ -45,7 +45,9 @@ import pytest
 import redis
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fake_upstream import FakeUpstream  # noqa: E402
+from waiting import free_port, wait_for  # noqa: E402,F401  (the suite imports them from here)
 from redis_fixtures import ClusterSet  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -59,26 +61,8 @@ ON_CLUSTER = os.environ.get("IDEMPROXY_TEST_REDIS_KIND", "server") == "cluster"
 # --------------------------------------------------------------------------- helpers
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def new_key():
     return "k-" + uuid.uuid4().hex
-
-
-def wait_for(cond, timeout=5.0, interval=0.05, what="condition"):
-    """Polls cond() until it returns a truthy value; returns it, or fails."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %.1fs waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 def hvalues(headers, name):

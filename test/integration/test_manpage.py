@@ -202,8 +202,11 @@ def test_manpage_is_installed_by_meson():
 def test_manpage_has_the_sections():
     sections = parse_manpage()
     for name in ("OPTIONS", "STORES", "ADMIN ENDPOINTS", "SIGNALS", "EXIT STATUS",
-                 "ENVIRONMENT", "EXAMPLES", "SEE ALSO"):
+                 "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"):
         assert name in sections, "man page has no %s section" % name
+    files = [tag for tag, _ in sections["FILES"]]
+    assert files[:3] == ["/etc/idemproxy/idemproxy.yaml", "/etc/default/idemproxy",
+                         "/lib/systemd/system/idemproxy.service"], files
     with open(MANPAGE, encoding="utf-8") as f:
         src = f.read()
     for name in ("NAME", "SYNOPSIS", "DESCRIPTION"):

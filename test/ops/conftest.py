@@ -3,12 +3,16 @@ runs once, after the plain build: meson install and the systemd unit, the
 Debian package, the container file, the alerting rules and the dashboard."""
 import os
 import re
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "test"))
+from waiting import free_port, wait_for  # noqa: E402
 BIN = Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "src" / "idemproxy"))
 
 
@@ -55,3 +59,41 @@ def root(deb, tmp_path_factory):
     d = tmp_path_factory.mktemp("root")
     run(["dpkg", "-x", deb, d])
     return d
+
+
+def stop(proc):
+    """SIGTERM, then SIGKILL after 10 s: a process this suite started."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """scripts/test's Redis (IDEMPROXY_TEST_REDIS_URL), else a redis-server
+    started here on a free loopback port."""
+    if os.environ.get("IDEMPROXY_TEST_REDIS_URL"):
+        yield os.environ["IDEMPROXY_TEST_REDIS_URL"]
+        return
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def pong():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    try:
+        wait_for(pong, timeout=10, what="redis-server on port %d" % port)
+        yield "redis://127.0.0.1:%d" % port
+    finally:
+        stop(proc)

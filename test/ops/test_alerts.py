@@ -27,13 +27,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 
 import pytest
 import yaml
+
+from conftest import free_port, stop, wait_for
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RULES = os.path.join(REPO, "contrib", "prometheus", "idemproxy.rules.yml")
@@ -42,7 +42,6 @@ DASHBOARD = os.path.join(REPO, "contrib", "grafana", "idemproxy.json")
 PROMTOOL = os.environ.get("IDEMPROXY_PROMTOOL") or shutil.which("promtool") or os.path.join(
     REPO, "build-tools", "prometheus", "usr", "bin", "promtool")
 IDEMPROXY_BIN = os.environ.get("IDEMPROXY_BIN", os.path.join(REPO, "build", "src", "idemproxy"))
-REDIS_SERVER = "/usr/bin/redis-server"
 
 # SPEC section 8 (store down, error and 5xx rates, lock_lost, memory store
 # nearly full, unreplicated writes) and what an operator needs besides.
@@ -162,39 +161,12 @@ def promql_metric_names(expr):
     return names
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(cond, what, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %.0fs waiting for %s" % (timeout, what))
-        time.sleep(0.05)
-
-
 def http_get(url):
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.read().decode()
     except OSError:
         return None
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape_proxy(tmp_path, name, extra_args):
@@ -214,7 +186,7 @@ def scrape_proxy(tmp_path, name, extra_args):
                 pytest.fail("idemproxy (%s) exited %d:\n%s" % (name, proc.returncode, log.read()))
             return http_get("http://%s/metrics" % admin)
 
-        return wait_until(scraped, "the %s proxy's /metrics" % name)
+        return wait_for(scraped, timeout=10, what="the %s proxy's /metrics" % name)
     finally:
         stop(proc)
         log.close()
@@ -246,32 +218,6 @@ def rule_exprs():
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    if os.environ.get("IDEMPROXY_TEST_REDIS_URL"):
-        yield os.environ["IDEMPROXY_TEST_REDIS_URL"]
-        return
-    port = free_port()
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", str(d)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def pong():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    try:
-        wait_until(pong, "redis-server on port %d" % port)
-        yield "redis://127.0.0.1:%d" % port
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")

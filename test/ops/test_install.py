@@ -10,7 +10,6 @@ that every system call, socket family and file it uses is one the unit allows.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, project_version, run, unit_settings
+from conftest import ROOT, free_port, project_version, run, unit_settings, wait_for
 
 sys.path.insert(0, str(ROOT / "test" / "integration"))
 from fake_upstream import FakeUpstream  # noqa: E402  (the integration suite's upstream)
@@ -162,12 +161,6 @@ def allowed_syscalls(unit):
     return allowed
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http(port, method, path, headers=None, body=None):
     c = HTTPConnection("127.0.0.1", port, timeout=10)
     try:
@@ -176,27 +169,6 @@ def http(port, method, path, headers=None, body=None):
         return r.status, r.read()
     finally:
         c.close()
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    """scripts/test's Redis, or one started here."""
-    if os.environ.get("IDEMPROXY_TEST_REDIS_URL"):
-        yield os.environ["IDEMPROXY_TEST_REDIS_URL"]
-        return
-    port = free_port()
-    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if run(["redis-cli", "-p", port, "ping"], check=False).stdout.strip() == "PONG":
-                break
-            time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        p.terminate()
-        p.wait(10)
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
@@ -220,15 +192,14 @@ def traced(request, prefix, tmp_path_factory, redis_url):
     p = subprocess.Popen(["strace", "-f", "-qq", "-o", log, prefix / "bin/idemproxy"], env=env,
                          stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 10
-        while True:
+        def ready():
+            assert p.poll() is None, "the proxy exited: %s" % p.stderr.read()
             try:
-                if http(admin, "GET", "/readyz")[0] == 200:
-                    break
+                return http(admin, "GET", "/readyz")[0] == 200
             except OSError:
-                pass
-            assert time.time() < deadline and p.poll() is None, "the proxy did not become ready"
-            time.sleep(0.1)
+                return False
+
+        wait_for(ready, timeout=10, what="the traced proxy's /readyz")
         key = {"Idempotency-Key": f"strace-{request.param}-{time.time_ns()}"}
         assert http(port, "POST", "/echo", key, b"one")[0] == 201
         assert http(port, "POST", "/echo", key, b"one")[0] == 201
@@ -239,9 +210,7 @@ def traced(request, prefix, tmp_path_factory, redis_url):
         assert http(admin, "GET", "/metrics")[0] == 200
         proxy = tracee(p.pid)
         os.kill(proxy, signal.SIGHUP)
-        wait_log = time.time() + 10
-        while b"reload" not in log.read_bytes() and time.time() < wait_log:
-            time.sleep(0.1)
+        wait_for(lambda: b"reload" in log.read_bytes(), timeout=10, what="the reload in the strace log")
         time.sleep(0.3)
         os.kill(proxy, signal.SIGTERM)
         _, err = p.communicate(timeout=20)

@@ -2,7 +2,6 @@
 lintian (scripts/package fails on an error), unpacked into a throwaway root
 with dpkg -x, and the installed binary run from there."""
 import re
-import subprocess
 
 import pytest
 
