@@ -80,7 +80,7 @@ def test_the_unit_names_the_installed_paths(prefix, unit):
     assert ("Environment", f"IDEMPROXY_CONFIG={prefix}/etc/idemproxy/idemproxy.yaml") in s
     # The reload checks the configuration first, then sends SIGHUP.
     assert [v for k, v in s if k == "ExecReload"] == \
-        [f"{prefix}/bin/idemproxy --check-config", "/bin/kill -HUP $MAINPID"]
+        [f"{prefix}/bin/idemproxy --check-config", "/bin/sh -c 'kill -HUP $$MAINPID'"]
     assert ("EnvironmentFile", "-/etc/default/idemproxy") in s
     assert s.index(("Environment", f"IDEMPROXY_CONFIG={prefix}/etc/idemproxy/idemproxy.yaml")) < \
         s.index(("EnvironmentFile", "-/etc/default/idemproxy")), "/etc/default must be able to override"
