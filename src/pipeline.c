@@ -426,6 +426,8 @@ static int read_key(struct preq *r)
     struct span values[CONFIG_MAX_LIST];
     const struct span *v;
     struct idemkey key;
+    const char *name;
+    char detail[512];
     size_t n, len;
     char *text;
     int err;
@@ -450,16 +452,21 @@ static int read_key(struct preq *r)
         r->derived_key = text;
         return keyed(r, (struct span){ text, len }, KEY_DOMAIN_HEADERS);
     default:
-        v = find_header(r, span_from_cstr(rt->key.header ? rt->key.header : rt->cfg.key_header),
-                        &n);
+        name = rt->key.header ? rt->key.header : rt->cfg.key_header;
+        v = find_header(r, span_from_cstr(name), &n);
         if (n == 0)
             return no_key(r);
-        if (n > 1)
-            return refuse_invalid_key(r, "Send exactly one Idempotency-Key header.");
-        if (idemkey_parse(*v, &key) < 0)
-            return refuse_invalid_key(
-                r, "An Idempotency-Key is 1-255 visible ASCII characters (0x21-0x7E), bare or as "
-                   "a quoted sf-string; a bare key may not hold , \" or \\.");
+        if (n > 1) {
+            snprintf(detail, sizeof(detail), "Send exactly one %s header.", name);
+            return refuse_invalid_key(r, detail);
+        }
+        if (idemkey_parse(*v, &key) < 0) {
+            snprintf(detail, sizeof(detail),
+                     "The key of the %s header is 1-255 visible ASCII characters (0x21-0x7E), "
+                     "bare or as a quoted sf-string; a bare key may not hold , \" or \\.",
+                     name);
+            return refuse_invalid_key(r, detail);
+        }
         return keyed(r, idemkey_span(&key), KEY_DOMAIN_HEADER);
     }
 }

@@ -921,6 +921,24 @@ def test_composite_key_missing_or_repeated_header(proxy, upstream, tmp_path, hea
     assert upstream.hits("/echo") == 2
 
 
+@pytest.mark.parametrize("sent", [
+    pytest.param([("X-Request-Id", "r1"), ("X-Request-Id", "r1")], id="repeated"),
+    pytest.param([("X-Request-Id", "r 1")], id="malformed"),
+])
+def test_invalid_key_detail_names_the_routes_key_header(proxy, upstream, tmp_path, sent):
+    """The key header of a route (or of --key-header) is the one an invalid_key
+    answer names, not Idempotency-Key."""
+    p = routed(proxy, tmp_path, KEY_ROUTES, "--key-header", "X-Tenant-Key")
+    for host, headers in (("fp.test", sent),
+                          ("other.test", [("X-Tenant-Key", v) for _, v in sent])):
+        st, h, b, log = call(p, "POST", "/echo", headers, b"x", host=host)
+        obj = assert_problem((st, h, b), 400, "idempotency_key_invalid", "2.1")
+        name = "X-Request-Id" if host == "fp.test" else "X-Tenant-Key"
+        assert name in obj["detail"] and "Idempotency-Key" not in obj["detail"], obj
+        assert log["outcome"] == "invalid_key"
+    assert upstream.hits("/echo") == 0
+
+
 @pytest.mark.parametrize("value", [
     pytest.param("id 1", id="space"),
     pytest.param("", id="empty"),
