@@ -62,9 +62,11 @@ def big_body(n):
     return (pattern * (n // len(pattern) + 1))[:n]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """What every upstream of the tests shares (test_stripe_sdk.py's too):
+    HTTP/1.1 keep-alive, no Nagle, no log, and a client (the proxy) that goes
+    away mid-answer is no error."""
     protocol_version = "HTTP/1.1"
-    server_version = "fake-upstream"
     # Headers and body go out in separate writes: with Nagle on, the body would
     # wait for the delayed ACK of a kept-alive connection (40 ms per answer).
     disable_nagle_algorithm = True
@@ -76,7 +78,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             super().handle()
         except (ConnectionError, OSError):
-            pass
+            pass  # e.g. the proxy gave up on a slow answer (--upstream-timeout)
+
+
+class _Handler(QuietHandler):
+    server_version = "fake-upstream"
 
     # -- request body --------------------------------------------------------
     def _read_body(self):

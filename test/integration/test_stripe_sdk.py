@@ -32,12 +32,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from conftest import IDEMPROXY_BIN, free_port, metrics_value
+from fake_upstream import QuietHandler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_JS = os.path.join(HERE, "stripe_client.js")
@@ -132,19 +133,7 @@ def run_client(sdk, port, control, calls):
 
 
 # --------------------------------------------------------------------------- the fake API
-class _StripeHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-
-    def log_message(self, fmt, *args):  # quiet
-        pass
-
-    def handle(self):
-        try:
-            super().handle()
-        except (ConnectionError, OSError):
-            pass  # the proxy gave up on a slow charge (--upstream-timeout)
-
+class _StripeHandler(QuietHandler):
     def _send(self, status, obj, extra=()):
         body = json.dumps(obj).encode()
         self.send_response_only(status)
