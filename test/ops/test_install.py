@@ -175,9 +175,9 @@ def http(port, method, path, headers=None, body=None):
 def traced(request, prefix, tmp_path_factory, redis_url):
     """The installed proxy, started as the unit starts it (IDEMPROXY_CONFIG,
     a config file with a route), under strace -f, through a workload: a new
-    key through an upstream named by host name, its replay, a reused key, a
-    conflict, the admin endpoints, a reload and a graceful stop. Yields the
-    strace log."""
+    key through an upstream named by host name, its replay, the key reused
+    for another body, a route's JSON key and its replay, the admin endpoints,
+    a reload and a graceful stop. Returns the strace log."""
     tmp_path = tmp_path_factory.mktemp("strace")
     up = FakeUpstream()
     up.start()
@@ -210,8 +210,9 @@ def traced(request, prefix, tmp_path_factory, redis_url):
         assert http(admin, "GET", "/metrics")[0] == 200
         proxy = tracee(p.pid)
         os.kill(proxy, signal.SIGHUP)
-        wait_for(lambda: b"reload" in log.read_bytes(), timeout=10, what="the reload in the strace log")
-        time.sleep(0.3)
+        reloaded = b'idemproxy_config_reloads_total{result="ok"} 1'
+        wait_for(lambda: reloaded in http(admin, "GET", "/metrics")[1], timeout=10,
+                 what="the reload, counted")
         os.kill(proxy, signal.SIGTERM)
         _, err = p.communicate(timeout=20)
         assert p.returncode == 0, err
