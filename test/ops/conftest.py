@@ -28,7 +28,8 @@ def run(args, check=True, env=None, timeout=600, cwd=None):
 
 def project_version():
     """The version meson.build declares, the one place it is written."""
-    m = re.search(r"project\('idemproxy', 'c', version: '([^']+)'", (ROOT / "meson.build").read_text())
+    m = re.search(r"project\('idemproxy', 'c', version: '([^']+)'",
+                  (ROOT / "meson.build").read_text())
     assert m, "meson.build declares no version"
     return m.group(1)
 
@@ -80,8 +81,9 @@ def redis_url(tmp_path_factory):
         yield os.environ["IDEMPROXY_TEST_REDIS_URL"]
         return
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path_factory.mktemp("redis"))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def pong():

@@ -58,10 +58,11 @@ def test_the_build_stage_runs_what_ci_runs():
 def test_the_run_stage_installs_the_package_and_runs_as_a_user():
     run_stage = stages()[-1]
     assert ("COPY", "--from=build /src/build-deb/idemproxy_*.deb /tmp/") in run_stage
-    assert any(w == "RUN" and "apt-get install" in r and "/tmp/idemproxy_*.deb" in r for w, r in run_stage)
-    users = [r for w, r in run_stage if w == "USER"]
-    assert users and users[-1].split(":")[0] not in ("0", "root") and users[-1].split(":")[0].isdigit(), \
-        users  # numeric, so that runAsNonRoot can see it is not root
+    assert any(w == "RUN" and "apt-get install" in r and "/tmp/idemproxy_*.deb" in r
+               for w, r in run_stage)
+    users = [r.split(":")[0] for w, r in run_stage if w == "USER"]
+    # numeric, so that runAsNonRoot can see it is not root
+    assert users and users[-1].isdigit() and users[-1] != "0", users
     assert ("ENTRYPOINT", '["/usr/bin/idemproxy"]') in run_stage
 
 
@@ -77,8 +78,9 @@ def test_healthcheck_and_exposed_ports_are_the_proxy_s():
 def test_the_run_stage_s_settings_check_with_the_packaged_binary(root):
     settings = env()
     assert settings["IDEMPROXY_CONFIG"] == "/etc/idemproxy/idemproxy.yaml"
-    settings["IDEMPROXY_CONFIG"] = str(root / "etc/idemproxy/idemproxy.yaml")  # where dpkg -x put it
-    p = run([root / "usr/bin/idemproxy", "--check-config"], env={"PATH": os.environ["PATH"], **settings})
+    settings["IDEMPROXY_CONFIG"] = str(root / "etc/idemproxy/idemproxy.yaml")  # dpkg -x put it here
+    p = run([root / "usr/bin/idemproxy", "--check-config"],
+            env={"PATH": os.environ["PATH"], **settings})
     assert "the configuration is valid" in p.stdout + p.stderr
 
 

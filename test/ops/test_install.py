@@ -69,7 +69,8 @@ def test_the_installed_binary_runs_and_checks_the_installed_config(prefix):
     out = run([prefix / "bin/idemproxy", "--version"]).stdout
     assert out.strip() == f"idemproxy {project_version()}"
     # As the unit starts it: the file named by IDEMPROXY_CONFIG, no flag.
-    env = {"PATH": os.environ["PATH"], "IDEMPROXY_CONFIG": str(prefix / "etc/idemproxy/idemproxy.yaml")}
+    env = {"PATH": os.environ["PATH"],
+           "IDEMPROXY_CONFIG": str(prefix / "etc/idemproxy/idemproxy.yaml")}
     p = run([prefix / "bin/idemproxy", "--check-config"], env=env)
     assert "the configuration is valid" in p.stdout + p.stderr
 
@@ -83,7 +84,8 @@ def test_the_unit_names_the_installed_paths(prefix, unit):
         [f"{prefix}/bin/idemproxy --check-config", "/bin/sh -c 'kill -HUP $$MAINPID'"]
     assert ("EnvironmentFile", "-/etc/default/idemproxy") in s
     assert s.index(("Environment", f"IDEMPROXY_CONFIG={prefix}/etc/idemproxy/idemproxy.yaml")) < \
-        s.index(("EnvironmentFile", "-/etc/default/idemproxy")), "/etc/default must be able to override"
+        s.index(("EnvironmentFile", "-/etc/default/idemproxy")), \
+        "/etc/default must be able to override the file's name"
 
 
 @pytest.mark.parametrize("setting", [
@@ -110,7 +112,8 @@ def test_systemd_analyze_verify_reports_nothing(prefix):
 @pytest.mark.parametrize("old,new,said", [
     ("ProtectHome=", "ProtectHomme=", "Unknown key 'ProtectHomme'"),
     ("ExecStart=/", "ExecStart=/nonexistent/", "/nonexistent/"),
-    ("Documentation=man:idemproxy(1)", "Documentation=man:idemproxy-nonexistent(1)", "idemproxy-nonexistent"),
+    ("Documentation=man:idemproxy(1)", "Documentation=man:idemproxy-nonexistent(1)",
+     "idemproxy-nonexistent"),
 ])
 def test_systemd_analyze_verify_can_fail(prefix, tmp_path, old, new, said):
     bad = tmp_path / "idemproxy.service"
@@ -205,7 +208,8 @@ def traced(request, prefix, tmp_path_factory, redis_url):
         assert http(port, "POST", "/echo", key, b"one")[0] == 201
         assert http(port, "POST", "/echo", key, b"two")[0] == 422
         hook = b'{"id": "evt_%d"}' % time.time_ns()
-        assert http(port, "POST", "/api/echo", body=hook) == http(port, "POST", "/api/echo", body=hook)
+        first = http(port, "POST", "/api/echo", body=hook)
+        assert http(port, "POST", "/api/echo", body=hook) == first
         assert up.hits("/echo") == 2, "the hook's replay reached the upstream"
         assert http(admin, "GET", "/metrics")[0] == 200
         proxy = tracee(p.pid)
@@ -235,7 +239,8 @@ def tracee(strace_pid):
 def test_the_syscall_filter_allows_every_call_the_proxy_makes(traced, unit):
     used = set(re.findall(r"^\d+\s+(?:<\.\.\. )?([a-z_0-9]+)[( ]", traced, re.M))
     used -= {"execve"}  # strace's own exec of the binary, before the filter would apply
-    assert {"epoll_wait", "accept4", "connect", "sendto", "recvfrom"} & used, "strace saw no traffic"
+    assert {"epoll_wait", "accept4", "connect", "sendto", "recvfrom"} & used, \
+        "strace saw no traffic"
     denied = used - allowed_syscalls(unit)
     assert not denied, f"the unit's SystemCallFilter would refuse {sorted(denied)}"
 

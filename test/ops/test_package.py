@@ -36,7 +36,8 @@ def test_the_installed_binary_checks_the_shipped_config(root, conf):
 
 def test_the_package_holds_the_files_in_debian_s_places(deb):
     listing = run(["dpkg-deb", "-c", deb]).stdout
-    files = {line.split()[-1].lstrip(".") for line in listing.splitlines() if not line.startswith("d")}
+    files = {line.split()[-1].lstrip(".") for line in listing.splitlines()
+             if not line.startswith("d")}
     for f in ("/usr/bin/idemproxy", "/usr/share/man/man1/idemproxy.1.gz",
               "/lib/systemd/system/idemproxy.service", *CONFFILES,
               "/usr/share/idemproxy/prometheus/idemproxy.rules.yml",
@@ -51,7 +52,8 @@ def test_the_configuration_files_are_conffiles(control):
 def test_dependencies_come_from_shlibs(deb, root):
     """Each shared library the binary needs is named by its package in Depends."""
     depends = run(["dpkg-deb", "-f", deb, "Depends"]).stdout
-    needed = re.findall(r"NEEDED\s+(\S+)", run(["objdump", "-p", root / "usr/bin/idemproxy"]).stdout)
+    needed = re.findall(r"NEEDED\s+(\S+)",
+                        run(["objdump", "-p", root / "usr/bin/idemproxy"]).stdout)
     assert len(needed) >= 6, needed
     for lib in needed:
         owner = run(["dpkg", "-S", f"*/{lib}"]).stdout.split(":")[0]
@@ -64,7 +66,8 @@ def test_the_unit_is_enabled_on_install_and_never_started_by_the_package(control
     assert "deb-systemd-helper enable 'idemproxy.service'" in postinst
     scripts = {s: (control / s).read_text() for s in ("preinst", "postinst", "prerm", "postrm")
                if (control / s).exists()}
-    invoked = {s: re.findall(r"deb-systemd-invoke\s+(?:\$\S+\s+)?(\S+)", t) for s, t in scripts.items()}
+    invoked = {s: re.findall(r"deb-systemd-invoke\s+(?:\$\S+\s+)?(\S+)", t)
+               for s, t in scripts.items()}
     # An upgrade neither stops nor restarts a running proxy; removal stops it.
     assert {s: v for s, v in invoked.items() if v} == {"prerm": ["stop"]}, invoked
     assert re.search(r'"\$1" = remove .*\n\s*deb-systemd-invoke stop idemproxy\.service',
