@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+from http.client import HTTPConnection
 from pathlib import Path
 
 import pytest
@@ -54,12 +55,28 @@ def deb():
     return path
 
 
+def unpack(deb, how, tmp_path_factory):
+    """dpkg-deb <how> (-x: the files, -e: the control files) into a new directory."""
+    d = tmp_path_factory.mktemp("deb")
+    run(["dpkg-deb", how, deb, d])
+    return d
+
+
 @pytest.fixture(scope="session")
 def root(deb, tmp_path_factory):
     """A throwaway root the package is unpacked into (dpkg -x)."""
-    d = tmp_path_factory.mktemp("root")
-    run(["dpkg", "-x", deb, d])
-    return d
+    return unpack(deb, "-x", tmp_path_factory)
+
+
+def http(port, method, path, headers=None, body=None):
+    """One request to 127.0.0.1:<port>: (status, body)."""
+    c = HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
 
 
 def stop(proc):

@@ -28,20 +28,17 @@ import os
 import re
 import shutil
 import subprocess
-import urllib.request
 
 import pytest
 import yaml
 
-from conftest import free_port, stop, wait_for
+from conftest import BIN, ROOT, free_port, http, stop, wait_for
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-RULES = os.path.join(REPO, "contrib", "prometheus", "idemproxy.rules.yml")
-RULE_TESTS = os.path.join(REPO, "contrib", "prometheus", "idemproxy.rules.test.yml")
-DASHBOARD = os.path.join(REPO, "contrib", "grafana", "idemproxy.json")
-PROMTOOL = os.environ.get("IDEMPROXY_PROMTOOL") or shutil.which("promtool") or os.path.join(
-    REPO, "build-tools", "prometheus", "usr", "bin", "promtool")
-IDEMPROXY_BIN = os.environ.get("IDEMPROXY_BIN", os.path.join(REPO, "build", "src", "idemproxy"))
+RULES = str(ROOT / "contrib/prometheus/idemproxy.rules.yml")
+RULE_TESTS = str(ROOT / "contrib/prometheus/idemproxy.rules.test.yml")
+DASHBOARD = str(ROOT / "contrib/grafana/idemproxy.json")
+PROMTOOL = os.environ.get("IDEMPROXY_PROMTOOL") or shutil.which("promtool") or str(
+    ROOT / "build-tools/prometheus/usr/bin/promtool")
 
 # SPEC section 8 (store down, error and 5xx rates, lock_lost, memory store
 # nearly full, unreplicated writes) and what an operator needs besides.
@@ -161,30 +158,25 @@ def promql_metric_names(expr):
     return names
 
 
-def http_get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.read().decode()
-    except OSError:
-        return None
-
-
 def scrape_proxy(tmp_path, name, extra_args):
     """Starts the proxy with <extra_args>, returns its /metrics text, stops it."""
-    admin = "127.0.0.1:%d" % free_port()
+    admin = free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("IDEMPROXY_", "IDEMPOTENCY_"))}
     log = open(tmp_path / ("%s.log" % name), "w+")
     proc = subprocess.Popen(
-        [IDEMPROXY_BIN, "--upstream", "http://127.0.0.1:1", "--listen",
-         "127.0.0.1:%d" % free_port(), "--admin-listen", admin, *extra_args],
+        [BIN, "--upstream", "http://127.0.0.1:1", "--listen",
+         "127.0.0.1:%d" % free_port(), "--admin-listen", "127.0.0.1:%d" % admin, *extra_args],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         def scraped():
             if proc.poll() is not None:
                 log.seek(0)
                 pytest.fail("idemproxy (%s) exited %d:\n%s" % (name, proc.returncode, log.read()))
-            return http_get("http://%s/metrics" % admin)
+            try:
+                return http(admin, "GET", "/metrics")[1].decode()
+            except OSError:
+                return None
 
         return wait_for(scraped, timeout=10, what="the %s proxy's /metrics" % name)
     finally:

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from http.client import HTTPConnection
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, project_version, run, unit_settings, wait_for
+from conftest import ROOT, free_port, http, project_version, run, unit_settings, wait_for
 
 sys.path.insert(0, str(ROOT / "test" / "integration"))
 from fake_upstream import FakeUpstream  # noqa: E402  (the integration suite's upstream)
@@ -162,16 +161,6 @@ def allowed_syscalls(unit):
             allowed = (allowed or set()) | expand_filter(value)
     assert allowed, "the unit sets no SystemCallFilter"
     return allowed
-
-
-def http(port, method, path, headers=None, body=None):
-    c = HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        c.request(method, path, body=body, headers=headers or {})
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])

@@ -5,16 +5,14 @@ import re
 
 import pytest
 
-from conftest import ROOT, project_version, run, unit_settings
+from conftest import ROOT, project_version, run, unit_settings, unpack
 
 CONFFILES = {"/etc/idemproxy/idemproxy.yaml", "/etc/default/idemproxy"}
 
 
 @pytest.fixture(scope="module")
 def control(deb, tmp_path_factory):
-    d = tmp_path_factory.mktemp("control")
-    run(["dpkg-deb", "-e", deb, d])
-    return d
+    return unpack(deb, "-e", tmp_path_factory)
 
 
 def test_lintian_reports_no_error(deb):
