@@ -19,6 +19,7 @@
 
 #define RETRY_FIRST_MS 100
 #define RETRY_MAX_MS 2000
+#define POLL_MS 1000 /* no subscription: a +switch-master could go unheard, so ask this often */
 
 struct sentinel_addr {
     struct sockaddr_storage addr;
@@ -31,6 +32,7 @@ struct redis_sentinel {
     struct loop_timer timer; /* the next question, or a new subscription */
     struct loop_task task;   /* redis_sentinel_ask() from another thread */
     atomic_bool task_posted;
+    atomic_ullong tickets; /* the last ticket redis_sentinel_ask() gave */
     pthread_mutex_t mu;                              /* guards <addrs> */
     struct sentinel_addr addrs[REDIS_URL_MAX_HOSTS]; /* by index in o.url->hosts */
     unsigned order[REDIS_URL_MAX_HOSTS]; /* the sentinels, the last that answered first */
@@ -39,6 +41,7 @@ struct redis_sentinel {
     struct redis_conn *ask;
     unsigned tried;     /* sentinels asked in this round */
     bool again;         /* asked for again while a question was under way */
+    uint64_t fresh;     /* the question under way was sent after tickets up to this */
     uint64_t ask_at_ms; /* UINT64_MAX: no question due */
     uint64_t retry_ms;
     /* the subscription */
@@ -46,6 +49,7 @@ struct redis_sentinel {
     unsigned sub_next; /* tried after a failure: the next sentinel of <order> */
     uint64_t sub_at_ms; /* UINT64_MAX: none due */
     uint64_t sub_retry_ms;
+    bool sub_up; /* <sub> is subscribed: +switch-master messages reach us */
     char last_master[300]; /* host:port last reported, for the log */
 };
 
@@ -122,11 +126,11 @@ static void ask_done(struct redis_sentinel *s, bool answered)
     s->tried = 0;
     if (answered) {
         s->retry_ms = 0;
-        s->ask_at_ms = s->again ? 0 : UINT64_MAX;
+        s->ask_at_ms = s->again ? 0 : s->sub_up ? UINT64_MAX : now_ms() + POLL_MS;
     } else {
         s->retry_ms = s->retry_ms ? s->retry_ms * 2 : RETRY_FIRST_MS;
-        if (s->retry_ms > RETRY_MAX_MS)
-            s->retry_ms = RETRY_MAX_MS;
+        if (s->retry_ms > (s->sub_up ? RETRY_MAX_MS : POLL_MS))
+            s->retry_ms = s->sub_up ? RETRY_MAX_MS : POLL_MS;
         s->ask_at_ms = now_ms() + s->retry_ms;
         log_warn("redis sentinels: none of the %u knows the master '%s'; asking again in %llu ms",
                  s->n, s->o.url->master, (unsigned long long)s->retry_ms);
@@ -195,7 +199,7 @@ static void on_master_addr(void *ctx, int err, const redisReply *r)
         snprintf(s->last_master, sizeof(s->last_master), "%s", where);
     }
     ask_done(s, true);
-    s->o.master(s->o.ctx, host, (unsigned)p);
+    s->o.master(s->o.ctx, host, (unsigned)p, s->fresh);
 }
 
 static void on_ask_down(void *ctx, int err, const char *why)
@@ -230,10 +234,23 @@ static void ask_start(struct redis_sentinel *s)
     }
     s->tried = 0;
     s->ask_at_ms = UINT64_MAX;
+    /* Sent after every ticket given so far; one given later needs another. */
+    s->fresh = atomic_load(&s->tickets);
     ask_next(s);
 }
 
 /* ---- the subscription: +switch-master ---- */
+
+/* No subscription any more: until one is back, the master is asked for
+ * every POLL_MS. */
+static void sub_lost(struct redis_sentinel *s)
+{
+    uint64_t poll_at = now_ms() + POLL_MS;
+
+    s->sub_up = false;
+    if (!s->ask && s->ask_at_ms > poll_at)
+        s->ask_at_ms = poll_at; /* one under way schedules the next when it ends */
+}
 
 static void sub_retry(struct redis_sentinel *s)
 {
@@ -252,6 +269,7 @@ static void on_sub_down(void *ctx, int err, const char *why)
     redis_conn_free(s->sub);
     s->sub = NULL;
     s->sub_next++; /* that sentinel may be gone: the next one */
+    sub_lost(s);
     sub_retry(s);
 }
 
@@ -274,15 +292,21 @@ static void on_switch(void *ctx, const redisReply *m)
              newp);
     snprintf(s->last_master, sizeof(s->last_master), strchr(newh, ':') ? "[%s]:%u" : "%s:%u", newh,
              newp);
-    s->o.master(s->o.ctx, newh, newp);
+    s->o.master(s->o.ctx, newh, newp, 0);
 }
 
 static void on_subscribed(void *ctx, int err, const redisReply *r)
 {
     struct redis_sentinel *s = ctx;
 
-    if (err == 0 && r->type == REDIS_REPLY_ARRAY)
-        s->sub_retry_ms = 0;
+    if (err < 0 || r->type != REDIS_REPLY_ARRAY)
+        return; /* a failed connection: its down() sees to it */
+    s->sub_retry_ms = 0;
+    s->sub_up = true;
+    /* A +switch-master published while there was no subscription is lost:
+     * the master is asked once more now. */
+    ask_start(s);
+    timer_update(s);
 }
 
 static void sub_start(struct redis_sentinel *s)
@@ -295,12 +319,14 @@ static void sub_start(struct redis_sentinel *s)
     if (open_sentinel(s, s->order[s->sub_next % s->n], &h, &s->sub) < 0) {
         s->sub = NULL;
         s->sub_next++;
+        sub_lost(s);
         sub_retry(s);
         return;
     }
     if (redis_conn_subscribe(s->sub, "+switch-master", on_subscribed, s) < 0) {
         redis_conn_free(s->sub);
         s->sub = NULL;
+        sub_lost(s);
         sub_retry(s);
     }
 }
@@ -328,15 +354,18 @@ static void on_task(void *ctx)
     timer_update(s);
 }
 
-void redis_sentinel_ask(struct redis_sentinel *s)
+uint64_t redis_sentinel_ask(struct redis_sentinel *s)
 {
+    uint64_t ticket = atomic_fetch_add(&s->tickets, 1) + 1;
+
     if (loop_on_thread(s->loop)) {
         ask_start(s);
         timer_update(s);
-        return;
+        return ticket;
     }
     if (!atomic_exchange(&s->task_posted, true) && loop_post(s->loop, &s->task) < 0)
         atomic_store(&s->task_posted, false); /* stopped */
+    return ticket;
 }
 
 static void start(void *ctx)
@@ -363,6 +392,7 @@ int redis_sentinel_new(struct loop *loop, const struct redis_sentinel_opts *o,
         s->order[i] = i;
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->task_posted, false);
+    atomic_init(&s->tickets, 0);
     s->task = (struct loop_task){ .fn = on_task, .ctx = s };
     s->ask_at_ms = 0; /* the first question at once, and the subscription */
     s->sub_at_ms = 0;

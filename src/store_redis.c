@@ -57,6 +57,7 @@
 #define RETRY_FIRST_MS 20     /* the first wait before an op is sent again (cluster) */
 #define RETRY_MAX_MS 200
 #define SLOT_NONE UINT16_MAX /* no master known for the slot */
+#define GIVE_BACK_MAX 4096   /* give-backs being retried at once; past that, locks expire */
 
 /* ---- operations ---- */
 
@@ -259,6 +260,8 @@ static int op_parse(const struct op *op, const redisReply *reply, struct store_r
     return parse_ok_or_stale(reply, res);
 }
 
+static void give_back(struct op *acq);
+
 /* Calls <op> back with <err>, or <res> (err 0), and frees it. */
 static void op_deliver(struct op *op, int err, const struct store_result *res)
 {
@@ -266,6 +269,8 @@ static void op_deliver(struct op *op, int err, const struct store_result *res)
     record_unref(op->rec);
     op->rec = NULL;
     list_remove(&op->wait_node);
+    if (err < 0 && op->script == LUA_ACQUIRE && op->sent)
+        give_back(op);
     op->done(op->ctx, err, err == 0 ? res : NULL);
     op_free(op);
 }
@@ -300,9 +305,39 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
 static int op_new(struct store_redis *st, enum lua_script_id script, struct span key,
                   const struct store_token *tok, store_done_fn *done, void *ctx, struct op **ret);
 
-static void release_done(void *ctx, int err, const struct store_result *res)
+static void give_back_done(void *ctx, int err, const struct store_result *res)
 {
-    (void)ctx, (void)err, (void)res; /* a lock not released expires within --lock-ttl */
+    struct store_redis *st = ctx;
+
+    (void)err, (void)res; /* one not given back expires within --lock-ttl */
+    atomic_fetch_sub(&st->releases_pending, 1);
+}
+
+/* <acq>, an acquire that was sent, failed: its answer was lost (the
+ * connection failed, or timed out) or too few replicas confirmed it. Its
+ * script may have taken the lock all the same, and the request will not go
+ * upstream, so the lock is given back with its token (a release that finds
+ * nothing, or another holder, changes nothing), retried on any failure
+ * until the lock would have expired by itself: the key must not answer 409
+ * for a whole --lock-ttl. */
+static void give_back(struct op *acq)
+{
+    struct store_redis *st = acq->st;
+    struct op *rel;
+
+    if (atomic_fetch_add(&st->releases_pending, 1) >= GIVE_BACK_MAX)
+        goto skip; /* a store down for long: the locks expire by themselves */
+    if (op_new(st, LUA_RELEASE, (struct span){ acq->key, acq->key_len }, &acq->tok,
+               give_back_done, st, &rel) < 0)
+        goto skip;
+    rel->wait = false; /* no need: an expired lock frees the key as well */
+    rel->give_back = true;
+    rel->life_ms = acq->ttl_ms;
+    if (store_redis_op_submit(rel) < 0)
+        goto skip; /* stopping: freed, and nothing calls back */
+    return;
+skip:
+    atomic_fetch_sub(&st->releases_pending, 1);
 }
 
 /* The WAIT after <op>'s write answered that <acked> replicas have it (-1:
@@ -314,7 +349,6 @@ static void op_acked(struct op *op, long long acked)
 {
     struct store_redis *st = op->st;
     struct store_result res = { .status = op->held };
-    struct op *rel;
 
     list_remove(&op->wait_node);
     if (acked >= (long long)st->wait_replicas) {
@@ -326,12 +360,7 @@ static void op_acked(struct op *op, long long acked)
         op_deliver(op, 0, &res);
         return;
     }
-    if (op_new(st, LUA_RELEASE, (struct span){ op->key, op->key_len }, &op->tok, release_done,
-               NULL, &rel) == 0) {
-        rel->wait = false; /* no need: an expired lock frees the key as well */
-        (void)store_redis_op_submit(rel);
-    }
-    op_deliver(op, -EREMOTEIO, NULL);
+    op_deliver(op, -EREMOTEIO, NULL); /* which gives the lock back */
 }
 
 /* Answers the writes held on <k> up to number <seq>, told that <acked>
@@ -405,29 +434,31 @@ static bool is_retryable(int err)
 }
 
 /* <op> failed with <err>: on a cluster, tried again after a backoff while
- * --store-timeout lasts; else (or then) called back with <err>. On its
- * lane's loop thread, with <op> on no list. */
+ * --store-timeout lasts (a give-back: on any store, until its deadline);
+ * else (or then) called back with <err>. On its lane's loop thread, with
+ * <op> on no list. */
 static void op_fail(struct op *op, int err)
 {
     struct store_redis *st = op->st;
     struct lane *ln = op->lane;
-    uint64_t now = now_ms();
+    uint64_t now = now_ms(), max = op->give_back ? BACKOFF_MAX_MS : RETRY_MAX_MS;
 
     /* An op for one given node (a PING, CLUSTER SLOTS, a SCAN page) would only
      * meet the same failure again: its caller moves on instead. */
-    if (!is_cluster(st) || op->to >= 0 || !is_retryable(err) || atomic_load(&st->stopping) ||
-        now + op->backoff_ms >= op->deadline_ms) {
+    if (!(op->give_back || (is_cluster(st) && is_retryable(err))) || op->to >= 0 ||
+        atomic_load(&st->stopping) || now + op->backoff_ms >= op->deadline_ms) {
         op_finish(op, err, NULL);
         return;
     }
     op->via = -1;
     op->asking = false;
     op->not_before_ms = now + op->backoff_ms;
-    op->backoff_ms = op->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : op->backoff_ms * 2;
+    op->backoff_ms = op->backoff_ms * 2 > max ? max : op->backoff_ms * 2;
     list_append(&ln->later, &op->node);
     if (ln->timer.due_ms > op->not_before_ms)
         ln->timer.due_ms = op->not_before_ms;
-    cluster_refresh(st); /* where the slot lives may have changed */
+    if (is_cluster(st))
+        cluster_refresh(st); /* where the slot lives may have changed */
 }
 
 /* Fails every op of <l> with <err>. Takes the list first: a callback may
@@ -447,7 +478,6 @@ static void op_list_fail(struct list *l, int err)
 
 static void on_op_reply(void *ctx, int err, const redisReply *reply);
 static void link_drop(struct link *k, int err, const char *why, bool backoff);
-static void rediscover(struct store_redis *st);
 
 static void on_asking(void *ctx, int err, const redisReply *reply)
 {
@@ -530,6 +560,7 @@ send:
     err = redis_conn_command(k->conn, argc, argv, lens, on_op_reply, op);
     if (err == 0) {
         op->link = k;
+        op->sent = true;
         k->sent++;
         if (op->wait) {
             op->write_seq = ++k->writes_sent;
@@ -680,7 +711,6 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply)
             op_finish(op, 0, reply);
             if (k->conn)
                 link_drop(k, -EAGAIN, "READONLY: a replica now; asking the sentinels again", true);
-            rediscover(st);
             return;
         }
     }
@@ -751,15 +781,36 @@ static void link_confirmed(struct link *k)
     link_dispatch(k, now_ms());
 }
 
+/* Sentinel: the link failed, so the master may have moved; the next
+ * connection waits for the sentinels' answer to a question asked now. */
+static void link_rediscover(struct link *k)
+{
+    struct store_redis *st = k->lane->st;
+
+    if (st->sentinel)
+        k->fresh_after = redis_sentinel_ask(st->sentinel);
+}
+
+/* Whether the sentinels answered a question sent after ticket <t>. */
+static bool sentinel_answered(struct store_redis *st, uint64_t t)
+{
+    return atomic_load(&st->sentinel_fresh) >= t;
+}
+
 /* Gives the connection up (not from inside its own I/O: from a reply
- * callback, or the loop); what it holds fails with -ECONNRESET. */
+ * callback, or the loop); what it holds fails with -ECONNRESET. With
+ * <backoff> it failed (with Sentinel: ask where the master is now), without
+ * it the master moved (the sentinels' answer that moved it is fresh). */
 static void link_drop(struct link *k, int err, const char *why, bool backoff)
 {
     struct redis_conn *c = k->conn;
 
     k->conn = NULL;
     k->ready = false;
+    k->confirming = false;
     k->last_err = err;
+    if (backoff)
+        link_rediscover(k);
     node_set_up(k->node, false);
     if (backoff)
         backoff_start(k);
@@ -782,8 +833,14 @@ static void on_role(void *ctx, int err, const redisReply *r)
         (r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
          r->element[0]->type == REDIS_REPLY_STRING && r->element[0]->len == 6 &&
          memcmp(r->element[0]->str, "master", 6) == 0)) {
-        /* the master (or an ACL that forbids ROLE: READONLY replies tell) */
-        link_confirmed(k);
+        /* It says it is the master (or an ACL forbids ROLE: READONLY replies
+         * tell), but a master that was frozen while the sentinels promoted
+         * another says so too until they demote it, and this set-up may have
+         * waited on it all that time. Nothing is sent before the sentinels,
+         * asked now, name this address again: the answer wakes the lane
+         * (link_dispatch()), or moves the master and drops this connection. */
+        k->confirming = true;
+        k->fresh_after = redis_sentinel_ask(k->lane->st->sentinel);
         return;
     }
     snprintf(
@@ -795,7 +852,6 @@ static void on_role(void *ctx, int err, const redisReply *r)
             ? r->element[0]->str
             : "unknown");
     link_drop(k, -EAGAIN, why, true);
-    rediscover(k->lane->st);
 }
 
 /* The PUBLISH probe's answer. complete.lua and release.lua PUBLISH the key
@@ -850,10 +906,11 @@ static void link_on_down(void *ctx, int err, const char *why)
     if (!k->ready)
         backoff_start(k);
     k->ready = false;
+    k->confirming = false;
     k->last_err = err;
     log_failure(st, k->node, why);
     op_list_fail(&k->waiting, err);
-    rediscover(st); /* Sentinel: find the master again on every reconnect */
+    link_rediscover(k); /* Sentinel: find the master again on every reconnect */
     if (is_cluster(st))
         cluster_refresh(st); /* a cluster: a failover, maybe */
 }
@@ -916,25 +973,68 @@ static int link_connect(struct link *k)
     return err;
 }
 
+/* Fails the ops waiting on <k> whose deadline has come (-ETIMEDOUT), and
+ * has the lane's timer come back for the next one. */
+static void link_expire(struct link *k, uint64_t now)
+{
+    struct list_node *n, *next;
+    struct list expired;
+    struct op *op;
+
+    list_init(&expired);
+    for (n = list_first(&k->waiting); n; n = next) {
+        next = list_next(&k->waiting, n);
+        op = list_entry(n, struct op, node);
+        if (op->deadline_ms <= now) {
+            list_remove(&op->node);
+            list_append(&expired, &op->node);
+        } else if (op->deadline_ms < k->lane->timer.due_ms) {
+            k->lane->timer.due_ms = op->deadline_ms;
+        }
+    }
+    op_list_fail(&expired, -ETIMEDOUT);
+}
+
 /* Sends what waits, connects, or fails it fast inside the backoff. */
 static void link_dispatch(struct link *k, uint64_t now)
 {
+    struct store_redis *st = k->lane->st;
     struct op *op;
     int err;
 
     if (k->conn && k->generation != atomic_load(&k->node->generation))
         link_drop(k, -ECONNRESET, NULL, false); /* the master moved: go there now */
+    if (k->confirming && sentinel_answered(st, k->fresh_after)) {
+        /* Asked after the set-up, the sentinels still name this address (an
+         * answer naming another moved the generation: dropped above). */
+        k->confirming = false;
+        link_confirmed(k); /* which comes back here to send what waits */
+        return;
+    }
     if (list_is_empty(&k->waiting))
         return;
     if (k->conn && k->ready) {
         while ((op = op_first(&k->waiting))) {
             list_remove(&op->node);
-            if (op_send(k, op) < 0)
+            /* The slot's master may have changed while this connection was
+             * set up: an op goes only where the map says now. */
+            if (op_route(st, op) != k->index)
+                lane_resend(k->lane, op);
+            else if (op_send(k, op) < 0)
                 op_fail(op, -ECONNRESET);
         }
         return;
     }
-    if (k->conn)
+    link_expire(k, now_ms()); /* <now> is UINT64_MAX while the lane finishes */
+    if (st->sentinel && (k->confirming || (!k->conn && !sentinel_answered(st, k->fresh_after)))) {
+        /* Only to an address the sentinels gave after the failure, and
+         * confirmed after the set-up: on_master() wakes the lane. A store
+         * that stops asks them nothing more. */
+        if (atomic_load(&st->stopping))
+            op_list_fail(&k->waiting, -ECANCELED);
+        return;
+    }
+    if (k->conn || list_is_empty(&k->waiting))
         return; /* being set up: its ready() or down() sees to them */
     /* Inside the backoff, ops fail fast; but once the node is known to
      * answer again (the readiness PING or another loop's connection got
@@ -1104,7 +1204,7 @@ int store_redis_op_submit(struct op *op)
     int err = 0;
 
     op->via = -1;
-    op->deadline_ms = now_ms() + st->timeout_ms;
+    op->deadline_ms = now_ms() + (op->life_ms ? op->life_ms : st->timeout_ms);
     op->backoff_ms = RETRY_FIRST_MS;
     for (unsigned i = 0; cur && i < st->nlanes; i++) {
         if (st->lanes[i].loop != cur)
@@ -1327,11 +1427,31 @@ static void resolve_node(struct store_redis *st, unsigned index)
 
 /* ---- Sentinel: the master moves ---- */
 
-/* The sentinels named the master <host>:<port> (on the first loop's thread).
- * A new one takes effect at once: every connection to the old one goes the
- * next time it is used. An IP address needs no lookup; a name is looked up
- * by the next PING job. */
-static void on_master(void *ctx, const char *host, unsigned port)
+/* Has <ln>'s loop run the lane (any thread): links waiting for the
+ * sentinels' answer go on. */
+static void lane_wake(struct lane *ln)
+{
+    if (!atomic_exchange(&ln->wake_posted, true) && loop_post(ln->loop, &ln->wake) < 0)
+        atomic_store(&ln->wake_posted, false); /* stopped */
+}
+
+static void lane_on_wake(void *ctx)
+{
+    struct lane *ln = ctx;
+
+    atomic_store(&ln->wake_posted, false);
+    if (!atomic_load(&ln->st->stopping)) /* else lane_finish() drives it */
+        lane_run(ln, now_ms());
+}
+
+static void flush_wake(void *ctx) { (void)ctx; /* queued behind the wakes posted before it */ }
+
+/* The sentinels named the master <host>:<port> (on the first loop's thread),
+ * in an answer fresh for the tickets up to <fresh>. A new one takes effect
+ * at once: every connection to the old one goes the next time it is used,
+ * and every lane looks at once. An IP address needs no lookup; a name is
+ * looked up by the next PING job. */
+static void on_master(void *ctx, const char *host, unsigned port, uint64_t fresh)
 {
     struct store_redis *st = ctx;
     struct node *n = st->nodes[0];
@@ -1345,13 +1465,10 @@ static void on_master(void *ctx, const char *host, unsigned port)
                  "the master %.255s:%u the sentinels named does not resolve (yet)", host, port);
     }
     pthread_mutex_unlock(&st->addr_mu);
-}
-
-/* Asks the sentinels again: a connection failed, or found a replica. */
-static void rediscover(struct store_redis *st)
-{
-    if (st->sentinel)
-        redis_sentinel_ask(st->sentinel);
+    if (fresh > atomic_load(&st->sentinel_fresh)) /* this thread is the only writer */
+        atomic_store(&st->sentinel_fresh, fresh);
+    for (unsigned i = 0; i < st->nlanes; i++)
+        lane_wake(&st->lanes[i]);
 }
 
 /* ---- Cluster: the slot map ---- */
@@ -1516,6 +1633,8 @@ static void redis_free(struct store *base)
     for (unsigned i = 0; i < st->nlanes; i++)
         loop_call(st->lanes[i].loop, lane_finish, &st->lanes[i]);
     redis_sentinel_free(st->sentinel); /* no link is left to ask it */
+    for (unsigned i = 0; st->sentinel && i < st->nlanes; i++)
+        loop_call(st->lanes[i].loop, flush_wake, NULL); /* no wake may run after free() */
     store_calls_done(&st->calls);      /* inspect and purge */
 
     for (unsigned i = 0; i < st->nlanes; i++)
@@ -1654,6 +1773,8 @@ int store_redis_new(const struct store_redis_opts *o, struct worker_pool *pool,
         list_init(&ln->later);
         ln->timer = (struct loop_timer){ .fn = lane_on_timer, .ctx = ln, .due_ms = UINT64_MAX };
         ln->task = (struct loop_task){ .fn = lane_on_task, .ctx = ln };
+        ln->wake = (struct loop_task){ .fn = lane_on_wake, .ctx = ln };
+        atomic_init(&ln->wake_posted, false);
         pthread_mutex_init(&ln->mu, NULL);
         st->nlanes++;
         (void)loop_timer_add(loops[i], &ln->timer); /* taken back by lane_finish() */

@@ -74,6 +74,13 @@ struct link {
     unsigned index;          /* the node's */
     struct redis_conn *conn; /* NULL: none */
     bool ready;              /* <conn> is set up (and, with Sentinel, confirmed the master) */
+    /* Sentinel: no connect before the sentinels answered a question sent
+     * after ticket <fresh_after> (redis_sentinel_ask(), at the failure that
+     * made this link reconnect); while <confirming>, the same for the
+     * question sent once <conn> was set up: the answer must still name the
+     * address <conn> went to before any op is sent on it. */
+    uint64_t fresh_after;
+    bool confirming;
     unsigned generation;     /* of the address <conn> went to */
     uint64_t retry_at_ms;    /* no connect attempt before this */
     uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
@@ -95,6 +102,8 @@ struct lane {
     struct loop *loop;       /* borrowed */
     struct loop_timer timer; /* registered on <loop> for good */
     struct loop_task task;   /* posted when <queue> stops being empty */
+    struct loop_task wake;   /* posted when the sentinels answer: links waiting on them go on */
+    atomic_bool wake_posted;
     pthread_mutex_t mu;
     struct list queue;             /* guarded by mu: struct op from other threads */
     bool stopping;                 /* guarded by mu: refuse ops from other threads */
@@ -130,6 +139,8 @@ struct store_redis {
     atomic_ullong failovers;         /* another master took over (Sentinel, or a slot's) */
     atomic_ullong redirections;      /* MOVED and ASK followed */
     struct redis_sentinel *sentinel; /* owned: redis-sentinel:// only */
+    atomic_ullong sentinel_fresh;    /* the answers so far are fresh up to this ticket */
+    atomic_uint releases_pending;    /* give-backs of acquires that failed, being retried */
     char name[300];                  /* what the log calls the store */
     pthread_mutex_t log_mu;
     char logged_why[720]; /* "<name>: <why>": the last failure logged, "" once connected again */
@@ -156,7 +167,11 @@ struct op {
     int via;               /* >= 0: the next send goes there (ASK), whatever <to> says */
     unsigned slot;         /* of <key> */
     unsigned redirects;    /* MOVED and ASK followed */
-    uint64_t deadline_ms;  /* cluster: retries stop here (--store-timeout) */
+    uint64_t deadline_ms;  /* it fails with -ETIMEDOUT from here, and retries stop */
+    uint64_t life_ms;      /* the deadline's distance from the submit; 0: --store-timeout */
+    bool give_back;        /* a release of a failed acquire: retried on any failure, even
+                              on one server, until its deadline (the lock's own TTL) */
+    bool sent;             /* written to a connection at least once */
     uint64_t not_before_ms; /* on <lane>'s later list: retried from then */
     uint64_t backoff_ms;   /* the wait before its next retry */
     bool wait;                  /* a write to confirm with WAIT (--redis-wait-replicas) */

@@ -261,6 +261,88 @@ def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, u
         took, unreplicated(p, "complete")))
 
 
+@redis_only
+def test_redis_wait_refused_lock_given_back_even_when_its_link_is_cut(proxy, upstream,
+                                                                      replicated):
+    """Every acquire that WAIT refused is given back with its token (SPEC 2.1
+    "Durability"), also when the proxy's connection is cut while it waits for
+    the WAIT (the release then goes on another connection, retried), and so is
+    an acquire whose answer the cut lost: no refused key is left locked, where
+    each would answer 409 for a whole --lock-ttl. The replica is frozen (WAIT 1
+    can never be met, so every new key is refused) while a thread cuts the
+    proxy's connections on the master (CLIENT KILL TYPE normal) every 0.1-0.3 s;
+    the releases are counted as Redis publishes them (release.lua publishes
+    each key whose lock it deletes)."""
+    import redis  # python3-redis, as the fixtures use it
+
+    master, replica = replicated
+    p = on(proxy, master.url(), master.client(), "--redis-wait-replicas", "1")
+    wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
+    listener = redis.Redis(host=master.addr[0], port=master.addr[1]).pubsub()
+    listener.subscribe("idemproxy:done")  # a pubsub client: TYPE normal spares it
+    released, stop, heard = set(), threading.Event(), threading.Event()
+
+    def listen():
+        while not heard.is_set():
+            m = listener.get_message(timeout=0.1)
+            if m and m["type"] == "message":
+                released.add(m["data"].decode().rsplit(":", 1)[-1])
+
+    def cut():
+        killer = redis.Redis(host=master.addr[0], port=master.addr[1],
+                             single_connection_client=True)  # SKIPME: it spares itself
+        cuts = 0
+        while not stop.is_set():
+            time.sleep(random.uniform(0.1, 0.3))
+            cuts += killer.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        killer.close()
+        return cuts
+
+    got_listener = in_thread(listen)
+    keys = [new_key() for _ in range(80)]
+    answers = {}
+
+    def send(chunk):
+        for k in chunk:
+            answers[k] = post(p, k)[0]
+
+    replica.freeze()
+    try:
+        got_cuts = in_thread(cut)
+        senders = [in_thread(send, keys[i::4]) for i in range(4)]
+        for g in senders:
+            g(60)
+        time.sleep(0.3)  # a cut also in the last requests' WAIT
+        stop.set()
+        cuts = got_cuts(10)
+        # Every key was refused, none reached the upstream, and none stays
+        # locked: its release is retried until it lands (well within --lock-ttl).
+        assert set(answers.values()) == {503}, collections.Counter(answers.values())
+        assert all(executions(upstream, k) == 0 for k in keys)
+        mc = master.client()
+        wait_for(lambda: not [k for k in keys if redis_keys(mc, k)], timeout=5,
+                 what="every refused lock given back (left: %s)" % (
+                     [k for k in keys if redis_keys(mc, k)][:5],))
+        refusals = unreplicated(p, "acquire")
+        wait_for(lambda: len(released & set(keys)) >= refusals, timeout=3,
+                 what="a release published for each refusal (%d of %d)" % (
+                     len(released & set(keys)), refusals))
+    finally:
+        stop.set()
+        heard.set()
+        replica.thaw()
+    got_listener(5)
+    listener.close()
+    print("%d keys refused, %d of them by WAIT, %d cuts of the proxy's connections, "
+          "%d releases published" % (len(keys), refusals, cuts, len(released & set(keys))))
+    assert refusals > 0 and cuts > 0
+    # the replica back, each refused key runs, once: it was not left locked
+    replica.wait_replica_up()
+    wait_master_counts_replicas(master.client())
+    for k in keys[:10]:
+        assert_executed_then_replayed(p, upstream, k)
+
+
 # --------------------------------------------------------- 3. the same on a cluster
 def tags_by_master(cs):
     """{master (host, port): a one-letter hash tag whose slot it serves}."""
