@@ -1,13 +1,18 @@
 """Redis under Sentinel (SPEC 2.1): the proxy finds the master through the
 sentinels, confirms it, and follows a failover without a restart. Real
 servers: a master, a replica and three sentinels (redis_fixtures.py)."""
+import collections
+import random
+import re
+import socket
 import threading
 import time
 
 import pytest
+import redis
 
-from conftest import (REPLAY, assert_problem, hone, metrics_value, new_key, redis_only,
-                      wait_for)
+from conftest import (REPLAY, assert_problem, hone, in_thread, metrics_value, new_key,
+                      redis_only, wait_for)
 from redis_fixtures import SentinelSet, make_pki
 
 # How long service may stop when the master dies: the sentinels need
@@ -163,8 +168,6 @@ def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, 
     graceful failover (SENTINEL FAILOVER) leaves the old master running as a
     replica: writes sent there get READONLY, and the proxy moves to the new
     master, through the reply or +switch-master, whichever comes first."""
-    import redis  # python3-redis, as the fixtures use it
-
     ss = SentinelSet(str(tmp_path / "ro"), username="admin", password="adminpw",
                      acl_users=["user app on >apppw ~* &* +@all -role"]).start()
     try:
@@ -191,3 +194,249 @@ def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, 
         assert "+switch-master" in err or "READONLY" in err, err
     finally:
         ss.stop()
+
+
+# ------------------------------------------------- a deposed master never gets a script
+class Monitor:
+    """MONITOR on one Redis server over a raw socket: the connection outlives
+    a SIGSTOP of the server and streams what it runs once it resumes. Keeps
+    (server time, client address, command) of every command a client sent
+    (not those a script ran: their address is "lua")."""
+
+    LINE = re.compile(r'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] "([^"]*)"')
+
+    def __init__(self, node):
+        self.sock = socket.create_connection(node.addr, timeout=5)
+        self.sock.sendall(b"CLIENT ID\r\n")
+        self.f = self.sock.makefile("rb")
+        self.id = int(self.f.readline()[1:])
+        self.sock.sendall(b"MONITOR\r\n")
+        assert self.f.readline().startswith(b"+OK")
+        self.sock.settimeout(None)
+        self.lock = threading.Lock()
+        self.seen = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for raw in self.f:
+                m = self.LINE.match(raw.decode("utf-8", "replace"))
+                if m and m.group(2) != "lua":
+                    with self.lock:
+                        self.seen.append((float(m.group(1)), m.group(2), m.group(3).upper()))
+        except (OSError, ValueError):
+            pass
+
+    def commands(self, since):
+        with self.lock:
+            return [c for c in self.seen if c[0] >= since]
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(5)
+
+
+SCRIPTS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL")
+
+
+def cut_links(node, keep):
+    """Closes every client connection of <node> but <keep> (ids), replicas and
+    pub/sub: the proxies' links (and the sentinels' command links, which
+    reconnect at once)."""
+    c = node.client()
+    try:
+        ids = []
+        for line in c.execute_command("CLIENT", "LIST").splitlines():
+            f = dict(kv.split("=", 1) for kv in _s(line).split(" ") if "=" in kv)
+            if int(f["id"]) not in keep and not set(f["flags"]) & set("SMPO") \
+                    and f["cmd"] != "client|list":
+                ids.append(f["id"])
+        for i in ids:  # one ID filter a call: several would all have to match
+            c.execute_command("CLIENT", "KILL", "ID", i)
+    finally:
+        c.close()
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def cut_subscriptions(ss, stop):
+    """Until <stop>: closes every pub/sub connection on every sentinel (the
+    proxies' +switch-master subscriptions) every 20 ms, so that none hears
+    the failover."""
+    while not stop.is_set():
+        for s in ss.sentinels:
+            if s.running() and not s.frozen:
+                try:
+                    s.command("CLIENT", "KILL", "TYPE", "pubsub")
+                except redis.exceptions.RedisError:
+                    pass
+        time.sleep(0.02)
+
+
+class DuplicateLoad:
+    """Workers sending new keys, each to both proxies at once and then once
+    more to either; pause() waits until none is in the middle of a key."""
+
+    def __init__(self, proxies, workers=4):
+        self.proxies = proxies
+        self.lock = threading.Lock()
+        self.keys, self.answers = [], []  # answers: (sent, proxy index, status)
+        self.go, self.stop = threading.Event(), threading.Event()
+        self.busy = 0
+        self.rng = random.Random(7)
+        self.threads = [threading.Thread(target=self.worker, daemon=True)
+                        for _ in range(workers)]
+
+    def send(self, i, key):
+        sent = time.monotonic()
+        try:
+            st = execute(self.proxies[i], key)[0]
+        except OSError:
+            st = 0
+        with self.lock:
+            self.answers.append((sent, i, st))
+        return st
+
+    def worker(self):
+        deadline = time.monotonic() + 120  # bounded whatever happens
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if not self.go.wait(0.05):
+                continue
+            with self.lock:
+                self.busy += 1
+                key = new_key()
+                self.keys.append(key)
+            other = in_thread(self.send, 1, key)
+            self.send(0, key)
+            other(30)
+            self.send(self.rng.randrange(2), key)
+            with self.lock:
+                self.busy -= 1
+            time.sleep(0.02)
+
+    def start(self):
+        self.go.set()
+        for t in self.threads:
+            t.start()
+
+    def pause(self):
+        self.go.clear()
+        wait_for(lambda: self.busy == 0, timeout=40, what="the load to pause")
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(40)
+            assert not t.is_alive(), "a load worker did not stop"
+
+    def served_since(self, t, i):
+        with self.lock:
+            return sum(1 for sent, pi, st in self.answers if sent > t and pi == i and st == 201)
+
+
+def wait_promotable(ss, timeout=30.0):
+    """Until every sentinel sees a replica with its link up (one they can
+    promote), other than a frozen node."""
+    def ok():
+        for s in ss.sentinels:
+            reps = s.command("SENTINEL", "REPLICAS", ss.name)
+            good = [r for r in reps if _pairs(r).get("flags") == "slave"
+                    and _pairs(r).get("master-link-status") == "ok"]
+            if not good:
+                return False
+        return True
+    wait_for(ok, timeout=timeout, interval=0.1, what="a replica the sentinels can promote")
+
+
+def _pairs(flat):
+    it = iter(_s(x) for x in flat)
+    return dict(zip(it, it))
+
+
+@redis_only
+def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstream, tmp_path):
+    """The path that ran keys twice (SPEC 2.1 "Sentinel"), twice over: two
+    proxies under a load of keys sent to both at once; their links to the
+    master are cut and the master frozen (SIGSTOP: a VM pause), while their
+    +switch-master subscriptions are cut every 20 ms, so that they never hear
+    the failover; the sentinels promote a replica; the old master is thawed at
+    once, still believing it is the master. A set-up that waited on it all that
+    time completes then, and ROLE says master; yet no script may run there
+    after it resumed (its MONITOR, kept open through the freeze, says what it
+    ran and when), service goes on on the new master through both proxies, and
+    no key runs twice."""
+    ss = SentinelSet(str(tmp_path / "deposed"), replicas=2).start()
+    p1, p2 = proxy(redis_url=ss.sentinel_url()), proxy(redis_url=ss.sentinel_url())
+    load = None
+    try:
+        for p in (p1, p2):
+            wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
+        load = DuplicateLoad([p1, p2])
+        load.start()
+        last_failover = None
+        for cycle in range(2):
+            old = ss.master()
+            mon = Monitor(old)
+            try:
+                time.sleep(1.0)
+                # No script of the proxies may be in flight to it when it stops:
+                # one sent while it was still the master would run after it
+                # resumes, and the check below could not tell them apart.
+                load.pause()
+                time.sleep(0.3)
+                if last_failover is not None:
+                    # the sentinels fail the same master name over again only
+                    # 2 x failover-timeout (3 s) after the last one began
+                    time.sleep(max(0.0, last_failover + 6.5 - time.monotonic()))
+                stop_cut = threading.Event()
+                cutter = in_thread(cut_subscriptions, ss, stop_cut)
+                time.sleep(0.1)
+                cut_links(old, keep={mon.id})
+                old.freeze()
+                load.go.set()
+                new = ss.wait_failover(old.addr, timeout=FAILOVER_BOUND_S)
+                last_failover = time.monotonic()
+                t_thaw = time.time()
+                old.thaw()
+                time.sleep(1.5)  # set-ups held by the frozen master complete meanwhile
+                stop_cut.set()
+                cutter(10)
+                t_back = time.monotonic()
+                wait_for(lambda: load.served_since(t_back, 0) and load.served_since(t_back, 1),
+                         timeout=FAILOVER_BOUND_S, what="both proxies serving the new master")
+                time.sleep(0.5)
+                after = mon.commands(t_thaw)
+            finally:
+                mon.close()
+            scripts = [c for c in after if c[2] in SCRIPTS]
+            print("cycle %d: %s:%d deposed, %s:%d promoted; after it resumed the old master "
+                  "ran %d commands of clients (%s), %d scripts" % (
+                      cycle, old.addr[0], old.addr[1], new[0], new[1], len(after),
+                      ", ".join(sorted({c[2] for c in after})), len(scripts)))
+            assert not scripts, scripts[:5]
+            wait_promotable(ss)
+        load.finish()
+        for p in (p1, p2):
+            assert p.alive(), p.stderr()
+    finally:
+        if load:
+            load.finish()
+        ss.stop()
+    keys = set(load.keys)
+    with upstream._lock:  # the fake upstream's own record of every request
+        execs = collections.Counter(v for _, _, headers, _ in upstream.requests
+                                    for k, v in headers
+                                    if k.lower() == "idempotency-key" and v in keys)
+    twice = [k for k, n in execs.items() if n > 1]
+    statuses = collections.Counter(st for _, _, st in load.answers)
+    print("%d keys, %d requests %s, %d executed twice" % (len(keys), len(load.answers),
+                                                          dict(statuses), len(twice)))
+    assert not twice, twice[:5]
+    assert set(statuses) <= {201, 409, 503}, statuses
