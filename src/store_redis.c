@@ -327,8 +327,8 @@ static void give_back(struct op *acq)
 
     if (atomic_fetch_add(&st->releases_pending, 1) >= GIVE_BACK_MAX)
         goto skip; /* a store down for long: the locks expire by themselves */
-    if (op_new(st, LUA_RELEASE, (struct span){ acq->key, acq->key_len }, &acq->tok,
-               give_back_done, st, &rel) < 0)
+    if (op_new(st, LUA_RELEASE, (struct span){ acq->key, acq->key_len }, &acq->tok, give_back_done,
+               st, &rel) < 0)
         goto skip;
     rel->wait = false; /* no need: an expired lock frees the key as well */
     rel->give_back = true;

@@ -21,6 +21,7 @@ wait is bounded and fails with a FixtureError naming the server and its log.
     cs.seed_url(seeds=3)  # redis://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
     old = cs.kill_master(); seconds = cs.wait_failover(old); cs.revive(old)
     cs.move_slot(cs.slot_of("idem:k"), cs.masters()[1])   # MOVED from the old owner
+    mon = Monitor(srv); srv.freeze(); ...; mon.commands(since=unix_time)  # what it ran, when
 
 From the command line (a cluster for a whole run of scripts/test):
 
@@ -35,6 +36,7 @@ Requires /usr/bin/redis-server built with TLS (Debian's is), /usr/bin/redis-cli
 """
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -574,6 +576,74 @@ class TlsRedisServer(RedisInstance):
 
 
 # --------------------------------------------------------------------------- sentinel
+
+
+# --------------------------------------------------------------------------- watching
+
+
+class Monitor:
+    """MONITOR on one Redis server over a raw socket: the connection outlives
+    a SIGSTOP of the server and streams what it runs once it resumes. Keeps
+    (server time, client address, command) of every command a client sent
+    (not those a script ran: their address is "lua")."""
+
+    LINE = re.compile(r'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] "([^"]*)"')
+
+    def __init__(self, node):
+        self.sock = socket.create_connection(node.addr, timeout=5)
+        self.sock.sendall(b"CLIENT ID\r\n")
+        self.f = self.sock.makefile("rb")
+        self.id = int(self.f.readline()[1:])
+        self.sock.sendall(b"MONITOR\r\n")
+        assert self.f.readline().startswith(b"+OK")
+        self.sock.settimeout(None)
+        self.lock = threading.Lock()
+        self.seen = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for raw in self.f:
+                m = self.LINE.match(raw.decode("utf-8", "replace"))
+                if m and m.group(2) != "lua":
+                    with self.lock:
+                        self.seen.append((float(m.group(1)), m.group(2), m.group(3).upper()))
+        except (OSError, ValueError):
+            pass
+
+    def commands(self, since):
+        with self.lock:
+            return [c for c in self.seen if c[0] >= since]
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(5)
+
+
+SCRIPTS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL")
+
+
+def cut_links(node, keep):
+    """Closes every client connection of <node> but <keep> (ids), replicas and
+    pub/sub: the proxies' links (and the sentinels' command links, which
+    reconnect at once)."""
+    c = node.client()
+    try:
+        ids = []
+        for line in c.execute_command("CLIENT", "LIST").splitlines():
+            f = dict(kv.split("=", 1) for kv in _s(line).split(" ") if "=" in kv)
+            if int(f["id"]) not in keep and not set(f["flags"]) & set("SMPO") \
+                    and f["cmd"] != "client|list":
+                ids.append(f["id"])
+        for i in ids:  # one ID filter a call: several would all have to match
+            c.execute_command("CLIENT", "KILL", "ID", i)
+    finally:
+        c.close()
 
 
 class SentinelInstance(_Proc):

@@ -11,6 +11,7 @@ whatever the scope: the tests pick a master (or one slot) that way.
 
 The shared cluster (module scope) serves the tests that leave it as it was;
 the migration, the failover and TLS get clusters of their own."""
+import collections
 import json
 import random
 import threading
@@ -23,7 +24,7 @@ import redis
 
 from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, in_thread,
                       metrics_value, new_key, redis_only, start_held, wait_for)
-from redis_fixtures import ClusterSet, make_pki
+from redis_fixtures import SCRIPTS, ClusterSet, Monitor, cut_links, make_pki
 
 # How long service may stop when a master dies: the other masters flag it
 # PFAIL after cluster-node-timeout (2 s) and FAIL once a majority agrees (a
@@ -722,3 +723,86 @@ def test_cluster_seed_with_nothing_listening_is_503_fast_redis(proxy, upstream):
     assert metrics_value(p.metrics(), "idemproxy_redis_connected") == 0
     assert "Connection refused" in p.stderr()  # the reason, in the log
     print("503 store_unavailable after %s s" % ", ".join("%.3f" % t for t in times))
+
+
+# ------------------------------------------------ a demoted master never gets a script
+
+
+@redis_only
+def test_cluster_frozen_master_resumed_demoted_never_gets_a_script_redis(proxy, upstream,
+                                                                         own_cluster):
+    """The Cluster form of the deposed master (SPEC 2.1): two proxies run keys
+    of one master's slots, their links to it are cut and it is frozen
+    (SIGSTOP); the cluster promotes its replica and the proxies follow it; the
+    old master is thawed, and until its peers tell it that it lost its slots
+    it would still take writes. No script may run there after it resumed (its
+    MONITOR, kept open through the freeze, says what it ran and when), and no
+    key runs twice. Demoted, it answers MOVED for those slots, and a proxy
+    given it alone as its seed follows to the new master."""
+    cs = own_cluster()
+    victim = cs.master_of_slot(0)
+    (replica,) = cs.replicas(master=victim)
+    vtag = tag_on(cs, victim, "v")
+    p1, p2 = proxy(redis_url=cs.seed_url(seeds=3)), proxy(redis_url=cs.seed_url(seeds=3))
+    for p in (p1, p2):
+        wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
+    mon = Monitor(cs.node(victim))
+    stop, results = threading.Event(), ([], [])
+
+    def run_load():
+        threads = [threading.Thread(target=master_load, args=(p, vtag, stop, r), daemon=True)
+                   for p, r in zip((p1, p2), results)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def stop_load(threads):
+        stop.set()
+        for t in threads:
+            t.join(15)
+        stop.clear()
+
+    try:
+        threads = run_load()
+        time.sleep(0.5)
+        # no script of theirs in flight to it when it stops (one sent while it
+        # was the master would run once it resumes: the check could not tell)
+        stop_load(threads)
+        cut_links(cs.node(victim), keep={mon.id})
+        cs.freeze(victim)
+        threads = run_load()
+        cs.wait_failover(victim, timeout=FAILOVER_BOUND_S)
+        t_failover = time.monotonic()
+        wait_for(lambda: all(any(sent > t_failover and s == 201 for sent, _, s, _ in r[-20:])
+                             for r in results),
+                 timeout=FAILOVER_BOUND_S, what="both proxies serving the promoted replica")
+        t_thaw = time.time()
+        cs.thaw(victim)
+        time.sleep(2.0)
+        stop_load(threads)
+        after = mon.commands(t_thaw)
+    finally:
+        stop.set()
+        mon.close()
+    scripts = [c for c in after if c[2] in SCRIPTS]
+    print("after it resumed the old master ran %d commands of clients (%s), %d scripts" % (
+        len(after), ", ".join(sorted({c[2] for c in after})), len(scripts)))
+    assert not scripts, scripts[:5]
+    with upstream._lock:  # the fake upstream's own record of every request
+        execs = collections.Counter(v for _, _, headers, _ in upstream.requests
+                                    for k, v in headers if k.lower() == "idempotency-key")
+    assert execs and max(execs.values()) == 1, execs.most_common(3)
+    # demoted: MOVED to the new master for its old slots, which a proxy follows
+    n = cs.node(victim)
+    wait_for(lambda: n.role() == "slave", timeout=15, what="the old master demoted")
+    c = cs.node_client(victim)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="MOVED"):
+            c.execute_command("GET", "{%s}-x" % vtag)
+    finally:
+        c.close()
+    p3 = proxy(redis_url=cs.seed_url(seeds=[victim]))
+    key = "{%s}-after-%s" % (vtag, uuid.uuid4().hex)
+    wait_for(lambda: readyz(p3) == 200, timeout=10, what="/readyz 200")
+    assert execute(p3, key)[0] == 201
+    assert [client_key(k) for k in stored_on(cs, replica, "idem:*:" + key)] == [key]

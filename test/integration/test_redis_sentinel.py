@@ -3,8 +3,6 @@ sentinels, confirms it, and follows a failover without a restart. Real
 servers: a master, a replica and three sentinels (redis_fixtures.py)."""
 import collections
 import random
-import re
-import socket
 import threading
 import time
 
@@ -13,7 +11,7 @@ import redis
 
 from conftest import (REPLAY, assert_problem, hone, in_thread, metrics_value, new_key,
                       redis_only, wait_for)
-from redis_fixtures import SentinelSet, make_pki
+from redis_fixtures import SCRIPTS, Monitor, SentinelSet, cut_links, make_pki
 
 # How long service may stop when the master dies: the sentinels need
 # down-after-milliseconds (1 s) and an election (measured ~2.3 s in all for
@@ -197,75 +195,6 @@ def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, 
 
 
 # ------------------------------------------------- a deposed master never gets a script
-class Monitor:
-    """MONITOR on one Redis server over a raw socket: the connection outlives
-    a SIGSTOP of the server and streams what it runs once it resumes. Keeps
-    (server time, client address, command) of every command a client sent
-    (not those a script ran: their address is "lua")."""
-
-    LINE = re.compile(r'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] "([^"]*)"')
-
-    def __init__(self, node):
-        self.sock = socket.create_connection(node.addr, timeout=5)
-        self.sock.sendall(b"CLIENT ID\r\n")
-        self.f = self.sock.makefile("rb")
-        self.id = int(self.f.readline()[1:])
-        self.sock.sendall(b"MONITOR\r\n")
-        assert self.f.readline().startswith(b"+OK")
-        self.sock.settimeout(None)
-        self.lock = threading.Lock()
-        self.seen = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        try:
-            for raw in self.f:
-                m = self.LINE.match(raw.decode("utf-8", "replace"))
-                if m and m.group(2) != "lua":
-                    with self.lock:
-                        self.seen.append((float(m.group(1)), m.group(2), m.group(3).upper()))
-        except (OSError, ValueError):
-            pass
-
-    def commands(self, since):
-        with self.lock:
-            return [c for c in self.seen if c[0] >= since]
-
-    def close(self):
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self.thread.join(5)
-
-
-SCRIPTS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL")
-
-
-def cut_links(node, keep):
-    """Closes every client connection of <node> but <keep> (ids), replicas and
-    pub/sub: the proxies' links (and the sentinels' command links, which
-    reconnect at once)."""
-    c = node.client()
-    try:
-        ids = []
-        for line in c.execute_command("CLIENT", "LIST").splitlines():
-            f = dict(kv.split("=", 1) for kv in _s(line).split(" ") if "=" in kv)
-            if int(f["id"]) not in keep and not set(f["flags"]) & set("SMPO") \
-                    and f["cmd"] != "client|list":
-                ids.append(f["id"])
-        for i in ids:  # one ID filter a call: several would all have to match
-            c.execute_command("CLIENT", "KILL", "ID", i)
-    finally:
-        c.close()
-
-
-def _s(v):
-    return v.decode() if isinstance(v, bytes) else v
-
-
 def cut_subscriptions(ss, stop):
     """Until <stop>: closes every pub/sub connection on every sentinel (the
     proxies' +switch-master subscriptions) every 20 ms, so that none hears
@@ -356,7 +285,7 @@ def wait_promotable(ss, timeout=30.0):
 
 
 def _pairs(flat):
-    it = iter(_s(x) for x in flat)
+    it = iter(x.decode() if isinstance(x, bytes) else x for x in flat)
     return dict(zip(it, it))
 
 
