@@ -369,3 +369,46 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
                                                           dict(statuses), len(twice)))
     assert not twice, twice[:5]
     assert set(statuses) <= {201, 409, 503}, statuses
+
+
+@redis_only
+def test_sentinel_switch_master_unheard_is_found_by_asking_redis(proxy, upstream, tmp_path):
+    """A +switch-master the proxy never hears (SPEC 2.1): its subscriptions
+    are cut every 20 ms on every sentinel while a graceful failover
+    (SENTINEL FAILOVER) moves the master, and no request is sent, so no
+    connection fails and no READONLY reply tells (the old master, now a
+    replica, still answers the readiness PING). The proxy must find the new
+    master by asking: every second while it has no subscription, and once
+    when one comes back. Then a new key is stored on the new master."""
+    ss = SentinelSet(str(tmp_path / "unheard")).start()
+    try:
+        p = proxy(redis_url=ss.sentinel_url())
+        wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
+        key = new_key()
+        assert execute(p, key)[0] == 201
+        assert metrics_value(p.metrics(), "idemproxy_redis_failovers_total") == 0
+        stop = threading.Event()
+        cutter = in_thread(cut_subscriptions, ss, stop)
+        try:
+            time.sleep(0.3)
+            old = ss.master_addr()
+            ss.sentinels[0].command("SENTINEL", "FAILOVER", ss.name, timeout=5)
+            new = ss.wait_failover(old, timeout=FAILOVER_BOUND_S)
+            t_new = time.monotonic()
+            # no request meanwhile: only a question to the sentinels can tell
+            wait_for(lambda: metrics_value(p.metrics(),
+                                           "idemproxy_redis_failovers_total") >= 1,
+                     timeout=3, interval=0.05, what="the proxy to find the new master")
+            found = time.monotonic() - t_new
+        finally:
+            stop.set()
+            cutter(10)
+        assert "master 'mymaster' is 127.0.0.1:%d" % new[1] in p.stderr()
+        key2 = new_key()
+        st, h, _ = execute(p, key2)
+        assert st == 201 and hone(h, REPLAY) == "false"
+        m = ss.master_client()
+        assert any(k.decode().endswith(":" + key2) for k in m.scan_iter(match="idem:*"))
+        print("the new master found %.2f s after the sentinels named it, unheard" % found)
+    finally:
+        ss.stop()
