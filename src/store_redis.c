@@ -973,25 +973,36 @@ static int link_connect(struct link *k)
     return err;
 }
 
+/* Moves the ops of <from> whose time has come by <now> to <to> (their
+ * deadline, or with <retries> the time of their next try), and brings
+ * <*due> down to the earliest time of those left. */
+static void ops_take_due(struct list *from, struct list *to, bool retries, uint64_t now,
+                         uint64_t *due)
+{
+    struct list_node *n, *next;
+
+    for (n = list_first(from); n; n = next) {
+        struct op *op = list_entry(n, struct op, node);
+        uint64_t at = retries ? op->not_before_ms : op->deadline_ms;
+
+        next = list_next(from, n);
+        if (at <= now) {
+            list_remove(&op->node);
+            list_append(to, &op->node);
+        } else if (at < *due) {
+            *due = at;
+        }
+    }
+}
+
 /* Fails the ops waiting on <k> whose deadline has come (-ETIMEDOUT), and
  * has the lane's timer come back for the next one. */
 static void link_expire(struct link *k, uint64_t now)
 {
-    struct list_node *n, *next;
     struct list expired;
-    struct op *op;
 
     list_init(&expired);
-    for (n = list_first(&k->waiting); n; n = next) {
-        next = list_next(&k->waiting, n);
-        op = list_entry(n, struct op, node);
-        if (op->deadline_ms <= now) {
-            list_remove(&op->node);
-            list_append(&expired, &op->node);
-        } else if (op->deadline_ms < k->lane->timer.due_ms) {
-            k->lane->timer.due_ms = op->deadline_ms;
-        }
-    }
+    ops_take_due(&k->waiting, &expired, false, now, &k->lane->timer.due_ms);
     op_list_fail(&expired, -ETIMEDOUT);
 }
 
@@ -1058,22 +1069,12 @@ static void link_dispatch(struct link *k, uint64_t now)
 static void lane_run(struct lane *ln, uint64_t now)
 {
     struct list due;
-    struct list_node *n, *next;
     struct op *op;
     unsigned nnodes;
 
     list_init(&due);
     ln->timer.due_ms = UINT64_MAX;
-    for (n = list_first(&ln->later); n; n = next) {
-        next = list_next(&ln->later, n);
-        op = list_entry(n, struct op, node);
-        if (op->not_before_ms <= now) {
-            list_remove(&op->node);
-            list_append(&due, &op->node);
-        } else if (op->not_before_ms < ln->timer.due_ms) {
-            ln->timer.due_ms = op->not_before_ms;
-        }
-    }
+    ops_take_due(&ln->later, &due, true, now, &ln->timer.due_ms);
     while ((op = op_first(&due))) {
         list_remove(&op->node);
         lane_resend(ln, op);
