@@ -72,11 +72,11 @@ def assert_executed_then_replayed(p, upstream, key):
 
 
 def assert_executed_once_confirmed(p, upstream, key):
-    """assert_executed_then_replayed(), where the first send may be refused:
-    a replica that was just started or thawed, on a loaded machine, can miss
-    one 0.1 s WAIT (CI runs and full scripts/test runs have seen it). A
-    refused send never reaches the upstream; it is sent again (for up to
-    10 s) until it executes. Never a 409: that would be a lock left behind."""
+    """assert_executed_then_replayed(), where the first send may be refused
+    (a fresh cluster under a sanitizer build missed one 0.1 s WAIT in a CI
+    run). A refused send never reaches the upstream; it is sent again (for
+    up to 10 s) until it executes. Never a 409: that would be a lock left
+    behind."""
     deadline = time.monotonic() + 10
     while True:
         st, h, body = post(p, key)
@@ -109,14 +109,21 @@ def assert_refused_unreplicated(p, upstream, key, master_client):
 
 
 def wait_master_counts_replicas(client, n=1, timeout=10.0):
-    """Waits until the master behind <client> itself counts <n> replicas
-    (WAIT n answers n). RedisInstance.wait_replica_up and ClusterSet's
-    start/revive look at the replica's side only (master_link_status:up),
-    which with diskless sync comes while the master still lists the replica
-    as state=wait_bgsave, until its first ACK: a WAIT then gets 0 (seen 1 in
-    30 starts), and the proxy would refuse a first key."""
-    wait_for(lambda: client.wait(n, 200) >= n, timeout=timeout, interval=0.01,
-             what="the master to count %d replica(s)" % n)
+    """Waits until <n> replicas acknowledge a write of the master behind
+    <client> (a PUBLISH, which is replicated and stores nothing, then WAIT n
+    answering n). RedisInstance.wait_replica_up and ClusterSet's
+    start/revive look at the replica's side only (master_link_status:up).
+    After a diskless sync the master sends a replica no command stream, and
+    so no REPLCONF GETACK, until that replica's first ACK, which it sends
+    once a second: until then every WAIT after a write times out, and the
+    proxy would refuse new keys. A WAIT with no write before it proves
+    nothing (it counts the connected replicas) and passed in that second."""
+    def confirmed():
+        client.execute_command("PUBLISH", "idemproxy-test:probe", "")
+        return client.wait(n, 200) >= n
+
+    wait_for(confirmed, timeout=timeout, interval=0.01,
+             what="%d replica(s) to acknowledge a write" % n)
 
 
 def wait_cluster_replicas_confirm(cs):
@@ -188,7 +195,7 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
 
     done = new_key()
-    body = assert_executed_once_confirmed(p, upstream, done)
+    body = assert_executed_then_replayed(p, upstream, done)
     # the client's answer does not wait for the completion's WAIT: poll
     rc = replica.client()
     wait_for(lambda: redis_state(rc, done) == "C", timeout=3,
@@ -228,7 +235,7 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
     # back: the refused key and a new one execute once, and are replayed
     again = new_key()
     for key in (refused, again):
-        assert_executed_once_confirmed(p, upstream, key)
+        assert_executed_then_replayed(p, upstream, key)
     print("replica %s: new key refused in %.3f s and %.3f s (WAIT timeout %.1f s), "
           "replay served in %.3f s" % (how, took, took2, WAIT_TIMEOUT_S, replay_took))
     assert p.alive()
@@ -360,7 +367,7 @@ def test_redis_wait_refused_lock_given_back_even_when_its_link_is_cut(proxy, ups
     replica.wait_replica_up()
     wait_master_counts_replicas(master.client())
     for k in keys[:10]:
-        assert_executed_once_confirmed(p, upstream, k)
+        assert_executed_then_replayed(p, upstream, k)
 
 
 # --------------------------------------------------------- 3. the same on a cluster
