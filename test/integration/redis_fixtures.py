@@ -575,9 +575,6 @@ class TlsRedisServer(RedisInstance):
                          key=key, **kw)
 
 
-# --------------------------------------------------------------------------- sentinel
-
-
 # --------------------------------------------------------------------------- watching
 
 
@@ -644,6 +641,9 @@ def cut_links(node, keep):
             c.execute_command("CLIENT", "KILL", "ID", i)
     finally:
         c.close()
+
+
+# --------------------------------------------------------------------------- sentinel
 
 
 class SentinelInstance(_Proc):
