@@ -1618,6 +1618,7 @@ static void ping_run(void *arg)
 static void redis_free(struct store *base)
 {
     struct store_redis *st = store_redis_of(base);
+    bool had_sentinel;
 
     store_redis_notify_stop(st->sub);
     worker_every_stop(st->pinger); /* waits for a ping in progress */
@@ -1633,8 +1634,9 @@ static void redis_free(struct store *base)
      * stopped: everything accepted calls back before this returns. */
     for (unsigned i = 0; i < st->nlanes; i++)
         loop_call(st->lanes[i].loop, lane_finish, &st->lanes[i]);
+    had_sentinel = st->sentinel != NULL;
     redis_sentinel_free(st->sentinel); /* no link is left to ask it */
-    for (unsigned i = 0; st->sentinel && i < st->nlanes; i++)
+    for (unsigned i = 0; had_sentinel && i < st->nlanes; i++)
         loop_call(st->lanes[i].loop, flush_wake, NULL); /* no wake may run after free() */
     store_calls_done(&st->calls);      /* inspect and purge */
 
