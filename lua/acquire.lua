@@ -1,20 +1,35 @@
 -- ACQUIRE: KEYS[1] the idempotency key; ARGV[1] fingerprint (hex), ARGV[2]
--- fencing token, ARGV[3] lock TTL (ms). The key is one hash: state (L locked,
--- C completed), fp, token, ts (Redis time in ms of the last state change,
--- for operators), and once completed head and body.
--- Returns {"acquired"}, {"mismatch"}, {"in_flight"} or {"completed", head, body}.
--- One HMGET reads all five fields: a replay, the common case of a known key,
--- costs one call (head and body are absent while the key is locked). Sent
--- again with the same token (its connection was lost before the answer, or
--- a cluster failed over), it finds its own lock and says "acquired" again.
-local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body', 'token')
+-- fencing token, ARGV[3] lease (ms), ARGV[4] keep (ms), ARGV[5] "1" to take
+-- over a lapsed lock or an unknown key (on-unknown-outcome retry), "0" to
+-- make a lapsed lock unknown (refuse), ARGV[6] what an unknown record says
+-- of its request ("route method target"). The key is one hash: state (L
+-- locked, C completed, U unknown), fp, token, ts (Redis time in ms of the
+-- last state change, for operators), keep; once completed head and body;
+-- once unknown cause and about.
+-- The record outlives its lease: a lock's key expires lease + keep from its
+-- last extend, so its lease has run out once its PTTL is keep or less. A
+-- lock made before keep existed has none: its lease is its whole TTL.
+-- Returns {"acquired"}, {"mismatch"}, {"in_flight"}, {"completed", head,
+-- body} or {"unknown", cause, about, became ("1": made unknown just now)}.
+-- One HMGET reads what every answer needs: a replay, the common case of a
+-- known key, costs one call. Sent again with the same token (its connection
+-- was lost before the answer, or a cluster failed over), it finds its own
+-- lock and says "acquired" again.
+local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body', 'token', 'keep', 'cause',
+    'about')
 local state, fp = h[1], h[2]
-if not state then
+local function now()
     local t = redis.call('TIME')
-    redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2], 'ts',
-        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function lock()
+    redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2], 'ts', now(),
+        'keep', ARGV[4])
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]))
     return {'acquired'}
+end
+if not state then
+    return lock()
 end
 if fp ~= ARGV[1] then
     return {'mismatch'}
@@ -23,6 +38,22 @@ if state == 'L' then
     if h[5] == ARGV[2] then
         return {'acquired'}
     end
-    return {'in_flight'}
+    local keep = tonumber(h[6] or '0')
+    if keep == 0 or redis.call('PTTL', KEYS[1]) > keep then
+        return {'in_flight'}
+    end
+    if ARGV[5] == '1' then
+        return lock()
+    end
+    redis.call('HSET', KEYS[1], 'state', 'U', 'cause', 'holder_lost', 'about', ARGV[6], 'ts', now())
+    redis.call('PEXPIRE', KEYS[1], keep)
+    return {'unknown', 'holder_lost', ARGV[6], '1'}
+end
+if state == 'U' then
+    if ARGV[5] == '1' then
+        redis.call('HDEL', KEYS[1], 'cause', 'about')
+        return lock()
+    end
+    return {'unknown', h[7] or '', h[8] or '', '0'}
 end
 return {'completed', h[3], h[4]}

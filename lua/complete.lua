@@ -1,6 +1,7 @@
 -- COMPLETE: KEYS[1] the idempotency key; ARGV[1] token, ARGV[2] record head,
 -- ARGV[3] body, ARGV[4] TTL (ms). Stores the response if ARGV[1] holds the
--- lock; a retry that finds its own response stored is "ok" too. token and fp
+-- lock, or held it when the key became unknown (a holder that comes back);
+-- a retry that finds its own response stored is "ok" too. token and fp
 -- stay, so duplicates are still compared with the fingerprint.
 -- Returns "ok" or "stale".
 local h = redis.call('HMGET', KEYS[1], 'state', 'token')
@@ -9,6 +10,9 @@ if not h[1] or h[2] ~= ARGV[1] then
 end
 if h[1] == 'C' then
     return 'ok'
+end
+if h[1] == 'U' then
+    redis.call('HDEL', KEYS[1], 'cause', 'about')
 end
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3], 'ts',

@@ -180,13 +180,66 @@ static json_t *base64_json(const struct buf *b)
     return v;
 }
 
+/* <n> bytes of a request (its target) as a JSON string: bytes that are not
+ * UTF-8 percent-encoded, as in a URI. */
+static json_t *bytes_json(const char *s, size_t n)
+{
+    json_t *v = json_stringn(s, n);
+    char *out;
+
+    if (v)
+        return v;
+    out = malloc(3 * n + 1);
+    if (!out)
+        return NULL;
+    for (size_t i = 0, j = 0; i <= n; i++) {
+        unsigned char c = i < n ? (unsigned char)s[i] : 0;
+
+        if (i == n)
+            out[j] = '\0';
+        else if (c < 0x80)
+            out[j++] = (char)c;
+        else
+            j += (size_t)snprintf(out + j, 4, "%%%02X", c);
+    }
+    v = json_string(out);
+    free(out);
+    return v;
+}
+
+/* Adds the route, method and target an unknown record keeps ("<route>
+ * <method> <target>") to <o>. */
+static void about_json(json_t *o, const char *about)
+{
+    static const char *const names[] = { "route", "method", "target" };
+    const char *p = about;
+
+    for (size_t i = 0; i < ARRAY_SIZE(names) && p; i++) {
+        const char *end = i + 1 < ARRAY_SIZE(names) ? strchr(p, ' ') : NULL;
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+
+        json_object_set_new(o, names[i], bytes_json(p, n));
+        p = end ? end + 1 : NULL;
+    }
+}
+
 static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body)
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
-                          info->completed ? "completed" : "locked", "fingerprint", info->fp_hex,
-                          "age_ms", (json_int_t)info->age_ms, "ttl_ms", (json_int_t)info->ttl_ms);
+                          info->completed ? "completed"
+                          : info->unknown ? "unknown"
+                                          : "locked",
+                          "fingerprint", info->fp_hex, "age_ms", (json_int_t)info->age_ms,
+                          "ttl_ms", (json_int_t)info->ttl_ms);
 
+    if (o && !info->completed && !info->unknown)
+        json_object_set_new(o, "lease_ms", json_integer((json_int_t)info->lease_ms));
+    if (o && info->unknown) {
+        json_object_set_new(o, "cause", json_string(store_cause_name(info->cause)));
+        if (info->about)
+            about_json(o, info->about);
+    }
     if (!o || !info->completed || !info->rec)
         return o;
     json_object_set_new(o, "status", json_integer(info->rec->status));

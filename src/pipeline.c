@@ -651,7 +651,15 @@ static void acquire(struct preq *r)
     r->store_sent_us = metrics_now_us();
     if (err == 0)
         err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
-                            r->route->cfg.lock_ttl_ms, on_acquired, r);
+                            &(struct store_lock){
+                                .lease_ms = r->route->cfg.lock_ttl_ms,
+                                .keep_ms = r->ttl_ms,
+                                .take_over = true,
+                                .about = { .route = span_from_cstr(r->route->name),
+                                           .method = r->req.in.method,
+                                           .target = r->fwd_target },
+                            },
+                            on_acquired, r);
     if (err < 0) {
         metrics_store_error();
         set_store_problem(r, err);

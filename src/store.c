@@ -42,6 +42,50 @@ void store_admin_job_free(struct store_admin_job *job)
     free(job);
 }
 
+static const char *const cause_names[STORE_CAUSE_MAX] = {
+    [STORE_CAUSE_UPSTREAM_TIMEOUT] = "upstream_timeout",
+    [STORE_CAUSE_UPSTREAM_RESET] = "upstream_reset",
+    [STORE_CAUSE_HOLDER_LOST] = "holder_lost",
+};
+
+const char *store_cause_name(enum store_cause c)
+{
+    return c < STORE_CAUSE_MAX ? cause_names[c] : "unknown";
+}
+
+int store_cause_parse(struct span s, enum store_cause *ret)
+{
+    for (size_t i = 0; i < STORE_CAUSE_MAX; i++) {
+        if (span_eq(s, span_from_cstr(cause_names[i]))) {
+            *ret = (enum store_cause)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+size_t store_about_format(const struct store_about *about, char *out, size_t cap)
+{
+    const struct span parts[] = { about->route, about->method, about->target };
+    size_t len = 0;
+
+    if (cap > STORE_ABOUT_MAX)
+        cap = STORE_ABOUT_MAX;
+    for (size_t i = 0; i < ARRAY_SIZE(parts) && len + 1 < cap; i++) {
+        size_t n = parts[i].len;
+
+        if (i > 0)
+            out[len++] = ' ';
+        if (n > cap - 1 - len)
+            n = cap - 1 - len;
+        if (n)
+            memcpy(out + len, parts[i].base, n);
+        len += n;
+    }
+    out[len] = '\0';
+    return len;
+}
+
 const char *store_strerror(int err)
 {
     if (err == -ENOSPC)
@@ -129,6 +173,7 @@ void store_info_list_done(struct store_info_list *l)
         return;
     for (size_t i = 0; i < l->n; i++) {
         free(l->items[i].store_key);
+        free(l->items[i].about);
         record_unref(l->items[i].rec);
     }
     free(l->items);

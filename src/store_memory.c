@@ -34,19 +34,24 @@
 #define NO_COMPLETED UINT64_MAX
 #define SWEEP_WHEN_FULL_EVERY_MS 100
 
-enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED };
+enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED, MSTATE_UNKNOWN };
 
-/* One idempotency key: a lock or a completed record. Owned by its shard. */
+/* One idempotency key: a lock, a completed record, or an unknown one (kept
+ * like a lock: never evicted). Owned by its shard. */
 struct mentry {
     struct mentry *next;          /* hash chain */
     struct list_node completed; /* completed only: in the shard's completion order */
     uint64_t hash;
     uint64_t expires_ms;    /* now_ms() clock; expired when now >= expires_ms */
     uint64_t completed_seq; /* completed only: the store-wide completion order */
-    uint64_t changed_ms;    /* when it was locked, or completed (for store_inspect) */
+    uint64_t changed_ms;    /* when it was locked, completed or made unknown (store_inspect) */
+    uint64_t lease_until_ms; /* locked: its lease runs out then */
+    uint64_t keep_ms;        /* locked: kept this long beyond its lease */
     size_t bytes;           /* counted in the budget for this entry */
     struct record *rec;     /* completed only: one reference */
+    char *about;            /* unknown only: owned "<route> <method> <target>", or NULL */
     enum mstate state;
+    enum store_cause cause; /* unknown only */
     struct store_token tok;
     uint8_t fp[FINGERPRINT_LEN];
     size_t key_len;
@@ -81,7 +86,7 @@ struct store_memory {
     struct shard shards[NSHARDS];
 };
 
-enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE };
+enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE, MOP_UNKNOWN };
 
 /* One operation, on the caller's stack for the length of the call. */
 struct mop {
@@ -91,7 +96,12 @@ struct mop {
     void *ctx;
     struct store_token tok;
     uint8_t fp[FINGERPRINT_LEN]; /* acquire */
-    uint64_t ttl_ms;             /* acquire, complete, extend */
+    uint64_t ttl_ms;             /* acquire (the lease), complete, extend, unknown (keep) */
+    uint64_t keep_ms;            /* acquire */
+    bool take_over;              /* acquire */
+    enum store_cause cause;      /* unknown */
+    const struct store_about *about; /* acquire, unknown: borrowed */
+    char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
     struct record *rec;          /* complete: own reference, handed to the entry */
     size_t key_len;
     const char *key; /* borrowed from the caller */
@@ -233,6 +243,7 @@ static size_t shard_remove(struct store_memory *st, struct shard *sh, struct men
         atomic_fetch_sub_explicit(&st->lock_bytes, bytes, memory_order_relaxed);
     }
     record_unref(e->rec);
+    free(e->about);
     free(e);
     return bytes;
 }
@@ -418,17 +429,75 @@ static struct mentry **lookup_live(struct store_memory *st, struct shard *sh, ui
     return pp;
 }
 
-/* Answers an acquire of a key that is already held by <e>. */
-static void answer_known(const struct mentry *e, const struct mop *op, struct store_result *res)
+/* Locks <e> (held by <op>'s shard) for <op>: a new lock, or one taken over. */
+static void lock_entry(struct mentry *e, const struct mop *op, uint64_t now)
+{
+    e->state = MSTATE_LOCKED;
+    e->tok = op->tok;
+    e->changed_ms = now;
+    e->lease_until_ms = now + op->ttl_ms;
+    e->keep_ms = op->keep_ms;
+    e->expires_ms = e->lease_until_ms + op->keep_ms;
+}
+
+/* Makes the locked <e> unknown for <cause>, saying <about> (copied when the
+ * budget has room for it: the state matters, the words less). */
+static void make_unknown(struct store_memory *st, struct mentry *e, enum store_cause cause,
+                         const struct store_about *about, uint64_t keep_ms, uint64_t now)
+{
+    char text[STORE_ABOUT_MAX];
+    size_t len = store_about_format(about, text, sizeof(text));
+    size_t need = len + 1 + RECORD_MALLOC_OVERHEAD;
+
+    e->state = MSTATE_UNKNOWN;
+    e->cause = cause;
+    e->changed_ms = now;
+    e->expires_ms = now + keep_ms;
+    if (e->about || !budget_try(st, need))
+        return;
+    if (!lock_bytes_try(st, need)) {
+        budget_give_back(st, need);
+        return;
+    }
+    e->about = strdup(text);
+    if (!e->about) {
+        atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
+        budget_give_back(st, need);
+        return;
+    }
+    e->bytes += need;
+}
+
+/* Answers an acquire of a key that is already held by <e>; may take it over
+ * (returns true: <e> is locked for <op>) or make it unknown. */
+static bool answer_known(struct store_memory *st, struct mentry *e, const struct mop *op,
+                         uint64_t now, struct store_result *res)
 {
     if (memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0) {
         res->status = STORE_MISMATCH;
-    } else if (e->state == MSTATE_LOCKED) {
+    } else if (e->state == MSTATE_LOCKED && tok_eq(&e->tok, &op->tok)) {
+        res->status = STORE_ACQUIRED; /* sent again: its own lock */
+    } else if (e->state == MSTATE_LOCKED && now < e->lease_until_ms) {
         res->status = STORE_IN_FLIGHT;
+    } else if ((e->state == MSTATE_LOCKED || e->state == MSTATE_UNKNOWN) && op->take_over) {
+        free(e->about);
+        e->about = NULL;
+        lock_entry(e, op, now); /* its extra bytes stay counted until it goes */
+        res->status = STORE_ACQUIRED;
+        return true;
+    } else if (e->state == MSTATE_LOCKED) {
+        make_unknown(st, e, STORE_CAUSE_HOLDER_LOST, op->about, e->keep_ms, now);
+        res->status = STORE_UNKNOWN;
+        res->cause = e->cause;
+        res->became = true;
+    } else if (e->state == MSTATE_UNKNOWN) {
+        res->status = STORE_UNKNOWN;
+        res->cause = e->cause;
     } else {
         res->status = STORE_COMPLETED;
         res->rec = record_ref(e->rec);
     }
+    return false;
 }
 
 static int do_acquire(struct store_memory *st, struct mop *op, struct store_result *res)
@@ -460,7 +529,14 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         pp = lookup_live(st, sh, hash, key, now);
     }
     if (*pp) {
-        answer_known(*pp, op, res);
+        answer_known(st, *pp, op, now, res);
+        if (res->status == STORE_UNKNOWN) {
+            /* Copied: the callback runs once the shard lock is let go. */
+            size_t len = (*pp)->about ? strlen((*pp)->about) : 0;
+
+            memcpy(op->about_text, (*pp)->about ? (*pp)->about : "", len + 1);
+            res->about = (struct span){ op->about_text, len };
+        }
         pthread_mutex_unlock(&sh->mu);
         if (reserved)
             budget_give_back(st, need);
@@ -480,11 +556,8 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         return -ENOMEM;
     }
     e->hash = hash;
-    e->changed_ms = now;
-    e->expires_ms = now + op->ttl_ms;
     e->bytes = need;
-    e->state = MSTATE_LOCKED;
-    e->tok = op->tok;
+    lock_entry(e, op, now);
     memcpy(e->fp, op->fp, FINGERPRINT_LEN);
     e->key_len = op->key_len;
     memcpy(e->key, op->key, op->key_len);
@@ -545,8 +618,11 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     e = *lookup_live(st, sh, hash, key, now);
     if (!e || !tok_eq(&e->tok, &op->tok)) {
         err = -ESTALE;
-    } else if (e->state == MSTATE_LOCKED) {
+    } else if (e->state != MSTATE_COMPLETED) {
+        /* locked, or unknown since its holder lost its lease: it came back */
         atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
+        free(e->about);
+        e->about = NULL;
         e->state = MSTATE_COMPLETED;
         e->rec = op->rec; /* the operation's reference moves to the entry */
         op->rec = NULL;
@@ -568,6 +644,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     return err;
 }
 
+/* RELEASE, EXTEND and UNKNOWN: a holder's calls that change no record. */
 static int do_release_or_extend(struct store_memory *st, struct mop *op, struct store_result *res)
 {
     struct span key = { op->key, op->key_len };
@@ -575,6 +652,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
     struct shard *sh = shard_of(st, hash);
     struct mentry **pp, *e;
     size_t freed = 0;
+    bool changed = false;
     int err = 0;
 
     pthread_mutex_lock(&sh->mu);
@@ -583,16 +661,22 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
     e = *pp;
     if (!e && op->kind == MOP_RELEASE)
         ; /* a key already gone is released */
-    else if (!e || e->state != MSTATE_LOCKED || !tok_eq(&e->tok, &op->tok))
+    else if (!e || !tok_eq(&e->tok, &op->tok) || e->state == MSTATE_COMPLETED ||
+             (op->kind == MOP_EXTEND && e->state != MSTATE_LOCKED))
         err = -ESTALE;
     else if (op->kind == MOP_RELEASE)
-        freed = shard_remove(st, sh, pp);
-    else
-        e->expires_ms = now + op->ttl_ms;
+        freed = shard_remove(st, sh, pp); /* a lock, or the unknown record it became */
+    else if (op->kind == MOP_EXTEND) {
+        e->lease_until_ms = now + op->ttl_ms;
+        e->expires_ms = e->lease_until_ms + e->keep_ms;
+    } else if (e->state == MSTATE_LOCKED) {
+        make_unknown(st, e, op->cause, op->about, op->ttl_ms, now);
+        changed = true;
+    }
     pthread_mutex_unlock(&sh->mu);
     budget_give_back(st, freed);
-    if (freed && st->notify)
-        st->notify(st->notify_ctx, key); /* released: a waiter may take the key */
+    if ((freed || changed) && st->notify)
+        st->notify(st->notify_ctx, key); /* released or unknown: waiters look again */
     if (err == 0)
         res->status = STORE_OK;
     return err;
@@ -637,7 +721,7 @@ static void mop_run(struct mop *op)
     case MOP_PURGE:
         err = do_purge(st, op, &res);
         break;
-    default:
+    default: /* release, extend, unknown */
         err = do_release_or_extend(st, op, &res);
         break;
     }
@@ -666,16 +750,36 @@ static struct mop mop_make(struct store_memory *st, enum mop_kind kind, struct s
 static struct store_memory *to_memory(struct store *st) { return (struct store_memory *)st; }
 
 static int memory_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                          const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
-                          void *ctx)
+                          const struct store_token *tok, const struct store_lock *lk,
+                          store_done_fn *done, void *ctx)
 {
     struct mop op;
 
-    if (!fp || lock_ttl_ms == 0 || !store_call_is_valid(key, tok, done))
+    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0 ||
+        !store_call_is_valid(key, tok, done))
         return -EINVAL;
     op = mop_make(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx);
     memcpy(op.fp, fp, FINGERPRINT_LEN);
-    op.ttl_ms = lock_ttl_ms;
+    op.ttl_ms = lk->lease_ms;
+    op.keep_ms = lk->keep_ms;
+    op.take_over = lk->take_over;
+    op.about = &lk->about;
+    mop_run(&op);
+    return 0;
+}
+
+static int memory_unknown(struct store *base, struct span key, const struct store_token *tok,
+                          enum store_cause cause, const struct store_about *about,
+                          uint64_t keep_ms, store_done_fn *done, void *ctx)
+{
+    struct mop op;
+
+    if (!about || keep_ms == 0 || cause >= STORE_CAUSE_MAX || !store_call_is_valid(key, tok, done))
+        return -EINVAL;
+    op = mop_make(to_memory(base), MOP_UNKNOWN, key, tok, done, ctx);
+    op.cause = cause;
+    op.about = about;
+    op.ttl_ms = keep_ms;
     mop_run(&op);
     return 0;
 }
@@ -735,12 +839,20 @@ static int memory_purge(struct store *base, struct span store_key, store_done_fn
 static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
 {
     *info = (struct store_info){ .completed = e->state == MSTATE_COMPLETED,
+                                 .unknown = e->state == MSTATE_UNKNOWN,
+                                 .cause = e->cause,
                                  .age_ms = now - e->changed_ms,
                                  .ttl_ms = e->expires_ms - now };
+    if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
+        info->lease_ms = e->lease_until_ms - now;
+    if (e->about && !(info->about = strdup(e->about)))
+        return -ENOMEM;
     fingerprint_hex(e->fp, info->fp_hex);
     info->store_key = strndup(e->key, e->key_len);
-    if (!info->store_key)
+    if (!info->store_key) {
+        free(info->about);
         return -ENOMEM;
+    }
     if (e->rec && with_body) {
         info->rec = record_ref(e->rec);
     } else if (e->rec) {
@@ -753,6 +865,7 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
         buf_done(&head);
         if (err < 0) {
             free(info->store_key);
+            free(info->about);
             return err;
         }
     }
@@ -881,6 +994,7 @@ static const struct store_ops memory_ops = {
     .acquire = memory_acquire,
     .complete = memory_complete,
     .release = memory_release,
+    .unknown = memory_unknown,
     .extend = memory_extend,
     .inspect = memory_inspect,
     .purge = memory_purge,

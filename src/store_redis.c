@@ -82,6 +82,16 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         res->status = STORE_IN_FLIGHT;
     else if (r->elements == 1 && reply_str_eq(r->element[0], "mismatch"))
         res->status = STORE_MISMATCH;
+    else if (r->elements == 4 && reply_str_eq(r->element[0], "unknown")) {
+        h = r->element[1];
+        b = r->element[2];
+        if (h->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING ||
+            store_cause_parse((struct span){ h->str, h->len }, &res->cause) < 0)
+            return -EPROTO;
+        res->about = (struct span){ .base = b->str, .len = b->len };
+        res->became = reply_str_eq(r->element[3], "1");
+        res->status = STORE_UNKNOWN;
+    }
     else if (r->elements == 3 && reply_str_eq(r->element[0], "completed")) {
         h = r->element[1];
         b = r->element[2];
@@ -490,9 +500,9 @@ static void on_asking(void *ctx, int err, const redisReply *reply)
 static int op_send(struct link *k, struct op *op)
 {
     const struct lua_script *s = &lua_scripts[op->script < _LUA_MAX ? op->script : 0];
-    const char *argv[8];
-    size_t lens[8];
-    char ttl[24];
+    const char *argv[10];
+    size_t lens[10];
+    char ttl[24], keep[24];
     int argc = 0, err;
 
     if (op->asking) {
@@ -534,6 +544,23 @@ static int op_send(struct link *k, struct op *op)
         lens[argc++] = FINGERPRINT_HEX;
         argv[argc] = op->tok.hex;
         lens[argc++] = STORE_TOKEN_HEX;
+        lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
+        argv[argc++] = ttl;
+        lens[argc] = (size_t)snprintf(keep, sizeof(keep), "%llu", (unsigned long long)op->keep_ms);
+        argv[argc++] = keep;
+        argv[argc] = op->take_over ? "1" : "0";
+        lens[argc++] = 1;
+        argv[argc] = op->head.data ? op->head.data : "";
+        lens[argc++] = op->head.len;
+        goto send;
+    case LUA_UNKNOWN:
+        argv[argc] = op->tok.hex;
+        lens[argc++] = STORE_TOKEN_HEX;
+        argv[argc] = store_cause_name(op->cause);
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+        argv[argc] = op->head.data ? op->head.data : "";
+        lens[argc++] = op->head.len;
         break;
     case LUA_COMPLETE:
         argv[argc] = op->tok.hex;
@@ -1234,20 +1261,56 @@ int store_redis_op_submit(struct op *op)
         op_free(op);
     return err;
 }
+/* Puts <about> into the op's <head>, as the scripts keep it. */
+static int op_set_about(struct op *op, const struct store_about *about)
+{
+    char text[STORE_ABOUT_MAX];
+    size_t len = store_about_format(about, text, sizeof(text));
+
+    return buf_append(&op->head, text, len);
+}
+
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                         const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
-                         void *ctx)
+                         const struct store_token *tok, const struct store_lock *lk,
+                         store_done_fn *done, void *ctx)
 {
     struct op *op;
     int err;
 
-    if (!fp || lock_ttl_ms == 0)
+    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0)
         return -EINVAL;
     err = op_new(store_redis_of(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
     fingerprint_hex(fp, op->fp);
-    op->ttl_ms = lock_ttl_ms;
+    op->ttl_ms = lk->lease_ms;
+    op->keep_ms = lk->keep_ms;
+    op->take_over = lk->take_over;
+    if (op_set_about(op, &lk->about) < 0) {
+        op_free(op);
+        return -ENOMEM;
+    }
+    return store_redis_op_submit(op);
+}
+
+static int redis_unknown(struct store *base, struct span key, const struct store_token *tok,
+                         enum store_cause cause, const struct store_about *about, uint64_t keep_ms,
+                         store_done_fn *done, void *ctx)
+{
+    struct op *op;
+    int err;
+
+    if (!about || keep_ms == 0 || cause >= STORE_CAUSE_MAX)
+        return -EINVAL;
+    err = op_new(store_redis_of(base), LUA_UNKNOWN, key, tok, done, ctx, &op);
+    if (err < 0)
+        return err;
+    op->cause = cause;
+    op->ttl_ms = keep_ms;
+    if (op_set_about(op, about) < 0) {
+        op_free(op);
+        return -ENOMEM;
+    }
     return store_redis_op_submit(op);
 }
 
@@ -1349,7 +1412,8 @@ static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
     } unreplicated_ops[] = { { "acquire", LUA_ACQUIRE },
                              { "complete", LUA_COMPLETE },
                              { "release", LUA_RELEASE },
-                             { "extend", LUA_EXTEND } };
+                             { "extend", LUA_EXTEND },
+                             { "unknown", LUA_UNKNOWN } };
     int err = emit(ctx, "idemproxy_redis_connected", NULL, "gauge",
                    "1 while the (current) Redis master of every slot answers",
                    redis_is_ready(base) ? 1 : 0);
@@ -1657,6 +1721,7 @@ static const struct store_ops redis_ops = {
     .acquire = redis_acquire,
     .complete = redis_complete,
     .release = redis_release,
+    .unknown = redis_unknown,
     .extend = redis_extend,
     .inspect = store_redis_inspect,
     .purge = store_redis_purge,

@@ -41,17 +41,29 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
 
     if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
         return 0;
-    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7)
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 10)
         return -EPROTO;
     el = r->element;
     if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
         el[1]->len != FINGERPRINT_HEX || !reply_is(el[5], REDIS_REPLY_INTEGER) ||
         !reply_is(el[6], REDIS_REPLY_INTEGER))
         return -EPROTO;
-    *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C' };
+    *info = (struct store_info){ .completed = el[0]->len == 1 && el[0]->str[0] == 'C',
+                                 .unknown = el[0]->len == 1 && el[0]->str[0] == 'U' };
     memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
     info->fp_hex[FINGERPRINT_HEX] = '\0';
     info->ttl_ms = el[5]->integer > 0 ? (uint64_t)el[5]->integer : 0;
+    if (!info->completed && !info->unknown) {
+        uint64_t keep = reply_is(el[7], REDIS_REPLY_STRING) ? strtoull(el[7]->str, NULL, 10) : 0;
+
+        info->lease_ms = info->ttl_ms > keep ? info->ttl_ms - keep : 0;
+    }
+    if (info->unknown && reply_is(el[8], REDIS_REPLY_STRING) &&
+        store_cause_parse((struct span){ el[8]->str, el[8]->len }, &info->cause) < 0)
+        return -EPROTO;
+    if (info->unknown && reply_is(el[9], REDIS_REPLY_STRING) &&
+        !(info->about = strndup(el[9]->str, el[9]->len)))
+        return -ENOMEM;
     if (reply_is(el[2], REDIS_REPLY_STRING)) {
         long long ts = strtoll(el[2]->str, NULL, 10);
 
@@ -63,12 +75,15 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
         if (reply_is(el[4], REDIS_REPLY_STRING))
             body = (struct span){ el[4]->str, el[4]->len };
         err = record_decode((struct span){ el[3]->str, el[3]->len }, body, &info->rec);
-        if (err < 0)
+        if (err < 0) {
+            free(info->about);
             return err == -ENOMEM ? err : -EPROTO;
+        }
     }
     info->store_key = strndup(key.base, key.len);
     if (!info->store_key) {
         record_unref(info->rec);
+        free(info->about);
         return -ENOMEM;
     }
     return 1;

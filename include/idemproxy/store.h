@@ -20,8 +20,39 @@ struct store_token {
     char hex[STORE_TOKEN_HEX + 1];
 };
 
+/* Why a key's outcome is unknown (SPEC §9); the names are the metrics'
+ * cause labels. */
+enum store_cause {
+    STORE_CAUSE_UPSTREAM_TIMEOUT, /* no complete answer within the (late) timeout */
+    STORE_CAUSE_UPSTREAM_RESET,   /* the connection failed once request bytes may have left */
+    STORE_CAUSE_HOLDER_LOST,      /* the holder's lease ran out: it died, froze or lost the store */
+    STORE_CAUSE_MAX,
+};
+
+#define STORE_ABOUT_MAX 1024 /* an unknown record keeps at most this much of its request */
+
+/* What an unknown record says of its request: "<route> <method> <target>",
+ * cut at STORE_ABOUT_MAX bytes (no field holds a space). */
+struct store_about {
+    struct span route, method, target;
+};
+
+/* What an acquire asks for (SPEC §2, §9). The record outlives its lease: a
+ * lock is kept <lease_ms> + <keep_ms>, and the lease is what is left of that
+ * beyond <keep_ms>, so that the heartbeat's extend is a bare PEXPIRE. */
+struct store_lock {
+    uint64_t lease_ms; /* --lock-ttl: the heartbeat extends it */
+    uint64_t keep_ms;  /* the record is kept this long after its last change (--ttl) */
+    /* A lock whose lease ran out is taken over (on-unknown-outcome retry),
+     * or (refuse) the key becomes unknown, cause holder_lost. An unknown
+     * key is taken over too when true. */
+    bool take_over;
+    struct store_about about; /* borrowed: what the key says if it becomes unknown */
+};
+
 enum store_status {
     STORE_ACQUIRED,  /* acquire: the lock is ours, under the token given */
+    STORE_UNKNOWN,   /* acquire: the key's outcome is unknown; res->cause, about, became */
     STORE_IN_FLIGHT, /* acquire: locked by another request with the same fingerprint */
     STORE_MISMATCH,  /* acquire: the key is known with another fingerprint */
     STORE_COMPLETED, /* acquire: completed earlier with this fingerprint; res->rec is the response
@@ -32,6 +63,10 @@ enum store_status {
 struct store_result {
     enum store_status status;
     struct record *rec; /* STORE_COMPLETED only: borrowed for the callback; record_ref() to keep */
+    /* STORE_UNKNOWN only: */
+    enum store_cause cause;
+    bool became;        /* this acquire made it unknown (holder_lost), rather than found it */
+    struct span about;  /* borrowed for the callback: "<route> <method> <target>", maybe empty */
 };
 
 /* Runs exactly once per accepted operation: <err> is 0 and
@@ -49,10 +84,14 @@ struct store;
 /* One stored key, as store_inspect() reports it (for operators). */
 struct store_info {
     char *store_key;                  /* owned, NUL-terminated */
-    bool completed;                   /* false: locked, a request in flight */
+    bool completed;                   /* false: locked, a request in flight, or unknown */
+    bool unknown;                     /* its outcome is unknown (SPEC §9): <cause>, <about> */
+    enum store_cause cause;
+    char *about;                      /* unknown: owned "<route> <method> <target>", or NULL */
     char fp_hex[FINGERPRINT_HEX + 1]; /* the fingerprint, lowercase hex */
     uint64_t age_ms;                  /* since it was locked, or completed */
     uint64_t ttl_ms;                  /* left before it expires */
+    uint64_t lease_ms;                /* locked: left of its lease (0: it ran out) */
     struct record *rec;               /* completed: own reference; its body only if asked */
 };
 
@@ -85,11 +124,14 @@ typedef void store_notify_fn(void *ctx, struct span key);
 struct store_ops {
     const char *name;
     int (*acquire)(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                   const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
-                   void *ctx);
+                   const struct store_token *tok, const struct store_lock *lk,
+                   store_done_fn *done, void *ctx);
     int (*complete)(struct store *st, struct span key, const struct store_token *tok,
                     struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx);
     int (*release)(struct store *st, struct span key, const struct store_token *tok,
+                   store_done_fn *done, void *ctx);
+    int (*unknown)(struct store *st, struct span key, const struct store_token *tok,
+                   enum store_cause cause, const struct store_about *about, uint64_t keep_ms,
                    store_done_fn *done, void *ctx);
     int (*extend)(struct store *st, struct span key, const struct store_token *tok,
                   uint64_t lock_ttl_ms, store_done_fn *done, void *ctx);
@@ -109,22 +151,34 @@ struct store {
 /* A store error <err> (a negative errno) in words an operator can act on. */
 const char *store_strerror(int err);
 
+/* The label of <c> ("upstream_timeout", ...). */
+const char *store_cause_name(enum store_cause c);
+
+/* The cause named <s>. Returns 0, or -EINVAL for no cause's name. */
+int store_cause_parse(struct span s, enum store_cause *ret);
+
+/* Writes <about> as "<route> <method> <target>" into <out> (<cap> bytes at
+ * least 1), cut at STORE_ABOUT_MAX - 1 bytes, NUL-terminated. Returns its length. */
+size_t store_about_format(const struct store_about *about, char *out, size_t cap);
+
 /* Fills <ret> with a new random token (OpenSSL RAND_bytes). Returns 0 or -EIO. */
 int store_token_new(struct store_token *ret);
 
 /* Starts ACQUIRE of <key> (copied) for the fingerprint <fp> under the token
- * <tok> (copied), locking it for <lock_ttl_ms>. Returns 0 when accepted: <done>
- * then runs exactly once. Returns a negative errno when refused: <done> never runs. */
+ * <tok> (copied), locking it as <lk> says (copied). Returns 0 when accepted:
+ * <done> then runs exactly once. Returns a negative errno when refused:
+ * <done> never runs. */
 static inline int store_acquire(struct store *st, struct span key,
                                 const uint8_t fp[FINGERPRINT_LEN], const struct store_token *tok,
-                                uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
+                                const struct store_lock *lk, store_done_fn *done, void *ctx)
 {
-    return st->ops->acquire(st, key, fp, tok, lock_ttl_ms, done, ctx);
+    return st->ops->acquire(st, key, fp, tok, lk, done, ctx);
 }
 
 /* Starts COMPLETE: stores <rec> (the store takes its own reference) as the
- * answer of <key>, kept <ttl_ms>, if <tok> still holds the lock. Idempotent per
- * token: a retry that finds its own result stored gets STORE_OK. */
+ * answer of <key>, kept <ttl_ms>, if <tok> still holds the lock, or the key
+ * became unknown while <tok> held it (a holder that comes back). Idempotent
+ * per token: a retry that finds its own result stored gets STORE_OK. */
 static inline int store_complete(struct store *st, struct span key, const struct store_token *tok,
                                  struct record *rec, uint64_t ttl_ms, store_done_fn *done,
                                  void *ctx)
@@ -132,16 +186,27 @@ static inline int store_complete(struct store *st, struct span key, const struct
     return st->ops->complete(st, key, tok, rec, ttl_ms, done, ctx);
 }
 
-/* Starts RELEASE: removes the lock of <key> if <tok> holds it. A key already
- * gone is STORE_OK. */
+/* Starts RELEASE: removes the lock of <key> if <tok> holds it (or held it
+ * when the key became unknown: its holder learned the outcome after all). A
+ * key already gone is STORE_OK. */
 static inline int store_release(struct store *st, struct span key, const struct store_token *tok,
                                 store_done_fn *done, void *ctx)
 {
     return st->ops->release(st, key, tok, done, ctx);
 }
 
-/* Starts EXTEND: sets the lock of <key> to expire <lock_ttl_ms> from now if
- * <tok> holds it. */
+/* Starts UNKNOWN: the holder of <tok> cannot tell whether its request ran
+ * upstream, so the key becomes unknown for <cause>, saying <about> (copied),
+ * kept <keep_ms>. Idempotent per token; -ESTALE when <tok> does not hold it. */
+static inline int store_unknown(struct store *st, struct span key, const struct store_token *tok,
+                                enum store_cause cause, const struct store_about *about,
+                                uint64_t keep_ms, store_done_fn *done, void *ctx)
+{
+    return st->ops->unknown(st, key, tok, cause, about, keep_ms, done, ctx);
+}
+
+/* Starts EXTEND: renews the lease of the lock of <key> for <lock_ttl_ms> from
+ * now if <tok> holds it (the record is kept its keep time beyond it). */
 static inline int store_extend(struct store *st, struct span key, const struct store_token *tok,
                                uint64_t lock_ttl_ms, store_done_fn *done, void *ctx)
 {

@@ -183,9 +183,12 @@ struct op {
     void *ctx;
     struct store_token tok;
     char fp[FINGERPRINT_HEX + 1]; /* acquire */
-    uint64_t ttl_ms;              /* acquire, complete, extend */
+    uint64_t ttl_ms;              /* acquire (the lease), complete, extend, unknown (keep) */
+    uint64_t keep_ms;             /* acquire */
+    bool take_over;               /* acquire */
+    enum store_cause cause;       /* unknown */
     struct record *rec;           /* complete: own reference, for the body */
-    struct buf head;              /* complete: the encoded head; OP_RAW: the arguments */
+    struct buf head; /* complete: the encoded head; acquire, unknown: the about; OP_RAW: the arguments */
     redis_reply_fn *raw;          /* set: gets the reply as it is (operator calls), not <done> */
     void *raw_ctx;
     int argc; /* OP_RAW */

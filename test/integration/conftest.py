@@ -169,6 +169,15 @@ def redis_keys(r, key, prefix="idem:"):
     return sorted(k.decode() for k in r.scan_iter(match="%s*:%s" % (prefix, key), count=1000))
 
 
+def redis_lease_ms(r, key, prefix="idem:"):
+    """What is left of the lease of the lock of <key>: a lock's key is kept its
+    lease and then its record's TTL (the hash's "keep"), so the lease is the
+    PTTL beyond keep."""
+    keys = redis_keys(r, key, prefix)
+    assert len(keys) == 1, keys
+    return r.pttl(keys[0]) - int(r.hget(keys[0], "keep") or 0)
+
+
 def redis_record(r, key, prefix="idem:"):
     """The hash of the single store key for <key> as {str: bytes}, or None."""
     keys = redis_keys(r, key, prefix)

@@ -64,7 +64,8 @@ def test_keys_shows_a_lock_in_flight(proxy, upstream):
     assert st == 200 and len(out["records"]) == 1
     r = out["records"][0]
     assert r["state"] == "locked" and "status" not in r
-    assert 0 < r["ttl_ms"] <= 30000
+    assert 0 < r["lease_ms"] <= 30000
+    assert 86400 * 1000 < r["ttl_ms"] <= (86400 + 30) * 1000  # the lease, then --ttl
     upstream.release(key)
     assert first()[0] == 200
 

@@ -20,8 +20,8 @@ import pytest
 
 from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
                       assert_problem, hone, in_thread, keyed, metrics_value, new_key,
-                      recv_until_closed, redis_keys, redis_only, redis_state, start_held,
-                      wait_completed, wait_for)
+                      recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
+                      start_held, wait_completed, wait_for)
 from fake_upstream import BAD_STATUS, big_body
 
 STORE_ERRORS = "idemproxy_store_errors_total"
@@ -195,9 +195,9 @@ def test_redis_frozen_past_lock_ttl_lock_expires_retry_once_redis(proxy, upstrea
         wait_for(lambda: "giving up" in p.stderr(), timeout=6,
                  what="the proxy to stop retrying the complete (--lock-ttl 2)")
         time.sleep(max(0.0, t_stop + 2.5 - time.monotonic()))  # past the lock's own TTL
-    # The lock is still in Redis's memory, but its TTL ran out while frozen.
-    wait_for(lambda: redis_keys(p.rdb, key) == [], timeout=2,
-             what="the expired lock to be gone")
+    # The lock is still in Redis's memory, but its lease ran out while frozen.
+    wait_for(lambda: redis_lease_ms(p.rdb, key) <= 0, timeout=2,
+             what="the lock's lease to run out")
     retry_executes_once(p, key, req)
 
 
@@ -459,8 +459,8 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
     for at in (1.0, 2.5, 3.5, 4.5):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         assert_locked(p2, key, req)  # the lock outlived 2 s only by the heartbeat
-        pttl = rdb.pttl(redis_keys(rdb, key)[0])
-        assert 0 < pttl <= 2000, pttl
+        lease = redis_lease_ms(rdb, key)
+        assert 0 < lease <= 2000, lease
     assert upstream.hits("/hold") == 1
     assert p1.kill() == -9
     t_kill = time.monotonic()

@@ -4,7 +4,7 @@ import socket
 import time
 
 from conftest import (REPLAY, metrics_value, assert_completed, assert_locked, hone, new_key, redis_keys,
-                      redis_only, start_held, start_slow, wait_completed, wait_for)
+                      redis_lease_ms, redis_only, start_held, start_slow, wait_completed, wait_for)
 
 
 def test_heartbeat_keeps_lock(proxy, upstream, rdb):
@@ -18,8 +18,8 @@ def test_heartbeat_keeps_lock(proxy, upstream, rdb):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         assert_locked(p, key, req)  # lock lost at <at> s otherwise
         if p.store == "redis":
-            pttl = rdb.pttl(redis_keys(rdb, key)[0])
-            assert 0 < pttl <= 1000, pttl
+            lease = redis_lease_ms(rdb, key)
+            assert 0 < lease <= 1000, lease
     upstream.release(key)
     st, h, body = first()
     assert st == 200 and hone(h, REPLAY) == "false"
@@ -38,8 +38,9 @@ def test_stale_holder_does_not_overwrite_redis_hash_edit(proxy, upstream, rdb):
     assert own and len(own) >= 16
     foreign = b"f" * len(own) if own != b"f" * len(own) else b"e" * len(own)
     # Another holder took the lock (as if ours had expired).
+    keep = int(rdb.hget(skey, "keep"))
     rdb.hset(skey, "token", foreign)
-    rdb.pexpire(skey, 30000)
+    rdb.pexpire(skey, keep + 30000)
     st, h, body = first()
     assert st == 200, "the stale holder's client gets its own upstream answer"
     assert hone(h, REPLAY) == "false"
@@ -47,7 +48,7 @@ def test_stale_holder_does_not_overwrite_redis_hash_edit(proxy, upstream, rdb):
     rec = {k: v for k, v in rdb.hgetall(skey).items()}
     assert rec.get(b"token") == foreign, rec
     assert rec.get(b"state") == b"L", rec
-    assert rdb.pttl(skey) > 20000, "the foreign lock's TTL was changed"
+    assert rdb.pttl(skey) > keep + 20000, "the foreign lock's TTL was changed"
     # Counted as lock_lost once, in the log and the metric, though both the
     # heartbeat and the complete found the lock gone.
     assert p.stderr().count("lock_lost") == 1, p.stderr()
@@ -66,8 +67,9 @@ def test_stale_holder_after_delete_redis_hash_edit(proxy, upstream, rdb):
     first = start_slow(p, key, 1500)
     skey = redis_keys(rdb, key)[0]
     rdb.delete(skey)
-    rdb.hset(skey, mapping={"state": "L", "token": "someone-else-0123456789", "fp": "x"})
-    rdb.pexpire(skey, 30000)
+    rdb.hset(skey, mapping={"state": "L", "token": "someone-else-0123456789", "fp": "x",
+                            "keep": "60000"})
+    rdb.pexpire(skey, 90000)
     assert first()[0] == 200
     time.sleep(0.3)
     assert rdb.hget(skey, "state") == b"L"

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, keyed,
-                      new_key, recv_until_closed, redis_keys, redis_only, redis_state,
+                      new_key, recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
                       start_slow, store_independent, wait_for)
 from fake_upstream import big_body
 
@@ -291,11 +291,13 @@ def test_ttl_env_precedence_redis_pttl(proxy, upstream, rdb):
 
 @redis_only
 def test_lock_ttl_while_running_redis_pttl(proxy, upstream, rdb):
-    """The lock has the lock TTL (default 30 s), not the response TTL."""
+    """The lock's lease is the lock TTL (default 30 s), its key kept the
+    response TTL beyond it."""
     p = proxy("--ttl", "500")
     k = new_key()
     first = start_slow(p, k, 600)
-    assert 0 < pttl_of(rdb, k) <= 30000
+    assert 0 < redis_lease_ms(rdb, k) <= 30000
+    assert 500000 < pttl_of(rdb, k) <= 530000
     assert first()[0] == 200
     assert 400000 < pttl_of(rdb, k) <= 500000
 

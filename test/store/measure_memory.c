@@ -118,7 +118,9 @@ int main(int argc, char **argv)
         if (store_token_new(&tok) < 0)
             abort();
         err = wait_for(
-            &w, store_acquire(st, (struct span){ key, key_len }, fp, &tok, 30000, on_done, &w));
+            &w, store_acquire(st, (struct span){ key, key_len }, fp, &tok,
+                          &(struct store_lock){ .lease_ms = 30000, .keep_ms = 86400000 }, on_done,
+                          &w));
         if (err == 0 && w.status == STORE_ACQUIRED)
             err = wait_for(&w, store_complete(st, (struct span){ key, key_len }, &tok, rec,
                                               86400000, on_done, &w));

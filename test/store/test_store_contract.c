@@ -90,6 +90,9 @@ struct call {
     int err;
     int status;         /* -1: no result */
     struct record *rec; /* own reference */
+    int cause;          /* STORE_UNKNOWN: its cause, and the rest */
+    bool became;
+    char about[STORE_ABOUT_MAX];
 };
 
 /* What a call gave: <ret> is the call's return, the rest its callback's. */
@@ -98,6 +101,9 @@ struct res {
     int err;
     int status;
     struct record *rec; /* owned by the test */
+    int cause;          /* STORE_UNKNOWN only, else -1 */
+    bool became;
+    char about[STORE_ABOUT_MAX];
 };
 
 static struct call *call_new(void)
@@ -133,6 +139,12 @@ static void call_done(void *ctx, int err, const struct store_result *res)
     c->err = err;
     c->status = res ? (int)res->status : -1;
     c->rec = res ? record_ref(res->rec) : NULL;
+    c->cause = res && res->status == STORE_UNKNOWN ? (int)res->cause : -1;
+    c->became = res && res->status == STORE_UNKNOWN && res->became;
+    if (res && res->status == STORE_UNKNOWN && res->about.len < sizeof(c->about)) {
+        memcpy(c->about, res->about.base ? res->about.base : "", res->about.len);
+        c->about[res->about.len] = '\0';
+    }
     c->bad_res = (err == 0) != (res != NULL) ||
                  (res && (res->status == STORE_COMPLETED) != (res->rec != NULL));
     c->same_thread = pthread_equal(pthread_self(), c->caller);
@@ -156,7 +168,7 @@ static _Thread_local int *off_main_bad;
 /* Waits for the callback of the call that returned <ret>. */
 static struct res call_finish(struct call *c, int ret)
 {
-    struct res r = { .ret = ret, .err = 0, .status = -1, .rec = NULL };
+    struct res r = { .ret = ret, .err = 0, .status = -1, .rec = NULL, .cause = -1 };
     uint64_t due = now_ms() + CALL_TIMEOUT_MS;
     struct timespec ts = { .tv_sec = (time_t)(due / 1000),
                            .tv_nsec = (long)(due % 1000) * 1000000L };
@@ -182,17 +194,50 @@ static struct res call_finish(struct call *c, int ret)
     r.err = c->err;
     r.status = c->status;
     r.rec = c->rec;
+    r.cause = c->cause;
+    r.became = c->became;
+    memcpy(r.about, c->about, sizeof(r.about));
     call_free(c);
     return r;
 }
 
+/* What the unknown records of these tests say of their request. */
+static const struct store_about about_payment = {
+    .route = SPAN_LIT("payments"),
+    .method = SPAN_LIT("POST"),
+    .target = SPAN_LIT("/v1/payments?x=1"),
+};
+#define ABOUT_PAYMENT "payments POST /v1/payments?x=1"
+
+/* An acquire for a lease of <lease_ms>, the record kept <keep_ms>, and a
+ * lapsed lock taken over (<take_over>) or made unknown. */
+static struct res acquire_as(struct store *st, const char *key, const uint8_t *fp,
+                             const struct store_token *tok, uint64_t lease_ms, uint64_t keep_ms,
+                             bool take_over)
+{
+    struct call *c = call_new();
+    const struct store_lock lk = {
+        .lease_ms = lease_ms, .keep_ms = keep_ms, .take_over = take_over, .about = about_payment
+    };
+
+    return call_finish(c, store_acquire(st, span_from_cstr(key), fp, tok, &lk, call_done, c));
+}
+
+/* An acquire as today's at-least-once routes make it (on-unknown-outcome
+ * retry), the record kept a minute. */
 static struct res acquire(struct store *st, const char *key, const uint8_t *fp,
                           const struct store_token *tok, uint64_t lock_ttl_ms)
 {
+    return acquire_as(st, key, fp, tok, lock_ttl_ms, 60000, true);
+}
+
+static struct res mark_unknown(struct store *st, const char *key, const struct store_token *tok,
+                               enum store_cause cause, uint64_t keep_ms)
+{
     struct call *c = call_new();
 
-    return call_finish(c,
-                       store_acquire(st, span_from_cstr(key), fp, tok, lock_ttl_ms, call_done, c));
+    return call_finish(c, store_unknown(st, span_from_cstr(key), tok, cause, &about_payment,
+                                        keep_ms, call_done, c));
 }
 
 static struct res complete(struct store *st, const char *key, const struct store_token *tok,
@@ -483,6 +528,98 @@ static void test_lock_expires_after_its_ttl(void)
     store_close(st);
 }
 
+/* Checks an acquire that found (or made) the key unknown. */
+#define CHECK_UNKNOWN(expr, want_cause, want_became)                                               \
+    do {                                                                                           \
+        struct res r_ = (expr);                                                                    \
+        CHECK_EQ_INT(r_.err, 0);                                                                   \
+        CHECK_EQ_INT(r_.status, STORE_UNKNOWN);                                                    \
+        CHECK_EQ_INT(r_.cause, (want_cause));                                                      \
+        CHECK_EQ_INT(r_.became, (want_became));                                                    \
+        CHECK_EQ_STR(r_.about, ABOUT_PAYMENT);                                                     \
+    } while (0)
+
+static void test_lapsed_lock_becomes_unknown_and_its_holder_may_come_back(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    struct record *rec = sample_record(201, "came-back");
+    struct res r;
+    char key[128];
+
+    key_make(key, sizeof(key), "holder-lost");
+    CHECK_RES(acquire_as(st, key, fp_a, &t1, 200, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire_as(st, key, fp_a, &t2, 200, 60000, false), 0, STORE_IN_FLIGHT);
+    sleep_ms(400); /* the lease ran out; the record stays */
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 200, 60000, false), STORE_CAUSE_HOLDER_LOST, true);
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t3, 200, 60000, false), STORE_CAUSE_HOLDER_LOST,
+                  false);
+    CHECK_RES(acquire_as(st, key, fp_b, &t3, 200, 60000, false), 0, STORE_MISMATCH);
+    /* Its lock is gone: no heartbeat renews it, no one else completes it. */
+    CHECK_RES(extend(st, key, &t1, 10000), -ESTALE, -1);
+    CHECK_RES(complete(st, key, &t2, rec, 10000), -ESTALE, -1);
+    CHECK_RES(mark_unknown(st, key, &t2, STORE_CAUSE_UPSTREAM_RESET, 10000), -ESTALE, -1);
+    /* The holder comes back with its answer: duplicates get it. */
+    CHECK_RES(complete(st, key, &t1, rec, 10000), 0, STORE_OK);
+    r = acquire_as(st, key, fp_a, &t3, 200, 60000, false);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, rec));
+    record_unref(r.rec);
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_holder_marks_unknown_and_retry_takes_it_over(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    struct record *rec = sample_record(200, "x");
+    char key[128];
+
+    key_make(key, sizeof(key), "marked");
+    CHECK_RES(acquire_as(st, key, fp_a, &t1, 10000, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(mark_unknown(st, key, &t2, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), -ESTALE, -1);
+    CHECK_RES(mark_unknown(st, key, &t1, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), 0, STORE_OK);
+    CHECK_RES(mark_unknown(st, key, &t1, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), 0, STORE_OK);
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 10000, 60000, false),
+                  STORE_CAUSE_UPSTREAM_TIMEOUT, false);
+    CHECK_RES(acquire_as(st, key, fp_b, &t2, 10000, 60000, false), 0, STORE_MISMATCH);
+    CHECK_RES(extend(st, key, &t1, 10000), -ESTALE, -1);
+    /* A route that retries takes it over: at least once. */
+    CHECK_RES(acquire_as(st, key, fp_a, &t3, 10000, 60000, true), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, key, &t1, rec, 10000), -ESTALE, -1);
+    record_unref(rec);
+    CHECK_RES(release(st, key, &t3), 0, STORE_OK);
+
+    /* The holder that learns the outcome after all releases it. */
+    CHECK_RES(acquire_as(st, key, fp_a, &t1, 10000, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(mark_unknown(st, key, &t1, STORE_CAUSE_UPSTREAM_RESET, 60000), 0, STORE_OK);
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 10000, 60000, false), STORE_CAUSE_UPSTREAM_RESET,
+                  false);
+    CHECK_RES(release(st, key, &t2), -ESTALE, -1);
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    CHECK_RES(acquire_as(st, key, fp_b, &t2, 10000, 60000, false), 0, STORE_ACQUIRED);
+    store_close(st);
+}
+
+static void test_unknown_record_is_kept_its_ttl_from_its_last_change(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    char key[128];
+
+    key_make(key, sizeof(key), "unknown-ttl");
+    /* Kept lease + keep while locked: found unknown past the lease. */
+    CHECK_RES(acquire_as(st, key, fp_a, &t1, 200, 700, false), 0, STORE_ACQUIRED);
+    sleep_ms(500);
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 200, 700, false), STORE_CAUSE_HOLDER_LOST, true);
+    sleep_ms(500); /* 1000 ms: past lease + keep, yet within keep of the change */
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 200, 700, false), STORE_CAUSE_HOLDER_LOST, false);
+    sleep_ms(400); /* past keep from the change */
+    CHECK_RES(acquire_as(st, key, fp_a, &t2, 200, 700, false), 0, STORE_ACQUIRED);
+    store_close(st);
+}
+
 static void test_extend_keeps_the_lock_past_its_ttl(void)
 {
     struct store *st = store_open();
@@ -537,7 +674,9 @@ static void *racer_main(void *arg)
     if (ra->ret == 0) {
         ra->call = call_new();
         ra->ret =
-            store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t, 10000, call_done, ra->call);
+            store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t,
+                          &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, call_done,
+                          ra->call);
     }
     return NULL;
 }
@@ -593,7 +732,9 @@ static void test_free_waits_for_every_callback(void)
         struct store_token t = token();
 
         key_make(key, sizeof(key), "free");
-        if (store_acquire(st, span_from_cstr(key), fp_a, &t, 10000, count_done, &done) == 0)
+        if (store_acquire(st, span_from_cstr(key), fp_a, &t,
+                          &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, count_done,
+                          &done) == 0)
             n++;
     }
     atomic_fetch_add(&accepted, n);
@@ -750,8 +891,9 @@ static void test_inspect_lists_every_scope_and_purge_frees(void)
             CHECK(in->ttl_ms > 50000 && in->ttl_ms <= 60000);
         } else {
             CHECK_EQ_STR(in->store_key, k2);
-            CHECK(!in->completed && !in->rec);
-            CHECK(in->ttl_ms > 5000 && in->ttl_ms <= 10000);
+            CHECK(!in->completed && !in->unknown && !in->rec);
+            CHECK(in->lease_ms > 5000 && in->lease_ms <= 10000);
+            CHECK(in->ttl_ms > 65000 && in->ttl_ms <= 70000); /* the lease, then a minute */
         }
         CHECK(in->age_ms < 5000);
         CHECK_EQ_INT(strlen(in->fp_hex), FINGERPRINT_HEX);
@@ -988,6 +1130,7 @@ static void test_memory_record_over_half_the_budget_is_e2big(void)
     key_make(key, sizeof(key), "huge");
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_ACQUIRED);
     CHECK_RES(complete(st, key, &t, rec, 10000), -E2BIG, -1);
+    t = token();
     CHECK_RES(acquire(st, key, fp_a, &t, 10000), 0, STORE_IN_FLIGHT); /* still its lock */
     record_unref(rec);
     store_close(st);
@@ -1006,7 +1149,7 @@ static void test_memory_reclaims_expired_without_being_asked(void)
         store_one(st, key, rec, 150);
         t = token();
         key_make(key, sizeof(key), "reap-lock");
-        CHECK_RES(acquire(st, key, fp_a, &t, 150), 0, STORE_ACQUIRED);
+        CHECK_RES(acquire_as(st, key, fp_a, &t, 100, 50, false), 0, STORE_ACQUIRED);
     }
     CHECK_EQ_INT(mem_stats(st).entries, 100);
     sleep_ms(150 + 3 * MEM_REAP_MS);
@@ -1047,7 +1190,9 @@ static void *stress_main(void *arg)
         snprintf(key, sizeof(key), "stress:%ld:%u", (long)getpid(), k);
         if (store_token_new(&t) < 0)
             abort();
-        r = acquire(s->st, key, k % 2 ? fp_a : fp_b, &t, 1 + (unsigned)rand_r(&s->seed) % 50);
+        /* Everything lives 80 ms at most: lease and keep, a record, an unknown one. */
+        r = acquire_as(s->st, key, k % 2 ? fp_a : fp_b, &t, 1 + (unsigned)rand_r(&s->seed) % 50,
+                       1 + (unsigned)rand_r(&s->seed) % 30, rand_r(&s->seed) % 2);
         record_unref(r.rec);
         if (r.err == -ENOSPC)
             continue;
@@ -1055,12 +1200,16 @@ static void *stress_main(void *arg)
             s->bad++;
         if (r.status != STORE_ACQUIRED)
             continue;
-        switch (rand_r(&s->seed) % 3) {
+        switch (rand_r(&s->seed) % 4) {
         case 0:
             r = complete(s->st, key, &t, s->rec, 1 + (unsigned)rand_r(&s->seed) % 80);
             break;
         case 1:
             r = release(s->st, key, &t);
+            break;
+        case 2:
+            r = mark_unknown(s->st, key, &t, STORE_CAUSE_UPSTREAM_RESET,
+                             1 + (unsigned)rand_r(&s->seed) % 80);
             break;
         default:
             r = extend(s->st, key, &t, 20);
@@ -1423,7 +1572,7 @@ static void test_redis_one_key_per_idempotency_key(void)
     r = redisCommand(admin, "TYPE %s", key);
     CHECK(r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "hash") == 0);
     freeReplyObject(r);
-    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 4); /* state, fp, token, ts */
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 5); /* state, fp, token, ts, keep */
     r = redisCommand(admin, "HMGET %s state token fp", key);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 3);
     if (r && r->elements == 3) {
@@ -1432,13 +1581,14 @@ static void test_redis_one_key_per_idempotency_key(void)
         CHECK_EQ_INT(r->element[2]->len, FINGERPRINT_HEX);
     }
     freeReplyObject(r);
-    CHECK(admin_int(admin, "PTTL", key) > 5000);
+    /* The lease, then the record's minute: the lease is read from the TTL. */
+    CHECK(admin_int(admin, "PTTL", key) > 65000 && admin_int(admin, "PTTL", key) <= 70000);
 
     CHECK_RES(acquire(st, key, fp_a, &t2, 10000), 0, STORE_IN_FLIGHT);
     CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
     CHECK_RES(complete(st, key, &t1, rec, 60000), 0, STORE_OK);
     CHECK_EQ_INT(keyspace_count(&ks), before + 1);
-    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 6); /* + head, body */
+    CHECK_EQ_INT(admin_int(admin, "HLEN", key), 7); /* + head, body */
     r = redisCommand(admin, "HGET %s body", key);
     CHECK(r && r->type == REDIS_REPLY_STRING && r->len == rec->body.len &&
           memcmp(r->str, rec->body.data, r->len) == 0); /* the raw body, not encoded */
@@ -1453,6 +1603,23 @@ static void test_redis_one_key_per_idempotency_key(void)
     CHECK_RES(release(st, key2, &t1), 0, STORE_OK);
     CHECK_EQ_INT(keyspace_count(&ks), before + 1);
     CHECK_EQ_INT(admin_int(admin, "EXISTS", key2), 0);
+
+    /* An unknown record is the same one key: its lock's hash, changed. */
+    CHECK_RES(acquire_as(st, key2, fp_a, &t1, 100, 60000, false), 0, STORE_ACQUIRED);
+    sleep_ms(200);
+    CHECK_EQ_INT(acquire_as(st, key2, fp_a, &t2, 100, 60000, false).status, STORE_UNKNOWN);
+    CHECK_EQ_INT(keyspace_count(&ks), before + 2);
+    r = redisCommand(admin, "HMGET %s state cause about token", key2);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 4);
+    if (r && r->elements == 4) {
+        CHECK_EQ_STR(r->element[0]->str, "U");
+        CHECK_EQ_STR(r->element[1]->str, "holder_lost");
+        CHECK_EQ_STR(r->element[2]->str, ABOUT_PAYMENT);
+        CHECK_EQ_STR(r->element[3]->str, t1.hex); /* its holder may still complete it */
+    }
+    freeReplyObject(r);
+    CHECK(admin_int(admin, "PTTL", key2) > 55000 && admin_int(admin, "PTTL", key2) <= 60000);
+    CHECK_EQ_INT(admin_int(admin, "DEL", key2), 1);
 
     CHECK_EQ_INT(admin_int(admin, "DEL", key), 1); /* leave the database as found */
     record_unref(rec);
@@ -1625,6 +1792,9 @@ static const struct test contract_tests[] = {
     TEST(test_release_frees_the_key),
     TEST(test_lock_expires_after_its_ttl),
     TEST(test_extend_keeps_the_lock_past_its_ttl),
+    TEST(test_lapsed_lock_becomes_unknown_and_its_holder_may_come_back),
+    TEST(test_holder_marks_unknown_and_retry_takes_it_over),
+    TEST(test_unknown_record_is_kept_its_ttl_from_its_last_change),
     TEST(test_completed_record_expires_after_its_ttl),
     TEST(test_concurrent_acquires_have_one_winner),
     TEST(test_free_waits_for_every_callback),

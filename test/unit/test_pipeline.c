@@ -120,10 +120,10 @@ static int fwd_calls(void)
 /* ---- a failing store ---- */
 
 static int failing_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                           const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
-                           void *ctx)
+                           const struct store_token *tok, const struct store_lock *lk,
+                           store_done_fn *done, void *ctx)
 {
-    (void)st, (void)key, (void)fp, (void)tok, (void)lock_ttl_ms;
+    (void)st, (void)key, (void)fp, (void)tok, (void)lk;
     done(ctx, -ECONNREFUSED, NULL);
     return 0;
 }
@@ -140,13 +140,13 @@ static unsigned stale_stall_ms;
 static int stale_completes; /* complete calls made: none may be retried */
 
 static int stale_acquire(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                         const struct store_token *tok, uint64_t lock_ttl_ms, store_done_fn *done,
-                         void *ctx)
+                         const struct store_token *tok, const struct store_lock *lk,
+                         store_done_fn *done, void *ctx)
 {
     struct timespec ts = { .tv_sec = stale_stall_ms / 1000,
                            .tv_nsec = (long)(stale_stall_ms % 1000) * 1000000L };
 
-    (void)st, (void)key, (void)fp, (void)tok, (void)lock_ttl_ms;
+    (void)st, (void)key, (void)fp, (void)tok, (void)lk;
     nanosleep(&ts, NULL);
     done(ctx, 0, &(struct store_result){ .status = STORE_ACQUIRED });
     return 0;
