@@ -100,11 +100,13 @@ struct opt {
 };
 
 static const char *const on_store_error_names[] = { "reject", "passthrough", NULL };
+static const char *const on_unknown_names[] = { "refuse", "retry", NULL };
 static const char *const log_format_names[] = { "text", "json", NULL };
 static const char *const log_level_names[] = { "error", "warn", "info", "debug", NULL };
 
 /* K_CHOICE writes the index through an int. */
 _Static_assert(sizeof(enum config_on_store_error) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum config_on_unknown) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_log_level) == sizeof(int), "enum size");
 
@@ -192,6 +194,14 @@ static const struct opt opts[] = {
     { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
       "bound on a whole upstream exchange (504 after)", K_SECONDS, F(upstream_timeout_ms), 0, NULL,
       false },
+    { "--upstream-late-timeout", "IDEMPROXY_UPSTREAM_LATE_TIMEOUT", "S", "60",
+      "after the 504 of --upstream-timeout, how much longer a keyed exchange may go on: a late "
+      "answer is still stored; 0: none",
+      K_SECONDS0, F(upstream_late_timeout_ms), 0, NULL, false },
+    { "--on-unknown-outcome", "IDEMPROXY_ON_UNKNOWN_OUTCOME", "refuse|retry", "refuse",
+      "a request that may have run upstream without an answer (timeout, reset, a holder lost): "
+      "its key answers 502 idempotency_outcome_unknown (refuse), or runs again (retry)",
+      K_CHOICE, F(on_unknown), 0, on_unknown_names, false },
     { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
       "a client idle this long, or this slow to send a header section, is disconnected", K_SECONDS,
       F(client_timeout_ms), 0, NULL, false },
@@ -902,7 +912,7 @@ static int apply_named(struct config *cfg, const struct opt *o, const char *name
 
 static const char *const route_options[] = {
     "methods", "require-key", "scope-header", "ttl", "max-ttl", "ttl-header", "lock-ttl", "wait",
-    "no-cache-status", "max-body", "max-response", "replay-header",
+    "no-cache-status", "max-body", "max-response", "replay-header", "on-unknown-outcome",
 };
 
 bool config_is_route_option(const char *name)

@@ -56,7 +56,11 @@ struct lease {
     uint64_t confirm_sent_ms, confirm_sent_us;
     /* The finishing chain only: */
     uint64_t attempt_sent_us;
-    struct record *rec; /* owned reference to complete with; NULL: release */
+    struct record *rec; /* owned reference to complete with; NULL: release, or unknown */
+    bool unknown;       /* mark the key unknown (SPEC §9) instead */
+    enum store_cause cause;
+    struct store_about about; /* unknown: its parts, in <about_buf> */
+    char *about_buf;          /* owned */
     uint64_t ttl_ms;
     uint64_t backoff_ms;
     lease_finish_fn *finish_done; /* told after the first attempt, then NULL */
@@ -74,8 +78,15 @@ static void lease_unref(struct lease *l)
     if (!l || atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
         return;
     record_unref(l->rec);
+    free(l->about_buf);
     free(l->key);
     free(l);
+}
+
+/* What the finishing chain of <l> does, for the log. */
+static const char *finish_name(const struct lease *l)
+{
+    return l->rec ? "complete" : l->unknown ? "unknown" : "release";
 }
 
 /* Ends the heartbeat of <l>, dropping the list's reference; the caller holds
@@ -300,7 +311,9 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
     struct leases *ls = l->ls;
 
     (void)res;
-    metrics_store_call(l->rec ? METRICS_STORE_COMPLETE : METRICS_STORE_RELEASE,
+    metrics_store_call(l->rec       ? METRICS_STORE_COMPLETE
+                       : l->unknown ? METRICS_STORE_UNKNOWN
+                                    : METRICS_STORE_RELEASE,
                        metrics_now_us() - l->attempt_sent_us);
     if (err == -E2BIG && l->rec && !l->rec->too_large) {
         /* The store can never hold this response (the memory store takes
@@ -321,15 +334,14 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
         }
     }
     if (err == -ESTALE)
-        lock_lost(l, l->rec ? "complete" : "release");
+        lock_lost(l, finish_name(l));
     if (err < 0 && err != -ESTALE) {
         metrics_store_error();
         if (!atomic_load(&ls->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
-            log_warn("store %s of key %s failed (%s); retrying in %llu ms",
-                     l->rec ? "complete" : "release", l->key, store_strerror(err),
-                     (unsigned long long)l->backoff_ms);
+            log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l),
+                     l->key, store_strerror(err), (unsigned long long)l->backoff_ms);
             finish_told(l);
             if (worker_submit_after(ls->pool, l->backoff_ms, attempt, l) == 0) {
                 l->backoff_ms = l->backoff_ms * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS
@@ -337,9 +349,9 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
                 return;
             }
         }
-        log_error("store %s of key %s failed (%s); giving up: the lock expires within "
+        log_error("store %s of key %s failed (%s); giving up: the lock's lease runs out within "
                   "--lock-ttl",
-                  l->rec ? "complete" : "release", l->key, store_strerror(err));
+                  finish_name(l), l->key, store_strerror(err));
     }
     lease_deactivate(l);
     record_unref(l->rec);
@@ -358,6 +370,9 @@ static void attempt(void *ctx)
     if (l->rec)
         err = store_complete(ls->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
                              on_finished, l);
+    else if (l->unknown)
+        err = store_unknown(ls->st, span_from_cstr(l->key), &l->tok, l->cause, &l->about,
+                            l->ttl_ms, on_finished, l);
     else
         err = store_release(ls->st, span_from_cstr(l->key), &l->tok, on_finished, l);
     if (err < 0)
@@ -374,6 +389,29 @@ void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms, lease_fi
     l->finish_done = done;
     l->finish_ctx = ctx;
     attempt(l);
+}
+
+void lease_finish_unknown(struct lease *l, enum store_cause cause, const struct store_about *about,
+                          uint64_t keep_ms, lease_finish_fn *done, void *ctx)
+{
+    size_t n = about->route.len + about->method.len + about->target.len;
+
+    l->unknown = true;
+    l->cause = cause;
+    l->about_buf = malloc(n ? n : 1);
+    if (l->about_buf) {
+        char *p = l->about_buf;
+        const struct span *from[] = { &about->route, &about->method, &about->target };
+        struct span *to[] = { &l->about.route, &l->about.method, &l->about.target };
+
+        for (size_t i = 0; i < ARRAY_SIZE(from); i++) {
+            if (from[i]->len)
+                memcpy(p, from[i]->base, from[i]->len);
+            *to[i] = (struct span){ p, from[i]->len };
+            p += from[i]->len;
+        }
+    } /* else: no words, the state is what matters */
+    lease_finish(l, NULL, keep_ms, done, ctx);
 }
 
 void lease_abandon(struct lease *l)

@@ -218,6 +218,8 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
         err |= json_object_set_new(obj, "upstream_ms", json_real((double)a->upstream_us / 1000.0));
     err |= json_object_set_new(obj, "total_ms", json_real((double)a->total_us / 1000.0));
     err |= json_object_set_new(obj, "bytes", json_integer((json_int_t)a->bytes));
+    if (a->unknown)
+        err |= json_object_set_new(obj, "unknown", json_string(a->unknown));
     n = err ? 0 : json_dumpb(obj, line, linelen - 1, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(obj);
     if (n == 0 || n > linelen - 1)
@@ -259,9 +261,9 @@ void log_access(const struct log_access *a)
         else
             snprintf(num, sizeof(num), " upstream_ms=-");
         put(line, sizeof(line), &n, num, strlen(num));
-        snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu\n",
+        snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu%s%s\n",
                  (unsigned long long)(a->total_us / 1000), (unsigned long long)(a->total_us % 1000),
-                 a->bytes);
+                 a->bytes, a->unknown ? " unknown=" : "", a->unknown ? a->unknown : "");
         put(line, sizeof(line), &n, num, strlen(num));
     }
     if (n > 0)

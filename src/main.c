@@ -81,7 +81,7 @@ static unsigned app_requests(const struct app *app)
 
     for (unsigned i = 0; i < app->nloops; i++)
         n += app->fronts[i] ? front_requests(app->fronts[i]) : 0;
-    return n;
+    return n + pipeline_late(app->pl); /* late exchanges (SPEC §9) */
 }
 
 /* Waits until no request is open, up to <deadline_ms>. A second signal ends
@@ -231,6 +231,7 @@ static int app_up(struct app *app)
     struct upstream_options uo = {
         .base_url = cfg->upstream,
         .timeout_ms = cfg->upstream_timeout_ms,
+        .late_ms = cfg->upstream_late_timeout_ms,
         .max_capture_bytes = capture,
         .max_connections = cfg->max_connections,
     };
@@ -386,13 +387,16 @@ static const char *restart_setting(const struct config *a, const struct config *
                 a->redis_tls_insecure != b->redis_tls_insecure)
                    ? "redis-password-file/redis-tls-*"
                    : NULL;
+    case 14:
+        return a->upstream_late_timeout_ms != b->upstream_late_timeout_ms ? "upstream-late-timeout"
+                                                                          : NULL;
     default:
         return NULL;
     }
 #undef SAME_STR
 }
 
-#define RESTART_SETTINGS 14
+#define RESTART_SETTINGS 15
 
 /* Logs each line of <text> at <level>, after "reload: ". */
 static void log_lines(enum config_log_level level, const char *text)
@@ -537,8 +541,10 @@ int main(int argc, char **argv)
         front_quiesce(app.fronts[i]);
     pipeline_quiesce(app.pl);
     if (!drain(&app, &set, now_ms() + app.cfg.shutdown_timeout_ms, &forced) && !forced) {
-        /* Cut the upstream calls still running: their locks are released and
-         * their clients answered, which the store needs a moment for. */
+        /* Cut the upstream calls still running: their locks are released (or,
+         * when the request may have reached the upstream, their keys made
+         * unknown) and their clients answered, which the store needs a
+         * moment for. */
         log_warn("--shutdown-timeout reached with %u requests open: cancelling them",
                  app_requests(&app));
         for (unsigned i = 0; i < app.nloops; i++)
@@ -546,7 +552,7 @@ int main(int argc, char **argv)
         (void)drain(&app, &set, now_ms() + 2 * app.cfg.store_timeout_ms + 1000, &forced);
     }
     if (forced || app_requests(&app) > 0) {
-        log_warn("exiting with %u requests open; their locks expire within --lock-ttl",
+        log_warn("exiting with %u requests open; their locks' leases run out within --lock-ttl",
                  app_requests(&app));
         _exit(0);
     }

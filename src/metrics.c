@@ -26,15 +26,22 @@ static const char *const store_op_names[] = {
     [METRICS_STORE_COMPLETE] = "complete",
     [METRICS_STORE_RELEASE] = "release",
     [METRICS_STORE_EXTEND] = "extend",
+    [METRICS_STORE_UNKNOWN] = "unknown",
 };
 
 /* The longest idemproxy_requests_total sample line: the name and labels with a
- * route name of METRICS_ROUTE_NAME_MAX bytes, an outcome of 14 ("upstream_error"),
- * a 20-digit count and the newline. All other families take well under 64 KiB. */
+ * route name of METRICS_ROUTE_NAME_MAX bytes, an outcome of 15 ("outcome_unknown"),
+ * a 20-digit count and the newline; and the longest idemproxy_unknown_outcomes_total
+ * one, a cause of 16 ("upstream_timeout"). All other families take well under 64 KiB. */
 #define REQUESTS_LINE_MAX                                                                          \
     (sizeof("idemproxy_requests_total{route=\"\",outcome=\"\"} \n") - 1 + METRICS_ROUTE_NAME_MAX + \
-     14 + 20)
-#define REQUESTS_TEXT_MAX ((uint64_t)METRICS_ROUTES_MAX * _OUTCOME_MAX * REQUESTS_LINE_MAX)
+     15 + 20)
+#define UNKNOWN_LINE_MAX                                                                           \
+    (sizeof("idemproxy_unknown_outcomes_total{route=\"\",cause=\"\"} \n") - 1 +                  \
+     METRICS_ROUTE_NAME_MAX + 16 + 20)
+#define REQUESTS_TEXT_MAX                                                                          \
+    ((uint64_t)METRICS_ROUTES_MAX * (_OUTCOME_MAX * REQUESTS_LINE_MAX +                            \
+                                     STORE_CAUSE_MAX * UNKNOWN_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
@@ -44,6 +51,7 @@ _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
  * allocation, no failure path and no pointer to publish. */
 static struct {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
+    _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
     struct metrics_histogram request_duration;
     struct metrics_histogram upstream_duration;
     struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
@@ -150,6 +158,12 @@ void metrics_store_call(enum metrics_store_op op, uint64_t us)
 void metrics_inflight_add(int delta)
 {
     atomic_fetch_add_explicit(&m.inflight, delta, memory_order_relaxed);
+}
+
+void metrics_unknown_outcome(unsigned route_id, unsigned cause)
+{
+    assert(route_id < METRICS_ROUTES_MAX && cause < STORE_CAUSE_MAX);
+    atomic_fetch_add_explicit(&m.unknown[route_id][cause], 1, memory_order_relaxed);
 }
 
 void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory_order_relaxed); }
@@ -269,6 +283,17 @@ int metrics_format(struct buf *out, struct store *st)
                 out, "idemproxy_requests_total{route=\"%s\",outcome=\"%s\"} %llu\n", route_name(r),
                 outcome_label((enum outcome)o),
                 (unsigned long long)atomic_load_explicit(&m.requests[r][o], memory_order_relaxed));
+    }
+    if (err == 0)
+        err = family(out, "idemproxy_unknown_outcomes_total", "counter",
+                     "Keys whose request may have run upstream without an answer being stored "
+                     "(SPEC section 9), by route and cause.");
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (unsigned c = 0; c < STORE_CAUSE_MAX && err == 0; c++)
+            err = appendf(
+                out, "idemproxy_unknown_outcomes_total{route=\"%s\",cause=\"%s\"} %llu\n",
+                route_name(r), store_cause_name((enum store_cause)c),
+                (unsigned long long)atomic_load_explicit(&m.unknown[r][c], memory_order_relaxed));
     }
     if (err == 0)
         err = family(out, "idemproxy_request_duration_seconds", "histogram",

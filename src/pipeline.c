@@ -15,6 +15,7 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ struct pipeline {
     pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
     struct route_table *routes; /* owned reference: what new requests are matched against */
     uint64_t min_lock_ttl_ms;   /* the heartbeat was set up for locks this short */
+    atomic_uint late;           /* exchanges going on after their client got its 504 */
 };
 
 /* Where a key came from. Keys of different sources never share a store key:
@@ -64,6 +66,12 @@ enum key_domain {
 struct preq {
     struct req req;
     struct pipeline *pl;
+    /* The front end's reference, and a late exchange's (SPEC §9): the last
+     * one frees it. */
+    atomic_int refs;
+    bool late; /* answered 504 at --upstream-timeout; its exchange goes on */
+    char *late_method; /* owned: the method, once late (the front end's copy may go) */
+    const char *unknown; /* the cause, once this request made its key unknown */
     struct route_table *routes; /* reference: the table <route> belongs to */
     const struct route *route;  /* its route, and the settings it runs under (route->cfg) */
     struct buf body;            /* owned, limited by the route's max-body */
@@ -267,6 +275,7 @@ static void account(struct pipeline *pl, struct preq *r)
         .upstream_us = r->upstream_us,
         .total_us = total_us,
         .bytes = q->out.answer ? q->out.answer->body.len : 0,
+        .unknown = r->unknown,
     });
 }
 
@@ -654,7 +663,7 @@ static void acquire(struct preq *r)
                             &(struct store_lock){
                                 .lease_ms = r->route->cfg.lock_ttl_ms,
                                 .keep_ms = r->ttl_ms,
-                                .take_over = true,
+                                .take_over = r->route->cfg.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
                                 .about = { .route = span_from_cstr(r->route->name),
                                            .method = r->req.in.method,
                                            .target = r->fwd_target },
@@ -669,6 +678,33 @@ static void acquire(struct preq *r)
 
 static bool wait_hold(struct preq *r, uint64_t now);
 static void on_confirmed(void *ctx, int err);
+static void lease_end(struct preq *r, struct record *rec);
+
+/* Counts and logs that <r> made its key's outcome unknown for <cause>. */
+static void became_unknown(struct preq *r, enum store_cause cause)
+{
+    const struct req_intake *in = &r->req.in;
+
+    r->unknown = store_cause_name(cause);
+    metrics_unknown_outcome(r->route->metrics_id, cause);
+    log_warn("key %s: outcome unknown (%s): %.*s %.*s of route %s may have run upstream and its "
+             "answer was lost; duplicates get 502 idempotency_outcome_unknown until an operator "
+             "resolves it (/keys)",
+             r->store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
+             in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024),
+             in->target.base, r->route->name);
+}
+
+/* The answer to a request whose key's outcome is unknown (SPEC §9). */
+static void answer_unknown(struct preq *r, const struct store_result *res)
+{
+    if (res->became)
+        became_unknown(r, res->cause);
+    set_problem(r, PROBLEM_OUTCOME_UNKNOWN, OUTCOME_UNKNOWN,
+                "The original request with this Idempotency-Key may have been processed, but its "
+                "answer was lost; do not retry with this key. Check whether it took effect; an "
+                "operator can then resolve the key.");
+}
 
 static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
@@ -702,6 +738,8 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
     } else if (err == 0 && res->status == STORE_MISMATCH) {
         set_problem(r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH,
                     "This Idempotency-Key was used with a different method, target or body.");
+    } else if (err == 0 && res->status == STORE_UNKNOWN) {
+        answer_unknown(r, res);
     } else if (err == 0 && res->status == STORE_COMPLETED && res->rec->too_large) {
         set_problem(r, PROBLEM_RESPONSE_TOO_LARGE, OUTCOME_REPLAYED,
                     "The request was executed, but its response was larger than --max-response, "
@@ -731,15 +769,18 @@ static void on_confirmed(void *ctx, int err)
         forward(r);
         return;
     }
-    if (err == -ESTALE)
+    if (err == -ESTALE) {
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "This request stalled and its lock passed to another request.");
-    else
-        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    "The idempotency store could not confirm the lock.");
-    lease_abandon(r->lease); /* not forwarded: the lock expires within --lock-ttl */
-    r->lease = NULL;
-    finish(r);
+        lease_abandon(r->lease); /* not ours any more */
+        r->lease = NULL;
+        finish(r);
+        return;
+    }
+    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                "The idempotency store could not confirm the lock.");
+    /* Not forwarded: given back, or its lapsed lease would look like a lost holder's. */
+    lease_end(r, NULL);
 }
 
 /* ---- 4. --wait: a duplicate held until the first request ends ---- */
@@ -783,6 +824,7 @@ static void on_wait_expired(void *ctx, struct waitlist_entry *e)
 /* ---- 5. Forwarding ---- */
 
 static void on_upstream(void *ctx, int err, struct record *rec);
+static void on_overdue(void *ctx);
 
 static void forward(struct preq *r)
 {
@@ -798,6 +840,7 @@ static void forward(struct preq *r)
         .body = buf_span(&r->body),
         .client_ip = in->client_ip,
         .proto = "http",
+        .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
     };
     r->upstream_sent_us = metrics_now_us();
     err = r->pl->fwd.submit(r->pl->fwd.ctx, in->loop, &r->up_req, on_upstream, r);
@@ -807,7 +850,21 @@ static void forward(struct preq *r)
 
 /* ---- 6. The upstream's answer: stored, or the lock released ---- */
 
-static void on_lease_finished(void *ctx) { finish(ctx); }
+static void preq_unref(struct preq *r);
+
+/* The finishing chain's first attempt has reported back: <r> is answered,
+ * or, when its client got a 504 already, its late exchange is over. */
+static void on_lease_finished(void *ctx)
+{
+    struct preq *r = ctx;
+
+    if (!r->late) {
+        finish(r);
+        return;
+    }
+    atomic_fetch_sub_explicit(&r->pl->late, 1, memory_order_release);
+    preq_unref(r);
+}
 
 /* Completes the lock of <r> with <rec> (a reference the lease takes over), or
  * releases it when <rec> is NULL; <r> is answered once the first attempt
@@ -818,6 +875,27 @@ static void lease_end(struct preq *r, struct record *rec)
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
     lease_finish(l, rec, r->ttl_ms, on_lease_finished, r);
+}
+
+/* The request of <r> may have run upstream and its answer is lost, for
+ * <cause>: the key becomes unknown (refuse), or is released to run again
+ * (retry). */
+static void lease_end_unknown(struct preq *r, enum store_cause cause)
+{
+    const struct config *cfg = &r->route->cfg;
+    struct lease *l = r->lease;
+
+    if (cfg->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
+        lease_end(r, NULL);
+        return;
+    }
+    became_unknown(r, cause);
+    r->lease = NULL;
+    lease_finish_unknown(l, cause,
+                         &(struct store_about){ .route = span_from_cstr(r->route->name),
+                                                .method = r->req.in.method,
+                                                .target = r->fwd_target },
+                         r->ttl_ms, on_lease_finished, r);
 }
 
 static bool is_cacheable(const struct config *cfg, unsigned status)
@@ -852,34 +930,97 @@ static struct record *too_large_marker(unsigned status)
     return marker;
 }
 
+/* --upstream-timeout passed while a keyed request's exchange goes on (for
+ * --upstream-late-timeout): its client gets its 504 now, and the exchange,
+ * under the same heartbeat-held lock, may still store a late answer. On the
+ * loop thread, as on_upstream(). */
+static void on_overdue(void *ctx)
+{
+    struct preq *r = ctx;
+    const struct req_intake *in = &r->req.in;
+
+    r->forwarded = true;
+    r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    log_info("upstream %.*s %.*s: no answer within --upstream-timeout; answered 504, the exchange "
+             "goes on for --upstream-late-timeout",
+             (int)in->method.len, in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024),
+             in->target.base);
+    set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
+    /* The method is the front end's memory, which goes with the client. */
+    r->late_method = strndup(in->method.base, in->method.len);
+    r->req.in.method = span_from_cstr(r->late_method ? r->late_method : "");
+    r->late = true;
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
+    finish(r);
+}
+
+/* The end of a late exchange: its client has its 504 (and may be gone, with
+ * the front end's part of <r>): the lock is completed, released or made
+ * unknown, and nothing is answered. */
+static void late_end(struct preq *r, int err, struct record *rec)
+{
+    const struct config *cfg = &r->route->cfg;
+
+    log_info("key %s: the late exchange ended: %s", r->store_key,
+             err == 0     ? "an answer"
+             : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
+                          : strerror(-err));
+    if (err == -E2BIG) {
+        lease_end(r, too_large_marker(502)); /* it did answer */
+    } else if (err < 0 && upstream_err_maybe_sent(err)) {
+        lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
+                                                : STORE_CAUSE_UPSTREAM_TIMEOUT);
+    } else if (err < 0 || !is_cacheable(cfg, rec->status)) {
+        lease_end(r, NULL);
+    } else {
+        ensure_date(rec);
+        if (rec->body.len > cfg->max_response_bytes)
+            lease_end(r, too_large_marker(rec->status));
+        else
+            lease_end(r, record_ref(rec));
+    }
+    record_unref(rec);
+}
+
 static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct preq *r = ctx;
     const struct req_intake *in = &r->req.in;
     const struct config *cfg = &r->route->cfg;
 
+    if (r->late) {
+        late_end(r, err, rec);
+        return;
+    }
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     if (err < 0) {
-        enum problem p = err == -ETIMEDOUT ? PROBLEM_UPSTREAM_TIMEOUT
-                         : err == -E2BIG   ? PROBLEM_RESPONSE_TOO_LARGE
-                                           : PROBLEM_UPSTREAM_UNAVAILABLE;
+        enum problem p = err == -ETIMEDOUT || err == -ENOTCONN ? PROBLEM_UPSTREAM_TIMEOUT
+                         : err == -E2BIG                        ? PROBLEM_RESPONSE_TOO_LARGE
+                                                                : PROBLEM_UPSTREAM_UNAVAILABLE;
 
-        log_warn("upstream %.*s %.*s failed: %s", (int)in->method.len, in->method.base,
-                 (int)in->target.len, in->target.base,
-                 err == -E2BIG ? "response larger than the proxy can hold" : strerror(-err));
+        log_warn("upstream %.*s %.*s failed: %s%s", (int)in->method.len, in->method.base,
+                 (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
+                 err == -E2BIG ? "response larger than the proxy can hold" : strerror(-err),
+                 upstream_err_maybe_sent(err) ? " (after the request may have reached it)" : "");
         set_problem(r, p, OUTCOME_UPSTREAM_ERROR, NULL);
         if (!r->lease) {
             finish(r);
             return;
         }
-        if (err != -E2BIG) {
-            lease_end(r, NULL); /* nothing was stored: a retry may run */
+        if (err == -E2BIG) {
+            /* The upstream did answer: it must never run twice. */
+            r->req.out.replayed = "false";
+            lease_end(r, too_large_marker(502));
             return;
         }
-        /* The upstream did answer: it must never run twice. */
-        r->req.out.replayed = "false";
-        lease_end(r, too_large_marker(502));
+        if (upstream_err_maybe_sent(err)) {
+            lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
+                                                   : STORE_CAUSE_UPSTREAM_RESET);
+            return;
+        }
+        lease_end(r, NULL); /* nothing reached the upstream: a retry may run */
         return;
     }
     if (!r->lease) {
@@ -948,6 +1089,11 @@ void pipeline_stop(struct pipeline *pl)
 
 void pipeline_quiesce(struct pipeline *pl) { waitlist_quiesce(pl->waits); }
 
+unsigned pipeline_late(struct pipeline *pl)
+{
+    return pl ? atomic_load_explicit(&pl->late, memory_order_acquire) : 0;
+}
+
 void pipeline_free(struct pipeline *pl)
 {
     if (!pl)
@@ -999,6 +1145,7 @@ struct req *req_new(struct pipeline *pl)
     if (!r)
         return NULL;
     r->pl = pl;
+    atomic_init(&r->refs, 1);
     r->body = BUF_INIT(0); /* its limit is its route's max-body (pipeline_begin()) */
     return &r->req;
 }
@@ -1022,12 +1169,21 @@ int req_add_header(struct req *q, struct span name, struct span value)
 
 void req_free(struct req *q)
 {
-    struct preq *r;
+    if (q)
+        preq_unref(preq_of(q));
+}
 
-    if (!q)
+/* Drops a reference to <r>: the front end's (req_free()) or its late
+ * exchange's; the last frees it. A late exchange reads none of the front
+ * end's memory (the header spans) once its client was answered. */
+static void preq_unref(struct preq *r)
+{
+    struct req *q = &r->req;
+
+    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
         return;
-    r = preq_of(q);
     free(q->in.target_buf);
+    free(r->late_method);
     free(r->fwd_target_buf);
     free(q->in.headers);
     buf_done(&r->body);

@@ -86,6 +86,13 @@ struct record *problem_new(enum problem p, enum problem_dialect dialect, const c
     if ((p == PROBLEM_BAD_REQUEST || p == PROBLEM_NOT_IMPLEMENTED) &&
         record_add_header(rec, SPAN_LIT("Connection"), SPAN_LIT("close")) < 0)
         goto fail;
+    /* A retry cannot help (SPEC §9): SDKs built by Stainless read the first,
+     * Stripe's the second. */
+    if (p == PROBLEM_OUTCOME_UNKNOWN &&
+        (record_add_header(rec, SPAN_LIT("X-Should-Retry"), SPAN_LIT("false")) < 0 ||
+         (dialect == PROBLEM_DIALECT_STRIPE &&
+          record_add_header(rec, SPAN_LIT("Stripe-Should-Retry"), SPAN_LIT("false")) < 0)))
+        goto fail;
     if (buf_append(&rec->body, body, len) < 0)
         goto fail;
     free(body);

@@ -37,6 +37,8 @@ struct xfer {
     bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests; /* times curl was about to send the request */
     struct list_node node; /* in the submit queue, then in the running list */
+    uint64_t overdue_ms;   /* with req->overdue: when the client's timeout passes */
+    struct list_node overdue_node; /* in up->overdue until then */
 };
 
 struct upstream {
@@ -55,6 +57,12 @@ struct upstream {
     /* Loop thread only: */
     struct list running;     /* struct xfer added to <multi> */
     struct loop_timer timer; /* curl's timer */
+    /* Transfers with req->overdue whose client timeout is still to come, in
+     * the order they started, which is the order of their deadlines (one
+     * timeout for all), and the timer of the first. */
+    struct list overdue;
+    struct loop_timer overdue_timer;
+    uint64_t late_ms;
     CURL **idle;             /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
     struct buf conn, xff, line, target, method; /* scratch, reused */
@@ -78,7 +86,38 @@ static void xfer_free(struct xfer *x)
     }
     curl_slist_free_all(x->hdrs);
     record_unref(x->rec);
+    list_remove(&x->overdue_node);
     free(x);
+}
+
+/* True when curl wrote bytes of the request to a connection: the upstream
+ * may have read them. */
+static bool xfer_wrote(const struct xfer *x)
+{
+    long n = 0;
+
+    return x->easy && curl_easy_getinfo(x->easy, CURLINFO_REQUEST_SIZE, &n) == CURLE_OK && n > 0;
+}
+
+/* The error a failed transfer reports, told by whether bytes of the request
+ * were written (see upstream_done_fn). */
+static int failure(const struct xfer *x, int err)
+{
+    bool wrote = xfer_wrote(x);
+
+    switch (err) {
+    case -ETIMEDOUT:
+        return wrote ? err : -ENOTCONN;
+    case -ECANCELED:
+        return wrote ? -ESHUTDOWN : err;
+    case -ECONNRESET:
+    case -ECONNREFUSED:
+        return wrote ? -ECONNRESET : -ECONNREFUSED;
+    case -ENOMEM:
+        return wrote ? -ECONNRESET : err;
+    default:
+        return err; /* -E2BIG: it answered */
+    }
 }
 
 /* Hands the outcome to the callback and frees <x>. The easy handle goes
@@ -102,6 +141,8 @@ static void xfer_finish(struct xfer *x, int err)
             record_filter_hop_by_hop(rec);
         }
     }
+    if (err < 0)
+        err = failure(x, err);
     xfer_free(x);
     done(ctx, err, rec);
 }
@@ -206,7 +247,8 @@ static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
 
 /* Runs before curl sends the request. A second call means curl is retrying it
  * on a fresh connection after a reused one died: only a safe method may be
- * sent twice, the proxy never re-sends anything else on its own. */
+ * sent twice, the proxy never re-sends anything else on its own, unless not
+ * one byte of it was written to the dead connection (found dead on send). */
 static int prereq_cb(void *userdata, char *primary_ip, char *local_ip, int primary_port,
                      int local_port)
 {
@@ -216,7 +258,7 @@ static int prereq_cb(void *userdata, char *primary_ip, char *local_ip, int prima
     (void)local_ip;
     (void)primary_port;
     (void)local_port;
-    if (++x->requests > 1 && !x->may_resend) {
+    if (++x->requests > 1 && !x->may_resend && xfer_wrote(x)) {
         x->err = -ECONNRESET;
         return CURL_PREREQFUNC_ABORT;
     }
@@ -431,7 +473,9 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     CURL *e = x->easy;
     struct buf *target = &up->target, *method = &up->method;
     CURLcode cc = CURLE_OK;
-    long timeout = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
+    uint64_t total = up->timeout_ms + (req->overdue ? up->late_ms : 0);
+    long timeout = total > LONG_MAX ? LONG_MAX : (long)total;
+    long connect = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
     int r;
 
 #define SET(opt, val)                                                                              \
@@ -461,7 +505,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     SET(CURLOPT_HTTP_CONTENT_DECODING, 0L); /* the body goes back byte for byte */
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
     SET(CURLOPT_TIMEOUT_MS, timeout);
-    SET(CURLOPT_CONNECTTIMEOUT_MS, timeout);
+    SET(CURLOPT_CONNECTTIMEOUT_MS, connect);
     SET(CURLOPT_HTTPHEADER, x->hdrs);
     SET(CURLOPT_HEADERFUNCTION, header_cb);
     SET(CURLOPT_HEADERDATA, x);
@@ -552,7 +596,42 @@ static int xfer_start(struct upstream *up, struct xfer *x)
         r = setup_easy(up, x, x->req);
     if (r == 0 && curl_multi_add_handle(up->multi, x->easy) != CURLM_OK)
         r = -ENOMEM;
+    if (r == 0 && x->req->overdue && up->late_ms > 0) {
+        x->overdue_ms = now_ms() + up->timeout_ms;
+        if (list_is_empty(&up->overdue))
+            up->overdue_timer.due_ms = x->overdue_ms;
+        list_append(&up->overdue, &x->overdue_node);
+    }
     return r;
+}
+
+/* The client timeout of the first transfers with overdue has passed: each
+ * is told, and goes on. */
+static void on_overdue(void *ctx)
+{
+    struct upstream *up = ctx;
+    uint64_t now = now_ms();
+    struct list_node *n;
+
+    while ((n = list_first(&up->overdue))) {
+        struct xfer *x = list_entry(n, struct xfer, overdue_node);
+
+        if (x->overdue_ms > now) {
+            up->overdue_timer.due_ms = x->overdue_ms;
+            return;
+        }
+        list_remove(n);
+        if (!xfer_wrote(x)) {
+            /* Not sent yet (still connecting, or waiting for a connection):
+             * nothing can come late, so it ends here, released. */
+            (void)curl_multi_remove_handle(up->multi, x->easy);
+            list_remove(&x->node);
+            xfer_finish(x, -ETIMEDOUT);
+            continue;
+        }
+        x->req->overdue(x->ctx);
+    }
+    up->overdue_timer.due_ms = UINT64_MAX;
 }
 
 /* Reports every transfer curl has finished. */
@@ -698,6 +777,7 @@ static void teardown(void *ctx)
     curl_multi_cleanup(up->multi); /* its sockets leave the loop */
     up->multi = NULL;
     loop_timer_del(up->loop, &up->timer);
+    loop_timer_del(up->loop, &up->overdue_timer);
 }
 
 static void nothing(void *ctx) { (void)ctx; }
@@ -719,6 +799,9 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     list_init(&up->queue);
     up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
     up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
+    up->overdue_timer = (struct loop_timer){ .fn = on_overdue, .ctx = up, .due_ms = UINT64_MAX };
+    list_init(&up->overdue);
+    up->late_ms = opt->late_ms;
     up->conn = up->xff = up->line = up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->timeout_ms = opt->timeout_ms;
@@ -742,6 +825,8 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
             goto fail;
     }
     r = loop_timer_add(loop, &up->timer);
+    if (r == 0)
+        r = loop_timer_add(loop, &up->overdue_timer);
     if (r < 0)
         goto fail;
     *ret = up;

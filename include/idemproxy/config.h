@@ -19,6 +19,11 @@ enum config_on_store_error {
     CONFIG_ON_STORE_ERROR_PASSTHROUGH,
 };
 
+enum config_on_unknown {
+    CONFIG_ON_UNKNOWN_REFUSE, /* the key becomes unknown: 502 for every duplicate */
+    CONFIG_ON_UNKNOWN_RETRY,  /* the lock is released or taken over: at least once */
+};
+
 enum config_log_format {
     CONFIG_LOG_TEXT,
     CONFIG_LOG_JSON,
@@ -69,6 +74,8 @@ struct config {
     size_t max_response_bytes;                 /* --max-response, default 4 MiB */
     size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */
     uint64_t upstream_timeout_ms;              /* --upstream-timeout, default 30 s */
+    uint64_t upstream_late_timeout_ms;         /* --upstream-late-timeout, default 60 s, 0: none */
+    enum config_on_unknown on_unknown;         /* --on-unknown-outcome, default refuse */
     uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
     uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
     uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */

@@ -65,6 +65,12 @@ void lease_confirm(struct lease *l, lease_confirm_fn *done, void *ctx);
 void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms, lease_finish_fn *done,
                   void *ctx);
 
+/* Marks the key unknown for <cause> (SPEC §9), saying <about> (copied),
+ * kept <keep_ms>: the holder cannot tell whether its request ran upstream.
+ * Retried like lease_finish(); <done> runs once, after the first attempt. */
+void lease_finish_unknown(struct lease *l, enum store_cause cause, const struct store_about *about,
+                          uint64_t keep_ms, lease_finish_fn *done, void *ctx);
+
 /* The holder gives up its lease without finishing it (its request is gone,
  * or it failed to confirm): the heartbeat ends, and the lock expires within
  * its TTL. Drops the caller's reference. NULL-safe. */

@@ -34,15 +34,17 @@ struct log_access {
     uint64_t upstream_us;
     uint64_t total_us;
     size_t bytes; /* response body bytes */
+    const char *unknown; /* the cause, when this request made its key's outcome unknown */
 };
 
 /* Writes the access line of <a> at info level, its client fields (method,
  * target, key) and route escaped as log_write() escapes a message. Text:
  * "<time> info access <method> <target> <status> <outcome> route=<route>
- * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n>" (route= left out when
- * NULL, key= when absent). JSON: {"time","level","msg":"access","method",
- * "target","status","outcome","route","key","upstream_ms","total_ms","bytes"}
- * ("route", "key" and "upstream_ms" absent when they do not apply).
+ * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n> unknown=<cause>"
+ * (route= left out when NULL, key= when absent, unknown= unless it applies).
+ * JSON: {"time","level","msg":"access","method","target","status","outcome",
+ * "route","key","upstream_ms","total_ms","bytes","unknown"} ("route", "key",
+ * "upstream_ms" and "unknown" absent when they do not apply).
  * Milliseconds have three decimals. */
 void log_access(const struct log_access *a);
 

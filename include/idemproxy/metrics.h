@@ -29,6 +29,7 @@ enum metrics_store_op {
     METRICS_STORE_COMPLETE,
     METRICS_STORE_RELEASE,
     METRICS_STORE_EXTEND,
+    METRICS_STORE_UNKNOWN,
     _METRICS_STORE_OP_MAX
 };
 
@@ -85,6 +86,10 @@ int metrics_route_id(const char *name);
  * took <upstream_us>. Call once per request. */
 void metrics_request(unsigned route_id, enum outcome o, uint64_t total_us, bool has_upstream,
                      uint64_t upstream_us);
+
+/* Counts a key of route <route_id> whose outcome became unknown for <cause>
+ * (an enum store_cause: SPEC §9). */
+void metrics_unknown_outcome(unsigned route_id, unsigned cause);
 
 /* Records one store call of kind <op> that took <us>. */
 void metrics_store_call(enum metrics_store_op op, uint64_t us);

@@ -17,7 +17,8 @@
     X(TOO_LARGE, "too_large")                                                                      \
     X(STORE_ERROR, "store_error")                                                                  \
     X(UPSTREAM_ERROR, "upstream_error")                                                            \
-    X(BAD_REQUEST, "bad_request")
+    X(BAD_REQUEST, "bad_request")                                                                  \
+    X(UNKNOWN, "outcome_unknown")
 
 enum outcome {
 #define X(id, label) OUTCOME_##id,
@@ -48,7 +49,9 @@ enum outcome {
     X(BAD_REQUEST, 400, "bad_request", "Bad request", "about:blank")                               \
     X(NOT_IMPLEMENTED, 501, "bad_request", "Not implemented", "about:blank")                       \
     X(ADMIN_UNAUTHORIZED, 401, "unauthorized", "Admin token required", "about:blank")              \
-    X(ADMIN_FORBIDDEN, 403, "forbidden", "Not served on this admin address", "about:blank")
+    X(ADMIN_FORBIDDEN, 403, "forbidden", "Not served on this admin address", "about:blank")        \
+    X(OUTCOME_UNKNOWN, 502, "idempotency_outcome_unknown",                                         \
+      "The outcome of the original request is unknown", "about:blank")
 
 enum problem {
 #define X(id, status, code, title, type) PROBLEM_##id,

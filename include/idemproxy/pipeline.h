@@ -124,6 +124,10 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
  * 50 ms), and no new one is held, so that draining need not wait for them. */
 void pipeline_quiesce(struct pipeline *pl);
 
+/* The exchanges going on after their client got a 504 at --upstream-timeout
+ * (SPEC §9): shutdown waits for them as for open requests. Any thread. */
+unsigned pipeline_late(struct pipeline *pl);
+
 /* Stops lock heartbeats and store retries from touching the store; call
  * before the worker pool and the store are freed. */
 void pipeline_stop(struct pipeline *pl);

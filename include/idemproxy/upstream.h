@@ -28,20 +28,41 @@ struct upstream_request {
     struct span body;
     const char *client_ip; /* appended to X-Forwarded-For */
     const char *proto;     /* X-Forwarded-Proto: "http" */
+    /* Optional: makes the exchange go on past the timeout, for the late
+     * timeout (upstream_options), and runs once, on the loop thread, when the
+     * timeout passes while it does: the caller answers its client then,
+     * and the callback still runs once at the exchange's end (SPEC §9). */
+    void (*overdue)(void *ctx);
 };
 
 /* Runs exactly once per accepted request, on the loop thread. <err> is 0
  * and <rec> the response (status, headers in order without hop-by-hop ones
  * and Content-Length, body; ownership of this reference passes to the
- * callback), or <err> is negative and <rec> NULL: -ECONNREFUSED (could not
- * connect), -ECONNRESET (reset, closed early, malformed answer), -ETIMEDOUT
- * (the whole exchange took longer than the timeout), -E2BIG (the body grew
- * past the capture limit), -ENOMEM. */
+ * callback), or <err> is negative and <rec> NULL. Whether a byte of the
+ * request can have reached the upstream is known from what curl wrote to
+ * the connection (CURLINFO_REQUEST_SIZE), and told apart:
+ * - nothing was written: -ECONNREFUSED (no connection: refused, a name that
+ *   does not resolve, a failed TLS handshake, a reset before the request),
+ *   -ENOTCONN (the connection was not up within the timeout), -ECANCELED
+ *   (stopping), -ENOMEM;
+ * - bytes of the request may have reached it (upstream_err_maybe_sent()):
+ *   -ECONNRESET (reset, closed early or a malformed answer), -ETIMEDOUT (no
+ *   complete answer within the timeout, and the late timeout with overdue),
+ *   -ESHUTDOWN (cancelled, stopping);
+ * - it answered: -E2BIG (the body grew past the capture limit). */
 typedef void upstream_done_fn(void *ctx, int err, struct record *rec);
+
+/* True when <err> (of upstream_done_fn) says that bytes of the request may
+ * have reached the upstream, so that it may have run it. */
+static inline bool upstream_err_maybe_sent(int err)
+{
+    return err == -ECONNRESET || err == -ETIMEDOUT || err == -ESHUTDOWN;
+}
 
 struct upstream_options {
     const char *base_url;     /* scheme://host[:port][/prefix], no trailing '/' */
-    uint64_t timeout_ms;      /* bounds the whole exchange */
+    uint64_t timeout_ms;      /* bounds the whole exchange as the client sees it */
+    uint64_t late_ms;         /* how much longer an exchange with overdue goes on */
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
     unsigned max_connections; /* kept-alive connections to the upstream */
 };

@@ -207,10 +207,10 @@ def keyed(key, method="POST", path="/echo", body=b"x", header="Idempotency-Key",
     return (method, path, [(header, key)] + list(extra), body)
 
 
-def _upstream_hits(p, upstream):
+def _upstream_hits(p, upstream, path=None):
     up = upstream or p.upstream
     assert up is not None, "pass upstream= (the proxy does not use the upstream fixture)"
-    return up, up.hits()
+    return up, up.hits(path)
 
 
 def assert_locked(p, key, req, upstream=None, prefix="idem:"):
@@ -239,6 +239,21 @@ def assert_completed(p, key, req, body=None, upstream=None, prefix="idem:",
     if body is not None:
         assert b == body
     return st, h, b
+
+
+def assert_unknown(p, req, upstream=None, path=None):
+    """The key of <req> is unknown (SPEC §9): the request gets 502
+    idempotency_outcome_unknown with X-Should-Retry: false, no Retry-After
+    and no replay header, and never reaches the upstream (<path>'s hits, or
+    all of them, unchanged). Returns the answer."""
+    up, before = _upstream_hits(p, upstream, path)
+    resp = p.request(*req)
+    assert_problem(resp, 502, "idempotency_outcome_unknown")
+    _, h, _ = resp
+    assert hone(h, "X-Should-Retry") == "false", h
+    assert hone(h, "Retry-After") is None and hone(h, REPLAY) is None, h
+    assert up.hits(path) == before, "an unknown key reached the upstream"
+    return resp
 
 
 def assert_free(p, key, req=None, upstream=None, prefix="idem:", replay_header=REPLAY):

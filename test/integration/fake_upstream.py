@@ -6,7 +6,7 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
   /echo                 any method: 201, JSON {seq, method, target, headers, body}
                         with two Set-Cookie headers and a Date unique to seq
   /status/N             answers status N (JSON body with seq)
-  /slow?ms=N            sleeps N ms, then 200 JSON with seq
+  /slow?ms=N&status=S   sleeps N ms, then S (default 200) JSON with seq
   /hold?id=NAME         blocks until the test calls release(NAME) or release_all()
                         (at most HOLD_MAX seconds), then 200 JSON with seq
   /big?bytes=N          200 with an N-byte body
@@ -151,7 +151,7 @@ class _Handler(QuietHandler):
         elif path == "/slow":
             ms = int(query.get("ms", ["1000"])[0])
             time.sleep(ms / 1000.0)
-            self._json(200, {"seq": seq, "slept_ms": ms}, seq)
+            self._json(int(query.get("status", ["200"])[0]), {"seq": seq, "slept_ms": ms}, seq)
         elif path == "/hold":
             released = srv.hold_event(query.get("id", [""])[0]).wait(HOLD_MAX)
             self._json(200, {"seq": seq, "released": released}, seq)

@@ -4,7 +4,8 @@ import socket
 import subprocess
 import time
 
-from conftest import (REPLAY, assert_free, assert_locked, assert_problem, hone, new_key,
+from conftest import (REPLAY, assert_free, assert_locked, assert_problem, assert_unknown, hone,
+                      new_key,
                       redis_keys, redis_only, redis_state, start_held, start_slow,
                       store_independent, wait_for)
 
@@ -84,10 +85,30 @@ def test_sigterm_shutdown_timeout_drops_running_request(proxy, upstream):
 
 
 @redis_only
-def test_sigterm_shutdown_timeout_releases_lock_shared_redis(proxy, upstream, rdb):
-    """Only a store that outlives the process shows the release: the lock is
-    gone from Redis, and another proxy on it executes the key at once."""
+def test_sigterm_shutdown_timeout_cut_request_is_unknown_shared_redis(proxy, upstream, rdb):
+    """A request cut at --shutdown-timeout had reached the upstream: its key
+    is unknown (SPEC §9), which only a store that outlives the process shows:
+    another proxy on it answers 502 idempotency_outcome_unknown."""
     p = proxy("--shutdown-timeout", "0.5")
+    other = proxy()
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")
+    first = start_held(p, key)
+    assert_locked(other, key, req)
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(10) == 0, p.stderr()
+    assert redis_state(rdb, key) == "U", "the cut request's key is not unknown"
+    upstream.release(key)
+    assert_unknown(other, req, path="/hold")
+    assert_problem(first(timeout=10), 502, "upstream_unavailable")
+    p.stop()
+
+
+@redis_only
+def test_sigterm_shutdown_timeout_releases_lock_retry_shared_redis(proxy, upstream, rdb):
+    """Under --on-unknown-outcome retry the cut request's lock is released:
+    gone from Redis, and another proxy on it executes the key at once."""
+    p = proxy("--shutdown-timeout", "0.5", "--on-unknown-outcome", "retry")
     other = proxy()
     key = new_key()
     req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")

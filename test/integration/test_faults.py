@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
-                      assert_problem, hone, in_thread, keyed, metrics_value, new_key,
+                      assert_problem, assert_unknown, hone, in_thread, keyed, metrics_value, new_key,
                       recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
                       start_held, wait_completed, wait_for)
 from fake_upstream import BAD_STATUS, big_body
@@ -182,13 +182,16 @@ def test_redis_killed_in_flight_answer_kept_key_freed_retry_once_redis(proxy, up
 
 
 @redis_only
+@pytest.mark.parametrize("policy", ["refuse", "retry"])
 def test_redis_frozen_past_lock_ttl_lock_expires_retry_once_redis(proxy, upstream,
-                                                                 private_redis):
+                                                                 private_redis, policy):
     """Redis frozen (SIGSTOP: a partition; its data survives) from before the
     upstream answers until past --lock-ttl: the client gets its answer, the
-    proxy gives up, and when Redis thaws the lock has expired by its TTL (not
-    vanished with a restart): the key is free and a retry executes once."""
-    p = on_private_redis(proxy, private_redis, "--lock-ttl", "2", "--store-timeout", "0.3")
+    proxy gives up, and when Redis thaws the lock's lease has run out (the
+    record did not vanish with a restart): the answer was lost, so a retry
+    finds the key unknown (refuse: 502, holder_lost), or executes once (retry)."""
+    p = on_private_redis(proxy, private_redis, "--lock-ttl", "2", "--store-timeout", "0.3",
+                         "--on-unknown-outcome", policy)
     key = new_key()
     req = hold_req(key)
     with frozen_after_answer(p, private_redis, upstream, key) as (t_stop, _):
@@ -198,7 +201,13 @@ def test_redis_frozen_past_lock_ttl_lock_expires_retry_once_redis(proxy, upstrea
     # The lock is still in Redis's memory, but its lease ran out while frozen.
     wait_for(lambda: redis_lease_ms(p.rdb, key) <= 0, timeout=2,
              what="the lock's lease to run out")
-    retry_executes_once(p, key, req)
+    if policy == "retry":
+        retry_executes_once(p, key, req)
+        return
+    wait_store_back(p)
+    assert_unknown(p, req, path="/hold")
+    assert metric(p, "idemproxy_unknown_outcomes_total",
+                  {"route": "default", "cause": "holder_lost"}) == 1
 
 
 @redis_only
@@ -317,10 +326,12 @@ FAULTS = [
 
 
 @pytest.mark.parametrize("path", FAULTS)
-def test_upstream_broken_answer_is_502_nothing_stored(proxy, upstream, path):
+def test_upstream_broken_answer_is_502_key_unknown(proxy, upstream, path):
     """A connection closed mid-answer, a malformed status line, bytes that are
     not HTTP: 502 upstream_unavailable, sent upstream once (never re-sent, even
-    on a reused connection), nothing stored, lock released: a retry runs again."""
+    on a reused connection). The upstream had the request, so it may have run
+    it: the key's outcome is unknown, and a retry gets 502
+    idempotency_outcome_unknown without reaching the upstream (SPEC §9)."""
     p = proxy()
     warm_up(p)
     key = new_key()
@@ -330,12 +341,14 @@ def test_upstream_broken_answer_is_502_nothing_stored(proxy, upstream, path):
     assert_problem(p.request(*req), 502, "upstream_unavailable")
     assert time.monotonic() - t0 < 5
     assert upstream.hits(upath) == 1, "an enforced request must never be re-sent"
-    # Not stored, lock released: the retry executes (and breaks) again.
-    st, h, b = assert_free(p, key, req)
-    assert st == 502 and json.loads(b)["code"] == "upstream_unavailable", (st, b[:200])
-    assert upstream.hits(upath) == 2
+    assert_unknown(p, req, path=upath)
+    assert upstream.hits(upath) == 1
     assert metric(p, "idemproxy_requests_total",
-                  {"route": "default", "outcome": "upstream_error"}) == 2
+                  {"route": "default", "outcome": "upstream_error"}) == 1
+    assert metric(p, "idemproxy_requests_total",
+                  {"route": "default", "outcome": "outcome_unknown"}) == 1
+    assert metric(p, "idemproxy_unknown_outcomes_total",
+                  {"route": "default", "cause": "upstream_reset"}) == 1
     # Passthrough gets the same problem, without a replay header.
     assert_problem(p.request("GET", path), 502, "upstream_unavailable")
     # The proxy still serves, on fresh or reused upstream connections.
@@ -346,19 +359,43 @@ def test_upstream_broken_answer_is_502_nothing_stored(proxy, upstream, path):
     assert metric(p, "idemproxy_inflight") == 0
 
 
-def test_upstream_stalls_mid_body_is_504_lock_released(proxy, upstream):
+@pytest.mark.parametrize("path", FAULTS[:3])
+def test_upstream_broken_answer_retry_policy_runs_again(proxy, upstream, path):
+    """--on-unknown-outcome retry keeps at-least-once: nothing stored, the lock
+    released, a retry runs (and breaks) again."""
+    p = proxy("--on-unknown-outcome", "retry")
+    warm_up(p)
+    key = new_key()
+    req = keyed(key, path=path, body=b"pay")
+    upath = path.split("?")[0]
+    assert_problem(p.request(*req), 502, "upstream_unavailable")
+    st, h, b = assert_free(p, key, req)
+    assert st == 502 and json.loads(b)["code"] == "upstream_unavailable", (st, b[:200])
+    assert upstream.hits(upath) == 2
+    assert metric(p, "idemproxy_unknown_outcomes_total",
+                  {"route": "default", "cause": "upstream_reset"}) == 0
+
+
+@pytest.mark.parametrize("late", ["0", "1"])
+def test_upstream_stalls_mid_body_is_504_key_unknown(proxy, upstream, late):
     """Headers and part of the body, then silence past --upstream-timeout: 504
-    upstream_timeout within the bound, nothing stored, the lock released."""
-    p = proxy("--upstream-timeout", "0.5")
+    upstream_timeout within the bound; the answer never completes within the
+    late timeout either, so the key's outcome is unknown (SPEC §9)."""
+    p = proxy("--upstream-timeout", "0.5", "--upstream-late-timeout", late)
     key = new_key()
     req = keyed(key, path="/stall-body?ms=3000")
     t0 = time.monotonic()
     assert_problem(p.request(*req), 504, "upstream_timeout")
     assert 0.4 <= time.monotonic() - t0 < 2.5
     assert upstream.hits("/stall-body") == 1
-    st, h, b = assert_free(p, key, req)
-    assert st == 504
-    assert upstream.hits("/stall-body") == 2
+    if late != "0":
+        assert_locked(p, key, req)  # the exchange goes on, under its lock
+    wait_for(lambda: metric(p, "idemproxy_unknown_outcomes_total",
+                            {"route": "default", "cause": "upstream_timeout"}) == 1,
+             timeout=5, what="the key to become unknown")
+    assert time.monotonic() - t0 >= 0.5 + float(late)
+    assert_unknown(p, req, path="/stall-body")
+    assert upstream.hits("/stall-body") == 1
 
 
 def test_response_over_capture_limit_is_502_and_never_rerun(proxy, upstream):
@@ -444,14 +481,16 @@ def test_client_stalled_mid_body_past_client_timeout_locks_nothing(proxy, upstre
 
 # ------------------------------------------------------------ 5. proxy killed holding a lock
 @redis_only
+@pytest.mark.parametrize("policy", ["refuse", "retry"])
 def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(proxy, upstream,
-                                                                            rdb):
+                                                                            rdb, policy):
     """Two proxies on one Redis, --lock-ttl 2. While the first is alive with its
     upstream call held, the second gets 409 long past the lock TTL (the first's
     heartbeat extends it): never two executions. After a SIGKILL of the first,
-    the second executes the key once, within the lock TTL."""
-    p1 = proxy("--lock-ttl", "2")
-    p2 = proxy("--lock-ttl", "2")
+    within the lock TTL, the second finds the key's outcome unknown (refuse:
+    502, holder_lost), or (retry) executes it once."""
+    p1 = proxy("--lock-ttl", "2", "--on-unknown-outcome", policy)
+    p2 = proxy("--lock-ttl", "2", "--on-unknown-outcome", policy)
     key = new_key()
     req = hold_req(key)
     t0 = time.monotonic()
@@ -472,11 +511,23 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
         if st == 409:
             assert json.loads(b)["code"] == "idempotency_key_in_use"
             return None
+        if policy == "refuse":
+            assert_problem((st, h, b), 502, "idempotency_outcome_unknown")
+            return b
         assert st == 200 and hone(h, REPLAY) == "false", (st, b[:200])
         return b
 
-    body = wait_for(executed, timeout=6, interval=0.1, what="the dead proxy's lock to expire")
+    body = wait_for(executed, timeout=6, interval=0.1, what="the dead proxy's lease to run out")
     assert time.monotonic() - t_kill < 2.0 + 1.0, "the lock outlived --lock-ttl"  # ...but soon
+    if policy == "refuse":
+        assert upstream.hits("/hold") == 1
+        assert metric(p2, "idemproxy_unknown_outcomes_total",
+                      {"route": "default", "cause": "holder_lost"}) == 1
+        assert "unknown=holder_lost" in p2.stderr()
+        assert_unknown(p2, req, path="/hold")
+        assert metric(p2, "idemproxy_unknown_outcomes_total",
+                      {"route": "default", "cause": "holder_lost"}) == 1  # a key, once
+        return
     assert upstream.hits("/hold") == 2
     assert_completed(p2, key, req, body=body)
     assert upstream.hits("/hold") == 2

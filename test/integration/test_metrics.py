@@ -8,7 +8,8 @@ from conftest import (assert_problem, hone, memory_only, metrics_value, new_key,
                       wait_for)
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
-            "invalid_key", "too_large", "store_error", "upstream_error", "bad_request")
+            "invalid_key", "too_large", "store_error", "upstream_error", "bad_request",
+            "outcome_unknown")
 TYPES = ("counter", "gauge", "histogram")
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(r"^(%s)(\{(.*)\})? (\S+)$" % NAME)
@@ -219,7 +220,9 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
     assert p.request("POST", "/echo", body=b"x")[0] == 400                 # missing_key
     assert p.request("POST", "/echo", [("Idempotency-Key", '"a b"')], b"x")[0] == 400  # invalid
     assert p.request("GET", "/echo")[0] == 201                             # passthrough
-    assert post(new_key(), "/reset")[0] == 502                             # upstream_error
+    kr = new_key()
+    assert post(kr, "/reset")[0] == 502                                    # upstream_error
+    assert_problem(post(kr, "/reset"), 502, "idempotency_outcome_unknown")  # outcome_unknown
     assert p.request("GET", "/reset")[0] == 502                            # upstream_error
     assert p.raw(b"GET /a%00 HTTP/1.1\r\nHost: t\r\nX: \x01\r\n\r\n")[0] == 400  # bad_request
 
@@ -227,14 +230,20 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
     got = requests_by_outcome(fams)
     assert got == {"passthrough": 1, "executed": 3, "replayed": 2, "in_flight": 1,
                    "mismatch": 1, "missing_key": 1, "invalid_key": 1, "too_large": 1,
-                   "store_error": 0, "upstream_error": 2, "bad_request": 1}, got
+                   "store_error": 0, "upstream_error": 2, "bad_request": 1,
+                   "outcome_unknown": 1}, got
     assert histogram_count(fams, "idemproxy_request_duration_seconds") == sum(got.values())
     # Forwarded: GET /echo, k1, k2, k3, the keyed /reset and GET /reset.
     assert histogram_count(fams, "idemproxy_upstream_duration_seconds") == 6
-    # Acquired or refused by the store: k1 x3, k2 x2, k3 x2, the keyed /reset.
-    assert histogram_count(fams, "idemproxy_store_duration_seconds", op="acquire") == 8
+    # Acquired or refused by the store: k1 x3, k2 x2, k3 x2, the keyed /reset x2.
+    assert histogram_count(fams, "idemproxy_store_duration_seconds", op="acquire") == 9
     assert histogram_count(fams, "idemproxy_store_duration_seconds", op="complete") == 3
-    assert histogram_count(fams, "idemproxy_store_duration_seconds", op="release") == 1
+    assert histogram_count(fams, "idemproxy_store_duration_seconds", op="release") == 0
+    assert histogram_count(fams, "idemproxy_store_duration_seconds", op="unknown") == 1
+    # The keyed /reset may have run: its key is unknown, once.
+    assert [(lb, v) for n, lb, v in fams["idemproxy_unknown_outcomes_total"]["samples"]
+            if v] == [({"route": "default", "cause": "upstream_reset"}, 1.0)]
+    assert fams["idemproxy_unknown_outcomes_total"]["type"] == "counter"
     histogram_count(fams, "idemproxy_store_duration_seconds", op="extend")  # present
     # The held request took at least as long as it was held.
     dur = fams["idemproxy_request_duration_seconds"]["samples"]
@@ -259,10 +268,11 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
         assert unrepl["type"] == "counter"
         # one sample per op, all 0: without --redis-wait-replicas nothing waits
         assert sorted((lab["op"], v) for _, lab, v in unrepl["samples"]) == [
-            ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0)], unrepl
+            ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0),
+            ("unknown", 0)], unrepl
     if p.store == "memory":
         assert gauge(fams, "idemproxy_memory_store_max_bytes") == 256 * 1024 * 1024
-        assert gauge(fams, "idemproxy_memory_store_entries") == 3  # k1, k2, k3's marker
+        assert gauge(fams, "idemproxy_memory_store_entries") == 4  # k1, k2, k3's marker, kr
         assert 0 < gauge(fams, "idemproxy_memory_store_bytes") < 256 * 1024 * 1024
         assert fams["idemproxy_memory_store_evictions_total"]["type"] == "counter"
         assert fams["idemproxy_memory_store_expired_total"]["type"] == "counter"

@@ -344,7 +344,7 @@ def _refused(p):
 def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server, tmp_path):
     """listen, admin-listen, upstream, redis, memory-max-bytes,
     max-connections (SPEC §6), and key-prefix, store-timeout,
-    upstream-timeout, client-timeout, admin-token-file,
+    upstream-timeout, upstream-late-timeout, client-timeout, admin-token-file,
     redis-wait-timeout and redis-password-file (main.c) are logged as
     needing a restart and keep their value; the rest of the file applies."""
     other = FakeUpstream().start()
@@ -363,6 +363,7 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
         after = ("listen: 127.0.0.1:%d\nadmin-listen: 127.0.0.1:%d\nupstream: %s\n"
                  "redis: redis://127.0.0.1:%d\nmemory-max-bytes: 64M\nmax-connections: 100\n"
                  "key-prefix: \"idemB:\"\nstore-timeout: 2\nupstream-timeout: 10\n"
+                 "upstream-late-timeout: 5\n"
                  "client-timeout: 60\nadmin-token-file: %s\nredis-wait-timeout: 0.2\n"
                  "redis-password-file: %s\n"
                  "routes:\n  - name: echo\n    match: {path: /echo}\n"
@@ -380,8 +381,8 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
         log = log_text(p)
         for name in ("listen", "admin-listen", "upstream", "redis", "memory-max-bytes",
                      "max-connections", "key-prefix", "store-timeout", "upstream-timeout",
-                     "client-timeout", "admin-token-file", "redis-wait-replicas/redis-wait-timeout",
-                     "redis-password-file/redis-tls-*"):
+                     "upstream-late-timeout", "client-timeout", "admin-token-file",
+                     "redis-wait-replicas/redis-wait-timeout", "redis-password-file/redis-tls-*"):
             want = "reload: %s changed: it needs a restart, and keeps its value until then" % name
             assert want in log, "missing %r in:\n%s" % (want, log)
         assert ("reload: %s applied: 1 routes; see above for what needs a restart" % cfg) in log

@@ -30,6 +30,7 @@ struct fwd {
     char last_target[256], last_host[256];
     upstream_done_fn *held_done; /* FWD_HOLD */
     void *held_ctx;
+    void (*held_overdue)(void *ctx); /* what the held request asked for, if anything */
 };
 
 static struct fwd fwd = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -64,6 +65,7 @@ static int fake_submit(void *ctx, struct loop *loop, const struct upstream_reque
     if (mode == FWD_HOLD) {
         f->held_done = done;
         f->held_ctx = done_ctx;
+        f->held_overdue = req->overdue;
     }
     pthread_mutex_unlock(&f->mu);
     if (mode == FWD_REFUSE)
@@ -87,6 +89,22 @@ static void release_held(unsigned status, int err)
     CHECK(done != NULL);
     if (done)
         done(ctx, err, err ? NULL : answer_record(status, "held"));
+}
+
+/* --upstream-timeout passes for the held request, as the upstream client
+ * says when the exchange goes on (SPEC §9); it stays held. */
+static void overdue_held(void)
+{
+    void (*overdue)(void *ctx);
+    void *ctx;
+
+    pthread_mutex_lock(&fwd.mu);
+    overdue = fwd.held_overdue;
+    ctx = fwd.held_ctx;
+    pthread_mutex_unlock(&fwd.mu);
+    CHECK(overdue != NULL);
+    if (overdue)
+        overdue(ctx);
 }
 
 static bool holding(void)
@@ -575,10 +593,15 @@ static void test_pipeline_upstream_error_and_5xx_release_the_lock(void)
     req_free(r);
     set_fwd(FWD_HOLD, 0);
     start(&e, &first, request(&e, "POST", "/pay", KEY("k3")), "x");
-    release_held(0, -ETIMEDOUT);
+    release_held(0, -ENOTCONN); /* timed out connecting: nothing was sent */
     CHECK(finished(&first, 5000));
     CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
     CHECK_EQ_INT(status_of(first.r), 504);
+    req_free(first.r);
+    start(&e, &first, request(&e, "POST", "/pay", KEY("k3")), "x");
+    release_held(0, -ECONNREFUSED);
+    CHECK(finished(&first, 5000));
+    CHECK_EQ_INT(status_of(first.r), 502);
     req_free(first.r);
     set_fwd(FWD_ANSWER, 503);
     r = run(&e, request(&e, "POST", "/pay", KEY("k3")), "x");
@@ -679,7 +702,7 @@ static void test_pipeline_wait_hands_off(void)
     start(&e, &first, request(&e, "POST", "/w", KEY("k6")), "x");
     start(&e, &dup, request(&e, "POST", "/w", KEY("k6")), "x");
     CHECK(!finished(&dup, 100));
-    release_held(0, -ECONNRESET); /* the first ends without storing: the key is released */
+    release_held(0, -ECONNREFUSED); /* the first ends without storing: the key is released */
     CHECK(finished(&first, 5000));
     CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
     /* the held duplicate takes the key and is forwarded: it is held upstream now */
@@ -693,7 +716,133 @@ static void test_pipeline_wait_hands_off(void)
     CHECK_EQ_INT(dup.r->out.outcome, OUTCOME_EXECUTED);
     req_free(first.r);
     req_free(dup.r);
+
+    /* The first's outcome is unknown: the held duplicate gets the 502 too. */
+    start(&e, &first, request(&e, "POST", "/w", KEY("k7")), "x");
+    start(&e, &dup, request(&e, "POST", "/w", KEY("k7")), "x");
+    CHECK(!finished(&dup, 100));
+    release_held(0, -ECONNRESET);
+    CHECK(finished(&first, 5000));
+    CHECK(finished(&dup, 5000));
+    CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
+    CHECK_EQ_INT(dup.r->out.outcome, OUTCOME_UNKNOWN);
+    CHECK(!holding());
+    req_free(first.r);
+    req_free(dup.r);
     set_fwd(FWD_ANSWER, 201);
+    env_down(&e);
+}
+
+/* A request that may have reached the upstream without an answer: its key
+ * is unknown, and every duplicate gets 502 without being forwarded (SPEC §9). */
+static void test_pipeline_lost_answer_makes_the_key_unknown(void)
+{
+    static const int maybe_sent[] = { -ECONNRESET, -ETIMEDOUT, -ESHUTDOWN };
+    struct env e;
+    struct pending first;
+    struct req *r;
+    int before;
+
+    env_up(&e, NULL, NULL);
+    for (size_t i = 0; i < ARRAY_SIZE(maybe_sent); i++) {
+        char key[32];
+        const char *hdr[] = { key, NULL };
+
+        snprintf(key, sizeof(key), "Idempotency-Key: u%zu", i);
+        set_fwd(FWD_HOLD, 0);
+        start(&e, &first, request(&e, "POST", "/pay", hdr), "x");
+        release_held(0, maybe_sent[i]);
+        CHECK(finished(&first, 5000));
+        CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
+        CHECK_EQ_INT(status_of(first.r), maybe_sent[i] == -ETIMEDOUT ? 504 : 502);
+        req_free(first.r);
+        set_fwd(FWD_ANSWER, 201);
+        before = fwd_calls();
+        r = run(&e, request(&e, "POST", "/pay", hdr), "x");
+        CHECK_EQ_INT(r->out.outcome, OUTCOME_UNKNOWN);
+        CHECK_EQ_INT(status_of(r), 502);
+        CHECK(has_code(r, "idempotency_outcome_unknown"));
+        CHECK_EQ_STR(record_header_get(r->out.answer, "X-Should-Retry"), "false");
+        CHECK(!record_header_get(r->out.answer, "Retry-After"));
+        CHECK(r->out.replayed == NULL);
+        CHECK_EQ_INT(fwd_calls(), before); /* never forwarded */
+        req_free(r);
+        r = run(&e, request(&e, "POST", "/pay", hdr), "another body");
+        CHECK_EQ_INT(r->out.outcome, OUTCOME_MISMATCH);
+        req_free(r);
+    }
+    env_down(&e);
+}
+
+/* on-unknown-outcome retry: the lock is released as before (at least once). */
+static void test_pipeline_retry_policy_releases_a_lost_answer(void)
+{
+    static const char *const retry[] = { "--on-unknown-outcome", "retry", NULL };
+    struct env e;
+    struct pending first;
+    struct req *r;
+    int before;
+
+    env_up(&e, NULL, retry);
+    set_fwd(FWD_HOLD, 0);
+    start(&e, &first, request(&e, "POST", "/pay", KEY("r1")), "x");
+    release_held(0, -ECONNRESET);
+    CHECK(finished(&first, 5000));
+    CHECK_EQ_INT(status_of(first.r), 502);
+    req_free(first.r);
+    set_fwd(FWD_ANSWER, 201);
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay", KEY("r1")), "x");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    req_free(r);
+    env_down(&e);
+}
+
+/* Past --upstream-timeout the client gets its 504 while the exchange goes on:
+ * a late cacheable answer completes the key, a late non-cacheable one
+ * releases it, none makes it unknown; the front end may free the request in
+ * between (SPEC §9). */
+static void test_pipeline_late_answers(void)
+{
+    static const struct {
+        unsigned status;
+        int err;
+        enum outcome next; /* what a duplicate gets once it ended */
+    } cases[] = {
+        { 201, 0, OUTCOME_REPLAYED },
+        { 503, 0, OUTCOME_EXECUTED },
+        { 0, -ETIMEDOUT, OUTCOME_UNKNOWN },
+    };
+    struct env e;
+    struct pending first;
+    struct req *r;
+
+    env_up(&e, NULL, NULL);
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        char key[32];
+        const char *hdr[] = { key, NULL };
+
+        snprintf(key, sizeof(key), "Idempotency-Key: l%zu", i);
+        set_fwd(FWD_HOLD, 0);
+        start(&e, &first, request(&e, "POST", "/pay", hdr), "x");
+        overdue_held();
+        CHECK(finished(&first, 5000));
+        CHECK_EQ_INT(first.r->out.outcome, OUTCOME_UPSTREAM_ERROR);
+        CHECK_EQ_INT(status_of(first.r), 504);
+        req_free(first.r); /* the client is gone: the exchange holds its own reference */
+        set_fwd(FWD_ANSWER, 201);
+        r = run(&e, request(&e, "POST", "/pay", hdr), "x");
+        CHECK_EQ_INT(r->out.outcome, OUTCOME_IN_FLIGHT); /* still under its lock */
+        req_free(r);
+        release_held(cases[i].status, cases[i].err);
+        r = run(&e, request(&e, "POST", "/pay", hdr), "x");
+        CHECK_EQ_INT(r->out.outcome, cases[i].next);
+        if (cases[i].next == OUTCOME_REPLAYED)
+            CHECK_EQ_INT(status_of(r), 201);
+        req_free(r);
+    }
+    CHECK_EQ_INT(pipeline_late(e.pl), 0);
     env_down(&e);
 }
 
@@ -704,4 +853,5 @@ TEST_MAIN(test_pipeline_executed_then_replayed_then_mismatch,
           test_pipeline_in_flight_then_completed,
           test_pipeline_upstream_error_and_5xx_release_the_lock,
           test_pipeline_store_error_rejects_or_passes_through, test_pipeline_stale_token,
-          test_pipeline_wait_hands_off)
+          test_pipeline_wait_hands_off, test_pipeline_lost_answer_makes_the_key_unknown,
+          test_pipeline_retry_policy_releases_a_lost_answer, test_pipeline_late_answers)

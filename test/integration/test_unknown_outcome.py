@@ -1,0 +1,322 @@
+"""Unknown outcomes (SPEC §9): a request that may have run upstream without
+an answer being stored makes its key unknown, and every later request with
+the key gets 502 idempotency_outcome_unknown without reaching the upstream;
+a failure where nothing reached the upstream releases the lock as before.
+Each cause against a socket that behaves that way, on both stores: a sleep
+past the timeout (with and without a late answer), a reset after the request
+was read, an upstream not listening, one that never accepts (a connect
+timeout), a TLS handshake that fails, a name that does not resolve, and the
+holder lost (SIGSTOP past --lock-ttl, on two proxies sharing Redis), with the
+holder coming back. Then the policy per route, --wait, /keys, the metrics
+and the log. The resets mid-answer are test_faults.py's; the proxy killed
+mid-request is test_faults.py's too."""
+import json
+import signal
+import socket
+import textwrap
+import time
+
+import pytest
+
+from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
+                      assert_unknown, free_port, hone, in_thread, keyed, metrics_value, new_key,
+                      redis_keys, redis_only, redis_state, start_held, wait_for)
+from fake_upstream import FakeUpstream
+
+
+def unknown_count(p, cause, route="default"):
+    return metrics_value(p.metrics(), "idemproxy_unknown_outcomes_total",
+                         {"route": route, "cause": cause}) or 0.0
+
+
+def outcome_count(p, outcome, route="default"):
+    return metrics_value(p.metrics(), "idemproxy_requests_total",
+                         {"route": route, "outcome": outcome}) or 0.0
+
+
+def replayed_when_stored(p, req, timeout=6):
+    """Polls <req> (409 while in flight) until it is replayed; returns the answer."""
+    def probe():
+        st, h, b = p.request(*req)
+        if st == 409:
+            return None
+        assert hone(h, REPLAY) == "true", (st, h, b[:200])
+        return st, h, b
+    return wait_for(probe, timeout=timeout, interval=0.1, what="a replay of the late answer")
+
+
+# ------------------------------------------------------------------ nothing reached the upstream
+def test_not_listening_releases_and_the_retry_runs(proxy, rdb):
+    """Connection refused: certain that nothing was sent: released, counted as
+    no unknown outcome, and the retry runs once the upstream is up."""
+    port = free_port()
+    p = proxy(upstream_url="http://127.0.0.1:%d" % port)
+    key = new_key()
+    req = keyed(key)
+    assert_problem(p.request(*req), 502, "upstream_unavailable")
+    if p.store == "redis":
+        assert redis_keys(rdb, key) == []
+    up = FakeUpstream(port).start()
+    try:
+        st, h, body = assert_free(p, key, req, upstream=up)
+        assert st == 201 and up.hits("/echo") == 1
+    finally:
+        up.stop()
+    assert sum(unknown_count(p, c) for c in
+               ("upstream_timeout", "upstream_reset", "holder_lost")) == 0
+
+
+def test_connect_timeout_releases(proxy):
+    """A listener that never accepts (its backlog full: the SYN is dropped):
+    the connection is never up within --upstream-timeout: 504, released."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(3):  # fill the accept queue
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            fillers.append(c)
+        time.sleep(0.2)
+        p = proxy("--upstream-timeout", "0.5", upstream_url="http://127.0.0.1:%d" % port)
+        key = new_key()
+        t0 = time.monotonic()
+        assert_problem(p.request(*keyed(key)), 504, "upstream_timeout")
+        assert time.monotonic() - t0 < 2.5
+        if p.store == "redis":
+            assert redis_keys(p.rdb, key) == []
+        assert "may have reached it" not in p.stderr()
+        assert unknown_count(p, "upstream_timeout") == 0
+        # Released: the next try runs (and times out connecting) again.
+        assert_problem(p.request(*keyed(key)), 504, "upstream_timeout")
+    finally:
+        for c in fillers:
+            c.close()
+        srv.close()
+
+
+def test_tls_handshake_failure_and_unresolvable_name_release(proxy):
+    """https to a plain HTTP server (the handshake fails before the request is
+    written) and a name that does not resolve: 502, released."""
+    plain = FakeUpstream().start()
+    try:
+        for url in ("https://127.0.0.1:%d" % plain.port, "http://nonexistent.invalid:80"):
+            p = proxy(upstream_url=url)
+            key = new_key()
+            assert_problem(p.request(*keyed(key)), 502, "upstream_unavailable")
+            assert_problem(p.request(*keyed(key)), 502, "upstream_unavailable")  # released
+            assert outcome_count(p, "upstream_error") == 2
+            assert outcome_count(p, "outcome_unknown") == 0
+        assert plain.hits() == 0
+    finally:
+        plain.stop()
+
+
+# ------------------------------------------------------------------ the upstream had the request
+def test_reset_after_reading_is_unknown(proxy, upstream):
+    """The upstream read the request, then reset: unknown (upstream_reset):
+    the retry gets 502 with X-Should-Retry: false and never reaches it; another
+    payload with the key is still a mismatch; counted, logged once per key,
+    and the access line of the request that made it unknown says so."""
+    p = proxy()
+    key = new_key()
+    req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
+    assert_problem(p.request(*req), 502, "upstream_unavailable")
+    for _ in range(2):
+        assert_unknown(p, req, path="/reset")
+    assert_problem(p.request("POST", "/reset", [("Idempotency-Key", key)], b"other"), 422,
+                   "idempotency_key_mismatch", "2.2")
+    assert upstream.hits("/reset") == 1
+    assert unknown_count(p, "upstream_reset") == 1
+    assert outcome_count(p, "outcome_unknown") == 2
+    err = p.stderr()
+    assert err.count("outcome unknown (upstream_reset)") == 1, err
+    lines = [ln for ln in err.splitlines() if " access " in ln and key in ln]
+    assert "unknown=upstream_reset" in lines[0] and " 502 upstream_error " in lines[0], lines
+    assert all("unknown=" not in ln for ln in lines[1:]), lines
+    assert [" 502 outcome_unknown " in ln for ln in lines[1:]] == [True, True, False], lines
+
+
+def test_timeout_without_late_answer_is_unknown(proxy, upstream):
+    """No answer within --upstream-timeout nor --upstream-late-timeout: 504 at
+    the first, in flight until the second, then unknown (upstream_timeout)."""
+    p = proxy("--upstream-timeout", "0.5", "--upstream-late-timeout", "1")
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    t0 = time.monotonic()
+    assert_problem(p.request(*req), 504, "upstream_timeout")
+    assert time.monotonic() - t0 < 1.2
+    assert_locked(p, key, req)
+    wait_for(lambda: unknown_count(p, "upstream_timeout") == 1, timeout=5,
+             what="the late timeout to run out")
+    assert time.monotonic() - t0 >= 1.4
+    upstream.release(key)  # the answer comes too late: nothing changes
+    time.sleep(0.2)
+    assert_unknown(p, req, path="/hold")
+    assert upstream.hits("/hold") == 1
+    if p.store == "redis":
+        assert redis_state(p.rdb, key) == "U"
+
+
+@pytest.mark.parametrize("status,stored", [(201, True), (503, False)])
+def test_late_answer_completes_or_releases(proxy, upstream, status, stored):
+    """A late answer within --upstream-late-timeout: cacheable, it completes
+    the key (later duplicates are replayed); not cacheable, it releases it (the
+    next retry runs). Neither makes the key unknown."""
+    p = proxy("--upstream-timeout", "0.5", "--upstream-late-timeout", "5")
+    key = new_key()
+    req = keyed(key, path="/slow?ms=1500&status=%d" % status, body=b"late")
+    assert_problem(p.request(*req), 504, "upstream_timeout")
+    assert_locked(p, key, req)
+    if stored:
+        st, h, b = replayed_when_stored(p, req)
+        assert st == 201 and json.loads(b)["slept_ms"] == 1500
+        assert upstream.hits("/slow") == 1
+    else:
+        wait_for(lambda: p.request(*req)[0] != 409, timeout=6, interval=0.1,
+                 what="the late 503 to release the key")
+        assert upstream.hits("/slow") == 2  # released: the retry ran
+    assert unknown_count(p, "upstream_timeout") == 0
+
+
+def test_late_exchange_survives_the_client_and_shutdown_waits_for_it(proxy, upstream):
+    """The client that got its 504 hangs up; on SIGTERM the proxy waits for
+    the late exchange (within --shutdown-timeout), which completes the key."""
+    p = proxy("--upstream-timeout", "0.3", "--shutdown-timeout", "5")
+    key = new_key()
+    req = keyed(key, path="/slow?ms=1500", body=b"late")
+    assert_problem(p.request(*req), 504, "upstream_timeout")
+    t0 = time.monotonic()
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(10) == 0, p.stderr()
+    assert time.monotonic() - t0 >= 0.8, "shutdown did not wait for the late exchange"
+    if p.store == "redis":
+        assert redis_state(p.rdb, key) == "C"
+
+
+@redis_only
+def test_shutdown_cuts_a_late_exchange_unknown_shared_redis(proxy, upstream, rdb):
+    """A late exchange still running at --shutdown-timeout is cut: its key is
+    unknown (upstream_timeout) for every other proxy."""
+    p = proxy("--upstream-timeout", "0.3", "--shutdown-timeout", "0.5")
+    other = proxy()
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    assert_problem(p.request(*req), 504, "upstream_timeout")
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(10) == 0, p.stderr()
+    assert redis_state(rdb, key) == "U"
+    assert rdb.hget(redis_keys(rdb, key)[0], "cause") == b"upstream_timeout"
+    upstream.release(key)
+    assert_unknown(other, req, path="/hold")
+
+
+# ------------------------------------------------------------------ the holder lost
+@redis_only
+def test_frozen_holder_lost_then_comes_back_shared_redis(proxy, upstream, rdb):
+    """Two proxies on one Redis. The first is frozen (SIGSTOP) past --lock-ttl
+    while its request is at the upstream: the second finds the lease run out:
+    unknown (holder_lost), 502, the upstream not called. The first thaws, gets
+    its answer and completes the key with its own token: from then on
+    duplicates are replayed, and the request ran once."""
+    p1 = proxy("--lock-ttl", "1")
+    p2 = proxy("--lock-ttl", "1")
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    first = start_held(p1, key, body=b"pay")
+    p1.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: p2.request(*req)[0] != 409, timeout=5, interval=0.1,
+                 what="the frozen holder's lease to run out")
+        assert unknown_count(p2, "holder_lost") == 1
+        assert_unknown(p2, req, path="/hold")
+        upstream.release(key)
+    finally:
+        p1.proc.send_signal(signal.SIGCONT)
+    st, h, body = first(timeout=10)
+    assert st == 200 and hone(h, REPLAY) == "false"
+    wait_for(lambda: redis_state(rdb, key) == "C", timeout=5, what="the holder's complete")
+    assert_completed(p2, key, req, body=body)
+    assert upstream.hits("/hold") == 1
+
+
+def test_holder_lost_on_one_proxy(proxy, upstream, rdb):
+    """One proxy, its store answering, a lease lapsed under it (a lock whose
+    lease ran out, as a crash leaves it): the next request finds it unknown;
+    the memory store keeps the same state machine."""
+    p = proxy("--lock-ttl", "0.3")
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    first = start_held(p, key, body=b"pay")
+    p.proc.send_signal(signal.SIGSTOP)  # the heartbeat stops with it
+    time.sleep(0.8)
+    p.proc.send_signal(signal.SIGCONT)
+    # Thawed, its heartbeat may renew the lease before anyone looks: either
+    # way the key is never run twice.
+    st, h, b = p.request(*req)
+    assert st in (409, 502), (st, b[:200])
+    upstream.release(key)
+    assert first(timeout=10)[0] == 200
+    assert upstream.hits("/hold") == 1
+
+
+# ------------------------------------------------------------------ policy, --wait, operators
+def test_retry_per_route(proxy, upstream, tmp_path):
+    """on-unknown-outcome per route: a webhook route retries (at least once),
+    the top level refuses."""
+    cfg = tmp_path / "routes.yaml"
+    cfg.write_text(textwrap.dedent("""
+        routes:
+          - name: webhooks
+            match: {methods: [PUT], path: /reset}
+            on-unknown-outcome: retry
+    """).lstrip())
+    p = proxy("--config", str(cfg))
+    hook, pay = new_key(), new_key()
+    hook_req = ("PUT", "/reset", [("Idempotency-Key", hook)], b"event")
+    assert_problem(p.request(*hook_req), 502, "upstream_unavailable")
+    assert_problem(p.request(*hook_req), 502, "upstream_unavailable")  # ran again
+    assert upstream.hits("/reset") == 2
+    assert unknown_count(p, "upstream_reset", route="webhooks") == 0
+    pay_req = ("POST", "/reset", [("Idempotency-Key", pay)], b"pay")
+    assert_problem(p.request(*pay_req), 502, "upstream_unavailable")
+    assert_unknown(p, pay_req, path="/reset")
+    assert upstream.hits("/reset") == 3
+    assert unknown_count(p, "upstream_reset") == 1
+
+
+def test_wait_duplicates_get_the_unknown_answer(proxy, upstream):
+    """Duplicates held by --wait while the first request's answer is lost get
+    the 502 as soon as the key becomes unknown."""
+    p = proxy("--wait", "10", "--upstream-timeout", "0.5", "--upstream-late-timeout", "0.5")
+    key = new_key()
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    first = start_held(p, key, body=b"pay")
+    dups = [in_thread(p.request, *req, timeout=20) for _ in range(2)]
+    time.sleep(0.2)  # held by --wait
+    assert_problem(first(timeout=5), 504, "upstream_timeout")
+    t0 = time.monotonic()
+    for d in dups:
+        assert_problem(d(timeout=10), 502, "idempotency_outcome_unknown")
+    assert time.monotonic() - t0 < 3
+    assert upstream.hits("/hold") == 1
+
+
+def test_delete_resolves_an_unknown_key(proxy, upstream):
+    """DELETE /keys/<key> releases an unknown key: its next retry runs."""
+    p = proxy()
+    key = new_key()
+    req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
+    assert_problem(p.request(*req), 502, "upstream_unavailable")
+    st, h, b = p.admin_request("GET", "/keys/%s" % key)
+    assert st == 200, b
+    rec = json.loads(b)["records"][0]
+    assert rec["state"] == "unknown" and rec["cause"] == "upstream_reset", rec
+    assert rec["route"] == "default" and rec["method"] == "POST" and rec["target"] == "/reset"
+    st, _, b = p.admin_request("DELETE", "/keys/%s?scope=%s" % (key, rec["scope"]))
+    assert st == 200, b
+    assert_problem(p.request(*req), 502, "upstream_unavailable")  # ran again
+    assert upstream.hits("/reset") == 2
