@@ -22,6 +22,8 @@
 struct admin {
     struct store *st;
     const char *key_prefix; /* borrowed from the configuration */
+    uint64_t ttl_ms;        /* --ttl: what an operator's answer is kept, if its key does not say */
+    size_t max_body;        /* the largest body a PUT /keys may send */
     const char *token;      /* borrowed: --admin-token-file's secret, NULL: none */
     bool loopback;          /* the admin address is a loopback one */
     struct MHD_Daemon *d;
@@ -105,19 +107,35 @@ enum admin_access admin_keys_access(const char *token, bool loopback, const char
     return ADMIN_ACCESS_UNAUTHORIZED;
 }
 
+/* One admin request: its raw target, and the body of a PUT /keys. */
+struct admin_req {
+    char *target;    /* owned */
+    struct buf body; /* limited to the admin's max_body */
+    bool started;    /* the headers were seen: the body, if any, follows */
+    bool too_large;
+};
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
 {
     struct admin *a = cls;
+    struct admin_req *q = *con_cls;
+    bool is_keys = strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0 ||
+                   strcmp(url, ADMIN_KEYS_LIST_PATH) == 0;
 
     (void)version;
-    (void)upload_data;
     if (*upload_data_size) {
-        *upload_data_size = 0; /* no admin path takes a body */
+        /* only PUT /keys/<key> takes a body */
+        if (q && is_keys && strcmp(method, "PUT") == 0 && !q->too_large &&
+            buf_append(&q->body, upload_data, *upload_data_size) < 0) {
+            q->too_large = true;
+            buf_done(&q->body);
+        }
+        *upload_data_size = 0;
         return MHD_YES;
     }
-    if (strncmp(url, ADMIN_KEYS_PATH, strlen(ADMIN_KEYS_PATH)) == 0) {
+    if (is_keys) {
         switch (admin_keys_access(
             a->token, a->loopback,
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"))) {
@@ -132,10 +150,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case ADMIN_ACCESS_ALLOWED:
             break;
         }
-        if (!*con_cls)
+        if (q && !q->started && strcmp(method, "PUT") == 0) {
+            q->started = true; /* the body comes next: answered once it is in */
+            return MHD_YES;
+        }
+        if (!q || !q->target)
             return reply(conn, 500, "out of memory\n");
         /* the raw target: MHD's decoded <url> would end at a %00 */
-        return admin_keys_serve(conn, a->st, a->key_prefix, *con_cls, method);
+        return admin_keys_serve(conn, a->st,
+                                &(struct admin_keys_call){ .prefix = a->key_prefix,
+                                                           .target = q->target,
+                                                           .method = method,
+                                                           .body = buf_span(&q->body),
+                                                           .body_too_large = q->too_large,
+                                                           .ttl_ms = a->ttl_ms });
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(conn, 405, "method not allowed\n");
@@ -154,18 +182,30 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 /* Keeps the raw target of each request: /keys decodes its key itself. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
-    (void)cls;
+    struct admin *a = cls;
+    struct admin_req *q = calloc(1, sizeof(*q));
+
     (void)conn;
-    return strdup(uri); /* NULL on OOM: the decoded URL is used */
+    if (!q)
+        return NULL;
+    q->target = strdup(uri);
+    q->body = BUF_INIT(a->max_body);
+    return q;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    struct admin_req *q = *con_cls;
+
     (void)cls;
     (void)conn;
     (void)toe;
-    free(*con_cls);
+    if (q) {
+        free(q->target);
+        buf_done(&q->body);
+        free(q);
+    }
     *con_cls = NULL;
 }
 
@@ -196,12 +236,15 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
         return -ENOMEM;
     a->st = st;
     a->key_prefix = cfg->key_prefix;
+    a->ttl_ms = cfg->ttl_ms;
+    /* an answer of --max-response in base64, its headers and the JSON around them */
+    a->max_body = cfg->max_response_bytes / 3 * 4 + (1u << 20);
     a->token = cfg->admin_token;
     a->loopback = admin_is_loopback(cfg);
     if (cfg->admin_listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,
-                            &cfg->admin_listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
+                            &cfg->admin_listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, a,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                             MHD_OPTION_CONNECTION_LIMIT, 64u,
                             MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_LISTENING_ADDRESS_REUSE,

@@ -5,6 +5,7 @@
  * front end's thread is never involved. */
 #include "idemproxy/admin_keys.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include "idemproxy/config.h"
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
+#include "idemproxy/log.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
@@ -285,6 +287,22 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
     return reply_json(conn, 200, json_pack("{s:s, s:o}", "key", key, "records", records));
 }
 
+/* The operator's address, for the log. */
+static void peer_address(struct MHD_Connection *conn, char *out, size_t outlen)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+    snprintf(out, outlen, "?");
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+                  (socklen_t)outlen);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
+                  (socklen_t)outlen);
+}
+
 static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, const char *prefix,
                                  const char *key, const char *scope)
 {
@@ -320,30 +338,232 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
     }
     {
         json_t *o = json_pack("{s:s}", "deleted", store_key);
+        char peer[64];
 
+        peer_address(conn, peer, sizeof(peer));
+        log_warn("key %s deleted by the operator at %s: its next request runs", store_key, peer);
         free(store_key);
         return reply_json(conn, 200, o);
     }
 }
 
-enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st, const char *prefix,
-                                 const char *target, const char *method)
+/* GET /keys?state=unknown[&cursor=C]: a page of the unknown keys. */
+static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *st,
+                                    const char *prefix)
+{
+    const char *state = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "state");
+    const char *cursor = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "cursor");
+    struct waiter *w;
+    json_t *records, *next;
+    int err;
+
+    if (!state || strcmp(state, "unknown") != 0)
+        return reply_error(conn, 400,
+                           "list with GET /keys?state=unknown (the keys whose outcome is "
+                           "unknown); one key's records with GET /keys/<key>");
+    w = waiter_new();
+    if (!w)
+        return reply_error(conn, 500, "out of memory");
+    err = store_list_unknown(st, span_from_cstr(prefix), cursor ? cursor : "", on_listed, w);
+    if (err < 0) {
+        waiter_unref(w);
+        waiter_unref(w);
+        return err == -EINVAL ? reply_error(conn, 400, "cursor: give the one the last page said")
+                              : reply_error(conn, 503, "the store refused the call");
+    }
+    err = waiter_wait(w);
+    if (err < 0) {
+        waiter_unref(w);
+        return reply_error(conn, 503,
+                           err == -ETIMEDOUT ? "the store did not answer in time"
+                                             : "the store is not answering");
+    }
+    records = json_array();
+    for (size_t i = 0; records && i < w->list.n; i++) {
+        const struct store_info *in = &w->list.items[i];
+        json_t *o = info_json(in, strlen(prefix), false);
+        size_t head = strlen(prefix) + IDEMKEY_SCOPE_HEX + 1;
+
+        if (o && strlen(in->store_key) > head)
+            json_object_set_new(o, "key", bytes_json(in->store_key + head,
+                                                     strlen(in->store_key) - head));
+        json_array_append_new(records, o);
+    }
+    next = w->list.cursor[0] ? json_string(w->list.cursor) : json_null();
+    waiter_unref(w);
+    return reply_json(conn, 200, json_pack("{s:s, s:o, s:o}", "state", "unknown", "records",
+                                           records, "next_cursor", next));
+}
+
+static void on_resolved(void *ctx, int err, const struct store_result *res)
+{
+    (void)res;
+    waiter_finish(ctx, err, NULL);
+}
+
+/* The answer of a PUT body {"status": N, "headers": [[name, value], ...],
+ * "body": "..." or "body_base64": "..."}, or NULL with <why> set. */
+static struct record *answer_from_json(struct span text, const char **why)
+{
+    json_t *root = json_loadb(text.base ? text.base : "", text.len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *status, *headers, *body, *body64, *h;
+    struct record *rec = NULL;
+    size_t i;
+
+    *why = "the body is {\"status\": N, \"headers\": [[name, value], ...], \"body\": \"...\"} "
+           "(or \"body_base64\")";
+    if (!json_is_object(root))
+        goto out;
+    status = json_object_get(root, "status");
+    headers = json_object_get(root, "headers");
+    body = json_object_get(root, "body");
+    body64 = json_object_get(root, "body_base64");
+    if (!json_is_integer(status) || json_integer_value(status) < 100 ||
+        json_integer_value(status) > 599 || (headers && !json_is_array(headers)) ||
+        (body && body64) || (body && !json_is_string(body)) ||
+        (body64 && !json_is_string(body64)))
+        goto out;
+    rec = record_new(SIZE_MAX);
+    if (!rec) {
+        *why = "out of memory";
+        goto out;
+    }
+    rec->status = (unsigned)json_integer_value(status);
+    json_array_foreach(headers, i, h) {
+        json_t *n = json_array_get(h, 0), *v = json_array_get(h, 1);
+
+        if (!json_is_array(h) || json_array_size(h) != 2 || !json_is_string(n) ||
+            !json_is_string(v) ||
+            !http_is_token((struct span){ json_string_value(n), json_string_length(n) }) ||
+            !http_is_field_value((struct span){ json_string_value(v), json_string_length(v) }) ||
+            record_add_header(rec, (struct span){ json_string_value(n), json_string_length(n) },
+                              (struct span){ json_string_value(v), json_string_length(v) }) < 0) {
+            *why = "headers: [[name, value], ...], a token and a field value without CR, LF or NUL";
+            goto fail;
+        }
+    }
+    record_filter_hop_by_hop(rec);
+    if (body && buf_append(&rec->body, json_string_value(body), json_string_length(body)) < 0)
+        goto fail;
+    if (body64) {
+        size_t n = json_string_length(body64);
+        unsigned char *out = malloc(n / 4 * 3 + 3);
+        int len = out ? EVP_DecodeBlock(out, (const unsigned char *)json_string_value(body64),
+                                        (int)n)
+                      : -1;
+
+        if (len < 0 || n % 4 != 0) {
+            free(out);
+            *why = "body_base64: not base64";
+            goto fail;
+        }
+        /* EVP_DecodeBlock() counts the padding as data */
+        if (n >= 1 && json_string_value(body64)[n - 1] == '=')
+            len--;
+        if (n >= 2 && json_string_value(body64)[n - 2] == '=')
+            len--;
+        if (buf_append(&rec->body, (const char *)out, (size_t)len) < 0) {
+            free(out);
+            goto fail;
+        }
+        free(out);
+    }
+    *why = NULL;
+    goto out;
+fail:
+    record_unref(rec);
+    rec = NULL;
+out:
+    json_decref(root);
+    return rec;
+}
+
+/* PUT /keys/<key>?scope=<hash>: an operator's answer completes an unknown key. */
+static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st,
+                                   const struct admin_keys_call *c, const char *key,
+                                   const char *scope)
+{
+    struct waiter *w;
+    struct record *rec;
+    const char *why;
+    char *store_key, peer[64];
+    unsigned status;
+    int err;
+
+    if (!scope || !idemkey_is_scope(span_from_cstr(scope)))
+        return reply_error(conn, 400,
+                           "scope: give ?scope=<the 32 hex characters shown by GET /keys/<key>>");
+    if (c->body_too_large)
+        return reply_error(conn, 413, "the answer is larger than --max-response allows");
+    rec = answer_from_json(c->body, &why);
+    if (!rec)
+        return reply_error(conn, 400, why);
+    status = rec->status;
+    if (idemkey_store_key(span_from_cstr(c->prefix), scope, span_from_cstr(key), &store_key) < 0) {
+        record_unref(rec);
+        return reply_error(conn, 500, "out of memory");
+    }
+    w = waiter_new();
+    err = w ? store_resolve(st, span_from_cstr(store_key), rec, c->ttl_ms, on_resolved, w)
+            : -ENOMEM;
+    record_unref(rec);
+    if (err < 0 && w) {
+        waiter_unref(w);
+        waiter_unref(w);
+    } else if (w) {
+        err = waiter_wait(w);
+        waiter_unref(w);
+    }
+    peer_address(conn, peer, sizeof(peer));
+    if (err == 0)
+        log_warn("key %s resolved by the operator at %s: completed with the answer given "
+                 "(status %u); duplicates get it as a replay",
+                 store_key, peer, status);
+    free(store_key);
+    if (err == -ENOENT)
+        return reply_error(conn, 404, "no such key under this scope (expired, or never stored)");
+    if (err == -EBUSY)
+        return reply_json(conn, 409,
+                          json_pack("{s:s}", "error",
+                                    "the key's outcome is not unknown: it is in flight or "
+                                    "completed (see GET /keys/<key>); only an unknown key takes "
+                                    "an operator's answer"));
+    if (err == -E2BIG)
+        return reply_error(conn, 413, "the answer is larger than the store takes");
+    if (err < 0)
+        return reply_error(conn, 503, "the store is not answering");
+    return reply_json(conn, 200, json_pack("{s:s}", "resolved", "completed"));
+}
+
+enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
+                                 const struct admin_keys_call *c)
 {
     char key[KEY_MAX + 1];
     const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
-    bool is_get = strcmp(method, "GET") == 0, is_delete = strcmp(method, "DELETE") == 0;
+    const char *scope = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "scope");
+    const char *method = c->method;
+    bool is_get = strcmp(method, "GET") == 0, is_delete = strcmp(method, "DELETE") == 0,
+         is_put = strcmp(method, "PUT") == 0;
+    size_t path_len = strcspn(c->target, "?");
 
-    if (!is_get && !is_delete)
-        return reply_error(conn, 405, "GET or DELETE");
     if (!st)
         return reply_error(conn, 404, "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
-    if (decode_key(target, key) < 0)
+    if (path_len == strlen(ADMIN_KEYS_LIST_PATH) &&
+        memcmp(c->target, ADMIN_KEYS_LIST_PATH, path_len) == 0) {
+        if (!is_get)
+            return reply_error(conn, 405, "GET /keys?state=unknown");
+        return list_unknown(conn, st, c->prefix);
+    }
+    if (!is_get && !is_delete && !is_put)
+        return reply_error(conn, 405, "GET, DELETE or PUT");
+    if (decode_key(c->target, key) < 0)
         return reply_error(conn, 400,
                            "key: 1 to 255 bytes of 0x21-0x7E, as stored (unquoted), or a "
                            "composite key's parts joined by single spaces, percent-encoded in "
                            "the path");
     if (is_get)
-        return list_keys(conn, st, prefix, key, body && strcmp(body, "1") == 0);
-    return purge_key(conn, st, prefix, key,
-                     MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "scope"));
+        return list_keys(conn, st, c->prefix, key, body && strcmp(body, "1") == 0);
+    if (is_put)
+        return resolve_key(conn, st, c, key, scope);
+    return purge_key(conn, st, c->prefix, key, scope);
 }

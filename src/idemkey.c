@@ -116,6 +116,14 @@ bool idemkey_store_key_matches(struct span s, struct span prefix, struct span ke
            s.base[head - 1] == ':' && memcmp(s.base + head, key.base, key.len) == 0;
 }
 
+bool idemkey_store_key_is_under(struct span s, struct span prefix)
+{
+    size_t head = prefix.len + IDEMKEY_SCOPE_HEX + 1;
+
+    return s.len > head &&
+           idemkey_store_key_matches((struct span){ s.base, head }, prefix, (struct span){ "", 0 });
+}
+
 int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret)
 {
     size_t slen = strlen(scope);

@@ -20,8 +20,10 @@ int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, 
     struct store_admin_job *job = malloc(sizeof(*job));
     int err;
 
-    if (!job)
+    if (!job) {
+        record_unref(args->rec); /* taken over in every case */
         return -ENOMEM;
+    }
     *job = *args;
     job->prefix = strndup(prefix.base ? prefix.base : "", prefix.len);
     job->key = strndup(key.base ? key.base : "", key.len);
@@ -33,10 +35,28 @@ int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, 
     return err;
 }
 
+int store_cursor_parse(const char *cursor, uint64_t *a, uint64_t *b)
+{
+    char *end;
+
+    *a = *b = 0;
+    if (!cursor || !cursor[0])
+        return 0;
+    if (cursor[0] < '0' || cursor[0] > '9')
+        return -EINVAL;
+    errno = 0;
+    *a = strtoull(cursor, &end, 10);
+    if (errno || *end != '.' || end[1] < '0' || end[1] > '9')
+        return -EINVAL;
+    *b = strtoull(end + 1, &end, 10);
+    return errno || *end ? -EINVAL : 0;
+}
+
 void store_admin_job_free(struct store_admin_job *job)
 {
     if (!job)
         return;
+    record_unref(job->rec);
     free(job->prefix);
     free(job->key);
     free(job);

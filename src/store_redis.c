@@ -267,6 +267,10 @@ static int op_parse(const struct op *op, const redisReply *reply, struct store_r
     }
     if (op->script == LUA_ACQUIRE)
         return parse_acquire(reply, res);
+    if (op->script == LUA_RESOLVE && reply_str_eq(reply, "gone"))
+        return -ENOENT;
+    if (op->script == LUA_RESOLVE && reply_str_eq(reply, "not_unknown"))
+        return -EBUSY;
     return parse_ok_or_stale(reply, res);
 }
 
@@ -561,6 +565,12 @@ static int op_send(struct link *k, struct op *op)
         argc++;
         argv[argc] = op->head.data ? op->head.data : "";
         lens[argc++] = op->head.len;
+        break;
+    case LUA_RESOLVE:
+        argv[argc] = op->head.data;
+        lens[argc++] = op->head.len;
+        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
+        lens[argc++] = op->rec->body.len;
         break;
     case LUA_COMPLETE:
         argv[argc] = op->tok.hex;
@@ -1336,6 +1346,28 @@ static int redis_complete(struct store *base, struct span key, const struct stor
     return store_redis_op_submit(op);
 }
 
+static int redis_resolve(struct store *base, struct span store_key, struct record *rec,
+                         uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    static const struct store_token none = { .hex = "00000000000000000000000000000000" };
+    struct op *op;
+    int err;
+
+    if (!rec || ttl_ms == 0)
+        return -EINVAL;
+    err = op_new(store_redis_of(base), LUA_RESOLVE, store_key, &none, done, ctx, &op);
+    if (err < 0)
+        return err;
+    err = record_encode_head(rec, &op->head);
+    if (err < 0) {
+        op_free(op);
+        return err;
+    }
+    op->rec = record_ref(rec);
+    op->ttl_ms = ttl_ms;
+    return store_redis_op_submit(op);
+}
+
 static int redis_release(struct store *base, struct span key, const struct store_token *tok,
                          store_done_fn *done, void *ctx)
 {
@@ -1413,7 +1445,8 @@ static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
                              { "complete", LUA_COMPLETE },
                              { "release", LUA_RELEASE },
                              { "extend", LUA_EXTEND },
-                             { "unknown", LUA_UNKNOWN } };
+                             { "unknown", LUA_UNKNOWN },
+                             { "resolve", LUA_RESOLVE } };
     int err = emit(ctx, "idemproxy_redis_connected", NULL, "gauge",
                    "1 while the (current) Redis master of every slot answers",
                    redis_is_ready(base) ? 1 : 0);
@@ -1725,6 +1758,8 @@ static const struct store_ops redis_ops = {
     .extend = redis_extend,
     .inspect = store_redis_inspect,
     .purge = store_redis_purge,
+    .list_unknown = store_redis_list_unknown,
+    .resolve = redis_resolve,
     .set_notify = store_redis_set_notify,
     .is_ready = redis_is_ready,
     .metrics = redis_metrics,

@@ -100,10 +100,13 @@ struct inspect {
     unsigned masters[NODE_MAX]; /* the nodes to scan, in turn */
     unsigned nmasters, at;
     unsigned pending; /* inspect scripts not answered yet */
+    unsigned pages;   /* list_unknown: SCAN pages looked at */
     struct store_info_list list;
     size_t cap;
     int err;
 };
+
+#define LIST_PAGE_SCANS 10 /* list_unknown: SCAN pages (of 1000) per page of the listing */
 
 /* One key being read. */
 struct inspect_key {
@@ -116,6 +119,8 @@ static void inspect_finish(struct inspect *in)
 {
     struct store_redis *st = in->st;
 
+    if (in->err == 0 && in->job->unknown_only && in->at < in->nmasters)
+        snprintf(in->list.cursor, sizeof(in->list.cursor), "%u.%s", in->at, in->cursor);
     if (in->err < 0)
         store_info_list_done(&in->list);
     in->job->list_done(in->job->ctx, in->err < 0 ? in->err : 0, &in->list);
@@ -139,10 +144,13 @@ static void inspect_next(struct inspect *in)
         in->scanned = false; /* this master is done: the next one from cursor "0" */
         in->at++;
     }
-    if (in->err < 0 || in->at == in->nmasters) {
+    if (in->err < 0 || in->at == in->nmasters ||
+        (in->job->unknown_only &&
+         (in->list.n >= STORE_LIST_PAGE || in->pages >= LIST_PAGE_SCANS))) {
         inspect_finish(in);
         return;
     }
+    in->pages++;
     err = store_redis_raw(in->st, OP_RAW, (int)in->masters[in->at], 6, argv, lens, on_scan, in);
     if (err < 0) {
         in->err = err;
@@ -158,8 +166,13 @@ static void on_inspected(void *ctx, int err, const redisReply *r)
 
     if (err == 0 && in->err == 0) {
         err = parse_inspect(r, (struct span){ ik->key, ik->len }, &info);
-        if (err == 1 && (err = store_info_list_add(&in->list, &in->cap, &info)) < 0) {
+        if (err == 1 && in->job->unknown_only && !info.unknown) {
             free(info.store_key);
+            free(info.about);
+            record_unref(info.rec);
+        } else if (err == 1 && (err = store_info_list_add(&in->list, &in->cap, &info)) < 0) {
+            free(info.store_key);
+            free(info.about);
             record_unref(info.rec);
         }
     }
@@ -199,7 +212,9 @@ static void on_scan(void *ctx, int err, const redisReply *r)
         size_t lens[2];
 
         if (!reply_is(k, REDIS_REPLY_STRING) ||
-            !idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key))
+            !(in->job->unknown_only
+                  ? idemkey_store_key_is_under((struct span){ k->str, k->len }, prefix)
+                  : idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key)))
             continue;
         ik = malloc(sizeof(*ik) + k->len);
         if (!ik) {
@@ -246,12 +261,29 @@ static void inspect_run(void *arg)
     in->pattern = BUF_INIT(64 << 10); /* a composite key, every byte escaped */
     in->nmasters = store_redis_masters(in->st, in->masters);
     snprintf(in->cursor, sizeof(in->cursor), "0");
-    err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
+    err = 0;
+    if (job->unknown_only) {
+        /* "<master>.<its SCAN cursor>": the masters' order is the slot map's */
+        uint64_t at, cursor;
+
+        err = store_cursor_parse(job->cursor, &at, &cursor);
+        if (err == 0 && at > in->nmasters)
+            err = -EINVAL;
+        if (err == 0) {
+            in->at = (unsigned)at;
+            snprintf(in->cursor, sizeof(in->cursor), "%llu", (unsigned long long)cursor);
+            in->scanned = cursor != 0;
+        }
+    }
+    if (err == 0)
+        err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
     for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
         err = buf_append(&in->pattern, "?", 1);
     if (err == 0)
         err = buf_append(&in->pattern, ":", 1);
-    if (err == 0)
+    if (err == 0 && job->unknown_only)
+        err = buf_append(&in->pattern, "*", 1);
+    else if (err == 0)
         err = append_glob_escaped(&in->pattern, (struct span){ job->key, job->key_len });
     if (err == 0)
         err = buf_append(&in->pattern, "", 1); /* NUL-terminated, not counted */
@@ -283,6 +315,23 @@ static void purge_run(void *arg)
 
     if (err < 0)
         on_purged(job, err, NULL);
+}
+
+int store_redis_list_unknown(struct store *base, struct span prefix, const char *cursor,
+                             store_list_fn *done, void *ctx)
+{
+    struct store_redis *st = store_redis_of(base);
+    struct store_admin_job job = {
+        .st = st, .list_done = done, .ctx = ctx, .unknown_only = true
+    };
+    uint64_t a, b;
+
+    if (!done || store_cursor_parse(cursor, &a, &b) < 0 ||
+        strlen(cursor ? cursor : "") >= sizeof(job.cursor))
+        return -EINVAL;
+    snprintf(job.cursor, sizeof(job.cursor), "%s", cursor ? cursor : "");
+    return store_admin_job_submit(&st->calls, st->pool, inspect_run, &job, prefix,
+                                  (struct span){ "", 0 });
 }
 
 int store_redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,

@@ -47,4 +47,7 @@ bool idemkey_is_scope(struct span s);
  * in any scope: <prefix>, a scope, ':', <key>. */
 bool idemkey_store_key_matches(struct span s, struct span prefix, struct span key);
 
+/* True when <s> is a store key under <prefix> of any key, in any scope. */
+bool idemkey_store_key_is_under(struct span s, struct span prefix);
+
 #endif

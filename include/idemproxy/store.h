@@ -95,9 +95,12 @@ struct store_info {
     struct record *rec;               /* completed: own reference; its body only if asked */
 };
 
+#define STORE_CURSOR_MAX 48 /* a page cursor of store_list_unknown(), NUL included */
+
 struct store_info_list {
     struct store_info *items; /* owned array of n */
     size_t n;
+    char cursor[STORE_CURSOR_MAX]; /* store_list_unknown(): the next page's, "" at the end */
 };
 
 /* Frees what <l> holds and empties it. NULL-safe. */
@@ -138,6 +141,10 @@ struct store_ops {
     int (*inspect)(struct store *st, struct span prefix, struct span key, bool with_body,
                    store_list_fn *done, void *ctx);
     int (*purge)(struct store *st, struct span store_key, store_done_fn *done, void *ctx);
+    int (*list_unknown)(struct store *st, struct span prefix, const char *cursor,
+                        store_list_fn *done, void *ctx);
+    int (*resolve)(struct store *st, struct span store_key, struct record *rec, uint64_t ttl_ms,
+                   store_done_fn *done, void *ctx);
     int (*set_notify)(struct store *st, store_notify_fn *fn, void *ctx);
     bool (*is_ready)(struct store *st);
     int (*metrics)(struct store *st, store_metric_fn *emit, void *ctx); /* NULL: none */
@@ -230,6 +237,29 @@ static inline int store_purge(struct store *st, struct span store_key, store_don
                               void *ctx)
 {
     return st->ops->purge(st, store_key, done, ctx);
+}
+
+/* Starts LIST UNKNOWN (for operators): one page of the stored keys under
+ * <prefix>, any key and scope, whose outcome is unknown, from <cursor> (""
+ * for the first page); list->cursor says where the next one starts ("" at
+ * the end). A page may hold fewer keys than the next (even none): it looks
+ * at a bounded part of the store. Returns 0 when accepted (<done> then runs
+ * exactly once) or a negative errno. */
+static inline int store_list_unknown(struct store *st, struct span prefix, const char *cursor,
+                                     store_list_fn *done, void *ctx)
+{
+    return st->ops->list_unknown(st, prefix, cursor, done, ctx);
+}
+
+/* Starts RESOLVE (for operators): completes the unknown key <store_key> with
+ * <rec> (the store takes its own reference), kept what the record was to be
+ * kept (<ttl_ms> when it does not say), so that later duplicates are
+ * replayed. <done> gets STORE_OK, -ENOENT when there is no such key, or
+ * -EBUSY when the key is not unknown (it changed nothing). */
+static inline int store_resolve(struct store *st, struct span store_key, struct record *rec,
+                                uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    return st->ops->resolve(st, store_key, rec, ttl_ms, done, ctx);
 }
 
 /* Asks <st> to call <fn>(<ctx>, key) whenever a key is completed or released,

@@ -231,6 +231,8 @@ unsigned store_redis_masters(struct store_redis *st, unsigned *ret);
 int store_redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                         store_list_fn *done, void *ctx);
 int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx);
+int store_redis_list_unknown(struct store *base, struct span prefix, const char *cursor,
+                             store_list_fn *done, void *ctx);
 
 /* store.h's set_notify, and the end of its subscriber (NULL-safe). */
 int store_redis_set_notify(struct store *base, store_notify_fn *fn, void *ctx);

@@ -269,7 +269,7 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
         # one sample per op, all 0: without --redis-wait-replicas nothing waits
         assert sorted((lab["op"], v) for _, lab, v in unrepl["samples"]) == [
             ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0),
-            ("unknown", 0)], unrepl
+            ("resolve", 0), ("unknown", 0)], unrepl
     if p.store == "memory":
         assert gauge(fams, "idemproxy_memory_store_max_bytes") == 256 * 1024 * 1024
         assert gauge(fams, "idemproxy_memory_store_entries") == 4  # k1, k2, k3's marker, kr

@@ -19,8 +19,9 @@ import time
 import pytest
 
 from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
-                      assert_unknown, free_port, hone, in_thread, keyed, metrics_value, new_key,
-                      redis_keys, redis_only, redis_state, start_held, wait_for)
+                      assert_unknown, free_port, hone, http_request, in_thread, keyed,
+                      metrics_value, new_key, redis_keys, redis_only, redis_state, start_held,
+                      wait_for)
 from fake_upstream import FakeUpstream
 
 
@@ -320,3 +321,63 @@ def test_delete_resolves_an_unknown_key(proxy, upstream):
     assert st == 200, b
     assert_problem(p.request(*req), 502, "upstream_unavailable")  # ran again
     assert upstream.hits("/reset") == 2
+
+
+def keys_call(p, method, path, body=None):
+    headers = [("Content-Type", "application/json")] if body is not None else None
+    st, h, b = http_request("127.0.0.1", p.admin_port, method, path, headers,
+                            json.dumps(body).encode() if isinstance(body, dict) else body, 5.0)
+    return st, json.loads(b)
+
+
+def test_keys_list_unknown_then_put_resolves(proxy, upstream):
+    """GET /keys?state=unknown lists the unknown keys (key, scope, route, cause,
+    method, target, age), page by page; PUT /keys/<key>?scope= completes one
+    with the operator's answer, which its duplicates then get as a replay;
+    only an unknown key takes one (409 otherwise); both are logged with the
+    operator's address."""
+    p = proxy()
+    k1, k2, k3 = new_key(), new_key(), new_key()
+    for k in (k1, k2):
+        assert p.request("POST", "/reset?n=1", [("Idempotency-Key", k)], b"pay")[0] == 502
+    assert p.request(*keyed(k3))[0] == 201
+    found, cursor, pages = {}, None, 0
+    while True:
+        st, out = keys_call(p, "GET", "/keys?state=unknown" + (
+            "&cursor=" + cursor if cursor else ""))
+        assert st == 200, out
+        pages += 1
+        for r in out["records"]:
+            found[r["key"]] = r
+        cursor = out["next_cursor"]
+        if cursor is None:
+            break
+        assert pages < 100
+    assert set(found) == {k1, k2}, found
+    r = found[k1]
+    assert (r["state"], r["cause"], r["route"], r["method"], r["target"]) == (
+        "unknown", "upstream_reset", "default", "POST", "/reset?n=1"), r
+    assert r["age_ms"] >= 0 and len(r["scope"]) == 32
+    assert keys_call(p, "GET", "/keys?state=locked")[0] == 400
+
+    answer = {"status": 201, "headers": [["Content-Type", "application/json"], ["X-Op", "yes"]],
+              "body": '{"id": "pay_1"}'}
+    path = "/keys/%s?scope=%s" % (k1, r["scope"])
+    assert keys_call(p, "PUT", path, b"{not json")[0] == 400
+    assert keys_call(p, "PUT", path, {"status": 99})[0] == 400
+    st, out = keys_call(p, "PUT", path, answer)
+    assert st == 200, out
+    assert "resolved by the operator at 127.0.0.1" in p.stderr()
+    st, h, b = p.request("POST", "/reset?n=1", [("Idempotency-Key", k1)], b"pay")
+    assert (st, hone(h, REPLAY), hone(h, "X-Op"), b) == (201, "true", "yes", b'{"id": "pay_1"}')
+    assert keys_call(p, "PUT", path, answer)[0] == 409  # not unknown any more
+    scope3 = keys_call(p, "GET", "/keys/%s" % k3)[1]["records"][0]["scope"]
+    assert keys_call(p, "PUT", "/keys/%s?scope=%s" % (k3, scope3), answer)[0] == 409
+    b64 = {"status": 200, "body_base64": "AAEC/w=="}
+    scope2 = found[k2]["scope"]
+    assert keys_call(p, "PUT", "/keys/%s?scope=%s" % (k2, scope2), b64)[0] == 200
+    st, h, b = p.request("POST", "/reset?n=1", [("Idempotency-Key", k2)], b"pay")
+    assert (st, b) == (200, b"\x00\x01\x02\xff")
+    assert upstream.hits("/reset") == 2
+    st, out = keys_call(p, "GET", "/keys?state=unknown")
+    assert out["records"] == [] or all(r["key"] not in (k1, k2) for r in out["records"])

@@ -860,6 +860,104 @@ static struct store_info_list inspect(struct store *st, const char *prefix, cons
     return l.list;
 }
 
+/* Every page of store_list_unknown() under <prefix>: the store keys found,
+ * space-separated and sorted, into <out>; the number of pages in <pages>. */
+static void list_unknown_all(struct store *st, const char *prefix, char *out, size_t outlen,
+                             int *pages)
+{
+    char cursor[STORE_CURSOR_MAX] = "", *found[64];
+    size_t n = 0, used = 0;
+
+    *pages = 0;
+    out[0] = '\0';
+    do {
+        struct listed l = { .c = call_new() };
+        struct res r;
+
+        l.c->on_pool = true;
+        r = call_finish(l.c, store_list_unknown(st, span_from_cstr(prefix), cursor, on_list, &l));
+        CHECK_EQ_INT(r.ret, 0);
+        CHECK_EQ_INT(r.err, 0);
+        for (size_t i = 0; i < l.list.n && n < ARRAY_SIZE(found); i++) {
+            CHECK(l.list.items[i].unknown);
+            found[n++] = strdup(l.list.items[i].store_key);
+        }
+        snprintf(cursor, sizeof(cursor), "%s", l.list.cursor);
+        store_info_list_done(&l.list);
+        ++*pages;
+    } while (cursor[0] && *pages < 1000);
+    for (size_t i = 0; i < n; i++) { /* sorted: stores list in any order */
+        for (size_t j = i + 1; j < n; j++) {
+            if (strcmp(found[j], found[i]) < 0) {
+                char *t = found[i];
+
+                found[i] = found[j];
+                found[j] = t;
+            }
+        }
+        used += (size_t)snprintf(out + used, used < outlen ? outlen - used : 0, "%s%s",
+                                 i ? " " : "", found[i]);
+        free(found[i]);
+    }
+}
+
+static struct res resolve(struct store *st, const char *store_key, struct record *rec)
+{
+    struct call *c = call_new();
+
+    c->on_pool = true;
+    return call_finish(c, store_resolve(st, span_from_cstr(store_key), rec, 60000, call_done, c));
+}
+
+static void test_list_unknown_and_resolve(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token(), t4 = token();
+    struct record *rec = sample_record(201, "resolved");
+    char prefix[64], k1[128], k2[128], k3[128], k4[128], want[512], got[2048];
+    struct res r;
+    int pages;
+
+    snprintf(prefix, sizeof(prefix), "test:%ld:lu:", (long)getpid());
+    snprintf(k1, sizeof(k1), "%s%032x:{a}pay-1", prefix, 1);
+    snprintf(k2, sizeof(k2), "%s%032x:{a}pay-2", prefix, 2);
+    snprintf(k3, sizeof(k3), "%s%032x:{b}pay-3", prefix, 3);
+    snprintf(k4, sizeof(k4), "%s%032x:{c}pay-4", prefix, 4);
+    CHECK_RES(acquire_as(st, k1, fp_a, &t1, 10000, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(mark_unknown(st, k1, &t1, STORE_CAUSE_UPSTREAM_RESET, 60000), 0, STORE_OK);
+    CHECK_RES(acquire_as(st, k2, fp_a, &t2, 10000, 60000, false), 0, STORE_ACQUIRED); /* locked */
+    CHECK_RES(acquire_as(st, k3, fp_a, &t3, 10000, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, k3, &t3, rec, 60000), 0, STORE_OK);
+    CHECK_RES(acquire_as(st, k4, fp_a, &t4, 100, 60000, false), 0, STORE_ACQUIRED);
+    sleep_ms(200);
+    CHECK_EQ_INT(acquire_as(st, k4, fp_a, &t1, 100, 60000, false).status, STORE_UNKNOWN);
+
+    list_unknown_all(st, prefix, got, sizeof(got), &pages);
+    snprintf(want, sizeof(want), "%s %s", k1, k4);
+    CHECK_EQ_STR(got, want);
+    CHECK(pages >= 1);
+
+    /* An operator's answer completes an unknown key only. */
+    CHECK_RES(resolve(st, k2, rec), -EBUSY, -1);
+    CHECK_RES(resolve(st, k3, rec), -EBUSY, -1);
+    snprintf(want, sizeof(want), "%s%032x:{a}none", prefix, 9);
+    CHECK_RES(resolve(st, want, rec), -ENOENT, -1);
+    CHECK_RES(resolve(st, k1, rec), 0, STORE_OK);
+    CHECK_RES(resolve(st, k1, rec), -EBUSY, -1);
+    r = acquire_as(st, k1, fp_a, &t2, 10000, 60000, false);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(record_equal(r.rec, rec));
+    record_unref(r.rec);
+    list_unknown_all(st, prefix, got, sizeof(got), &pages);
+    CHECK_EQ_STR(got, k4);
+    CHECK_RES(purge_call(st, k1), 0, STORE_OK);
+    CHECK_RES(purge_call(st, k2), 0, STORE_OK);
+    CHECK_RES(purge_call(st, k3), 0, STORE_OK);
+    CHECK_RES(purge_call(st, k4), 0, STORE_OK);
+    record_unref(rec);
+    store_close(st);
+}
+
 static void test_inspect_lists_every_scope_and_purge_frees(void)
 {
     struct store *st = store_open();
@@ -1801,6 +1899,7 @@ static const struct test contract_tests[] = {
     TEST(test_ready_after_a_successful_call),
     TEST(test_complete_and_release_notify_waiters),
     TEST(test_inspect_lists_every_scope_and_purge_frees),
+    TEST(test_list_unknown_and_resolve),
 };
 
 static const struct test memory_tests[] = {
