@@ -138,8 +138,9 @@ static const char *store_desc(const struct config *cfg, char *out, size_t outlen
         char budget[32];
 
         snprintf(out, outlen,
-                 "memory (%s budget; forgotten on restart; use --redis to share one store "
-                 "between instances)",
+                 "memory (%s budget; a restart forgets every key, so a retry after it runs "
+                 "again: use --redis for keys that must outlive the process, or to share one "
+                 "store between instances)",
                  size_text(cfg->memory_max_bytes, budget, sizeof(budget)));
         return out;
     }

@@ -1061,8 +1061,13 @@ static int memory_metrics(struct store *base, store_metric_fn *emit, void *ctx)
     int err;
 
     store_memory_stats(base, &s);
-    err = emit(ctx, "idemproxy_memory_store_bytes", NULL, "gauge",
-               "Bytes the memory store counts against its budget (keys, locks, records).", s.bytes);
+    err = emit(ctx, "idemproxy_store_durable", NULL, "gauge",
+               "1 while the store keeps its keys through a restart; the memory store never does.",
+               0);
+    if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_bytes", NULL, "gauge",
+                   "Bytes the memory store counts against its budget (keys, locks, records).",
+                   s.bytes);
     if (err == 0)
         err = emit(ctx, "idemproxy_memory_store_max_bytes", NULL, "gauge",
                    "The memory store's budget (--memory-max-bytes).", s.max_bytes);

@@ -238,6 +238,22 @@ static bool redis_is_ready(struct store *base)
     return n > 0;
 }
 
+/* True while every master (as far as known) said it keeps its writes. */
+static bool redis_is_durable(struct store_redis *st)
+{
+    unsigned masters[NODE_MAX], n = is_cluster(st) ? store_redis_masters(st, masters) : 1;
+
+    if (!is_cluster(st))
+        masters[0] = 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct node *nd = node_at(st, masters[i]);
+
+        if (!nd || atomic_load(&nd->durable) != NODE_DURABLE_YES)
+            return false;
+    }
+    return n > 0;
+}
+
 /* ---- the hot operations: one pipelined connection per event loop and node ---- */
 
 static struct op *op_first(const struct list *l)
@@ -918,14 +934,80 @@ static void on_publish_probe(void *ctx, int err, const redisReply *r)
         link_drop(k, -ECONNRESET, NULL, true);
 }
 
+/* INFO persistence: whether the node keeps an append-only file. */
+static void on_info_persistence(void *ctx, int err, const redisReply *r)
+{
+    struct link *k = ctx;
+    const char *at;
+
+    if (err < 0)
+        return;
+    k->aof = -1;
+    if (r->type == REDIS_REPLY_STRING) {
+        at = strstr(r->str, "aof_enabled:"); /* hiredis ends a reply's string with a NUL */
+        if (at && at + 12 < r->str + r->len)
+            k->aof = at[12] == '1';
+    }
+}
+
+/* CONFIG GET appendfsync, where the ACL allows it (managed Redis often does
+ * not): with INFO's answer, whether the node keeps what it acknowledged
+ * through a restart. Said in the log when it changes; /metrics says it too
+ * (idemproxy_store_durable). */
+static void on_appendfsync(void *ctx, int err, const redisReply *r)
+{
+    struct link *k = ctx;
+    struct store_redis *st = k->lane->st;
+    char name[sizeof(k->node->name)];
+    bool fsync_no = false, fsync_read = false;
+    int now, was;
+
+    if (err < 0)
+        return;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        fsync_read = true;
+        fsync_no = r->element[1]->len == 2 && memcmp(r->element[1]->str, "no", 2) == 0;
+    }
+    now = k->aof == 0 ? NODE_DURABLE_NO_AOF : fsync_no ? NODE_DURABLE_NO_FSYNC : NODE_DURABLE_YES;
+    was = atomic_exchange(&k->node->durable, now);
+    if (was == now)
+        return;
+    node_log_name(st, k->node, name, sizeof(name));
+    if (now == NODE_DURABLE_NO_AOF)
+        log_warn("redis %s: no append-only file (INFO persistence: aof_enabled:0): a restart of "
+                 "Redis forgets every key, so a retry after it runs again; set appendonly yes "
+                 "and appendfsync everysec (idemproxy_store_durable is 0)",
+                 name);
+    else if (now == NODE_DURABLE_NO_FSYNC)
+        log_warn("redis %s: appendfsync no: the append-only file is fsynced only when the kernel "
+                 "pleases, so a crash of its machine loses the last keys written; set "
+                 "appendfsync everysec (idemproxy_store_durable is 0)",
+                 name);
+    else if (k->aof < 0)
+        log_warn("redis %s: INFO persistence did not answer (an ACL without +info?), so whether "
+                 "Redis keeps its keys through a restart is not known; taken as durable",
+                 name);
+    else
+        log_info("redis %s: keeps its writes in an append-only file, fsynced %s", name,
+                 fsync_read ? "at least every second" : "as configured (CONFIG GET is not allowed)");
+}
+
 static void link_on_ready(void *ctx)
 {
     struct link *k = ctx;
     /* an empty key: waiters ignore it */
     const char *argv[] = { "PUBLISH", NOTIFY_CHANNEL, "" };
     size_t lens[] = { 7, sizeof(NOTIFY_CHANNEL) - 1, 0 };
+    const char *info[] = { "INFO", "persistence" }, *cfg[] = { "CONFIG", "GET", "appendfsync" };
+    size_t info_lens[] = { 4, 11 }, cfg_lens[] = { 6, 3, 11 };
 
-    if (redis_conn_command(k->conn, 3, argv, lens, on_publish_probe, k) < 0)
+    k->aof = -1;
+    /* Pipelined: the link is ready once the probe (and ROLE) answer; the
+     * durability answers come with them, and change nothing but the log. */
+    if (redis_conn_command(k->conn, 3, argv, lens, on_publish_probe, k) < 0 ||
+        redis_conn_command(k->conn, 2, info, info_lens, on_info_persistence, k) < 0 ||
+        redis_conn_command(k->conn, 3, cfg, cfg_lens, on_appendfsync, k) < 0)
         link_drop(k, -ECONNRESET, NULL, true);
 }
 
@@ -1451,6 +1533,12 @@ static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
                    "1 while the (current) Redis master of every slot answers",
                    redis_is_ready(base) ? 1 : 0);
 
+    if (err == 0)
+        err = emit(ctx, "idemproxy_store_durable", NULL, "gauge",
+                   "1 while every Redis master keeps its writes through a restart (an append-only "
+                   "file fsynced at least every second, as INFO persistence and CONFIG GET "
+                   "appendfsync tell); 0: a restart may forget keys",
+                   redis_is_durable(st) ? 1 : 0);
     if (err == 0)
         err = emit(ctx, "idemproxy_redis_failovers_total", NULL, "counter",
                    "times another master took over (named by the sentinels, or a cluster slot's)",

@@ -61,6 +61,16 @@ struct node {
     char resolve_why[400];        /* why it did not, for the log */
     atomic_uint generation;       /* changes with the address: connections to the old one go */
     atomic_bool up;               /* its last connection was set up and answers */
+    /* What its last connection read of INFO persistence and appendfsync:
+     * NODE_DURABLE_*, told in the log when it changes. */
+    atomic_int durable;
+};
+
+enum {
+    NODE_DURABLE_UNREAD, /* not read yet */
+    NODE_DURABLE_YES,    /* an append-only file, fsynced at least every second (or unreadable) */
+    NODE_DURABLE_NO_AOF, /* no append-only file: a restart forgets every key */
+    NODE_DURABLE_NO_FSYNC, /* appendfsync no: a crash of its machine loses the last writes */
 };
 
 struct lane;
@@ -80,6 +90,7 @@ struct link {
      * question sent once <conn> was set up: the answer must still name the
      * address <conn> went to before any op is sent on it. */
     uint64_t fresh_after;
+    int aof; /* INFO persistence of the connection being set up: aof_enabled, -1 unread */
     bool confirming;
     unsigned generation;     /* of the address <conn> went to */
     uint64_t retry_at_ms;    /* no connect attempt before this */

@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
+from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked, assert_problem,
                       assert_unknown, free_port, hone, http_request, in_thread, keyed,
-                      metrics_value, new_key, redis_keys, redis_only, redis_state, start_held,
-                      wait_for)
+                      memory_only, metrics_value, new_key, redis_keys, redis_only, redis_state,
+                      start_held, wait_for)
 from fake_upstream import FakeUpstream
 
 
@@ -381,3 +381,42 @@ def test_keys_list_unknown_then_put_resolves(proxy, upstream):
     assert upstream.hits("/reset") == 2
     st, out = keys_call(p, "GET", "/keys?state=unknown")
     assert out["records"] == [] or all(r["key"] not in (k1, k2) for r in out["records"])
+
+
+# ------------------------------------------------------------------ a store that will lose records
+def durable(p):
+    return metrics_value(p.metrics(), "idemproxy_store_durable")
+
+
+@redis_only
+def test_redis_durability_is_read_at_each_connect(proxy, tmp_path):
+    """INFO persistence (and CONFIG GET appendfsync where allowed) at start and
+    after each reconnect: no append-only file, or appendfsync no, is a warning
+    and idemproxy_store_durable 0; appendonly yes with everysec is 1."""
+    srv = RedisServer(str(tmp_path))
+    srv.start()
+    try:
+        p = proxy(redis_url=srv.url)  # the suite's servers run without an append-only file
+        wait_for(lambda: "no append-only file" in p.stderr(), timeout=5,
+                 what="the warning of a Redis without an append-only file")
+        assert durable(p) == 0
+        c = srv.client()
+        c.config_set("appendonly", "yes")
+        c.config_set("appendfsync", "everysec")
+        c.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # a reconnect
+        wait_for(lambda: durable(p) == 1, timeout=5, what="the store to read as durable")
+        assert "keeps its writes in an append-only file" in p.stderr()
+        c.config_set("appendfsync", "no")
+        c.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        wait_for(lambda: durable(p) == 0, timeout=5, what="appendfsync no to be seen")
+        assert "appendfsync no" in p.stderr()
+        assert p.request(*keyed(new_key()))[0] == 201  # it serves all along
+    finally:
+        srv.stop()
+
+
+@memory_only
+def test_memory_store_says_a_restart_forgets(proxy):
+    p = proxy()
+    assert "a restart forgets every key" in p.stderr()
+    assert durable(p) == 0
