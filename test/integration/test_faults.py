@@ -1,6 +1,8 @@
 """Faults: Redis killed, frozen or slow while a key is held; an upstream that
-breaks its answer; a client that leaves mid-body; a proxy killed holding a lock
-(SPEC §1 store_error/upstream_error, §5 Upstream, Store, Connections).
+breaks its answer; a client that leaves mid-body; a proxy killed holding a lock;
+every fault at once, with the unknown outcomes that keep each key to one
+execution (SPEC §1 store_error/upstream_error, §5 Upstream, Store,
+Connections, §9).
 
 Tests that kill, freeze (SIGSTOP) or pause a Redis use a private redis-server
 of their own (the `private_redis` fixture), never the session's. Covered
@@ -9,7 +11,7 @@ test_upstream_reset_is_502_and_never_resent), a response over --max-response
 (test_limits.py test_response_over_max_response), a client leaving after its
 whole request (test_heartbeat.py test_client_disconnect_does_not_cancel,
 test_client_disconnect_during_upstream_wait), a dead proxy's lock expiring
-(test_heartbeat.py test_lock_of_killed_proxy_expires_shared_redis)."""
+under retry (test_heartbeat.py test_lock_of_killed_proxy_expires_retry_shared_redis)."""
 import contextlib
 import json
 import signal
@@ -532,3 +534,126 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
     assert_completed(p2, key, req, body=body)
     assert upstream.hits("/hold") == 2
     assert metric(p2, LOCK_LOST) == 0
+
+
+# ------------------------------------------------------------ 6. every fault at once (SPEC §9)
+FAULT_KEYS = 240
+FAULT_DUPLICATES = 4
+
+
+def fault_path(i):
+    """Key i's request: most answer at once, some answer late (after the 504,
+    within the late timeout), some never in time, some reset after reading."""
+    kind = i % 20
+    if kind < 12:
+        return "/slow?ms=20"
+    if kind < 15:
+        return "/slow?ms=700"   # 504 at 0.3 s, answered within the late 0.7 s
+    if kind < 17:
+        return "/slow?ms=2500"  # nor within the late timeout: unknown (or run again)
+    return "/reset"
+
+
+def fault_client(proxies, key, path, rng, deadline, tries):
+    """One duplicate as an SDK sends it: retried (<tries> at most) on 409, 503,
+    502/504 of the upstream and a dead or frozen proxy, until replayed,
+    answered, refused as unknown, or out of time. Returns the last status and
+    code."""
+    last = (None, None)
+    for _ in range(tries):
+        if time.monotonic() >= deadline:
+            break
+        p = rng.choice([q for q in proxies if q.proc is not None] or proxies)
+        try:
+            st, h, b = p.request("POST", path, [("Idempotency-Key", key)], b"pay", timeout=2.5)
+        except OSError:
+            time.sleep(0.1)
+            continue
+        code = None
+        if st >= 400:
+            try:
+                code = json.loads(b).get("code")
+            except ValueError:
+                pass
+        last = (st, code)
+        if st < 300 or code == "idempotency_outcome_unknown":
+            return last
+        time.sleep(0.1 + rng.random() * 0.2)
+    return last
+
+
+@redis_only
+@pytest.mark.parametrize("policy", ["refuse", "retry"])
+def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
+    """Two proxies on one Redis, concurrent duplicates of many keys sent to
+    either, a proxy SIGKILLed (and replaced) and one SIGSTOPped past
+    --lock-ttl while requests of theirs are at the upstream, upstream calls
+    that time out with and without a late answer, and resets after the
+    request was read. Every execution is counted by the upstream. refuse: no
+    key executes twice. retry: some do (at least once, by choice)."""
+    import random
+    import threading
+
+    args = ("--lock-ttl", "1", "--upstream-timeout", "0.3", "--upstream-late-timeout", "0.7",
+            "--store-timeout", "0.5", "--on-unknown-outcome", policy)
+    proxies = [proxy(*args), proxy(*args)]
+    keys = [(new_key(), fault_path(i)) for i in range(FAULT_KEYS)]
+    rng = random.Random(24)
+    deadline = time.monotonic() + 60
+    results = {}
+    lock = threading.Lock()
+    work = [(k, path) for k, path in keys for _ in range(FAULT_DUPLICATES)]
+    rng.shuffle(work)
+
+    def worker(seed):
+        r = random.Random(seed)
+        while True:
+            with lock:
+                if not work:
+                    return
+                key, path = work.pop()
+            # retry: fewer tries; a lost answer's key runs again on each
+            res = fault_client(proxies, key, path, r, deadline, 8 if policy == "refuse" else 4)
+            with lock:
+                results.setdefault(key, []).append(res)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(24)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    assert proxies[1].kill() == -9          # a crash, requests of its own at the upstream
+    time.sleep(0.5)
+    proxies.append(proxy(*args))            # its replacement
+    time.sleep(1.0)
+    frozen = proxies[0]
+    frozen.proc.send_signal(signal.SIGSTOP)  # past --lock-ttl: its leases run out
+    time.sleep(1.6)
+    frozen.proc.send_signal(signal.SIGCONT)
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    time.sleep(3.0)  # late answers and the thawed holder's calls land
+
+    execs = {}
+    with upstream._lock:
+        for _method, _target, headers, _body in upstream.requests:
+            k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
+            if k is not None:
+                execs[k] = execs.get(k, 0) + 1
+    twice = sorted(k for k, n in execs.items() if n > 1)
+    unknown = sum(1 for rs in results.values() if any(c == "idempotency_outcome_unknown"
+                                                      for _, c in rs))
+    causes = {c: sum(metric(q, "idemproxy_unknown_outcomes_total", {"cause": c})
+                     for q in proxies if q.proc is not None)
+              for c in ("upstream_timeout", "upstream_reset", "holder_lost")}
+    print("fault mix (%s): %d keys, %d executed, %d executed twice or more, %d answered "
+          "outcome_unknown; keys made unknown by the live proxies: %r"
+          % (policy, len(keys), len(execs), len(twice), unknown, causes))
+    assert len(results) == len(keys)
+    assert len(execs) >= len(keys) * 0.9, "the load did not reach the upstream"
+    if policy == "refuse":
+        assert twice == [], [(k, execs[k]) for k in twice[:5]]
+        assert unknown > 0, "no key became unknown: the faults did not bite"
+    else:
+        assert twice, "retry runs a request whose answer was lost again: none did"
+        assert unknown == 0

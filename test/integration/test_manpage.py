@@ -212,7 +212,7 @@ def test_manpage_has_the_sections():
     for name in ("NAME", "SYNOPSIS", "DESCRIPTION"):
         assert "\n.SH %s\n" % name in src
     admin = [tag for tag, _ in sections["ADMIN ENDPOINTS"]]
-    assert admin == ["/healthz", "/readyz", "/metrics", "/keys/key"], admin
+    assert admin == ["/healthz", "/readyz", "/metrics", "/keys/key", "/keys?state=unknown"], admin
     exits = [tag for tag, _ in sections["EXIT STATUS"]]
     assert exits == ["0", "1", "2"], exits
     outcomes = " ".join(tag for tag, _ in sections["DESCRIPTION"])

@@ -41,12 +41,14 @@ PROMTOOL = os.environ.get("IDEMPROXY_PROMTOOL") or shutil.which("promtool") or s
     ROOT / "build-tools/prometheus/usr/bin/promtool")
 
 # SPEC section 8 (store down, error and 5xx rates, lock_lost, memory store
-# nearly full, unreplicated writes) and what an operator needs besides.
+# nearly full, unreplicated writes), section 9 (a key became unknown, a store
+# that may forget keys) and what an operator needs besides.
 REQUIRED_ALERTS = {
     "IdemproxyDown", "IdemproxyTargetMissing", "IdemproxyRedisDisconnected",
     "IdemproxyStoreUnavailable", "IdemproxyHigh5xxRatio", "IdemproxyUpstreamErrors",
     "IdemproxyLockLost", "IdemproxyMemoryStoreNearlyFull", "IdemproxyMemoryStoreEvicting",
-    "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed",
+    "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed", "IdemproxyUnknownOutcome",
+    "IdemproxyStoreNotDurable",
 }
 RUNBOOK = "README.md, Install and operate → Alert runbook → %s"
 
@@ -55,11 +57,12 @@ REQUIRED_PANELS = {
     "Request latency", "Upstream latency", "Store latency by op", "Store errors",
     "Memory store use", "Memory store entries and reclaims", "Redis connected",
     "Redis failovers and redirections", "Unreplicated writes", "Config reloads", "Locks lost",
+    "Keys with an unknown outcome", "Store keeps its keys through a restart",
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# 28 panel targets, 1 annotation query, 2 variable queries: an extraction that
+# 30 panel targets, 1 annotation query, 2 variable queries: an extraction that
 # misses some (or all) of them fails here rather than checking nothing.
-DASHBOARD_QUERIES = 31
+DASHBOARD_QUERIES = 33
 
 # Grafana's variables, as valid PromQL: durations for the built-in ones,
 # a regex matching anything for the dashboard's own (used with =~).
