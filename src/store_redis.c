@@ -514,6 +514,23 @@ static void on_asking(void *ctx, int err, const redisReply *reply)
     (void)ctx, (void)err, (void)reply; /* the command after it tells */
 }
 
+/* Writes <v> in decimal into <out> (21 bytes at least), NUL-terminated;
+ * returns its length. On every op's path: snprintf() costs several times more. */
+static size_t u64_text(uint64_t v, char *out)
+{
+    char tmp[20];
+    size_t n = 0;
+
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    out[n] = '\0';
+    return n;
+}
+
 /* Sends the script of <op> on the link's connection (EVALSHA, or EVAL once
  * Redis said NOSCRIPT): appended to the output, which goes out with every
  * other op of this loop turn in one write (pipelining). */
@@ -564,9 +581,9 @@ static int op_send(struct link *k, struct op *op)
         lens[argc++] = FINGERPRINT_HEX;
         argv[argc] = op->tok.hex;
         lens[argc++] = STORE_TOKEN_HEX;
-        lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
+        lens[argc] = u64_text(op->ttl_ms, ttl);
         argv[argc++] = ttl;
-        lens[argc] = (size_t)snprintf(keep, sizeof(keep), "%llu", (unsigned long long)op->keep_ms);
+        lens[argc] = u64_text(op->keep_ms, keep);
         argv[argc++] = keep;
         argv[argc] = op->take_over ? "1" : "0";
         lens[argc++] = 1;
@@ -606,7 +623,7 @@ static int op_send(struct link *k, struct op *op)
         break;
     }
     if (op->script != LUA_RELEASE && op->script != LUA_INSPECT) {
-        lens[argc] = (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)op->ttl_ms);
+        lens[argc] = u64_text(op->ttl_ms, ttl);
         argv[argc++] = ttl;
     }
 send:
@@ -1353,13 +1370,18 @@ int store_redis_op_submit(struct op *op)
         op_free(op);
     return err;
 }
-/* Puts <about> into the op's <head>, as the scripts keep it. */
+/* Puts <about> into the op's <head>, as the scripts keep it: written in
+ * place, one allocation. */
 static int op_set_about(struct op *op, const struct store_about *about)
 {
-    char text[STORE_ABOUT_MAX];
-    size_t len = store_about_format(about, text, sizeof(text));
+    size_t n = about->route.len + about->method.len + about->target.len + 3;
 
-    return buf_append(&op->head, text, len);
+    if (n > STORE_ABOUT_MAX)
+        n = STORE_ABOUT_MAX;
+    if (buf_reserve(&op->head, n) < 0)
+        return -ENOMEM;
+    op->head.len = store_about_format(about, op->head.data, n);
+    return 0;
 }
 
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],

@@ -420,3 +420,53 @@ def test_memory_store_says_a_restart_forgets(proxy):
     p = proxy()
     assert "a restart forgets every key" in p.stderr()
     assert durable(p) == 0
+
+
+@redis_only
+def test_heartbeat_keeps_the_lease_at_maxmemory_noeviction_redis(proxy, upstream, tmp_path):
+    """Redis full (maxmemory, noeviction): a growing HSET is refused, PEXPIRE
+    is not. The lease lives in the key's TTL, so the heartbeat (a bare
+    PEXPIRE) keeps a running request's lock through several --lock-ttl: its
+    duplicates get 409, never a lapsed lease (holder_lost); new keys get 503."""
+    srv = RedisServer(str(tmp_path))
+    srv.start()
+    try:
+        c = srv.client()
+        p = proxy("--lock-ttl", "1", redis_url=srv.url)
+        p.rdb = c  # its Redis-side checks read this Redis
+        key = new_key()
+        req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+        first = start_held(p, key, body=b"pay")
+        used = int(c.info("memory")["used_memory"])
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", str(used + 256 * 1024))
+        def fill():  # until Redis refuses even a small write
+            for size in (4096, 512, 64, 1):
+                for _ in range(10000):
+                    try:
+                        c.set("f:%s" % new_key(), b"x" * size)
+                    except Exception as e:  # redis.exceptions.OutOfMemoryError
+                        assert "OOM" in str(e), e
+                        break
+                else:
+                    raise AssertionError("Redis never refused a write")
+
+        fill()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.5:  # past three leases
+            st, _, b = p.request(*req)
+            assert st == 409, (st, b[:200])
+            fill()  # still full
+            time.sleep(0.3)
+        fill()
+        assert_problem(p.request(*keyed(new_key())), 503, "store_unavailable")  # HSET refused
+        assert unknown_count(p, "holder_lost") == 0
+        c.config_set("maxmemory", "0")  # room again: the answer can be stored
+        upstream.release(key)
+        st, h, body = first(timeout=10)
+        assert st == 200 and hone(h, REPLAY) == "false"
+        wait_for(lambda: redis_state(c, key) == "C", timeout=5,
+                 what="the answer to be stored")
+        assert upstream.hits("/hold") == 1
+    finally:
+        srv.stop()

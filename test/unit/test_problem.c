@@ -200,7 +200,41 @@ static void test_problem_tables(void)
     CHECK(problem_code(_PROBLEM_MAX) != NULL);
 }
 
+/* SPEC §9: a retry cannot help, and SDKs are told so in the header they
+ * read; no Retry-After, which would invite one. */
+static void test_problem_outcome_unknown_says_do_not_retry(void)
+{
+    struct record *plain = problem_new(PROBLEM_OUTCOME_UNKNOWN, PROBLEM_DIALECT_PROBLEM, NULL);
+    struct record *stripe = problem_new(PROBLEM_OUTCOME_UNKNOWN, PROBLEM_DIALECT_STRIPE, "lost");
+    json_t *j = NULL;
+
+    CHECK(plain != NULL && stripe != NULL);
+    if (!plain || !stripe)
+        goto out;
+    CHECK_EQ_INT(plain->status, 502);
+    CHECK_EQ_STR(problem_code(PROBLEM_OUTCOME_UNKNOWN), "idempotency_outcome_unknown");
+    CHECK_EQ_STR(record_header_get(plain, "X-Should-Retry"), "false");
+    CHECK(record_header_get(plain, "Stripe-Should-Retry") == NULL);
+    CHECK(record_header_get(plain, "Retry-After") == NULL);
+    CHECK_EQ_INT(plain->nheaders, 2);
+    CHECK_EQ_INT(stripe->status, 502);
+    CHECK_EQ_STR(record_header_get(stripe, "X-Should-Retry"), "false");
+    CHECK_EQ_STR(record_header_get(stripe, "Stripe-Should-Retry"), "false");
+    CHECK(record_header_get(stripe, "Retry-After") == NULL);
+    CHECK_EQ_INT(stripe->nheaders, 3);
+    j = json_loadb(stripe->body.data, stripe->body.len, JSON_REJECT_DUPLICATES, NULL);
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "error"), "type")),
+                 "api_error");
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                 "idempotency_outcome_unknown");
+out:
+    json_decref(j);
+    record_unref(plain);
+    record_unref(stripe);
+}
+
 TEST_MAIN(test_problem_in_use_409, test_problem_mismatch_422, test_problem_key_errors_400,
           test_problem_payload_too_large_413, test_problem_store_unavailable_503,
           test_problem_upstream_and_marker, test_problem_detail_is_escaped,
-          test_problem_out_of_range, test_problem_stripe_dialect, test_problem_tables)
+          test_problem_out_of_range, test_problem_stripe_dialect, test_problem_tables,
+          test_problem_outcome_unknown_says_do_not_retry)
