@@ -46,6 +46,8 @@ BAD = [
     (["--max-body", "-1"], "--max-body"),
     (["--max-response", "K"], "--max-response"),
     (["--on-store-error", "maybe"], "--on-store-error"),
+    (["--on-unknown-outcome", "maybe"], "--on-unknown-outcome"),
+    (["--upstream-late-timeout", "-1"], "--upstream-late-timeout"),
     (["--lock-ttl", "0"], "--lock-ttl"),
     (["--upstream-timeout", "0"], "--upstream-timeout"),
     (["--upstream-timeout", "-1"], "--upstream-timeout"),

@@ -226,6 +226,26 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
     assert p.alive()
 
 
+@redis_only
+def test_redis_wait_unknown_outcome_is_replicated(proxy, upstream, replicated):
+    """--redis-wait-replicas 1 (SPEC §9): a key made unknown (a reset after the
+    upstream read the request) is a write WAIT confirms like the others: the
+    replica has the unknown record, and a duplicate gets 502
+    idempotency_outcome_unknown, never forwarded."""
+    master, replica = replicated
+    mc = master.client()
+    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    key = new_key()
+    req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
+    assert_problem(p.request(*req), 502, "upstream_unavailable")
+    assert redis_state(mc, key) == "U"
+    rc = replica.client()
+    wait_for(lambda: redis_state(rc, key) == "U", timeout=3, what="the replica's unknown record")
+    assert_problem(p.request(*req), 502, "idempotency_outcome_unknown")
+    assert upstream.hits("/reset") == 1
+    assert unreplicated(p, "unknown") == 0
+
+
 # --------------------------------------------------------- 2. a completion not confirmed
 @redis_only
 def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, upstream,

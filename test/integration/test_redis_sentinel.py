@@ -51,6 +51,23 @@ def test_sentinel_finds_the_master_and_serves_redis(proxy, upstream, sentinels):
 
 
 @redis_only
+def test_sentinel_unknown_outcome_on_the_master_redis(proxy, upstream, sentinels):
+    """Through the sentinels as on one Redis (SPEC §9): a reset after the
+    upstream read the request makes the key unknown on the master; a
+    duplicate gets 502 idempotency_outcome_unknown, never forwarded."""
+    p = proxy(redis_url=sentinels.sentinel_url())
+    wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 through the sentinels")
+    key = new_key()
+    req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
+    assert_problem(p.request(*req, timeout=10), 502, "upstream_unavailable")
+    m = sentinels.master_client()
+    skeys = [k for k in m.scan_iter(match="idem:*:" + key)]
+    assert len(skeys) == 1 and m.hget(skeys[0], "state") == b"U", skeys
+    assert_problem(p.request(*req, timeout=10), 502, "idempotency_outcome_unknown")
+    assert upstream.hits("/reset") == 1
+
+
+@redis_only
 def test_sentinel_unknown_master_name_is_503_with_the_reason_redis(proxy, upstream, sentinels):
     p = proxy(redis_url=sentinels.sentinel_url(master="nosuchmaster"))
     assert_problem(execute(p, new_key()), 503, "store_unavailable")

@@ -21,7 +21,7 @@ import pytest
 from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked, assert_problem,
                       assert_unknown, free_port, hone, http_request, in_thread, keyed,
                       memory_only, metrics_value, new_key, redis_keys, redis_only, redis_state,
-                      start_held, wait_for)
+                      run_binary, start_held, wait_for)
 from fake_upstream import FakeUpstream
 
 
@@ -470,3 +470,18 @@ def test_heartbeat_keeps_the_lease_at_maxmemory_noeviction_redis(proxy, upstream
         assert upstream.hits("/hold") == 1
     finally:
         srv.stop()
+
+
+def test_route_on_unknown_outcome_is_checked(tmp_path):
+    """The route key takes refuse or retry; anything else is the file's
+    problem, at its line and column, with exit 2."""
+    path = tmp_path / "routes.yaml"
+    path.write_text("routes:\n  - name: w\n    match: {path: /w}\n    on-unknown-outcome: maybe\n")
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--check-config", "--config", str(path)])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert ("%s:4:25: on-unknown-outcome: 'maybe' is not a valid choice (use refuse or retry)"
+            % path).encode() in r.stderr, r.stderr
+    path.write_text("on-unknown-outcome: retry\nupstream-late-timeout: 0\nroutes:\n"
+                    "  - name: w\n    match: {path: /w}\n    on-unknown-outcome: refuse\n")
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--check-config", "--config", str(path)])
+    assert r.returncode == 0, (r.stdout, r.stderr)
