@@ -110,7 +110,8 @@ static void lock_lost(struct lease *l, const char *when)
     if (atomic_exchange(&l->lost, true))
         return;
     metrics_lock_lost();
-    log_warn("lock_lost: key %s: another request holds it now (%s); nothing was overwritten",
+    log_warn("lock_lost: key %s: no longer this request's (%s): its lease ran out and another "
+             "request took the key or found its outcome unknown; nothing was overwritten",
              l->key, when);
 }
 
