@@ -258,6 +258,31 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
     return o;
 }
 
+/* Waits for the listing that <w> was given to, <err> being what starting it
+ * returned. Returns 0 with the list in <w>, or a negative errno: <w> is then
+ * dropped. */
+static int listed(struct waiter *w, int err)
+{
+    if (err < 0) {
+        waiter_unref(w); /* no callback comes */
+        waiter_unref(w);
+        return -ECANCELED;
+    }
+    err = waiter_wait(w);
+    if (err < 0)
+        waiter_unref(w);
+    return err;
+}
+
+/* The 503 of a listing that failed with <err> (from listed()). */
+static enum MHD_Result reply_listing_error(struct MHD_Connection *conn, int err)
+{
+    return reply_error(conn, 503,
+                       err == -ECANCELED  ? "the store refused the call"
+                       : err == -ETIMEDOUT ? "the store did not answer in time"
+                                           : "the store is not answering");
+}
+
 static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, const char *prefix,
                                  const char *key, bool with_body)
 {
@@ -268,18 +293,8 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
     if (!w)
         return reply_error(conn, 500, "out of memory");
     err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body, on_listed, w);
-    if (err < 0) {
-        waiter_unref(w);
-        waiter_unref(w);
-        return reply_error(conn, 503, "the store refused the call");
-    }
-    err = waiter_wait(w);
-    if (err < 0) {
-        waiter_unref(w);
-        return reply_error(conn, 503,
-                           err == -ETIMEDOUT ? "the store did not answer in time"
-                                             : "the store is not answering");
-    }
+    if ((err = listed(w, err)) < 0)
+        return reply_listing_error(conn, err);
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++)
         json_array_append_new(records, info_json(&w->list.items[i], strlen(prefix), with_body));
@@ -365,19 +380,13 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     if (!w)
         return reply_error(conn, 500, "out of memory");
     err = store_list_unknown(st, span_from_cstr(prefix), cursor ? cursor : "", on_listed, w);
-    if (err < 0) {
+    if (err == -EINVAL) {
         waiter_unref(w);
         waiter_unref(w);
-        return err == -EINVAL ? reply_error(conn, 400, "cursor: give the one the last page said")
-                              : reply_error(conn, 503, "the store refused the call");
+        return reply_error(conn, 400, "cursor: give the one the last page said");
     }
-    err = waiter_wait(w);
-    if (err < 0) {
-        waiter_unref(w);
-        return reply_error(conn, 503,
-                           err == -ETIMEDOUT ? "the store did not answer in time"
-                                             : "the store is not answering");
-    }
+    if ((err = listed(w, err)) < 0)
+        return reply_listing_error(conn, err);
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++) {
         const struct store_info *in = &w->list.items[i];

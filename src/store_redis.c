@@ -1428,15 +1428,17 @@ static int redis_unknown(struct store *base, struct span key, const struct store
     return store_redis_op_submit(op);
 }
 
-static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
-                          struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+/* Submits <script> (complete, resolve) storing <rec> as <key>'s answer. */
+static int submit_record(struct store *base, enum lua_script_id script, struct span key,
+                         const struct store_token *tok, struct record *rec, uint64_t ttl_ms,
+                         store_done_fn *done, void *ctx)
 {
     struct op *op;
     int err;
 
     if (!rec || ttl_ms == 0)
         return -EINVAL;
-    err = op_new(store_redis_of(base), LUA_COMPLETE, key, tok, done, ctx, &op);
+    err = op_new(store_redis_of(base), script, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
     /* Encoded here so that a record that cannot be stored is refused at once. */
@@ -1450,26 +1452,18 @@ static int redis_complete(struct store *base, struct span key, const struct stor
     return store_redis_op_submit(op);
 }
 
+static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
+                          struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, done, ctx);
+}
+
 static int redis_resolve(struct store *base, struct span store_key, struct record *rec,
                          uint64_t ttl_ms, store_done_fn *done, void *ctx)
 {
     static const struct store_token none = { .hex = "00000000000000000000000000000000" };
-    struct op *op;
-    int err;
 
-    if (!rec || ttl_ms == 0)
-        return -EINVAL;
-    err = op_new(store_redis_of(base), LUA_RESOLVE, store_key, &none, done, ctx, &op);
-    if (err < 0)
-        return err;
-    err = record_encode_head(rec, &op->head);
-    if (err < 0) {
-        op_free(op);
-        return err;
-    }
-    op->rec = record_ref(rec);
-    op->ttl_ms = ttl_ms;
-    return store_redis_op_submit(op);
+    return submit_record(base, LUA_RESOLVE, store_key, &none, rec, ttl_ms, done, ctx);
 }
 
 static int redis_release(struct store *base, struct span key, const struct store_token *tok,

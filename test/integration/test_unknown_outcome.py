@@ -4,8 +4,9 @@ the key gets 502 idempotency_outcome_unknown without reaching the upstream;
 a failure where nothing reached the upstream releases the lock as before.
 Each cause against a socket that behaves that way, on both stores: a sleep
 past the timeout (with and without a late answer), a reset after the request
-was read, an upstream not listening, one that never accepts (a connect
-timeout), a TLS handshake that fails, a name that does not resolve, and the
+was read, one that never accepts (a connect timeout), a TLS handshake that
+fails, a name that does not resolve (an upstream not listening is
+test_upstream.py's test_upstream_unreachable_then_up), and the
 holder lost (SIGSTOP past --lock-ttl, on two proxies sharing Redis), with the
 holder coming back. Then the policy per route, --wait, /keys, the metrics
 and the log. The resets mid-answer are test_faults.py's; the proxy killed
@@ -18,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked, assert_problem,
-                      assert_unknown, free_port, hone, http_request, in_thread, keyed,
+from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, assert_problem,
+                      assert_unknown, hone, http_request, in_thread, keyed,
                       memory_only, metrics_value, new_key, redis_keys, redis_only, redis_state,
                       run_binary, start_held, wait_for)
 from fake_upstream import FakeUpstream
@@ -47,26 +48,6 @@ def replayed_when_stored(p, req, timeout=6):
 
 
 # ------------------------------------------------------------------ nothing reached the upstream
-def test_not_listening_releases_and_the_retry_runs(proxy, rdb):
-    """Connection refused: certain that nothing was sent: released, counted as
-    no unknown outcome, and the retry runs once the upstream is up."""
-    port = free_port()
-    p = proxy(upstream_url="http://127.0.0.1:%d" % port)
-    key = new_key()
-    req = keyed(key)
-    assert_problem(p.request(*req), 502, "upstream_unavailable")
-    if p.store == "redis":
-        assert redis_keys(rdb, key) == []
-    up = FakeUpstream(port).start()
-    try:
-        st, h, body = assert_free(p, key, req, upstream=up)
-        assert st == 201 and up.hits("/echo") == 1
-    finally:
-        up.stop()
-    assert sum(unknown_count(p, c) for c in
-               ("upstream_timeout", "upstream_reset", "holder_lost")) == 0
-
-
 def test_connect_timeout_releases(proxy):
     """A listener that never accepts (its backlog full: the SYN is dropped):
     the connection is never up within --upstream-timeout: 504, released."""

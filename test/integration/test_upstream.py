@@ -4,8 +4,8 @@ import json
 import time
 
 from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
-                      assert_unknown, free_port, hone, keyed, new_key, redis_keys, redis_state,
-                      store_independent, wait_for)
+                      assert_unknown, free_port, hone, keyed, metrics_value, new_key, redis_keys,
+                      redis_state, store_independent, wait_for)
 from fake_upstream import FakeUpstream
 
 
@@ -29,6 +29,8 @@ def test_upstream_unreachable_then_up(proxy, rdb):
         assert up.hits("/echo") == 1
     finally:
         up.stop()
+    # Nothing was sent: no key became unknown (SPEC §9).
+    assert (metrics_value(p.metrics(), "idemproxy_unknown_outcomes_total") or 0) == 0
 
 
 def test_upstream_timeout(proxy, upstream):
