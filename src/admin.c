@@ -246,9 +246,8 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
     a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,
                             &cfg->admin_listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, a,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                            MHD_OPTION_CONNECTION_LIMIT, 64u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                            1u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!a->d) {
         free(a);
         return -EADDRINUSE;

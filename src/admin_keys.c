@@ -232,8 +232,8 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
                           info->completed ? "completed"
                           : info->unknown ? "unknown"
                                           : "locked",
-                          "fingerprint", info->fp_hex, "age_ms", (json_int_t)info->age_ms,
-                          "ttl_ms", (json_int_t)info->ttl_ms);
+                          "fingerprint", info->fp_hex, "age_ms", (json_int_t)info->age_ms, "ttl_ms",
+                          (json_int_t)info->ttl_ms);
 
     if (o && !info->completed && !info->unknown)
         json_object_set_new(o, "lease_ms", json_integer((json_int_t)info->lease_ms));
@@ -278,7 +278,7 @@ static int listed(struct waiter *w, int err)
 static enum MHD_Result reply_listing_error(struct MHD_Connection *conn, int err)
 {
     return reply_error(conn, 503,
-                       err == -ECANCELED  ? "the store refused the call"
+                       err == -ECANCELED   ? "the store refused the call"
                        : err == -ETIMEDOUT ? "the store did not answer in time"
                                            : "the store is not answering");
 }
@@ -394,14 +394,15 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
         size_t head = strlen(prefix) + IDEMKEY_SCOPE_HEX + 1;
 
         if (o && strlen(in->store_key) > head)
-            json_object_set_new(o, "key", bytes_json(in->store_key + head,
-                                                     strlen(in->store_key) - head));
+            json_object_set_new(o, "key",
+                                bytes_json(in->store_key + head, strlen(in->store_key) - head));
         json_array_append_new(records, o);
     }
     next = w->list.cursor[0] ? json_string(w->list.cursor) : json_null();
     waiter_unref(w);
-    return reply_json(conn, 200, json_pack("{s:s, s:o, s:o}", "state", "unknown", "records",
-                                           records, "next_cursor", next));
+    return reply_json(
+        conn, 200,
+        json_pack("{s:s, s:o, s:o}", "state", "unknown", "records", records, "next_cursor", next));
 }
 
 static void on_resolved(void *ctx, int err, const struct store_result *res)
@@ -429,8 +430,7 @@ static struct record *answer_from_json(struct span text, const char **why)
     body64 = json_object_get(root, "body_base64");
     if (!json_is_integer(status) || json_integer_value(status) < 100 ||
         json_integer_value(status) > 599 || (headers && !json_is_array(headers)) ||
-        (body && body64) || (body && !json_is_string(body)) ||
-        (body64 && !json_is_string(body64)))
+        (body && body64) || (body && !json_is_string(body)) || (body64 && !json_is_string(body64)))
         goto out;
     rec = record_new(SIZE_MAX);
     if (!rec) {
@@ -438,7 +438,8 @@ static struct record *answer_from_json(struct span text, const char **why)
         goto out;
     }
     rec->status = (unsigned)json_integer_value(status);
-    json_array_foreach(headers, i, h) {
+    json_array_foreach(headers, i, h)
+    {
         json_t *n = json_array_get(h, 0), *v = json_array_get(h, 1);
 
         if (!json_is_array(h) || json_array_size(h) != 2 || !json_is_string(n) ||
@@ -457,9 +458,9 @@ static struct record *answer_from_json(struct span text, const char **why)
     if (body64) {
         size_t n = json_string_length(body64);
         unsigned char *out = malloc(n / 4 * 3 + 3);
-        int len = out ? EVP_DecodeBlock(out, (const unsigned char *)json_string_value(body64),
-                                        (int)n)
-                      : -1;
+        int len =
+            out ? EVP_DecodeBlock(out, (const unsigned char *)json_string_value(body64), (int)n)
+                : -1;
 
         if (len < 0 || n % 4 != 0) {
             free(out);
@@ -513,8 +514,8 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
         return reply_error(conn, 500, "out of memory");
     }
     w = waiter_new();
-    err = w ? store_resolve(st, span_from_cstr(store_key), rec, c->ttl_ms, on_resolved, w)
-            : -ENOMEM;
+    err =
+        w ? store_resolve(st, span_from_cstr(store_key), rec, c->ttl_ms, on_resolved, w) : -ENOMEM;
     record_unref(rec);
     if (err < 0 && w) {
         waiter_unref(w);

@@ -125,8 +125,7 @@ static const struct opt opts[] = {
       "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, "
       "redis://h1:p1,h2:p2 for a cluster's seeds (a cluster is found by itself), or "
       "redis-sentinel://host[:port][,...]?master=NAME; none: in-process memory store",
-      K_REDIS,
-      F(redis_url), 0, NULL, false },
+      K_REDIS, F(redis_url), 0, NULL, false },
     { "--redis-password-file", "IDEMPROXY_REDIS_PASSWORD_FILE", "FILE", NULL,
       "Redis password: the file's first line, which beats one in the URL (and stays out of the "
       "process list)",
@@ -151,8 +150,8 @@ static const struct opt opts[] = {
       "confirm in time is refused (503); 0: do not wait",
       K_COUNT0, F(redis_wait_replicas), 0, NULL, false },
     { "--redis-wait-timeout", "IDEMPROXY_REDIS_WAIT_TIMEOUT", "S", "0.1",
-      "how long --redis-wait-replicas waits for the replicas", K_SECONDS,
-      F(redis_wait_timeout_ms), 0, NULL, false },
+      "how long --redis-wait-replicas waits for the replicas", K_SECONDS, F(redis_wait_timeout_ms),
+      0, NULL, false },
     { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
       "address of /healthz, /readyz and /metrics", K_ADDR, F(admin_listen), 0, NULL, false },
     { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
@@ -911,8 +910,19 @@ static int apply_named(struct config *cfg, const struct opt *o, const char *name
 /* ---- the configuration file's view of the table ---- */
 
 static const char *const route_options[] = {
-    "methods", "require-key", "scope-header", "ttl", "max-ttl", "ttl-header", "lock-ttl", "wait",
-    "no-cache-status", "max-body", "max-response", "replay-header", "on-unknown-outcome",
+    "methods",
+    "require-key",
+    "scope-header",
+    "ttl",
+    "max-ttl",
+    "ttl-header",
+    "lock-ttl",
+    "wait",
+    "no-cache-status",
+    "max-body",
+    "max-response",
+    "replay-header",
+    "on-unknown-outcome",
 };
 
 bool config_is_route_option(const char *name)

@@ -341,8 +341,8 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
         if (!atomic_load(&ls->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
-            log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l),
-                     l->key, store_strerror(err), (unsigned long long)l->backoff_ms);
+            log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l), l->key,
+                     store_strerror(err), (unsigned long long)l->backoff_ms);
             finish_told(l);
             if (worker_submit_after(ls->pool, l->backoff_ms, attempt, l) == 0) {
                 l->backoff_ms = l->backoff_ms * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS
@@ -372,8 +372,8 @@ static void attempt(void *ctx)
         err = store_complete(ls->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
                              on_finished, l);
     else if (l->unknown)
-        err = store_unknown(ls->st, span_from_cstr(l->key), &l->tok, l->cause, &l->about,
-                            l->ttl_ms, on_finished, l);
+        err = store_unknown(ls->st, span_from_cstr(l->key), &l->tok, l->cause, &l->about, l->ttl_ms,
+                            on_finished, l);
     else
         err = store_release(ls->st, span_from_cstr(l->key), &l->tok, on_finished, l);
     if (err < 0)

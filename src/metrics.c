@@ -22,10 +22,8 @@ static const uint64_t bucket_bounds_us[] = METRICS_BUCKET_BOUNDS_US;
 _Static_assert(ARRAY_SIZE(bucket_bounds_us) + 1 == METRICS_NBUCKETS, "one +Inf bucket");
 
 static const char *const store_op_names[] = {
-    [METRICS_STORE_ACQUIRE] = "acquire",
-    [METRICS_STORE_COMPLETE] = "complete",
-    [METRICS_STORE_RELEASE] = "release",
-    [METRICS_STORE_EXTEND] = "extend",
+    [METRICS_STORE_ACQUIRE] = "acquire", [METRICS_STORE_COMPLETE] = "complete",
+    [METRICS_STORE_RELEASE] = "release", [METRICS_STORE_EXTEND] = "extend",
     [METRICS_STORE_UNKNOWN] = "unknown",
 };
 
@@ -37,11 +35,11 @@ static const char *const store_op_names[] = {
     (sizeof("idemproxy_requests_total{route=\"\",outcome=\"\"} \n") - 1 + METRICS_ROUTE_NAME_MAX + \
      15 + 20)
 #define UNKNOWN_LINE_MAX                                                                           \
-    (sizeof("idemproxy_unknown_outcomes_total{route=\"\",cause=\"\"} \n") - 1 +                  \
+    (sizeof("idemproxy_unknown_outcomes_total{route=\"\",cause=\"\"} \n") - 1 +                    \
      METRICS_ROUTE_NAME_MAX + 16 + 20)
 #define REQUESTS_TEXT_MAX                                                                          \
-    ((uint64_t)METRICS_ROUTES_MAX * (_OUTCOME_MAX * REQUESTS_LINE_MAX +                            \
-                                     STORE_CAUSE_MAX * UNKNOWN_LINE_MAX))
+    ((uint64_t)METRICS_ROUTES_MAX *                                                                \
+     (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 

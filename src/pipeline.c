@@ -69,9 +69,9 @@ struct preq {
     /* The front end's reference, and a late exchange's (SPEC §9): the last
      * one frees it. */
     atomic_int refs;
-    bool late; /* answered 504 at --upstream-timeout; its exchange goes on */
-    char *late_method; /* owned: the method, once late (the front end's copy may go) */
-    const char *unknown; /* the cause, once this request made its key unknown */
+    bool late;                  /* answered 504 at --upstream-timeout; its exchange goes on */
+    char *late_method;          /* owned: the method, once late (the front end's copy may go) */
+    const char *unknown;        /* the cause, once this request made its key unknown */
     struct route_table *routes; /* reference: the table <route> belongs to */
     const struct route *route;  /* its route, and the settings it runs under (route->cfg) */
     struct buf body;            /* owned, limited by the route's max-body */
@@ -691,8 +691,8 @@ static void became_unknown(struct preq *r, enum store_cause cause)
              "answer was lost; duplicates get 502 idempotency_outcome_unknown until an operator "
              "resolves it (/keys)",
              r->store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
-             in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024),
-             in->target.base, r->route->name);
+             in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
+             r->route->name);
 }
 
 /* The answer to a request whose key's outcome is unknown (SPEC §9). */
@@ -943,8 +943,8 @@ static void on_overdue(void *ctx)
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     log_info("upstream %.*s %.*s: no answer within --upstream-timeout; answered 504, the exchange "
              "goes on for --upstream-late-timeout",
-             (int)in->method.len, in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024),
-             in->target.base);
+             (int)in->method.len, in->method.base,
+             (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base);
     set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
     /* The method is the front end's memory, which goes with the client. */
     r->late_method = strndup(in->method.base, in->method.len);
@@ -963,9 +963,9 @@ static void late_end(struct preq *r, int err, struct record *rec)
     const struct config *cfg = &r->route->cfg;
 
     log_info("key %s: the late exchange ended: %s", r->store_key,
-             err == 0     ? "an answer"
+             err == 0            ? "an answer"
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
-                          : strerror(-err));
+                                 : strerror(-err));
     if (err == -E2BIG) {
         lease_end(r, too_large_marker(502)); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
@@ -997,8 +997,8 @@ static void on_upstream(void *ctx, int err, struct record *rec)
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     if (err < 0) {
         enum problem p = err == -ETIMEDOUT || err == -ENOTCONN ? PROBLEM_UPSTREAM_TIMEOUT
-                         : err == -E2BIG                        ? PROBLEM_RESPONSE_TOO_LARGE
-                                                                : PROBLEM_UPSTREAM_UNAVAILABLE;
+                         : err == -E2BIG                       ? PROBLEM_RESPONSE_TOO_LARGE
+                                                               : PROBLEM_UPSTREAM_UNAVAILABLE;
 
         log_warn("upstream %.*s %.*s failed: %s%s", (int)in->method.len, in->method.base,
                  (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,

@@ -100,7 +100,7 @@ struct mop {
     uint64_t keep_ms;            /* acquire */
     bool take_over;              /* acquire */
     enum store_cause cause;      /* unknown */
-    const struct store_about *about; /* acquire, unknown: borrowed */
+    const struct store_about *about;  /* acquire, unknown: borrowed */
     char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
     struct record *rec;          /* complete: own reference, handed to the entry */
     size_t key_len;
@@ -755,8 +755,7 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
 {
     struct mop op;
 
-    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0 ||
-        !store_call_is_valid(key, tok, done))
+    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
     op = mop_make(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx);
     memcpy(op.fp, fp, FINGERPRINT_LEN);
@@ -769,8 +768,8 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
 }
 
 static int memory_unknown(struct store *base, struct span key, const struct store_token *tok,
-                          enum store_cause cause, const struct store_about *about,
-                          uint64_t keep_ms, store_done_fn *done, void *ctx)
+                          enum store_cause cause, const struct store_about *about, uint64_t keep_ms,
+                          store_done_fn *done, void *ctx)
 {
     struct mop op;
 
@@ -899,9 +898,9 @@ static void inspect_run(void *arg)
                 struct store_info info;
 
                 if (now >= e->expires_ms ||
-                    (job->unknown_only ? e->state != MSTATE_UNKNOWN ||
-                                             !idemkey_store_key_is_under(k, prefix)
-                                       : !idemkey_store_key_matches(k, prefix, key)))
+                    (job->unknown_only
+                         ? e->state != MSTATE_UNKNOWN || !idemkey_store_key_is_under(k, prefix)
+                         : !idemkey_store_key_matches(k, prefix, key)))
                     continue;
                 err = entry_info(e, now, job->with_body, &info);
                 if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {
@@ -940,9 +939,7 @@ static int memory_list_unknown(struct store *base, struct span prefix, const cha
                                store_list_fn *done, void *ctx)
 {
     struct store_memory *st = to_memory(base);
-    struct store_admin_job job = {
-        .st = st, .list_done = done, .ctx = ctx, .unknown_only = true
-    };
+    struct store_admin_job job = { .st = st, .list_done = done, .ctx = ctx, .unknown_only = true };
     uint64_t a, b;
 
     if (!done || store_cursor_parse(cursor, &a, &b) < 0 || a >= NSHARDS ||
@@ -1061,9 +1058,9 @@ static int memory_metrics(struct store *base, store_metric_fn *emit, void *ctx)
     int err;
 
     store_memory_stats(base, &s);
-    err = emit(ctx, "idemproxy_store_durable", NULL, "gauge",
-               "1 while the store keeps its keys through a restart; the memory store never does.",
-               0);
+    err =
+        emit(ctx, "idemproxy_store_durable", NULL, "gauge",
+             "1 while the store keeps its keys through a restart; the memory store never does.", 0);
     if (err == 0)
         err = emit(ctx, "idemproxy_memory_store_bytes", NULL, "gauge",
                    "Bytes the memory store counts against its budget (keys, locks, records).",

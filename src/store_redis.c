@@ -91,8 +91,7 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         res->about = (struct span){ .base = b->str, .len = b->len };
         res->became = reply_str_eq(r->element[3], "1");
         res->status = STORE_UNKNOWN;
-    }
-    else if (r->elements == 3 && reply_str_eq(r->element[0], "completed")) {
+    } else if (r->elements == 3 && reply_str_eq(r->element[0], "completed")) {
         h = r->element[1];
         b = r->element[2];
         if (h->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING)
@@ -1007,7 +1006,8 @@ static void on_appendfsync(void *ctx, int err, const redisReply *r)
                  name);
     else
         log_info("redis %s: keeps its writes in an append-only file, fsynced %s", name,
-                 fsync_read ? "at least every second" : "as configured (CONFIG GET is not allowed)");
+                 fsync_read ? "at least every second"
+                            : "as configured (CONFIG GET is not allowed)");
 }
 
 static void link_on_ready(void *ctx)
@@ -1539,12 +1539,9 @@ static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
     static const struct {
         const char *name;
         enum lua_script_id script;
-    } unreplicated_ops[] = { { "acquire", LUA_ACQUIRE },
-                             { "complete", LUA_COMPLETE },
-                             { "release", LUA_RELEASE },
-                             { "extend", LUA_EXTEND },
-                             { "unknown", LUA_UNKNOWN },
-                             { "resolve", LUA_RESOLVE } };
+    } unreplicated_ops[] = { { "acquire", LUA_ACQUIRE }, { "complete", LUA_COMPLETE },
+                             { "release", LUA_RELEASE }, { "extend", LUA_EXTEND },
+                             { "unknown", LUA_UNKNOWN }, { "resolve", LUA_RESOLVE } };
     int err = emit(ctx, "idemproxy_redis_connected", NULL, "gauge",
                    "1 while the (current) Redis master of every slot answers",
                    redis_is_ready(base) ? 1 : 0);

@@ -321,9 +321,7 @@ int store_redis_list_unknown(struct store *base, struct span prefix, const char 
                              store_list_fn *done, void *ctx)
 {
     struct store_redis *st = store_redis_of(base);
-    struct store_admin_job job = {
-        .st = st, .list_done = done, .ctx = ctx, .unknown_only = true
-    };
+    struct store_admin_job job = { .st = st, .list_done = done, .ctx = ctx, .unknown_only = true };
     uint64_t a, b;
 
     if (!done || store_cursor_parse(cursor, &a, &b) < 0 ||

@@ -65,8 +65,8 @@ struct store_result {
     struct record *rec; /* STORE_COMPLETED only: borrowed for the callback; record_ref() to keep */
     /* STORE_UNKNOWN only: */
     enum store_cause cause;
-    bool became;        /* this acquire made it unknown (holder_lost), rather than found it */
-    struct span about;  /* borrowed for the callback: "<route> <method> <target>", maybe empty */
+    bool became;       /* this acquire made it unknown (holder_lost), rather than found it */
+    struct span about; /* borrowed for the callback: "<route> <method> <target>", maybe empty */
 };
 
 /* Runs exactly once per accepted operation: <err> is 0 and
@@ -127,8 +127,8 @@ typedef void store_notify_fn(void *ctx, struct span key);
 struct store_ops {
     const char *name;
     int (*acquire)(struct store *st, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                   const struct store_token *tok, const struct store_lock *lk,
-                   store_done_fn *done, void *ctx);
+                   const struct store_token *tok, const struct store_lock *lk, store_done_fn *done,
+                   void *ctx);
     int (*complete)(struct store *st, struct span key, const struct store_token *tok,
                     struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx);
     int (*release)(struct store *st, struct span key, const struct store_token *tok,

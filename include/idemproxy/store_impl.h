@@ -49,19 +49,19 @@ struct store_admin_job {
     bool with_body;
     char *prefix, *key; /* owned, NUL-terminated copies; purge: <key> is the store key */
     size_t prefix_len, key_len;
-    bool unknown_only;                    /* list_unknown: any key, unknown ones, a page */
-    char cursor[STORE_CURSOR_MAX];        /* list_unknown: where the page starts */
-    struct record *rec;                   /* resolve: own reference */
-    uint64_t ttl_ms;                      /* resolve */
+    bool unknown_only;             /* list_unknown: any key, unknown ones, a page */
+    char cursor[STORE_CURSOR_MAX]; /* list_unknown: where the page starts */
+    struct record *rec;            /* resolve: own reference */
+    uint64_t ttl_ms;               /* resolve */
 };
 
 #define STORE_LIST_PAGE 100 /* list_unknown: a page ends once it holds this many keys */
 
 /* Copies <prefix> and <key> into a new job for <st> with the rest of <args>
  * (its record reference taken over, whatever the outcome), and queues
- * <fn>(job) on <pool> as one accepted call of <calls>. Returns 0 (<fn> then owns the job and frees it with
- * store_admin_job_free()), or -ENOMEM or the error of worker_submit():
- * nothing is queued. */
+ * <fn>(job) on <pool> as one accepted call of <calls>. Returns 0 (<fn> then owns the job and frees
+ * it with store_admin_job_free()), or -ENOMEM or the error of worker_submit(): nothing is queued.
+ */
 int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
                            const struct store_admin_job *args, struct span prefix,
                            struct span key);

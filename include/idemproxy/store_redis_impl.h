@@ -67,9 +67,9 @@ struct node {
 };
 
 enum {
-    NODE_DURABLE_UNREAD, /* not read yet */
-    NODE_DURABLE_YES,    /* an append-only file, fsynced at least every second (or unreadable) */
-    NODE_DURABLE_NO_AOF, /* no append-only file: a restart forgets every key */
+    NODE_DURABLE_UNREAD,   /* not read yet */
+    NODE_DURABLE_YES,      /* an append-only file, fsynced at least every second (or unreadable) */
+    NODE_DURABLE_NO_AOF,   /* no append-only file: a restart forgets every key */
     NODE_DURABLE_NO_FSYNC, /* appendfsync no: a crash of its machine loses the last writes */
 };
 
@@ -199,7 +199,7 @@ struct op {
     bool take_over;               /* acquire */
     enum store_cause cause;       /* unknown */
     struct record *rec;           /* complete: own reference, for the body */
-    struct buf head; /* complete: the encoded head; acquire, unknown: the about; OP_RAW: the arguments */
+    struct buf head;              /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
     redis_reply_fn *raw;          /* set: gets the reply as it is (operator calls), not <done> */
     void *raw_ctx;
     int argc; /* OP_RAW */

@@ -117,10 +117,10 @@ int main(int argc, char **argv)
         memcpy(fp, &i, sizeof(i));
         if (store_token_new(&tok) < 0)
             abort();
-        err = wait_for(
-            &w, store_acquire(st, (struct span){ key, key_len }, fp, &tok,
-                          &(struct store_lock){ .lease_ms = 30000, .keep_ms = 86400000 }, on_done,
-                          &w));
+        err = wait_for(&w,
+                       store_acquire(st, (struct span){ key, key_len }, fp, &tok,
+                                     &(struct store_lock){ .lease_ms = 30000, .keep_ms = 86400000 },
+                                     on_done, &w));
         if (err == 0 && w.status == STORE_ACQUIRED)
             err = wait_for(&w, store_complete(st, (struct span){ key, key_len }, &tok, rec,
                                               86400000, on_done, &w));

@@ -581,8 +581,8 @@ static void test_holder_marks_unknown_and_retry_takes_it_over(void)
     CHECK_RES(mark_unknown(st, key, &t2, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), -ESTALE, -1);
     CHECK_RES(mark_unknown(st, key, &t1, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), 0, STORE_OK);
     CHECK_RES(mark_unknown(st, key, &t1, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), 0, STORE_OK);
-    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 10000, 60000, false),
-                  STORE_CAUSE_UPSTREAM_TIMEOUT, false);
+    CHECK_UNKNOWN(acquire_as(st, key, fp_a, &t2, 10000, 60000, false), STORE_CAUSE_UPSTREAM_TIMEOUT,
+                  false);
     CHECK_RES(acquire_as(st, key, fp_b, &t2, 10000, 60000, false), 0, STORE_MISMATCH);
     CHECK_RES(extend(st, key, &t1, 10000), -ESTALE, -1);
     /* A route that retries takes it over: at least once. */
@@ -673,10 +673,9 @@ static void *racer_main(void *arg)
     ra->ret = store_token_new(&t);
     if (ra->ret == 0) {
         ra->call = call_new();
-        ra->ret =
-            store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t,
-                          &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, call_done,
-                          ra->call);
+        ra->ret = store_acquire(ra->st, span_from_cstr(ra->key), fp_a, &t,
+                                &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 },
+                                call_done, ra->call);
     }
     return NULL;
 }
