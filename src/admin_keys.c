@@ -453,6 +453,7 @@ static struct record *answer_from_json(struct span text, const char **why)
         }
     }
     record_filter_hop_by_hop(rec);
+    record_ensure_date(rec); /* replays carry one Date: the answer's, or the resolution's */
     if (body && buf_append(&rec->body, json_string_value(body), json_string_length(body)) < 0)
         goto fail;
     if (body64) {

@@ -19,7 +19,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "idemproxy/buf.h"
 #include "idemproxy/config.h"
@@ -903,20 +902,6 @@ static bool is_cacheable(const struct config *cfg, unsigned status)
     return status < ARRAY_SIZE(cfg->no_cache) && !cfg->no_cache[status];
 }
 
-/* A stored answer needs the original Date: a replay carries it. */
-static void ensure_date(struct record *rec)
-{
-    char date[64];
-    struct tm tm;
-    time_t t = time(NULL);
-
-    if (record_header_get(rec, "Date"))
-        return;
-    gmtime_r(&t, &tm);
-    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    (void)record_add_header(rec, SPAN_LIT("Date"), span_from_cstr(date));
-}
-
 /* A marker stored instead of an answer larger than the proxy keeps: the
  * request ran, and must not run again. NULL on OOM. */
 static struct record *too_large_marker(unsigned status)
@@ -974,7 +959,7 @@ static void late_end(struct preq *r, int err, struct record *rec)
     } else if (err < 0 || !is_cacheable(cfg, rec->status)) {
         lease_end(r, NULL);
     } else {
-        ensure_date(rec);
+        record_ensure_date(rec);
         if (rec->body.len > cfg->max_response_bytes)
             lease_end(r, too_large_marker(rec->status));
         else
@@ -1033,7 +1018,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         lease_end(r, NULL);
         return;
     }
-    ensure_date(rec);
+    record_ensure_date(rec);
     if (rec->body.len > cfg->max_response_bytes) {
         lease_end(r, too_large_marker(rec->status)); /* a NULL marker (OOM) releases instead */
         return;

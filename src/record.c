@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <stdlib.h>
+#include <time.h>
 
 #include "idemproxy/record.h"
 
@@ -299,4 +300,17 @@ int record_decode(struct span head, struct span body, struct record **ret)
 fail:
     record_unref(rec);
     return r;
+}
+
+void record_ensure_date(struct record *rec)
+{
+    char date[64];
+    struct tm tm;
+    time_t t = time(NULL);
+
+    if (record_header_get(rec, "Date"))
+        return;
+    gmtime_r(&t, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    (void)record_add_header(rec, SPAN_LIT("Date"), span_from_cstr(date));
 }

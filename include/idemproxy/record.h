@@ -43,6 +43,11 @@ int record_add_header(struct record *rec, struct span name, struct span value);
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
 
+/* Adds a Date header of now to <rec> unless it has one: a stored answer
+ * needs its original Date, which every replay carries. An answer over
+ * RECORD_MAX_HEADERS goes without. */
+void record_ensure_date(struct record *rec);
+
 /* Removes from <rec> the hop-by-hop headers, every header named in its
  * Connection headers, and Content-Length, keeping the order of the rest. */
 void record_filter_hop_by_hop(struct record *rec);

@@ -351,6 +351,10 @@ def test_keys_list_unknown_then_put_resolves(proxy, upstream):
     assert "resolved by the operator at 127.0.0.1" in p.stderr()
     st, h, b = p.request("POST", "/reset?n=1", [("Idempotency-Key", k1)], b"pay")
     assert (st, hone(h, REPLAY), hone(h, "X-Op"), b) == (201, "true", "yes", b'{"id": "pay_1"}')
+    date = hone(h, "Date")  # the resolution's, kept: every replay carries the same one
+    time.sleep(1.1)
+    st, h, _ = p.request("POST", "/reset?n=1", [("Idempotency-Key", k1)], b"pay")
+    assert st == 201 and [v for n, v in h if n.lower() == "date"] == [date], h
     assert keys_call(p, "PUT", path, answer)[0] == 409  # not unknown any more
     scope3 = keys_call(p, "GET", "/keys/%s" % k3)[1]["records"][0]["scope"]
     assert keys_call(p, "PUT", "/keys/%s?scope=%s" % (k3, scope3), answer)[0] == 409
