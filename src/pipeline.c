@@ -768,17 +768,16 @@ static void on_confirmed(void *ctx, int err)
         forward(r);
         return;
     }
-    if (err == -ESTALE) {
+    if (err == -ESTALE)
         set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
                     "This request stalled and its lock passed to another request.");
-        lease_abandon(r->lease); /* not ours any more */
-        r->lease = NULL;
-        finish(r);
-        return;
-    }
-    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                "The idempotency store could not confirm the lock.");
-    /* Not forwarded: given back, or its lapsed lease would look like a lost holder's. */
+    else
+        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                    "The idempotency store could not confirm the lock.");
+    /* Not forwarded: given back, or its lapsed lease would look like a lost
+     * holder's. Stale, the key may have been found unknown with this token
+     * (SPEC §9): nothing ran, so that is given back too; another holder's
+     * lock is left alone (the release is fenced). */
     lease_end(r, NULL);
 }
 
