@@ -379,7 +379,8 @@ class RedisServer:
         while True:
             self.proc = subprocess.Popen(
                 [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--daemonize", "no"],
+                 "--appendonly", "no", "--daemonize", "no",
+                 "--dir", self.logdir],  # whatever a test makes it write lands there
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             ok = self._wait_ping(deadline)
             if ok:
