@@ -22,7 +22,7 @@ import pytest
 from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, assert_problem,
                       assert_unknown, hone, http_request, in_thread, keyed,
                       memory_only, metrics_value, new_key, redis_keys, redis_only, redis_state,
-                      run_binary, start_held, wait_for)
+                      run_binary, start_held, store_independent, wait_for)
 from fake_upstream import FakeUpstream
 
 
@@ -48,6 +48,7 @@ def replayed_when_stored(p, req, timeout=6):
 
 
 # ------------------------------------------------------------------ nothing reached the upstream
+@store_independent
 def test_connect_timeout_releases(proxy):
     """A listener that never accepts (its backlog full: the SYN is dropped):
     the connection is never up within --upstream-timeout: 504, released."""
@@ -80,6 +81,7 @@ def test_connect_timeout_releases(proxy):
         srv.close()
 
 
+@store_independent
 def test_tls_handshake_failure_and_unresolvable_name_release(proxy):
     """https to a plain HTTP server (the handshake fails before the request is
     written) and a name that does not resolve: 502, released."""
