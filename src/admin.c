@@ -15,8 +15,6 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/config.h"
 #include "idemproxy/metrics.h"
-#include "idemproxy/problem.h"
-#include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
 struct admin {
@@ -70,29 +68,6 @@ static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *
     return ret;
 }
 
-/* Answers with the problem <p> (its status, headers and JSON body). */
-static enum MHD_Result reply_problem(struct MHD_Connection *conn, enum problem p,
-                                    const char *detail)
-{
-    struct record *rec = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
-    struct MHD_Response *resp;
-    enum MHD_Result ret;
-
-    if (!rec)
-        return MHD_NO;
-    resp = MHD_create_response_from_buffer(rec->body.len, rec->body.data, MHD_RESPMEM_MUST_COPY);
-    for (size_t i = 0; resp && i < rec->nheaders; i++)
-        (void)MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value);
-    if (resp && p == PROBLEM_ADMIN_UNAUTHORIZED)
-        (void)MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"idemproxy admin\"");
-    if (resp)
-        (void)MHD_add_response_header(resp, "Cache-Control", "no-store");
-    ret = resp ? MHD_queue_response(conn, problem_status(p), resp) : MHD_NO;
-    MHD_destroy_response(resp);
-    record_unref(rec);
-    return ret;
-}
-
 enum admin_access admin_keys_access(const char *token, bool loopback, const char *authorization)
 {
     size_t len;
@@ -140,11 +115,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             a->token, a->loopback,
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"))) {
         case ADMIN_ACCESS_FORBIDDEN:
-            return reply_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
+            return admin_keys_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
                                  "/keys is served without --admin-token-file only on a loopback "
                                  "--admin-listen address.");
         case ADMIN_ACCESS_UNAUTHORIZED:
-            return reply_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
+            return admin_keys_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
                                  "/keys requires Authorization: Bearer <the token of "
                                  "--admin-token-file>.");
         case ADMIN_ACCESS_ALLOWED:

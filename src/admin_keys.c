@@ -5,7 +5,6 @@
  * front end's thread is never involved. */
 #include "idemproxy/admin_keys.h"
 
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -16,6 +15,7 @@
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
 #include "idemproxy/log.h"
+#include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
@@ -307,15 +307,10 @@ static void peer_address(struct MHD_Connection *conn, char *out, size_t outlen)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
 
-    snprintf(out, outlen, "?");
-    if (sa && sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
-                  (socklen_t)outlen);
-    else if (sa && sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
-                  (socklen_t)outlen);
+    http_address_text(ci ? ci->client_addr : NULL, out, outlen);
+    if (!out[0])
+        snprintf(out, outlen, "?");
 }
 
 static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, const char *prefix,
@@ -391,11 +386,11 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     for (size_t i = 0; records && i < w->list.n; i++) {
         const struct store_info *in = &w->list.items[i];
         json_t *o = info_json(in, strlen(prefix), false);
-        size_t head = strlen(prefix) + IDEMKEY_SCOPE_HEX + 1;
+        struct span k =
+            idemkey_store_key_key(span_from_cstr(in->store_key), span_from_cstr(prefix));
 
-        if (o && strlen(in->store_key) > head)
-            json_object_set_new(o, "key",
-                                bytes_json(in->store_key + head, strlen(in->store_key) - head));
+        if (o && k.base)
+            json_object_set_new(o, "key", bytes_json(k.base, k.len));
         json_array_append_new(records, o);
     }
     next = w->list.cursor[0] ? json_string(w->list.cursor) : json_null();
@@ -534,16 +529,36 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
     if (err == -ENOENT)
         return reply_error(conn, 404, "no such key under this scope (expired, or never stored)");
     if (err == -EBUSY)
-        return reply_json(conn, 409,
-                          json_pack("{s:s}", "error",
-                                    "the key's outcome is not unknown: it is in flight or "
-                                    "completed (see GET /keys/<key>); only an unknown key takes "
-                                    "an operator's answer"));
+        return admin_keys_problem(conn, PROBLEM_ADMIN_CONFLICT,
+                                  "The key's outcome is not unknown: it is in flight or completed "
+                                  "(see GET /keys/<key>); only an unknown key takes an operator's "
+                                  "answer.");
     if (err == -E2BIG)
         return reply_error(conn, 413, "the answer is larger than the store takes");
     if (err < 0)
         return reply_error(conn, 503, "the store is not answering");
     return reply_json(conn, 200, json_pack("{s:s}", "resolved", "completed"));
+}
+
+enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail)
+{
+    struct record *rec = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    if (!rec)
+        return MHD_NO;
+    resp = MHD_create_response_from_buffer(rec->body.len, rec->body.data, MHD_RESPMEM_MUST_COPY);
+    for (size_t i = 0; resp && i < rec->nheaders; i++)
+        (void)MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value);
+    if (resp && p == PROBLEM_ADMIN_UNAUTHORIZED)
+        (void)MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"idemproxy admin\"");
+    if (resp)
+        (void)MHD_add_response_header(resp, "Cache-Control", "no-store");
+    ret = resp ? MHD_queue_response(conn, problem_status(p), resp) : MHD_NO;
+    MHD_destroy_response(resp);
+    record_unref(rec);
+    return ret;
 }
 
 enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,

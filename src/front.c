@@ -6,9 +6,7 @@
  * when resumed. */
 #include "idemproxy/front.h"
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -222,15 +220,8 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t len)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
 
-    out[0] = '\0';
-    if (sa && sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
-                  (socklen_t)len);
-    else if (sa && sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
-                  (socklen_t)len);
+    http_address_text(ci ? ci->client_addr : NULL, out, len);
 }
 
 #define HEAD_HIDDEN                                                                                \

@@ -5,6 +5,9 @@
  * or the logs. Pure, any thread. */
 #include "idemproxy/http.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 /* tchar of RFC 9110 section 5.6.2 */
 static bool is_tchar(unsigned char c)
 {
@@ -365,4 +368,15 @@ bool http_is_connection_listed(const char *connection, struct span name)
         p = *end ? end + 1 : end;
     }
     return false;
+}
+
+void http_address_text(const struct sockaddr *sa, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+                  (socklen_t)len);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
+                  (socklen_t)len);
 }

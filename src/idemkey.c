@@ -124,6 +124,15 @@ bool idemkey_store_key_is_under(struct span s, struct span prefix)
            idemkey_store_key_matches((struct span){ s.base, head }, prefix, (struct span){ "", 0 });
 }
 
+struct span idemkey_store_key_key(struct span s, struct span prefix)
+{
+    size_t head = prefix.len + IDEMKEY_SCOPE_HEX + 1;
+
+    if (!idemkey_store_key_is_under(s, prefix))
+        return (struct span){ NULL, 0 };
+    return (struct span){ s.base + head, s.len - head };
+}
+
 int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret)
 {
     size_t slen = strlen(scope);

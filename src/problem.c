@@ -78,7 +78,7 @@ struct record *problem_new(enum problem p, enum problem_dialect dialect, const c
                                                             : SPAN_LIT("application/problem+json")) <
         0)
         goto fail;
-    if ((d->status == 409 || d->status == 503) &&
+    if ((p == PROBLEM_KEY_IN_USE || d->status == 503) && /* a retry may succeed */
         record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)
         goto fail;
     /* Framing or bytes the proxy could not trust: nothing after this request

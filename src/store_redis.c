@@ -216,18 +216,26 @@ unsigned store_redis_masters(struct store_redis *st, unsigned *ret)
 
 /* Ready: one server (node 0) answers; a cluster: every slot has a master
  * and each of them answers. */
+/* The nodes that are masters now: node 0 alone unless a cluster. Returns
+ * how many are in <ret>. */
+static unsigned current_masters(struct store_redis *st, unsigned ret[NODE_MAX])
+{
+    if (is_cluster(st))
+        return store_redis_masters(st, ret);
+    ret[0] = 0;
+    return 1;
+}
+
 static bool redis_is_ready(struct store *base)
 {
     struct store_redis *st = store_redis_of(base);
     unsigned masters[NODE_MAX], n;
 
-    if (!is_cluster(st))
-        return atomic_load(&st->nodes[0]->up);
-    for (unsigned s = 0; s < REDIS_CLUSTER_SLOTS; s++) {
+    for (unsigned s = 0; is_cluster(st) && s < REDIS_CLUSTER_SLOTS; s++) {
         if (atomic_load_explicit(&st->slots[s], memory_order_relaxed) == SLOT_NONE)
             return false;
     }
-    n = store_redis_masters(st, masters);
+    n = current_masters(st, masters);
     for (unsigned i = 0; i < n; i++) {
         struct node *nd = node_at(st, masters[i]);
 
@@ -240,10 +248,8 @@ static bool redis_is_ready(struct store *base)
 /* True while every master (as far as known) said it keeps its writes. */
 static bool redis_is_durable(struct store_redis *st)
 {
-    unsigned masters[NODE_MAX], n = is_cluster(st) ? store_redis_masters(st, masters) : 1;
+    unsigned masters[NODE_MAX], n = current_masters(st, masters);
 
-    if (!is_cluster(st))
-        masters[0] = 0;
     for (unsigned i = 0; i < n; i++) {
         struct node *nd = node_at(st, masters[i]);
 

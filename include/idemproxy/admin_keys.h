@@ -11,6 +11,7 @@
 #include <microhttpd.h>
 
 #include "idemproxy/common.h"
+#include "idemproxy/outcome.h"
 
 #define ADMIN_KEYS_PATH "/keys/"
 #define ADMIN_KEYS_LIST_PATH "/keys"
@@ -34,5 +35,9 @@ struct admin_keys_call {
  * the operator's address. Returns what MHD_queue_response() returns. */
 enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
                                  const struct admin_keys_call *c);
+
+/* Answers with the problem <p> (problem.h: its status, headers and JSON
+ * body, with <detail>; WWW-Authenticate for the 401), not to be stored. */
+enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail);
 
 #endif

@@ -102,6 +102,12 @@ int http_parse_status_line(struct span line, unsigned *ret_status);
  * Proxy-Authenticate, Proxy-Authorization) or Content-Length. Case-insensitive. */
 bool http_is_hop_by_hop(struct span name);
 
+struct sockaddr;
+
+/* Writes the IP address of <sa> (IPv4 or IPv6; NULL or another family:
+ * nothing) into <out> (<len> bytes) as text, NUL-terminated; "" when none. */
+void http_address_text(const struct sockaddr *sa, char *out, size_t len);
+
 /* True when <name> is listed, case-insensitively, in the comma-separated
  * value <connection> of a Connection header (NULL: never). */
 bool http_is_connection_listed(const char *connection, struct span name);

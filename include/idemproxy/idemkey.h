@@ -50,4 +50,8 @@ bool idemkey_store_key_matches(struct span s, struct span prefix, struct span ke
 /* True when <s> is a store key under <prefix> of any key, in any scope. */
 bool idemkey_store_key_is_under(struct span s, struct span prefix);
 
+/* The key part of the store key <s> under <prefix> (what follows the scope
+ * and ':'), borrowed from <s>; base NULL when <s> is no such store key. */
+struct span idemkey_store_key_key(struct span s, struct span prefix);
+
 #endif

@@ -50,6 +50,8 @@ enum outcome {
     X(NOT_IMPLEMENTED, 501, "bad_request", "Not implemented", "about:blank")                       \
     X(ADMIN_UNAUTHORIZED, 401, "unauthorized", "Admin token required", "about:blank")              \
     X(ADMIN_FORBIDDEN, 403, "forbidden", "Not served on this admin address", "about:blank")        \
+    X(ADMIN_CONFLICT, 409, "conflict", "The key is not in the state this call needs",              \
+      "about:blank")                                                                               \
     X(OUTCOME_UNKNOWN, 502, "idempotency_outcome_unknown",                                         \
       "The outcome of the original request is unknown", "about:blank")
 

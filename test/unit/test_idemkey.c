@@ -241,6 +241,14 @@ static void test_idemkey_store_key_matches_its_own_layout(void)
     CHECK(sk && !idemkey_store_key_matches(span_from_cstr(sk), SPAN_LIT("idex:"), SPAN_LIT("a:b")));
     CHECK(
         !idemkey_store_key_matches(SPAN_LIT("idem:0123:a:b"), SPAN_LIT("idem:"), SPAN_LIT("a:b")));
+    /* any key under the prefix, and the key read back */
+    CHECK(sk && idemkey_store_key_is_under(span_from_cstr(sk), SPAN_LIT("idem:")));
+    CHECK(sk && !idemkey_store_key_is_under(span_from_cstr(sk), SPAN_LIT("idex:")));
+    CHECK(!idemkey_store_key_is_under(SPAN_LIT("idem:0123456789abcdef0123456789abcdef:"),
+                                      SPAN_LIT("idem:")));
+    CHECK(sk && span_eq(idemkey_store_key_key(span_from_cstr(sk), SPAN_LIT("idem:")),
+                        SPAN_LIT("a:b")));
+    CHECK(idemkey_store_key_key(SPAN_LIT("idem:0123:a:b"), SPAN_LIT("idem:")).base == NULL);
     free(sk);
 }
 
