@@ -107,8 +107,8 @@ static const char *const log_level_names[] = { "error", "warn", "info", "debug",
 /* K_CHOICE writes the index through an int. */
 _Static_assert(sizeof(enum config_on_store_error) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_on_unknown) == sizeof(int), "enum size");
-_Static_assert(sizeof(enum config_log_format) == sizeof(int), "enum size");
-_Static_assert(sizeof(enum config_log_level) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum log_format) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
 
 #define F(field) offsetof(struct config, field)
 

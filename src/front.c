@@ -422,11 +422,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     char line[512];
 
     (void)cls;
-    if (!log_enabled(CONFIG_LOG_DEBUG))
+    if (!log_enabled(LOG_LEVEL_DEBUG))
         return;
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    log_write(CONFIG_LOG_DEBUG, "http: %s", line);
+    log_write(LOG_LEVEL_DEBUG, "http: %s", line);
 }
 
 /* Lets MHD do what is ready, then arms the timer for when it must run next

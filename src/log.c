@@ -18,23 +18,23 @@
 #define LOG_FIELD_MAX 1024
 
 /* Set once before threads start; atomics keep a late log_setup() well defined. */
-static _Atomic int log_level = CONFIG_LOG_INFO;
-static _Atomic int log_format = CONFIG_LOG_TEXT;
+static _Atomic int log_level = LOG_LEVEL_INFO;
+static _Atomic int log_format = LOG_FORMAT_TEXT;
 
 static const char *const level_names[] = {
-    [CONFIG_LOG_ERROR] = "error",
-    [CONFIG_LOG_WARN] = "warn",
-    [CONFIG_LOG_INFO] = "info",
-    [CONFIG_LOG_DEBUG] = "debug",
+    [LOG_LEVEL_ERROR] = "error",
+    [LOG_LEVEL_WARN] = "warn",
+    [LOG_LEVEL_INFO] = "info",
+    [LOG_LEVEL_DEBUG] = "debug",
 };
 
-void log_setup(enum config_log_level level, enum config_log_format format)
+void log_setup(enum log_level level, enum log_format format)
 {
     atomic_store_explicit(&log_level, (int)level, memory_order_relaxed);
     atomic_store_explicit(&log_format, (int)format, memory_order_relaxed);
 }
 
-bool log_enabled(enum config_log_level level)
+bool log_enabled(enum log_level level)
 {
     return (int)level <= atomic_load_explicit(&log_level, memory_order_relaxed);
 }
@@ -233,10 +233,10 @@ void log_access(const struct log_access *a)
     char line[LOG_LINE_MAX], stamp[40], num[96];
     size_t n = 0;
 
-    if (!log_enabled(CONFIG_LOG_INFO))
+    if (!log_enabled(LOG_LEVEL_INFO))
         return;
     format_time(stamp, sizeof(stamp));
-    if (atomic_load_explicit(&log_format, memory_order_relaxed) == CONFIG_LOG_JSON) {
+    if (atomic_load_explicit(&log_format, memory_order_relaxed) == LOG_FORMAT_JSON) {
         n = format_access_json(line, sizeof(line), stamp, a);
     } else {
         put(line, sizeof(line), &n, stamp, strlen(stamp));
@@ -270,7 +270,7 @@ void log_access(const struct log_access *a)
         write_all(line, n);
 }
 
-void log_write(enum config_log_level level, const char *fmt, ...)
+void log_write(enum log_level level, const char *fmt, ...)
 {
     char msg[LOG_MSG_MAX], line[LOG_LINE_MAX], stamp[40];
     const char *name;
@@ -290,7 +290,7 @@ void log_write(enum config_log_level level, const char *fmt, ...)
         memcpy(msg + sizeof(msg) - 4, "...", 4);
     format_time(stamp, sizeof(stamp));
 
-    if (atomic_load_explicit(&log_format, memory_order_relaxed) == CONFIG_LOG_JSON) {
+    if (atomic_load_explicit(&log_format, memory_order_relaxed) == LOG_FORMAT_JSON) {
         n = format_json(line, sizeof(line), stamp, name, msg);
     } else {
         n = 0;

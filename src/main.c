@@ -400,7 +400,7 @@ static const char *restart_setting(const struct config *a, const struct config *
 #define RESTART_SETTINGS 15
 
 /* Logs each line of <text> at <level>, after "reload: ". */
-static void log_lines(enum config_log_level level, const char *text)
+static void log_lines(enum log_level level, const char *text)
 {
     for (const char *p = text; *p;) {
         size_t n = strcspn(p, "\n");
@@ -422,7 +422,7 @@ static void reload(struct app *app, int argc, char **argv)
     size_t restart = 0;
 
     if (config_load(&next, argc, argv, environ, err, sizeof(err)) < 0) {
-        log_lines(CONFIG_LOG_ERROR, err);
+        log_lines(LOG_LEVEL_ERROR, err);
         log_error("reload: the configuration has problems; nothing was changed");
         metrics_config_reload(false);
         config_done(&next);
@@ -456,7 +456,7 @@ static void reload(struct app *app, int argc, char **argv)
         restart++;
     }
     if (pipeline_set_routes(app->pl, t, why, sizeof(why)) > 0)
-        log_lines(CONFIG_LOG_WARN, why);
+        log_lines(LOG_LEVEL_WARN, why);
     old = app->cfg.routes; /* the running configuration holds the table in use */
     app->cfg.routes = t;
     next.routes = NULL;

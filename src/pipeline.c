@@ -252,7 +252,7 @@ static void account(struct pipeline *pl, struct preq *r)
 
     (void)pl;
     metrics_request(rt->metrics_id, q->out.outcome, total_us, r->forwarded, r->upstream_us);
-    if (!log_enabled(CONFIG_LOG_INFO))
+    if (!log_enabled(LOG_LEVEL_INFO))
         return;
     /* The key as sent, or the one derived (which /keys finds) */
     if (r->derived_key) {

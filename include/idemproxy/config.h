@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "idemproxy/common.h"
+#include "idemproxy/log.h"
 
 struct route_table;
 
@@ -22,18 +23,6 @@ enum config_on_store_error {
 enum config_on_unknown {
     CONFIG_ON_UNKNOWN_REFUSE, /* the key becomes unknown: 502 for every duplicate */
     CONFIG_ON_UNKNOWN_RETRY,  /* the lock is released or taken over: at least once */
-};
-
-enum config_log_format {
-    CONFIG_LOG_TEXT,
-    CONFIG_LOG_JSON,
-};
-
-enum config_log_level {
-    CONFIG_LOG_ERROR,
-    CONFIG_LOG_WARN,
-    CONFIG_LOG_INFO,
-    CONFIG_LOG_DEBUG,
 };
 
 struct config_addr {
@@ -82,8 +71,8 @@ struct config {
     uint64_t wait_ms;                          /* --wait, default 0 */
     enum config_on_store_error on_store_error; /* --on-store-error, default reject */
     unsigned max_connections;                  /* --max-connections, default 4096 */
-    enum config_log_format log_format;         /* --log-format, default text */
-    enum config_log_level log_level;           /* --log-level, default info */
+    enum log_format log_format;         /* --log-format, default text */
+    enum log_level log_level;           /* --log-level, default info */
     bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
     char *admin_token_file;                    /* --admin-token-file, NULL: none */
     char *admin_token;                         /* its first line: the secret /keys asks for */

@@ -4,20 +4,32 @@
 #ifndef IDEMPROXY_LOG_H
 #define IDEMPROXY_LOG_H
 
-#include "idemproxy/config.h"
+#include "idemproxy/common.h"
+
+enum log_level {
+    LOG_LEVEL_ERROR,
+    LOG_LEVEL_WARN,
+    LOG_LEVEL_INFO,
+    LOG_LEVEL_DEBUG,
+};
+
+enum log_format {
+    LOG_FORMAT_TEXT,
+    LOG_FORMAT_JSON,
+};
 
 /* Sets the format and the most verbose level written. Call once, before threads start. */
-void log_setup(enum config_log_level level, enum config_log_format format);
+void log_setup(enum log_level level, enum log_format format);
 
 /* True when a message at <level> would be written. */
-bool log_enabled(enum config_log_level level);
+bool log_enabled(enum log_level level);
 
 /* Writes one line: time, level, message (in JSON: {"time","level","msg"}).
  * A message may quote what a client sent: in text, every byte outside
  * printable ASCII becomes \xHH and '"' and '\' get a backslash, so a line
  * stays one line; in JSON, bytes that are not UTF-8 (and NUL) become the text
  * \xHH, so every line is valid JSON. */
-void log_write(enum config_log_level level, const char *fmt, ...)
+void log_write(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* One access line: what a request was and how it was answered. Spans are
@@ -55,9 +67,9 @@ void log_access(const struct log_access *a);
             log_write(level, __VA_ARGS__);                                                         \
     } while (0)
 
-#define log_error(...) LOG(CONFIG_LOG_ERROR, __VA_ARGS__)
-#define log_warn(...) LOG(CONFIG_LOG_WARN, __VA_ARGS__)
-#define log_info(...) LOG(CONFIG_LOG_INFO, __VA_ARGS__)
-#define log_debug(...) LOG(CONFIG_LOG_DEBUG, __VA_ARGS__)
+#define log_error(...) LOG(LOG_LEVEL_ERROR, __VA_ARGS__)
+#define log_warn(...) LOG(LOG_LEVEL_WARN, __VA_ARGS__)
+#define log_info(...) LOG(LOG_LEVEL_INFO, __VA_ARGS__)
+#define log_debug(...) LOG(LOG_LEVEL_DEBUG, __VA_ARGS__)
 
 #endif

@@ -644,6 +644,9 @@ def pytest_configure(config):
                             "memory store, because it does not depend on the store")
     config.addinivalue_line("markers", "single_redis_server: the test needs the suite's Redis "
                             "to be one server; it does not run on a cluster")
+    config.addinivalue_line("markers", "concurrency: the test exercises threads racing (duplicates, "
+                            "--wait, reload, heartbeats, failover): scripts/test runs it under "
+                            "ThreadSanitizer too")
 
 
 @pytest.hookimpl(tryfirst=True)

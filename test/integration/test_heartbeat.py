@@ -3,8 +3,12 @@ import json
 import socket
 import time
 
+import pytest
+
 from conftest import (REPLAY, metrics_value, assert_completed, assert_locked, hone, new_key, redis_keys,
                       redis_lease_ms, redis_only, start_held, start_slow, wait_completed, wait_for)
+
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
 
 def test_heartbeat_keeps_lock(proxy, upstream, rdb):

@@ -1,9 +1,13 @@
 """in_flight: a duplicate while the first request runs (SPEC §1, §5 --wait)."""
 import time
 
+import pytest
+
 import conftest
 from conftest import (REPLAY, assert_completed, assert_locked, assert_problem, hone, new_key,
                       start_held)
+
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
 
 def start_slow(p, rdb, key, ms, body=b"slow", path=None):

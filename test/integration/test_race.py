@@ -6,6 +6,8 @@ import pytest
 
 from conftest import REPLAY, assert_completed, hone, http_request, new_key, redis_only
 
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+
 N = 50
 
 

@@ -324,6 +324,7 @@ class Load:
 
 
 @redis_only
+@pytest.mark.concurrency
 def test_cluster_slot_migrated_under_load_ask_and_moved_redis(proxy, upstream, own_cluster):
     """Proves MOVED and ASK are followed, and that no request is lost or
     executed twice while a slot moves: a load of new keys and replays in one
@@ -462,6 +463,7 @@ def master_load(p, tag, stop, results):
 
 
 @redis_only
+@pytest.mark.concurrency
 def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream, own_cluster):
     """Proves a failover is ridden out without a restart: the master of slot
     0 is SIGKILLed while keys of its slots (and of another master's) are
@@ -566,6 +568,7 @@ def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream,
 
 
 @redis_only
+@pytest.mark.concurrency
 def test_cluster_wait_across_two_proxies_woken_on_every_master_redis(proxy, upstream, cluster):
     """Proves --wait notifications cross the cluster: proxy A runs a held
     request for a key of each master in turn; proxy B (seeded with the third
@@ -729,6 +732,7 @@ def test_cluster_seed_with_nothing_listening_is_503_fast_redis(proxy, upstream):
 
 
 @redis_only
+@pytest.mark.concurrency
 def test_cluster_frozen_master_resumed_demoted_never_gets_a_script_redis(proxy, upstream,
                                                                          own_cluster):
     """The Cluster form of the deposed master (SPEC 2.1): two proxies run keys

@@ -13,6 +13,8 @@ from conftest import (REPLAY, assert_problem, hone, in_thread, metrics_value, ne
                       redis_only, wait_for)
 from redis_fixtures import SCRIPTS, Monitor, SentinelSet, cut_links, make_pki
 
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+
 # How long service may stop when the master dies: the sentinels need
 # down-after-milliseconds (1 s) and an election (measured ~2.3 s in all for
 # the set to promote the replica); the proxy then needs one question to a

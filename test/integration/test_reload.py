@@ -25,6 +25,8 @@ from conftest import (REPLAY, assert_free, assert_locked, assert_problem, free_p
                       redis_keys, start_held, wait_for)
 from fake_upstream import FakeUpstream
 
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+
 RELOADS = "idemproxy_config_reloads_total"
 LAST_OK = "idemproxy_config_last_reload_successful"
 NOTHING_CHANGED = "reload: the configuration has problems; nothing was changed"

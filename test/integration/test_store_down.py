@@ -6,8 +6,12 @@ import socket
 import threading
 import time
 
+import pytest
+
 from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, single_redis_server, redis_record,
                       start_slow, wait_for)
+
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
 
 def readyz(p):

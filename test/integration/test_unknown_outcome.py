@@ -25,6 +25,8 @@ from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, asse
                       run_binary, start_held, store_independent, wait_for)
 from fake_upstream import FakeUpstream
 
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+
 
 def unknown_count(p, cause, route="default"):
     return metrics_value(p.metrics(), "idemproxy_unknown_outcomes_total",

@@ -6,8 +6,12 @@ import json
 import threading
 import time
 
+import pytest
+
 from conftest import (REPLAY, assert_problem, hone, in_thread, new_key, redis_only, start_held,
                       wait_for)
+
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
 
 def held_req(key, body=b"held"):

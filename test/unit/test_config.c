@@ -112,8 +112,8 @@ static void test_config_defaults(void)
     CHECK_EQ_INT(c.wait_ms, 0);
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_REJECT);
     CHECK_EQ_INT(c.max_connections, 4096);
-    CHECK_EQ_INT(c.log_format, CONFIG_LOG_TEXT);
-    CHECK_EQ_INT(c.log_level, CONFIG_LOG_INFO);
+    CHECK_EQ_INT(c.log_format, LOG_FORMAT_TEXT);
+    CHECK_EQ_INT(c.log_level, LOG_LEVEL_INFO);
     CHECK(c.enabled);
     CHECK(!c.show_help && !c.show_version);
     config_done(&c);
@@ -139,8 +139,8 @@ static void test_config_flag_beats_env_beats_default(void)
     CHECK_EQ_INT(c.max_body_bytes, 3 * 1024); /* flag */
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
     CHECK_EQ_INT(addr_port(&c.listen), 7001);    /* flag */
-    CHECK_EQ_INT(c.log_level, CONFIG_LOG_DEBUG); /* env */
-    CHECK_EQ_INT(c.log_format, CONFIG_LOG_JSON); /* env */
+    CHECK_EQ_INT(c.log_level, LOG_LEVEL_DEBUG); /* env */
+    CHECK_EQ_INT(c.log_format, LOG_FORMAT_JSON); /* env */
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_PASSTHROUGH);
     CHECK_EQ_STR(c.key_prefix, "env:");                  /* env */
     CHECK(c.require_key);                                /* env */
@@ -500,7 +500,7 @@ static void test_config_equals_form(void)
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET6);
     CHECK_EQ_INT(addr_port(&c.listen), 8081);
     CHECK(!c.no_cache[500]);
-    CHECK_EQ_INT(c.log_level, CONFIG_LOG_ERROR);
+    CHECK_EQ_INT(c.log_level, LOG_LEVEL_ERROR);
     CHECK_EQ_INT(c.max_connections, 10);
     CHECK_EQ_INT(c.nmethods, 2);
     CHECK_EQ_STR(c.methods[0], "POST");

@@ -68,11 +68,11 @@ static void test_log_text_and_json(void)
     json_t *j;
     json_error_t jerr;
 
-    log_setup(CONFIG_LOG_WARN, CONFIG_LOG_TEXT);
-    CHECK(log_enabled(CONFIG_LOG_ERROR));
-    CHECK(log_enabled(CONFIG_LOG_WARN));
-    CHECK(!log_enabled(CONFIG_LOG_INFO));
-    CHECK(!log_enabled(CONFIG_LOG_DEBUG));
+    log_setup(LOG_LEVEL_WARN, LOG_FORMAT_TEXT);
+    CHECK(log_enabled(LOG_LEVEL_ERROR));
+    CHECK(log_enabled(LOG_LEVEL_WARN));
+    CHECK(!log_enabled(LOG_LEVEL_INFO));
+    CHECK(!log_enabled(LOG_LEVEL_DEBUG));
     out = capture_stderr(log_some);
     check_stamp(out);
     CHECK(strncmp(out + 24, " warn disk 93% full\\x0asecond line\n", 35) == 0);
@@ -84,7 +84,7 @@ static void test_log_text_and_json(void)
     }
     CHECK(strstr(out, "hidden") == NULL);
 
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
     out = capture_stderr(log_json_some);
     CHECK(strstr(out, "hidden") == NULL);
     CHECK(strncmp(out, "{\"time\":\"", 9) == 0);
@@ -97,7 +97,7 @@ static void test_log_text_and_json(void)
         CHECK_EQ_STR(json_string_value(json_object_get(j, "msg")), "quote \" and \\xff byte");
         json_decref(j);
     }
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
 }
 
 /* Every byte value, a forged line, quotes, a NUL, invalid and valid UTF-8. */
@@ -126,7 +126,7 @@ static void test_log_hostile_bytes_text(void)
 {
     const char *out;
 
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
     out = capture_stderr(log_hostile_access);
     CHECK_EQ_INT(count_lines(out), 2);
     for (const char *p = out; *p; p++) {
@@ -152,9 +152,9 @@ static void test_log_hostile_bytes_json(void)
     json_t *j;
     size_t n = 0;
 
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
     out = capture_stderr(log_hostile_access);
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
     CHECK_EQ_INT(count_lines(out), 2);
     for (line = out; *line; line = strchr(line, '\n') + 1, n++) {
         j = json_loadb(line, (size_t)(strchr(line, '\n') - line), 0, &jerr);
@@ -215,7 +215,7 @@ static void test_log_access_route_text(void)
                                 "key=k-42 upstream_ms=12.804 total_ms=13.901 bytes=357\n";
     const char *out, *line2;
 
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
     out = capture_stderr(log_routed_access);
     CHECK_EQ_INT(count_lines(out), 2);
     check_stamp(out);
@@ -236,9 +236,9 @@ static void test_log_access_route_json(void)
     json_error_t jerr;
     json_t *j;
 
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_JSON);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
     out = capture_stderr(log_routed_access);
-    log_setup(CONFIG_LOG_INFO, CONFIG_LOG_TEXT);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
     CHECK_EQ_INT(count_lines(out), 2);
     nl = strchr(out, '\n');
     j = json_loadb(out, nl ? (size_t)(nl - out) : 0, 0, &jerr);

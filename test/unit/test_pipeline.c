@@ -272,7 +272,7 @@ static void env_up(struct env *e, struct store *st, const char *const *args)
     for (int i = 0; i < argc; i++)
         argv[i] = words[i];
     CHECK_EQ_INT(config_load(&e->cfg, argc, argv, envp, err, sizeof(err)), 0);
-    log_setup(CONFIG_LOG_ERROR, CONFIG_LOG_TEXT); /* the access lines would drown the results */
+    log_setup(LOG_LEVEL_ERROR, LOG_FORMAT_TEXT); /* the access lines would drown the results */
     CHECK_EQ_INT(worker_pool_new(2, &e->pool), 0);
     if (st)
         e->st = st;
