@@ -211,9 +211,9 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
         return -ENOMEM;
     a->st = st;
     a->key_prefix = cfg->key_prefix;
-    a->ttl_ms = cfg->ttl_ms;
+    a->ttl_ms = cfg->route.ttl_ms;
     /* an answer of --max-response in base64, its headers and the JSON around them */
-    a->max_body = cfg->max_response_bytes / 3 * 4 + (1u << 20);
+    a->max_body = cfg->route.max_response_bytes / 3 * 4 + (1u << 20);
     a->token = cfg->admin_token;
     a->loopback = admin_is_loopback(cfg);
     if (cfg->admin_listen.sa.ss_family == AF_INET6)

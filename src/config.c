@@ -1,28 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /* The option table of SPEC §3. One static table drives the defaults, the
- * environment, the flags and --help, so nothing is written twice. Runs once,
- * in main, before any thread starts. */
+ * environment, the flags, the file's keys, --help, and every loop over a
+ * configuration (free, copy, diff, reload), so no option is listed twice.
+ * Runs on the main thread: at start, and on SIGHUP. */
 #include "idemproxy/config.h"
 
-#include <ctype.h>
 #include <inttypes.h>
-#include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <unistd.h>
 
-#include "idemproxy/config_file.h"
-#include "idemproxy/http.h"
 #include "idemproxy/redis_url.h"
-#include "idemproxy/route.h"
-#include "idemproxy/upstream.h"
-
-#define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
-#define COUNT_MAX 1000000u
-#define WHY_MAX 256
 
 enum kind {
     K_ADDR,          /* struct config_addr */
@@ -93,10 +82,12 @@ struct opt {
     const char *def;  /* default, parsed like any value; NULL: none */
     const char *help;
     enum kind kind;
-    size_t off;                 /* the field in struct config */
-    size_t off_n;               /* K_METHODS, K_HEADERS: the entry count */
+    unsigned traits; /* enum config_trait */
+    size_t off;      /* the field, in struct config (or struct route_settings: CONFIG_ROUTE) */
+    size_t off2;     /* K_METHODS, K_HEADERS: the entry count; the secret files: the secret */
     const char *const *choices; /* K_CHOICE, NULL-terminated, index = enum value */
     bool env_only;              /* no flag of its own: IDEMPOTENCY_* */
+    bool alias;                 /* another entry's field (an older variable): not looped over */
 };
 
 static const char *const on_store_error_names[] = { "reject", "passthrough", NULL };
@@ -111,661 +102,333 @@ _Static_assert(sizeof(enum log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
 
 #define F(field) offsetof(struct config, field)
+#define R(field) offsetof(struct route_settings, field)
 
 /* Environment entries are read in this order, so IDEMPOTENCY_DEFAULT_TTL_SEC
  * comes before IDEMPROXY_TTL, which then overrides it. */
 static const struct opt opts[] = {
     { "--listen", "IDEMPROXY_LISTEN", "HOST:PORT", "127.0.0.1:8080",
-      "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, F(listen), 0, NULL, false },
+      "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, CONFIG_RESTART, F(listen), 0, NULL, false, false },
     { "--upstream", "IDEMPROXY_UPSTREAM", "URL", NULL,
       "required: the API to protect, http:// or https:// (no user info, query or fragment); "
       "every request goes there, a path prefix before every target",
-      K_URL, F(upstream), 0, NULL, false },
+      K_URL, CONFIG_RESTART, F(upstream), 0, NULL, false, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
       "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, "
       "redis://h1:p1,h2:p2 for a cluster's seeds (a cluster is found by itself), or "
       "redis-sentinel://host[:port][,...]?master=NAME; none: in-process memory store",
-      K_REDIS, F(redis_url), 0, NULL, false },
+      K_REDIS, CONFIG_RESTART, F(redis_url), 0, NULL, false, false },
     { "--redis-password-file", "IDEMPROXY_REDIS_PASSWORD_FILE", "FILE", NULL,
       "Redis password: the file's first line, which beats one in the URL (and stays out of the "
       "process list)",
-      K_PASSWORD_FILE, F(redis_password_file), 0, NULL, false },
+      K_PASSWORD_FILE, CONFIG_RESTART | CONFIG_SECRET, F(redis_password_file), F(redis_password), NULL, false, false },
     { "--redis-tls-ca-file", "IDEMPROXY_REDIS_TLS_CA_FILE", "FILE", NULL,
-      "rediss://: the CAs that verify Redis's certificate; none: the system's CA store", K_FILE,
-      F(redis_tls_ca_file), 0, NULL, false },
+      "rediss://: the CAs that verify Redis's certificate; none: the system's CA store", K_FILE, CONFIG_RESTART, F(redis_tls_ca_file), 0, NULL, false, false },
     { "--redis-tls-cert-file", "IDEMPROXY_REDIS_TLS_CERT_FILE", "FILE", NULL,
-      "rediss://: a client certificate (PEM) for Redis servers that ask for one", K_FILE,
-      F(redis_tls_cert_file), 0, NULL, false },
+      "rediss://: a client certificate (PEM) for Redis servers that ask for one", K_FILE, CONFIG_RESTART, F(redis_tls_cert_file), 0, NULL, false, false },
     { "--redis-tls-key-file", "IDEMPROXY_REDIS_TLS_KEY_FILE", "FILE", NULL,
-      "rediss://: the client certificate's key (PEM)", K_FILE, F(redis_tls_key_file), 0, NULL,
-      false },
+      "rediss://: the client certificate's key (PEM)", K_FILE, CONFIG_RESTART, F(redis_tls_key_file), 0, NULL, false, false },
     { "--redis-tls-server-name", "IDEMPROXY_REDIS_TLS_SERVER_NAME", "NAME", NULL,
       "rediss://: the name checked in Redis's certificate and sent as SNI; none: the URL's host",
-      K_HOSTNAME, F(redis_tls_server_name), 0, NULL, false },
+      K_HOSTNAME, CONFIG_RESTART, F(redis_tls_server_name), 0, NULL, false, false },
     { "--redis-tls-insecure", "IDEMPROXY_REDIS_TLS_INSECURE", NULL, "false",
       "rediss://: do not verify Redis's certificate (warned about at start; for tests only)",
-      K_BOOL, F(redis_tls_insecure), 0, NULL, false },
+      K_BOOL, CONFIG_RESTART, F(redis_tls_insecure), 0, NULL, false, false },
     { "--redis-wait-replicas", "IDEMPROXY_REDIS_WAIT_REPLICAS", "N", "0",
       "after each write, wait (WAIT) for this many replicas to have it; a new key they do not "
       "confirm in time is refused (503); 0: do not wait",
-      K_COUNT0, F(redis_wait_replicas), 0, NULL, false },
+      K_COUNT0, CONFIG_RESTART, F(redis_wait_replicas), 0, NULL, false, false },
     { "--redis-wait-timeout", "IDEMPROXY_REDIS_WAIT_TIMEOUT", "S", "0.1",
-      "how long --redis-wait-replicas waits for the replicas", K_SECONDS, F(redis_wait_timeout_ms),
-      0, NULL, false },
+      "how long --redis-wait-replicas waits for the replicas", K_SECONDS, CONFIG_RESTART, F(redis_wait_timeout_ms), 0, NULL, false, false },
     { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
-      "address of /healthz, /readyz and /metrics", K_ADDR, F(admin_listen), 0, NULL, false },
+      "address of /healthz, /readyz and /metrics", K_ADDR, CONFIG_RESTART, F(admin_listen), 0, NULL, false, false },
     { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
-      "comma-separated methods that need idempotency", K_METHODS, F(methods), F(nmethods), NULL,
-      false },
+      "comma-separated methods that need idempotency", K_METHODS, CONFIG_ROUTE, R(methods), R(nmethods), NULL, false, false },
     { "--key-header", "IDEMPROXY_KEY_HEADER", "NAME", "Idempotency-Key",
-      "request header carrying the key", K_HEADER, F(key_header), 0, NULL, false },
+      "request header carrying the key", K_HEADER, 0, F(key_header), 0, NULL, false, false },
     { "--replay-header", "IDEMPROXY_REPLAY_HEADER", "NAME", "X-Idempotency-Replayed",
-      "response header telling a replay (true) from an execution (false)", K_HEADER,
-      F(replay_header), 0, NULL, false },
+      "response header telling a replay (true) from an execution (false)", K_HEADER, CONFIG_ROUTE, R(replay_header), 0, NULL, false, false },
     { "--require-key", "IDEMPROXY_REQUIRE_KEY", NULL, "false",
-      "answer 400 to an enforced request without a key", K_BOOL, F(require_key), 0, NULL, false },
+      "answer 400 to an enforced request without a key", K_BOOL, CONFIG_ROUTE, R(require_key), 0, NULL, false, false },
     { "--scope-header", "IDEMPROXY_SCOPE_HEADER", "NAME", "Authorization",
       "header whose value scopes keys per client; repeatable (environment: comma-separated)",
-      K_HEADERS, F(scope_headers), F(nscope_headers), NULL, false },
-    { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR,
-      F(key_prefix), 0, NULL, false },
+      K_HEADERS, CONFIG_ROUTE, R(scope_headers), R(nscope_headers), NULL, false, false },
+    { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR, CONFIG_RESTART, F(key_prefix), 0, NULL, false, false },
     { "--ttl", "IDEMPOTENCY_DEFAULT_TTL_SEC", "S", NULL,
-      "seconds a completed response is kept, overridden by IDEMPROXY_TTL and --ttl", K_SECONDS,
-      F(ttl_ms), 0, NULL, true },
-    { "--ttl", "IDEMPROXY_TTL", "S", "86400", "seconds a completed response is kept", K_SECONDS,
-      F(ttl_ms), 0, NULL, false },
+      "seconds a completed response is kept, overridden by IDEMPROXY_TTL and --ttl", K_SECONDS, CONFIG_ROUTE, R(ttl_ms), 0, NULL, true, true },
+    { "--ttl", "IDEMPROXY_TTL", "S", "86400", "seconds a completed response is kept", K_SECONDS, CONFIG_ROUTE, R(ttl_ms), 0, NULL, false, false },
     { "--max-ttl", "IDEMPROXY_MAX_TTL", "S", "604800", "cap on a TTL asked for by a request",
-      K_SECONDS, F(max_ttl_ms), 0, NULL, false },
+      K_SECONDS, CONFIG_ROUTE, R(max_ttl_ms), 0, NULL, false, false },
     { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
-      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, F(ttl_header), 0, NULL,
-      false },
+      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, CONFIG_ROUTE, R(ttl_header), 0, NULL, false, false },
     { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30", "seconds a lock lives without a heartbeat",
-      K_SECONDS, F(lock_ttl_ms), 0, NULL, false },
+      K_SECONDS, CONFIG_ROUTE, R(lock_ttl_ms), 0, NULL, false, false },
     { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,408,409,429",
-      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS, F(no_cache),
-      0, NULL, false },
+      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS, CONFIG_ROUTE, R(no_cache), 0, NULL, false, false },
     { "--max-body", "IDEMPROXY_MAX_BODY", "BYTES", "1M", "largest request body (413 above)",
-      K_BYTES, F(max_body_bytes), 0, NULL, false },
+      K_BYTES, CONFIG_ROUTE, R(max_body_bytes), 0, NULL, false, false },
     { "--max-response", "IDEMPROXY_MAX_RESPONSE", "BYTES", "4M",
-      "largest response stored for replay", K_BYTES, F(max_response_bytes), 0, NULL, false },
+      "largest response stored for replay", K_BYTES, CONFIG_ROUTE, R(max_response_bytes), 0, NULL, false, false },
     { "--memory-max-bytes", "IDEMPROXY_MEMORY_MAX_BYTES", "BYTES", "256M",
-      "budget of the memory store", K_BYTES, F(memory_max_bytes), 0, NULL, false },
+      "budget of the memory store", K_BYTES, CONFIG_RESTART, F(memory_max_bytes), 0, NULL, false, false },
     { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
-      "bound on a whole upstream exchange (504 after)", K_SECONDS, F(upstream_timeout_ms), 0, NULL,
-      false },
+      "bound on a whole upstream exchange (504 after)", K_SECONDS, CONFIG_RESTART, F(upstream_timeout_ms), 0, NULL, false, false },
     { "--upstream-late-timeout", "IDEMPROXY_UPSTREAM_LATE_TIMEOUT", "S", "60",
       "after the 504 of --upstream-timeout, how much longer a keyed exchange may go on: a late "
       "answer is still stored; 0: none",
-      K_SECONDS0, F(upstream_late_timeout_ms), 0, NULL, false },
+      K_SECONDS0, CONFIG_RESTART, F(upstream_late_timeout_ms), 0, NULL, false, false },
     { "--on-unknown-outcome", "IDEMPROXY_ON_UNKNOWN_OUTCOME", "refuse|retry", "refuse",
       "a request that may have run upstream without an answer (timeout, reset, a holder lost): "
       "its key answers 502 idempotency_outcome_unknown (refuse), or runs again (retry)",
-      K_CHOICE, F(on_unknown), 0, on_unknown_names, false },
+      K_CHOICE, CONFIG_ROUTE, R(on_unknown), 0, on_unknown_names, false, false },
     { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
-      "a client idle this long, or this slow to send a header section, is disconnected", K_SECONDS,
-      F(client_timeout_ms), 0, NULL, false },
+      "a client idle this long, or this slow to send a header section, is disconnected", K_SECONDS, CONFIG_RESTART, F(client_timeout_ms), 0, NULL, false, false },
     { "--shutdown-timeout", "IDEMPROXY_SHUTDOWN_TIMEOUT", "S", "10",
-      "on SIGTERM, how long running requests may finish", K_SECONDS, F(shutdown_timeout_ms), 0,
-      NULL, false },
+      "on SIGTERM, how long running requests may finish", K_SECONDS, 0, F(shutdown_timeout_ms), 0, NULL, false, false },
     { "--store-timeout", "IDEMPROXY_STORE_TIMEOUT", "S", "1",
-      "bound on one store call (then store_unavailable)", K_SECONDS, F(store_timeout_ms), 0, NULL,
-      false },
+      "bound on one store call (then store_unavailable)", K_SECONDS, CONFIG_RESTART, F(store_timeout_ms), 0, NULL, false, false },
     { "--wait", "IDEMPROXY_WAIT", "S", "0",
       "hold a duplicate of a running request this long for its replay; 0 answers 409 at once",
-      K_SECONDS0, F(wait_ms), 0, NULL, false },
+      K_SECONDS0, CONFIG_ROUTE, R(wait_ms), 0, NULL, false, false },
     { "--on-store-error", "IDEMPROXY_ON_STORE_ERROR", "reject|passthrough", "reject",
-      "when the store fails: answer 503, or proxy unprotected", K_CHOICE, F(on_store_error), 0,
-      on_store_error_names, false },
+      "when the store fails: answer 503, or proxy unprotected", K_CHOICE, 0, F(on_store_error), 0, on_store_error_names, false, false },
     { "--max-connections", "IDEMPROXY_MAX_CONNECTIONS", "N", "4096",
-      "client connections served at once", K_COUNT, F(max_connections), 0, NULL, false },
-    { "--log-format", "IDEMPROXY_LOG_FORMAT", "json|text", "text", "log line format", K_CHOICE,
-      F(log_format), 0, log_format_names, false },
+      "client connections served at once", K_COUNT, CONFIG_RESTART, F(max_connections), 0, NULL, false, false },
+    { "--log-format", "IDEMPROXY_LOG_FORMAT", "json|text", "text", "log line format", K_CHOICE, 0, F(log_format), 0, log_format_names, false, false },
     { "--log-level", "IDEMPROXY_LOG_LEVEL", "error|warn|info|debug", "info",
-      "most verbose level logged", K_CHOICE, F(log_level), 0, log_level_names, false },
+      "most verbose level logged", K_CHOICE, 0, F(log_level), 0, log_level_names, false, false },
     { NULL, "IDEMPOTENCY_ENABLED", "BOOL", "true",
-      "false turns enforcement off: every request is passed through", K_BOOL, F(enabled), 0, NULL,
-      true },
+      "false turns enforcement off: every request is passed through", K_BOOL, CONFIG_RESTART, F(enabled), 0, NULL, true, false },
     { "--admin-token-file", "IDEMPROXY_ADMIN_TOKEN_FILE", "FILE", NULL,
       "/keys on the admin listener requires Authorization: Bearer <the file's first line>; "
       "none: /keys is served only on a loopback admin address",
-      K_TOKEN_FILE, F(admin_token_file), 0, NULL, false },
+      K_TOKEN_FILE, CONFIG_RESTART | CONFIG_SECRET, F(admin_token_file), F(admin_token), NULL, false, false },
     { "--config", "IDEMPROXY_CONFIG", "FILE", NULL,
       "YAML configuration file: any option above (spelled without the dashes), routes and key "
       "sources; flags and environment win over it; SIGHUP reads it again",
-      K_FILE, F(config_file), 0, NULL, false },
+      K_FILE, CONFIG_RESTART, F(config_file), 0, NULL, false, false },
     { "--check-config", NULL, NULL, NULL,
       "validate the options, environment and configuration file, print each problem, and exit "
       "0 (valid) or 2",
-      K_ACTION, F(check_config), 0, NULL, false },
-    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, F(show_help), 0,
-      NULL, false },
-    { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, F(show_version), 0,
-      NULL, false },
+      K_ACTION, 0, F(check_config), 0, NULL, false, false },
+    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, 0, F(show_help), 0, NULL, false, false },
+    { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, 0, F(show_version), 0, NULL, false, false },
 };
 
 #undef F
+#undef R
 
-/* ---- value parsers ---- */
+/* ---- fields ---- */
 
-int config_parse_bytes(const char *s, size_t *ret)
+/* Where the field of <o> lies in <cfg>: in the process's part, or in its
+ * route settings. */
+static char *field_base(const struct opt *o, struct config *cfg)
 {
-    size_t v = 0, mul = 1;
-    const char *p = s;
-
-    if (!s || *s < '0' || *s > '9')
-        return -EINVAL; /* no sign, no space, not empty */
-    for (; *p >= '0' && *p <= '9'; p++) {
-        if (v > (SIZE_MAX - (size_t)(*p - '0')) / 10)
-            return -EINVAL;
-        v = v * 10 + (size_t)(*p - '0');
-    }
-    switch (*p) {
-    case '\0':
-        break;
-    case 'K':
-    case 'k':
-        mul = (size_t)1 << 10;
-        break;
-    case 'M':
-    case 'm':
-        mul = (size_t)1 << 20;
-        break;
-    case 'G':
-    case 'g':
-        mul = (size_t)1 << 30;
-        break;
-    default:
-        return -EINVAL;
-    }
-    if (*p && p[1] != '\0')
-        return -EINVAL;
-    if (v > SIZE_MAX / mul)
-        return -EINVAL;
-    *ret = v * mul;
-    return 0;
+    return o->traits & CONFIG_ROUTE ? (char *)&cfg->route : (char *)cfg;
 }
 
-/* Decimal only: strtod() would also take "inf", "nan", "0x1p3" and "1e3". */
-static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
+static const char *cfield_base(const struct opt *o, const struct config *cfg)
 {
-    uint64_t whole = 0, frac_ms = 0, ms;
-    unsigned frac_digits = 0;
-    bool digits = false, nonzero = false;
-    const char *p = s;
-
-    if (!s)
-        return -EINVAL;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        whole = whole * 10 + (uint64_t)(*p - '0');
-        if (whole > SECONDS_MAX)
-            return -EINVAL;
-        digits = true;
-        nonzero |= *p != '0';
-    }
-    if (*p == '.') {
-        for (p++; *p >= '0' && *p <= '9'; p++) {
-            /* Keep four digits: three for milliseconds, one to round. */
-            if (frac_digits < 4) {
-                frac_ms = frac_ms * 10 + (uint64_t)(*p - '0');
-                frac_digits++;
-            }
-            digits = true;
-            nonzero |= *p != '0';
-        }
-    }
-    if (!digits || *p != '\0')
-        return -EINVAL;
-    for (; frac_digits < 4; frac_digits++)
-        frac_ms *= 10;
-    ms = whole * 1000 + (frac_ms + 5) / 10;
-    if (ms == 0 && nonzero)
-        ms = 1; /* a positive value never becomes zero */
-    if (ms == 0 && !allow_zero)
-        return -EINVAL;
-    *ret = ms;
-    return 0;
+    return o->traits & CONFIG_ROUTE ? (const char *)&cfg->route : (const char *)cfg;
 }
 
-int config_parse_seconds(const char *s, uint64_t *ret) { return parse_seconds(s, false, ret); }
+/* The entries the loops over a configuration visit: each field once, and no
+ * action (--help). */
+static bool is_looped(const struct opt *o) { return !o->alias && o->kind != K_ACTION; }
 
-int config_parse_bool(const char *s, bool *ret)
+/* Sets the field of <o>, in the struct at <base>, from <v>. <append> asks a
+ * repeatable list to grow. */
+static int opt_set(char *base, const struct opt *o, const char *v, bool append)
 {
-    static const char *const yes[] = { "true", "1", "yes", "on" };
-    static const char *const no[] = { "false", "0", "no", "off" };
-
-    if (!s)
-        return -EINVAL;
-    for (size_t i = 0; i < ARRAY_SIZE(yes); i++) {
-        if (strcasecmp(s, yes[i]) == 0) {
-            *ret = true;
-            return 0;
-        }
-        if (strcasecmp(s, no[i]) == 0) {
-            *ret = false;
-            return 0;
-        }
-    }
-    return -EINVAL;
-}
-
-int config_parse_addr(const char *s, struct config_addr *ret)
-{
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
-    char host[sizeof(ret->text)];
-    const char *colon, *port;
-    size_t hostlen, len;
-    unsigned long portnum = 0;
-    int r;
-
-    if (!s)
-        return -EINVAL;
-    len = strlen(s);
-    if (len == 0 || len >= sizeof(ret->text))
-        return -EINVAL;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-
-        if (!close || close[1] != ':')
-            return -EINVAL;
-        hostlen = (size_t)(close - s - 1);
-        memcpy(host, s + 1, hostlen);
-        colon = close + 1;
-        hints.ai_family = AF_INET6;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon || memchr(s, ':', (size_t)(colon - s)))
-            return -EINVAL; /* an IPv6 address needs brackets */
-        hostlen = (size_t)(colon - s);
-        memcpy(host, s, hostlen);
-    }
-    host[hostlen] = '\0';
-    if (hostlen == 0)
-        return -EINVAL;
-    port = colon + 1;
-    if (*port == '\0' || strlen(port) > 5)
-        return -EINVAL;
-    for (const char *p = port; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -EINVAL;
-        portnum = portnum * 10 + (unsigned long)(*p - '0');
-    }
-    if (portnum < 1 || portnum > 65535)
-        return -EINVAL;
-
-    /* Numeric first: an address literal never waits for a resolver. */
-    hints.ai_flags |= AI_NUMERICHOST;
-    r = getaddrinfo(host, port, &hints, &res);
-    if (r == EAI_NONAME && s[0] != '[') {
-        hints.ai_flags &= ~AI_NUMERICHOST;
-        r = getaddrinfo(host, port, &hints, &res);
-    }
-    if (r != 0 || !res)
-        return -EINVAL;
-    if (res->ai_addrlen > sizeof(ret->sa)) {
-        freeaddrinfo(res);
-        return -EINVAL;
-    }
-    memset(ret, 0, sizeof(*ret));
-    memcpy(ret->text, s, len + 1);
-    memcpy(&ret->sa, res->ai_addr, res->ai_addrlen);
-    ret->sa_len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
-
-static bool is_space(char c) { return c == ' ' || c == '\t'; }
-
-/* Trims blanks around s[0..n). */
-static struct span trim(const char *s, size_t n)
-{
-    while (n > 0 && is_space(*s)) {
-        s++;
-        n--;
-    }
-    while (n > 0 && is_space(s[n - 1]))
-        n--;
-    return (struct span){ .base = s, .len = n };
-}
-
-int config_parse_status_list(const char *s, bool ret[600])
-{
-    bool set[600] = { false };
-    const char *p = s;
-
-    if (!s)
-        return -EINVAL;
-    if (trim(s, strlen(s)).len == 0)
-        goto out; /* "": cache every status */
-    for (;;) {
-        const char *end = strchr(p, ',');
-        struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
-
-        if (e.len != 3 || e.base[0] < '1' || e.base[0] > '5')
-            return -EINVAL;
-        if ((e.base[1] == 'x' || e.base[1] == 'X') && (e.base[2] == 'x' || e.base[2] == 'X')) {
-            int base = (e.base[0] - '0') * 100;
-
-            for (int i = base; i < base + 100; i++)
-                set[i] = true;
-        } else if (e.base[1] >= '0' && e.base[1] <= '9' && e.base[2] >= '0' && e.base[2] <= '9') {
-            set[(e.base[0] - '0') * 100 + (e.base[1] - '0') * 10 + (e.base[2] - '0')] = true;
-        } else {
-            return -EINVAL;
-        }
-        if (!end)
-            break;
-        p = end + 1;
-    }
-out:
-    memcpy(ret, set, sizeof(set));
-    return 0;
-}
-
-bool config_is_enforced(const struct config *cfg, struct span method)
-{
-    for (size_t i = 0; i < cfg->nmethods; i++) {
-        if (strlen(cfg->methods[i]) == method.len &&
-            memcmp(cfg->methods[i], method.base, method.len) == 0)
-            return true;
-    }
-    return false;
-}
-
-static int parse_count(const char *s, bool zero_ok, unsigned *ret)
-{
-    unsigned long v = 0;
-
-    if (!s || !*s)
-        return -EINVAL;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -EINVAL;
-        v = v * 10 + (unsigned long)(*p - '0');
-        if (v > COUNT_MAX)
-            return -EINVAL;
-    }
-    if (v == 0 && !zero_ok)
-        return -EINVAL;
-    *ret = (unsigned)v;
-    return 0;
-}
-
-static int parse_choice(const char *const *choices, const char *s, int *ret)
-{
-    for (int i = 0; choices[i]; i++) {
-        if (strcmp(s, choices[i]) == 0) {
-            *ret = i;
-            return 0;
-        }
-    }
-    return -EINVAL;
-}
-
-/* ---- setters: each replaces the field's value ---- */
-
-static int replace_string(char **slot, const char *v, size_t n)
-{
-    char *copy = strndup(v, n);
-
-    if (!copy)
-        return -ENOMEM;
-    free(*slot);
-    *slot = copy;
-    return 0;
-}
-
-static bool has_ctl(const char *s)
-{
-    for (; *s; s++) {
-        if ((unsigned char)*s <= 0x20 || (unsigned char)*s == 0x7f)
-            return true;
-    }
-    return false;
-}
-
-/* scheme://host[:port][/prefix], as the upstream module will read it (libcurl's
- * URL API), with no user info, query or fragment; one trailing '/' dropped. */
-static int set_upstream(char **slot, const char *v)
-{
-    struct upstream_base base;
-    size_t len = strlen(v);
-    int r;
-
-    /* No '?' or '#' at all (curl drops an empty query or fragment without a
-     * word, and the URL is shown as given), and ASCII only. */
-    if (has_ctl(v) || strpbrk(v, "?#"))
-        return -EINVAL;
-    for (const char *c = v; *c; c++) {
-        if ((unsigned char)*c >= 0x80)
-            return -EINVAL;
-    }
-    r = upstream_base_parse(v, &base); /* http or https only, as curl reads it */
-    if (r < 0)
-        return r;
-    upstream_base_done(&base);
-    if (v[len - 1] == '/')
-        len--;
-    return replace_string(slot, v, len);
-}
-
-#define TOKEN_MAX 4096
-
-/* Reads the first line of the file <path> (its line end left out) as a
- * secret: into <secret_slot>, and the path into <path_slot>. A token
- * (<token>) has the whitespace around it cut and is 1 to TOKEN_MAX visible
- * ASCII characters; a password is 1 to TOKEN_MAX bytes with no control
- * character. Nothing changes on failure. */
-static int set_secret_file(char **path_slot, char **secret_slot, const char *path, bool token)
-{
-    char buf[TOKEN_MAX + 2], *secret;
-    struct span t;
-    size_t n;
-    FILE *f;
-    int r;
-
-    f = fopen(path, "re");
-    if (!f)
-        return -errno;
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    r = ferror(f) ? -EIO : 0;
-    fclose(f);
-    if (r < 0)
-        return r;
-    t = (struct span){ .base = buf, .len = 0 };
-    while (t.len < n && buf[t.len] != '\r' && buf[t.len] != '\n')
-        t.len++; /* a NUL stays in: it is refused below, not a silent end */
-    while (token && t.len > 0 && (t.base[0] == ' ' || t.base[0] == '\t')) {
-        t.base++;
-        t.len--;
-    }
-    while (token && t.len > 0 && (t.base[t.len - 1] == ' ' || t.base[t.len - 1] == '\t'))
-        t.len--;
-    r = t.len == 0 || t.len > TOKEN_MAX ? -EINVAL : 0;
-    for (size_t i = 0; r == 0 && i < t.len; i++) {
-        unsigned char c = (unsigned char)t.base[i];
-
-        if (token ? c < 0x21 || c > 0x7e : c < 0x20 || c == 0x7f)
-            r = -EINVAL;
-    }
-    if (r == 0) {
-        secret = strndup(t.base, t.len);
-        r = secret ? replace_string(path_slot, path, strlen(path)) : -ENOMEM;
-        if (r == 0) {
-            if (*secret_slot)
-                explicit_bzero(*secret_slot, strlen(*secret_slot));
-            free(*secret_slot);
-            *secret_slot = secret;
-        } else if (secret) {
-            explicit_bzero(secret, t.len);
-            free(secret);
-        }
-    }
-    explicit_bzero(buf, sizeof(buf));
-    return r;
-}
-
-static int set_redis(char **slot, const char *v)
-{
-    struct redis_url u;
-    int err;
-
-    if (*v == '\0') {
-        free(*slot); /* "" asks for no Redis, as if unset */
-        *slot = NULL;
-        return 0;
-    }
-    err = redis_url_parse(v, &u, NULL, 0);
-    if (err < 0)
-        return err;
-    redis_url_done(&u);
-    return replace_string(slot, v, strlen(v));
-}
-
-/* A path this process can read, kept as given. */
-static int set_file(char **slot, const char *path)
-{
-    if (!*path || has_ctl(path))
-        return -EINVAL;
-    if (access(path, R_OK) < 0)
-        return -errno;
-    return replace_string(slot, path, strlen(path));
-}
-
-static int set_hostname(char **slot, const char *v)
-{
-    size_t n = strlen(v);
-
-    if (n == 0 || n > 253)
-        return -EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        if (!isalnum((unsigned char)v[i]) && !strchr("-._:", v[i]))
-            return -EINVAL;
-    }
-    return replace_string(slot, v, n);
-}
-
-static void list_clear(char **list, size_t *n)
-{
-    for (size_t i = 0; i < *n; i++) {
-        free(list[i]);
-        list[i] = NULL;
-    }
-    *n = 0;
-}
-
-/* Parses the comma-separated tokens of <v> and replaces the list with them,
- * or appends them when <append>; <upper> (methods) upper-cases them and
- * refuses an empty list, which other lists (scope headers) take as none.
- * Nothing changes on failure. -E2BIG past CONFIG_MAX_LIST entries. */
-static int list_set(char **list, size_t *n, const char *v, bool append, bool upper)
-{
-    char *items[CONFIG_MAX_LIST] = { NULL };
-    size_t count = 0, base = append ? *n : 0;
-    const char *p = v;
-    int r;
-
-    if (trim(v, strlen(v)).len == 0 && !upper) {
-        if (!append)
-            list_clear(list, n); /* scope headers "": none, every client in one scope */
-        return 0;
-    }
-    for (;;) {
-        const char *end = strchr(p, ',');
-        struct span e = trim(p, end ? (size_t)(end - p) : strlen(p));
-
-        if (!http_is_token(e)) {
-            r = -EINVAL;
-            goto fail;
-        }
-        if (base + count == CONFIG_MAX_LIST) {
-            r = -E2BIG;
-            goto fail;
-        }
-        items[count] = strndup(e.base, e.len);
-        if (!items[count]) {
-            r = -ENOMEM;
-            goto fail;
-        }
-        if (upper) {
-            for (char *c = items[count]; *c; c++) {
-                if (*c >= 'a' && *c <= 'z')
-                    *c = (char)(*c - 'a' + 'A');
-            }
-        }
-        count++;
-        if (!end)
-            break;
-        p = end + 1;
-    }
-    if (!append)
-        list_clear(list, n);
-    memcpy(list + *n, items, count * sizeof(items[0]));
-    *n += count;
-    return 0;
-
-fail:
-    for (size_t i = 0; i < count; i++)
-        free(items[i]);
-    return r;
-}
-
-/* Sets the field of <o> from <v>. <append> asks a repeatable list to grow. */
-static int opt_set(struct config *cfg, const struct opt *o, const char *v, bool append)
-{
-    void *field = (char *)cfg + o->off;
-    size_t *count = (size_t *)(void *)((char *)cfg + o->off_n);
+    void *field = base + o->off;
+    size_t *count = (size_t *)(void *)(base + o->off2);
 
     switch (o->kind) {
     case K_ADDR:
         return config_parse_addr(v, field);
     case K_URL:
-        return set_upstream(field, v);
+        return config_parse_upstream(field, v);
     case K_REDIS:
-        return set_redis(field, v);
+        return config_parse_redis_url(field, v);
     case K_STR:
-        return replace_string(field, v, strlen(v));
+        return config_parse_string(field, v);
     case K_HEADER:
-        if (!http_is_token(span_from_cstr(v)))
-            return -EINVAL;
-        return replace_string(field, v, strlen(v));
     case K_HEADER_OPT:
-        if (*v && !http_is_token(span_from_cstr(v)))
-            return -EINVAL;
-        return replace_string(field, v, strlen(v));
+        return config_parse_header(field, v, o->kind == K_HEADER_OPT);
     case K_METHODS:
-        return list_set(field, count, v, false, true);
+        return config_parse_list(field, count, v, false, true);
     case K_HEADERS:
-        return list_set(field, count, v, append, false);
+        return config_parse_list(field, count, v, append, false);
     case K_BOOL:
         return config_parse_bool(v, field);
     case K_SECONDS:
-        return parse_seconds(v, false, field);
+        return config_parse_seconds(v, field);
     case K_SECONDS0:
-        return parse_seconds(v, true, field);
+        return config_parse_seconds0(v, field);
     case K_BYTES:
         return config_parse_bytes(v, field);
     case K_STATUS:
         return config_parse_status_list(v, field);
     case K_CHOICE:
-        return parse_choice(o->choices, v, field);
+        return config_parse_choice(o->choices, v, field);
     case K_COUNT:
-        return parse_count(v, false, field);
     case K_COUNT0:
-        return parse_count(v, true, field);
+        return config_parse_count(v, o->kind == K_COUNT0, field);
     case K_ACTION:
         *(bool *)field = true;
         return 0;
     case K_TOKEN_FILE:
-        return set_secret_file(&cfg->admin_token_file, &cfg->admin_token, v, true);
     case K_PASSWORD_FILE:
-        return set_secret_file(&cfg->redis_password_file, &cfg->redis_password, v, false);
+        return config_parse_secret_file(field, (char **)(void *)(base + o->off2), v,
+                                        o->kind == K_TOKEN_FILE);
     case K_FILE:
-        return set_file(field, v);
+        return config_parse_file(field, v);
     case K_HOSTNAME:
-        return set_hostname(field, v);
+        return config_parse_hostname(field, v);
     }
     return -EINVAL;
+}
+
+/* The size of a field of kind <k>, for the kinds held by value. */
+static size_t value_size(enum kind k)
+{
+    switch (k) {
+    case K_ADDR:
+        return sizeof(struct config_addr);
+    case K_BOOL:
+    case K_ACTION:
+        return sizeof(bool);
+    case K_SECONDS:
+    case K_SECONDS0:
+        return sizeof(uint64_t);
+    case K_BYTES:
+        return sizeof(size_t);
+    case K_STATUS:
+        return 600 * sizeof(bool);
+    case K_CHOICE:
+        return sizeof(int);
+    case K_COUNT:
+    case K_COUNT0:
+        return sizeof(unsigned);
+    default:
+        return 0; /* a string or a list: owned pointers */
+    }
+}
+
+static bool is_list(enum kind k) { return k == K_METHODS || k == K_HEADERS; }
+
+static bool is_secret_file(enum kind k) { return k == K_TOKEN_FILE || k == K_PASSWORD_FILE; }
+
+static char **string_at(char *base, size_t off) { return (char **)(void *)(base + off); }
+
+static char *const *cstring_at(const char *base, size_t off)
+{
+    return (char *const *)(const void *)(base + off);
+}
+
+static size_t *count_at(char *base, size_t off) { return (size_t *)(void *)(base + off); }
+
+static size_t ccount_at(const char *base, size_t off)
+{
+    return *(const size_t *)(const void *)(base + off);
+}
+
+static void free_secret(char **slot)
+{
+    if (*slot)
+        explicit_bzero(*slot, strlen(*slot));
+    free(*slot);
+    *slot = NULL;
+}
+
+/* Frees what the field of <o> owns in the struct at <base>. */
+static void field_done(const struct opt *o, char *base)
+{
+    if (value_size(o->kind))
+        return;
+    if (is_list(o->kind)) {
+        config_parse_list_clear(string_at(base, o->off), count_at(base, o->off2));
+        return;
+    }
+    free(*string_at(base, o->off));
+    *string_at(base, o->off) = NULL;
+    if (is_secret_file(o->kind))
+        free_secret(string_at(base, o->off2));
+}
+
+static bool same_string(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* True when the field of <o> holds the same value in the structs at <a> and <b>. */
+static bool field_same(const struct opt *o, const char *a, const char *b)
+{
+    size_t size = value_size(o->kind), n;
+
+    if (o->kind == K_ADDR)
+        return strcmp(((const struct config_addr *)(const void *)(a + o->off))->text,
+                      ((const struct config_addr *)(const void *)(b + o->off))->text) == 0;
+    if (size)
+        return memcmp(a + o->off, b + o->off, size) == 0;
+    if (is_list(o->kind)) {
+        n = ccount_at(a, o->off2);
+        if (n != ccount_at(b, o->off2))
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            if (!same_string(cstring_at(a, o->off)[i], cstring_at(b, o->off)[i]))
+                return false;
+        }
+        return true;
+    }
+    return same_string(*cstring_at(a, o->off), *cstring_at(b, o->off)) &&
+           (!is_secret_file(o->kind) ||
+            same_string(*cstring_at(a, o->off2), *cstring_at(b, o->off2)));
+}
+
+static void swap_bytes(char *a, char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char t = a[i];
+
+        a[i] = b[i];
+        b[i] = t;
+    }
+}
+
+/* Exchanges the values of the field of <o> between the structs at <a> and <b>. */
+static void field_swap(const struct opt *o, char *a, char *b)
+{
+    size_t size = value_size(o->kind);
+
+    if (size) {
+        swap_bytes(a + o->off, b + o->off, size);
+    } else if (is_list(o->kind)) {
+        swap_bytes(a + o->off, b + o->off, CONFIG_MAX_LIST * sizeof(char *));
+        swap_bytes(a + o->off2, b + o->off2, sizeof(size_t));
+    } else {
+        swap_bytes(a + o->off, b + o->off, sizeof(char *));
+        if (is_secret_file(o->kind))
+            swap_bytes(a + o->off2, b + o->off2, sizeof(char *));
+    }
+}
+
+/* Makes the field of <o> at <dst> (a byte copy of <src>'s) a deep copy. The
+ * caller has set every pointer of <dst> to NULL first, so that a failure
+ * leaves nothing <src> owns in it. */
+static int field_copy(const struct opt *o, char *dst, const char *src)
+{
+    size_t n = is_list(o->kind) ? ccount_at(src, o->off2) : 1;
+
+    if (value_size(o->kind) || is_secret_file(o->kind))
+        return 0; /* values are copied; secrets are not (a route never holds one) */
+    for (size_t i = 0; i < n; i++) {
+        const char *from = cstring_at(src, o->off)[i];
+
+        if (from && !(string_at(dst, o->off)[i] = strdup(from)))
+            return -ENOMEM;
+    }
+    return 0;
 }
 
 /* ---- error lines ---- */
@@ -881,7 +544,7 @@ static void value_err(const struct opt *o, const char *src, const char *v, int r
 static int apply(struct config *cfg, const struct opt *o, bool from_env, const char *v, bool append,
                  char *err, size_t errlen)
 {
-    int r = opt_set(cfg, o, v, append);
+    int r = opt_set(field_base(o, cfg), o, v, append);
     char src[128];
 
     if (r < 0) {
@@ -894,45 +557,7 @@ static int apply(struct config *cfg, const struct opt *o, bool from_env, const c
 
 static const struct opt *opt_find(const char *name, size_t n);
 
-/* apply(), the error line starting with the file's key <name>. */
-static int apply_named(struct config *cfg, const struct opt *o, const char *name, const char *v,
-                       char *err, size_t errlen)
-{
-    int r = opt_set(cfg, o, v, false);
-
-    if (r < 0) {
-        value_err(o, name, v, r, err, errlen);
-        return r == -ENOMEM ? -ENOMEM : -EINVAL;
-    }
-    return 0;
-}
-
 /* ---- the configuration file's view of the table ---- */
-
-static const char *const route_options[] = {
-    "methods",
-    "require-key",
-    "scope-header",
-    "ttl",
-    "max-ttl",
-    "ttl-header",
-    "lock-ttl",
-    "wait",
-    "no-cache-status",
-    "max-body",
-    "max-response",
-    "replay-header",
-    "on-unknown-outcome",
-};
-
-bool config_is_route_option(const char *name)
-{
-    for (size_t i = 0; i < ARRAY_SIZE(route_options); i++) {
-        if (strcmp(name, route_options[i]) == 0)
-            return true;
-    }
-    return false;
-}
 
 /* The entry a file's key <name> sets: a flag's, without its dashes; not the
  * actions, and not --config itself. */
@@ -949,32 +574,47 @@ static const struct opt *file_opt(const char *name)
     return o;
 }
 
-int config_set_option(struct config *cfg, const char *name, const char *const *items, size_t n,
-                      bool is_list, char *why, size_t whylen)
+bool config_is_route_option(const char *name)
 {
     const struct opt *o = file_opt(name);
-    char joined[4096];
+
+    return o && (o->traits & CONFIG_ROUTE);
+}
+
+void config_route_option_names(char *out, size_t outlen)
+{
     size_t used = 0;
 
-    if (!o) {
-        set_err(why, whylen, "unknown key '%s'", name);
-        return -ENOENT;
+    out[0] = '\0';
+    for (size_t i = 0; i < ARRAY_SIZE(opts) && used < outlen; i++) {
+        if ((opts[i].traits & CONFIG_ROUTE) && is_looped(&opts[i]))
+            used += (size_t)snprintf(out + used, outlen - used, "%s%s", used ? ", " : "",
+                                     opts[i].flag + 2);
     }
-    if (!is_list) {
-        if (n != 1) {
-            set_err(why, whylen, "%s: needs a value", name);
-            return -EINVAL;
-        }
-        return apply_named(cfg, o, name, items[0], why, whylen);
+}
+
+/* Sets <o>'s field in the struct at <base> from the file's value or list
+ * under the key <name>; a problem's line starts with <name>. */
+static int set_named(char *base, const struct opt *o, const char *name, const char *const *items,
+                     size_t n, bool list, char *why, size_t whylen)
+{
+    char joined[4096];
+    const char *v = items[0];
+    size_t used = 0;
+    int r;
+
+    if (!list && n != 1) {
+        set_err(why, whylen, "%s: needs a value", name);
+        return -EINVAL;
     }
-    if (o->kind != K_METHODS && o->kind != K_HEADERS && o->kind != K_STATUS) {
+    if (list && o->kind != K_METHODS && o->kind != K_HEADERS && o->kind != K_STATUS) {
         set_err(why, whylen, "%s: takes one value, not a list", name);
         return -EINVAL;
     }
-    /* The list is given to the comma-separated parser: an item may not hold a
+    /* A list is given to the comma-separated parser: an item may not hold a
      * comma of its own (no method, header name or status does). */
     joined[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; list && i < n; i++) {
         size_t len = strlen(items[i]);
 
         if (strchr(items[i], ',') || len == 0 || used + len + 2 > sizeof(joined)) {
@@ -990,7 +630,38 @@ int config_set_option(struct config *cfg, const char *name, const char *const *i
         memcpy(joined + used, items[i], len + 1);
         used += len;
     }
-    return apply_named(cfg, o, name, joined, why, whylen);
+    if (list)
+        v = joined;
+    r = opt_set(base, o, v, false);
+    if (r < 0) {
+        value_err(o, name, v, r, why, whylen);
+        return r == -ENOMEM ? -ENOMEM : -EINVAL;
+    }
+    return 0;
+}
+
+int config_set_option(struct config *cfg, const char *name, const char *const *items, size_t n,
+                      bool is_list, char *why, size_t whylen)
+{
+    const struct opt *o = file_opt(name);
+
+    if (!o) {
+        set_err(why, whylen, "unknown key '%s'", name);
+        return -ENOENT;
+    }
+    return set_named(field_base(o, cfg), o, name, items, n, is_list, why, whylen);
+}
+
+int config_set_route_option(struct route_settings *rs, const char *name, const char *const *items,
+                            size_t n, bool is_list, char *why, size_t whylen)
+{
+    const struct opt *o = file_opt(name);
+
+    if (!o || !(o->traits & CONFIG_ROUTE)) {
+        set_err(why, whylen, "'%s' is not an option a route may set", name);
+        return -ENOENT;
+    }
+    return set_named((char *)rs, o, name, items, n, is_list, why, whylen);
 }
 
 /* ---- loading ---- */
@@ -1021,7 +692,7 @@ static const struct opt *opt_find(const char *name, size_t n)
 /* --help and --version win over everything else, bad values included, so a
  * broken environment can still print the help. Values are skipped, so that
  * "--key-prefix -h" is not mistaken for it. */
-static bool scan_actions(struct config *cfg, int argc, char *const argv[])
+bool config_wants_action(struct config *cfg, int argc, char *const argv[])
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1117,14 +788,15 @@ static void format_bytes(size_t n, char *out, size_t outlen)
 
 /* The memory store must hold at least two responses of the largest size it
  * stores, or a request could be executed and then have nowhere to go. */
-static int check_memory_budget(const struct config *cfg, char *err, size_t errlen)
+static int check_memory_budget(const struct config *cfg, const struct route_settings *rs,
+                               char *err, size_t errlen)
 {
     char have[32], resp[32];
 
-    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= cfg->max_response_bytes)
+    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= rs->max_response_bytes)
         return 0;
     format_bytes(cfg->memory_max_bytes, have, sizeof(have));
-    format_bytes(cfg->max_response_bytes, resp, sizeof(resp));
+    format_bytes(rs->max_response_bytes, resp, sizeof(resp));
     set_err(err, errlen,
             "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
             "or lower --max-response",
@@ -1211,7 +883,7 @@ static int check(const struct config *cfg, char *err, size_t errlen)
                 "--upstream http://127.0.0.1:3000)");
         return -EINVAL;
     }
-    r = config_check_route(cfg, err, errlen);
+    r = config_check_route(cfg, &cfg->route, err, errlen);
     if (r == 0)
         r = check_redis_tls(cfg, err, errlen);
     if (r == 0)
@@ -1219,89 +891,104 @@ static int check(const struct config *cfg, char *err, size_t errlen)
     return r;
 }
 
-int config_check_route(const struct config *cfg, char *why, size_t whylen)
+int config_check_route(const struct config *cfg, const struct route_settings *rs, char *why,
+                       size_t whylen)
 {
-    if (cfg->ttl_ms > cfg->max_ttl_ms) {
+    if (rs->ttl_ms > rs->max_ttl_ms) {
         char ttl[32], max[32];
 
-        format_secs(cfg->ttl_ms, ttl, sizeof(ttl));
-        format_secs(cfg->max_ttl_ms, max, sizeof(max));
+        format_secs(rs->ttl_ms, ttl, sizeof(ttl));
+        format_secs(rs->max_ttl_ms, max, sizeof(max));
         set_err(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
-    return check_memory_budget(cfg, why, whylen);
+    return check_memory_budget(cfg, rs, why, whylen);
 }
 
-/* ---- copies ---- */
-
-static int copy_string(char **dst, const char *src)
+bool config_is_enforced(const struct route_settings *rs, struct span method)
 {
-    *dst = NULL;
-    if (src && !(*dst = strdup(src)))
-        return -ENOMEM;
-    return 0;
-}
-
-/* True when the field of kind <k> is one string the config owns. */
-static bool owns_string(enum kind k)
-{
-    switch (k) {
-    case K_URL:
-    case K_REDIS:
-    case K_STR:
-    case K_HEADER:
-    case K_HEADER_OPT:
-    case K_FILE:
-    case K_HOSTNAME:
-    case K_TOKEN_FILE:
-    case K_PASSWORD_FILE:
-        return true;
-    default:
-        return false;
+    for (size_t i = 0; i < rs->nmethods; i++) {
+        if (strlen(rs->methods[i]) == method.len &&
+            memcmp(rs->methods[i], method.base, method.len) == 0)
+            return true;
     }
+    return false;
 }
 
-int config_copy(struct config *dst, const struct config *src)
+/* ---- loops over the table ---- */
+
+int config_route_copy(struct route_settings *dst, const struct route_settings *src)
 {
     int r = 0;
 
     memcpy(dst, src, sizeof(*dst));
-    dst->redis_password = NULL;
-    dst->admin_token = NULL;
-    dst->routes = NULL;
     /* Every pointer of <dst> is made its own (or NULL) before anything can
-     * fail, so that config_done(<dst>) never frees what <src> owns. */
+     * fail, so that config_route_done(<dst>) never frees what <src> owns. */
     for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
-        char **field = (char **)(void *)((char *)dst + opts[i].off);
-
-        if (owns_string(opts[i].kind))
-            *field = NULL;
-        else if (opts[i].kind == K_METHODS || opts[i].kind == K_HEADERS)
-            memset(field, 0, CONFIG_MAX_LIST * sizeof(char *));
+        if ((opts[i].traits & CONFIG_ROUTE) && is_looped(&opts[i]) && !value_size(opts[i].kind))
+            memset((char *)dst + opts[i].off, 0,
+                   (is_list(opts[i].kind) ? CONFIG_MAX_LIST : 1) * sizeof(char *));
     }
     for (size_t i = 0; i < ARRAY_SIZE(opts) && r == 0; i++) {
-        const struct opt *o = &opts[i];
-        char **field = (char **)(void *)((char *)dst + o->off);
-        char *const *from = (char *const *)(const void *)((const char *)src + o->off);
-        size_t n;
-
-        if (o->env_only)
-            continue; /* the same field as its flag's entry */
-        if (owns_string(o->kind)) {
-            r = copy_string(field, *from);
-        } else if (o->kind == K_METHODS || o->kind == K_HEADERS) {
-            n = *(const size_t *)(const void *)((const char *)src + o->off_n);
-            for (size_t k = 0; k < n && r == 0; k++)
-                r = copy_string(&field[k], from[k]);
-        }
+        if ((opts[i].traits & CONFIG_ROUTE) && is_looped(&opts[i]))
+            r = field_copy(&opts[i], (char *)dst, (const char *)src);
     }
     return r;
 }
 
-/* The file --config names (its last value, as load_flags() reads flags),
- * else IDEMPROXY_CONFIG's; NULL: none. Read before the environment and the
- * flags, which are applied over the file. */
-static const char *config_path(int argc, char *const argv[], char *const envp[])
+void config_route_done(struct route_settings *rs)
+{
+    if (!rs)
+        return;
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        if ((opts[i].traits & CONFIG_ROUTE) && is_looped(&opts[i]))
+            field_done(&opts[i], (char *)rs);
+    }
+}
+
+void config_done(struct config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        if (!(opts[i].traits & CONFIG_ROUTE) && is_looped(&opts[i]))
+            field_done(&opts[i], (char *)cfg);
+    }
+    config_route_done(&cfg->route);
+}
+
+/* The name of <o> in a diff: the file's key, or the variable of an option
+ * that has no flag. */
+static const char *diff_name(const struct opt *o) { return o->flag ? o->flag + 2 : o->env; }
+
+size_t config_diff(const struct config *a, const struct config *b, config_diff_fn *fn, void *ctx)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        if (is_looped(o) && !field_same(o, cfield_base(o, a), cfield_base(o, b))) {
+            n++;
+            fn(ctx, diff_name(o), o->traits);
+        }
+    }
+    return n;
+}
+
+void config_swap_reloadable(struct config *cfg, struct config *next)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        if (is_looped(o) && !(o->traits & CONFIG_RESTART))
+            field_swap(o, field_base(o, cfg), field_base(o, next));
+    }
+}
+
+/* ---- loading ---- */
+
+const char *config_find_file(int argc, char *const argv[], char *const envp[])
 {
     const char *path = env_lookup(envp, "IDEMPROXY_CONFIG");
 
@@ -1325,99 +1012,33 @@ static const char *config_path(int argc, char *const argv[], char *const envp[])
     return path;
 }
 
-int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
-                size_t errlen)
+int config_init(struct config *cfg, char *err, size_t errlen)
 {
-    struct config_file *file = NULL;
-    const char *path;
-    int r;
-
     set_err(err, errlen, "%s", "");
     for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
         if (opts[i].def) {
-            r = apply(cfg, &opts[i], false, opts[i].def, false, err, errlen);
+            int r = apply(cfg, &opts[i], false, opts[i].def, false, err, errlen);
+
             if (r < 0)
                 return r;
         }
     }
-    if (scan_actions(cfg, argc, argv))
-        return 0;
-    path = config_path(argc, argv, envp);
-    if (path) {
-        r = config_file_read(path, &file, err, errlen);
-        if (r == 0)
-            r = config_file_apply(file, cfg, err, errlen);
-        if (r == -EINVAL && file) {
-            struct route_table *t = NULL;
+    return 0;
+}
 
-            /* Every problem of the file at once: its routes' too. */
-            if (config_file_routes(file, cfg, &t, err, errlen) == 0)
-                route_table_unref(t);
-        }
-        if (r < 0)
-            goto out;
-    }
+int config_apply_args(struct config *cfg, int argc, char *const argv[], char *const envp[],
+                      char *err, size_t errlen)
+{
+    int r;
+
     for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
         const char *v = opts[i].env ? env_lookup(envp, opts[i].env) : NULL;
 
-        if (v) {
-            r = apply(cfg, &opts[i], true, v, false, err, errlen);
-            if (r < 0)
-                goto out;
-        }
+        if (v && (r = apply(cfg, &opts[i], true, v, false, err, errlen)) < 0)
+            return r;
     }
     r = load_flags(cfg, argc, argv, err, errlen);
-    if (r == 0)
-        r = check(cfg, err, errlen);
-    if (r == 0)
-        r = config_file_routes(file, cfg, &cfg->routes, err, errlen);
-out:
-    config_file_free(file);
-    return r;
-}
-
-void config_done(struct config *cfg)
-{
-    if (!cfg)
-        return;
-    free(cfg->upstream);
-    cfg->upstream = NULL;
-    free(cfg->redis_url);
-    cfg->redis_url = NULL;
-    free(cfg->key_header);
-    cfg->key_header = NULL;
-    free(cfg->replay_header);
-    cfg->replay_header = NULL;
-    free(cfg->key_prefix);
-    cfg->key_prefix = NULL;
-    free(cfg->ttl_header);
-    cfg->ttl_header = NULL;
-    free(cfg->admin_token_file);
-    cfg->admin_token_file = NULL;
-    free(cfg->redis_password_file);
-    cfg->redis_password_file = NULL;
-    if (cfg->redis_password)
-        explicit_bzero(cfg->redis_password, strlen(cfg->redis_password));
-    free(cfg->redis_password);
-    cfg->redis_password = NULL;
-    free(cfg->redis_tls_ca_file);
-    cfg->redis_tls_ca_file = NULL;
-    free(cfg->redis_tls_cert_file);
-    cfg->redis_tls_cert_file = NULL;
-    free(cfg->redis_tls_key_file);
-    cfg->redis_tls_key_file = NULL;
-    free(cfg->redis_tls_server_name);
-    cfg->redis_tls_server_name = NULL;
-    if (cfg->admin_token)
-        explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
-    free(cfg->admin_token);
-    cfg->admin_token = NULL;
-    list_clear(cfg->methods, &cfg->nmethods);
-    list_clear(cfg->scope_headers, &cfg->nscope_headers);
-    free(cfg->config_file);
-    cfg->config_file = NULL;
-    route_table_unref(cfg->routes);
-    cfg->routes = NULL;
+    return r < 0 ? r : check(cfg, err, errlen);
 }
 
 void config_print_help(FILE *f)

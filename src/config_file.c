@@ -301,10 +301,11 @@ static int items_of(struct errs *e, const char *key, yaml_node_t *v, const char 
     return (int)n;
 }
 
-/* Sets option <key> of <cfg> from <v>; a problem is reported at <k> (an
- * unknown key) or <v> (a bad value). */
-static void set_option(struct errs *e, struct config *cfg, const char *key, yaml_node_t *k,
-                       yaml_node_t *v)
+/* Sets option <key> from <v>: of the process's <cfg>, or of a route's
+ * settings <rs> (<cfg> NULL); a problem is reported at <k> (an unknown key)
+ * or <v> (a bad value). */
+static void set_option(struct errs *e, struct config *cfg, struct route_settings *rs,
+                       const char *key, yaml_node_t *k, yaml_node_t *v)
 {
     const char *items[CONFIG_MAX_LIST];
     char why[512];
@@ -314,7 +315,10 @@ static void set_option(struct errs *e, struct config *cfg, const char *key, yaml
 
     if (n < 0)
         return;
-    r = config_set_option(cfg, key, items, (size_t)n, is_list, why, sizeof(why));
+    if (cfg)
+        r = config_set_option(cfg, key, items, (size_t)n, is_list, why, sizeof(why));
+    else
+        r = config_set_route_option(rs, key, items, (size_t)n, is_list, why, sizeof(why));
     if (r == -ENOMEM)
         e->oom = true;
     if (r < 0)
@@ -333,7 +337,7 @@ static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
         return;
     }
-    set_option(e, cfg, key, k, v);
+    set_option(e, cfg, NULL, key, k, v);
 }
 
 int config_file_apply(const struct config_file *f, struct config *cfg, char *err, size_t errlen)
@@ -541,13 +545,15 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
     } else if (strcmp(key, "errors") == 0) {
         parse_errors(e, v, &rt->errors);
     } else if (config_is_route_option(key)) {
-        set_option(e, &rt->cfg, key, k, v);
+        set_option(e, NULL, &rt->settings, key, k, v);
     } else {
+        char names[512];
+
+        config_route_option_names(names, sizeof(names));
         errs_add(e, k,
                  "route: unknown key '%s' (a route has name, match, enforce, key, errors, and "
-                 "the options methods, require-key, scope-header, ttl, max-ttl, ttl-header, "
-                 "lock-ttl, wait, no-cache-status, max-body, max-response, replay-header)",
-                 key);
+                 "the options %s)",
+                 key, names);
     }
 }
 
@@ -569,12 +575,41 @@ static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         t->routes = v;
 }
 
-static void check_route(struct errs *e, struct route *rt, yaml_node_t *at)
+static void check_route(struct errs *e, const struct config *cfg, struct route *rt,
+                        yaml_node_t *at)
 {
     char why[512];
 
-    if (config_check_route(&rt->cfg, why, sizeof(why)) < 0)
+    if (config_check_route(cfg, &rt->settings, why, sizeof(why)) < 0)
         errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
+}
+
+/* The default route (the top level's key), every header key without a
+ * header of its own given the top level's key-header, and each route's
+ * metrics id. */
+static void finish_table(struct errs *e, const struct config *cfg, const struct top_nodes *top,
+                         struct route_table *t)
+{
+    struct route *def = route_table_default(t);
+
+    def->name = dup_or_oom(e, ROUTE_DEFAULT);
+    if (top->key)
+        each_pair(e, top->key, "key", key_pair, &def->key);
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        struct route_key *k = &t->routes[i].key;
+
+        if (k->kind == ROUTE_KEY_HEADER && !k->header)
+            k->header = dup_or_oom(e, cfg->key_header);
+    }
+    for (size_t i = 0; i <= t->nroutes && !e->oom && e->n == 0; i++) {
+        int id = metrics_route_id(t->routes[i].name);
+
+        if (id < 0)
+            errs_add(e, NULL, "route '%s': more than %d route names since the start; restart",
+                     t->routes[i].name, METRICS_ROUTES_MAX);
+        else
+            t->routes[i].metrics_id = (unsigned)id;
+    }
 }
 
 int config_file_routes(const struct config_file *f, const struct config *cfg,
@@ -608,12 +643,13 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
     r = route_table_new(n, &t);
     if (r < 0)
         return r;
+    t->on_store_error = cfg->on_store_error;
     for (size_t i = 0; i <= n; i++) {
         struct route *rt = &t->routes[i];
 
         rt->enforce = true;
         rt->errors = dialect;
-        if (config_copy(&rt->cfg, cfg) < 0)
+        if (config_route_copy(&rt->settings, &cfg->route) < 0)
             e.oom = true;
     }
     for (size_t i = 0; i < n && !e.oom; i++) {
@@ -632,28 +668,48 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
         }
         if (rn->type == YAML_MAPPING_NODE && !c.name_node)
             errs_add(&e, rn, "route %zu: name is required", i + 1);
-        check_route(&e, c.rt, rn);
+        check_route(&e, cfg, c.rt, rn);
     }
-    {
-        struct route *def = route_table_default(t);
-
-        def->name = dup_or_oom(&e, ROUTE_DEFAULT);
-        if (top.key)
-            each_pair(&e, top.key, "key", key_pair, &def->key);
-    }
-    for (size_t i = 0; i <= n && !e.oom && e.n == 0; i++) {
-        int id = metrics_route_id(t->routes[i].name);
-
-        if (id < 0)
-            errs_add(&e, NULL, "route '%s': more than %d route names since the start; restart",
-                     t->routes[i].name, METRICS_ROUTES_MAX);
-        else
-            t->routes[i].metrics_id = (unsigned)id;
-    }
+    finish_table(&e, cfg, &top, t);
     if (e.oom || e.n) {
         route_table_unref(t);
         return e.oom ? -ENOMEM : -EINVAL;
     }
     *ret = t;
     return 0;
+}
+
+/* ---- the whole configuration ---- */
+
+int config_file_load(struct config *cfg, struct route_table **ret_routes, int argc,
+                     char *const argv[], char *const envp[], char *err, size_t errlen)
+{
+    struct config_file *file = NULL;
+    struct route_table *t = NULL;
+    const char *path;
+    int r;
+
+    r = config_init(cfg, err, errlen);
+    if (r < 0 || config_wants_action(cfg, argc, argv))
+        return r;
+    path = config_find_file(argc, argv, envp);
+    if (path) {
+        r = config_file_read(path, &file, err, errlen);
+        if (r == 0)
+            r = config_file_apply(file, cfg, err, errlen);
+        if (r == -EINVAL && file && config_file_routes(file, cfg, &t, err, errlen) == 0)
+            route_table_unref(t); /* every problem of the file at once: its routes' too */
+        if (r < 0)
+            goto out;
+    }
+    r = config_apply_args(cfg, argc, argv, envp, err, errlen);
+    if (r == 0)
+        r = config_file_routes(file, cfg, &t, err, errlen);
+    if (r == 0 && ret_routes)
+        *ret_routes = t;
+    else if (r == 0)
+        route_table_unref(t);
+out:
+    config_file_free(file);
+    return r;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -454,6 +455,33 @@ static void on_events(void *ctx, uint32_t events)
 }
 
 static void on_timer(void *ctx) { front_run(ctx); }
+
+bool front_address_taken(const struct config_addr *a)
+{
+    int one = 1, fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool taken;
+
+    if (fd < 0)
+        return false; /* MHD reports what is wrong */
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)); /* TIME_WAIT is fine */
+    taken = bind(fd, (const struct sockaddr *)&a->sa, a->sa_len) < 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
+void front_raise_fd_limit(const struct config *cfg)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 2 * (rlim_t)cfg->max_connections + 64)
+        log_warn("--max-connections %u: only %llu file descriptors are allowed (ulimit -n); "
+                 "connections past that fail to be accepted",
+                 cfg->max_connections, (unsigned long long)rl.rlim_cur);
+}
 
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
                 struct front **ret)

@@ -47,6 +47,8 @@ struct pipeline {
     pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
     struct route_table *routes; /* owned reference: what new requests are matched against */
     uint64_t min_lock_ttl_ms;   /* the heartbeat was set up for locks this short */
+    const char *key_prefix;     /* --key-prefix, borrowed from the configuration */
+    bool enabled;               /* IDEMPOTENCY_ENABLED */
     atomic_uint late;           /* exchanges going on after their client got its 504 */
 };
 
@@ -72,7 +74,7 @@ struct preq {
     char *late_method;          /* owned: the method, once late (the front end's copy may go) */
     const char *unknown;        /* the cause, once this request made its key unknown */
     struct route_table *routes; /* reference: the table <route> belongs to */
-    const struct route *route;  /* its route, and the settings it runs under (route->cfg) */
+    const struct route *route;  /* its route, and the settings it runs under (route->settings) */
     struct buf body;            /* owned, limited by the route's max-body */
     bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
     bool key_deferred;          /* the key comes from the body: decided by pipeline_end() */
@@ -154,17 +156,17 @@ static int parse_uint(struct span s, uint64_t *ret)
  * integer (capped at --max-ttl), else --ttl. */
 static uint64_t request_ttl_ms(const struct preq *r)
 {
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
     const struct span *v;
     uint64_t s;
 
-    if (!cfg->ttl_header || !cfg->ttl_header[0])
-        return cfg->ttl_ms;
-    v = find_header(r, span_from_cstr(cfg->ttl_header), NULL);
+    if (!rs->ttl_header || !rs->ttl_header[0])
+        return rs->ttl_ms;
+    v = find_header(r, span_from_cstr(rs->ttl_header), NULL);
     if (!v || parse_uint(*v, &s) < 0 || s == 0)
-        return cfg->ttl_ms;
-    if (s > cfg->max_ttl_ms / 1000)
-        return cfg->max_ttl_ms;
+        return rs->ttl_ms;
+    if (s > rs->max_ttl_ms / 1000)
+        return rs->max_ttl_ms;
     return s * 1000;
 }
 
@@ -178,16 +180,16 @@ static int build_store_key(struct preq *r, struct span key, enum key_domain doma
         [KEY_DOMAIN_JSON] = { "\0idemproxy:json", 16 },
         [KEY_DOMAIN_FINGERPRINT] = { "\0idemproxy:fingerprint", 23 },
     };
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
     const struct req_intake *in = &r->req.in;
     struct span values[CONFIG_MAX_LIST + 1];
-    size_t nvalues = cfg->nscope_headers;
+    size_t nvalues = rs->nscope_headers;
     struct buf joined[CONFIG_MAX_LIST];
     char scope[IDEMKEY_SCOPE_HEX + 1];
     int err = 0;
 
-    for (size_t i = 0; i < cfg->nscope_headers; i++) {
-        struct span name = span_from_cstr(cfg->scope_headers[i]);
+    for (size_t i = 0; i < rs->nscope_headers; i++) {
+        struct span name = span_from_cstr(rs->scope_headers[i]);
         const struct span *first;
         size_t n;
 
@@ -217,8 +219,8 @@ static int build_store_key(struct preq *r, struct span key, enum key_domain doma
     if (err == 0)
         err = idemkey_scope(values, nvalues, scope);
     if (err == 0)
-        err = idemkey_store_key(span_from_cstr(cfg->key_prefix), scope, key, &r->store_key);
-    for (size_t i = 0; i < cfg->nscope_headers; i++)
+        err = idemkey_store_key(span_from_cstr(r->pl->key_prefix), scope, key, &r->store_key);
+    for (size_t i = 0; i < rs->nscope_headers; i++)
         buf_done(&joined[i]);
     return err;
 }
@@ -231,7 +233,7 @@ static void set_answer(struct preq *r, struct record *rec, enum outcome o, const
     r->req.out.answer = rec;
     r->req.out.outcome = o;
     r->req.out.replayed = replayed;
-    r->req.out.replay_header = r->route->cfg.replay_header;
+    r->req.out.replay_header = r->route->settings.replay_header;
 }
 
 /* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
@@ -258,7 +260,7 @@ static void account(struct pipeline *pl, struct preq *r)
     if (r->derived_key) {
         key = span_from_cstr(r->derived_key);
     } else if (rt->key.kind == ROUTE_KEY_HEADER) {
-        sent = find_header(r, span_from_cstr(rt->key.header ? rt->key.header : rt->cfg.key_header),
+        sent = find_header(r, span_from_cstr(rt->key.header),
                            NULL);
         if (sent)
             key = *sent;
@@ -395,7 +397,7 @@ static void describe_key(const struct route *rt, char *out, size_t outlen)
         break;
     default:
         snprintf(out, outlen, "This request must carry an %s header.",
-                 k->header ? k->header : rt->cfg.key_header);
+                 k->header);
         break;
     }
 }
@@ -411,7 +413,7 @@ static int no_key(struct preq *r)
         r->key_deferred = true; /* keyed by its fingerprint once the body is in */
         return r->enforced ? 0 : start_fingerprint(r);
     }
-    if (rt->cfg.require_key) {
+    if (rt->settings.require_key) {
         describe_key(rt, detail, sizeof(detail));
         set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY, detail);
         return 1;
@@ -460,7 +462,7 @@ static int read_key(struct preq *r)
         r->derived_key = text;
         return keyed(r, (struct span){ text, len }, KEY_DOMAIN_HEADERS);
     default:
-        name = rt->key.header ? rt->key.header : rt->cfg.key_header;
+        name = rt->key.header;
         v = find_header(r, span_from_cstr(name), &n);
         if (n == 0)
             return no_key(r);
@@ -498,14 +500,14 @@ static void route_request(struct preq *r, struct span target, struct span host)
     if (!host.base && (h = find_header(r, SPAN_LIT("Host"), NULL)))
         host = *h;
     r->route = route_match(r->routes, r->req.in.method, target_path(target), host);
-    r->body.limit = r->route->cfg.max_body_bytes;
+    r->body.limit = r->route->settings.max_body_bytes;
 }
 
 /* Routes the request, decides passthrough or enforcement and reads the key.
  * Returns 0 to go on with the body, 1 with an answer set. */
 static int begin(struct pipeline *pl, struct preq *r)
 {
-    const struct config *cfg;
+    const struct route_settings *rs;
     const struct span *v;
     uint64_t announced;
 
@@ -520,12 +522,12 @@ static int begin(struct pipeline *pl, struct preq *r)
         return 1;
     if (r->fwd_target.base != r->req.in.target.base || r->fwd_host.base)
         route_request(r, r->fwd_target, r->fwd_host); /* an absolute-form target */
-    cfg = &r->route->cfg;
-    if (cfg->enabled && r->route->enforce && config_is_enforced(cfg, r->req.in.method) &&
+    rs = &r->route->settings;
+    if (pl->enabled && r->route->enforce && config_is_enforced(rs, r->req.in.method) &&
         read_key(r))
         return 1;
     v = find_header(r, SPAN_LIT("Content-Length"), NULL);
-    if (v && parse_uint(*v, &announced) == 0 && announced > cfg->max_body_bytes) {
+    if (v && parse_uint(*v, &announced) == 0 && announced > rs->max_body_bytes) {
         set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
         return 1;
     }
@@ -660,9 +662,9 @@ static void acquire(struct preq *r)
     if (err == 0)
         err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
                             &(struct store_lock){
-                                .lease_ms = r->route->cfg.lock_ttl_ms,
+                                .lease_ms = r->route->settings.lock_ttl_ms,
                                 .keep_ms = r->ttl_ms,
-                                .take_over = r->route->cfg.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
+                                .take_over = r->route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
                                 .about = { .route = span_from_cstr(r->route->name),
                                            .method = r->req.in.method,
                                            .target = r->fwd_target },
@@ -709,20 +711,20 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
     struct preq *r = ctx;
     struct pipeline *pl = r->pl;
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
     uint64_t now = now_ms();
 
     metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
     if (err == 0 && res->status == STORE_ACQUIRED) {
         r->lease =
-            lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms, cfg->lock_ttl_ms);
+            lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms, rs->lock_ttl_ms);
         if (!r->lease) {
             set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
             finish(r); /* the lock expires within --lock-ttl */
             return;
         }
         /* A holder that stalled past half its lock TTL confirms the lock first. */
-        if (now - r->acquire_sent_ms > cfg->lock_ttl_ms / 2) {
+        if (now - r->acquire_sent_ms > rs->lock_ttl_ms / 2) {
             lease_confirm(r->lease, on_confirmed, r);
             return;
         }
@@ -749,7 +751,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         metrics_store_error();
         log_warn("store acquire of key %s failed: %s", r->store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
-        if (cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
+        if (r->routes->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
             r->req.out.outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
             return;
@@ -787,11 +789,11 @@ static void on_confirmed(void *ctx, int err)
  * not held: no --wait, its wait is over, or the proxy is stopping. */
 static bool wait_hold(struct preq *r, uint64_t now)
 {
-    if (!r->pl->waits || r->route->cfg.wait_ms == 0)
+    if (!r->pl->waits || r->route->settings.wait_ms == 0)
         return false;
     r->wait.key = r->store_key;
     if (r->wait.until_ms == 0)
-        r->wait.until_ms = now + r->route->cfg.wait_ms; /* the route's, not the list's */
+        r->wait.until_ms = now + r->route->settings.wait_ms; /* the route's, not the list's */
     return waitlist_hold(r->pl->waits, &r->wait, now);
 }
 
@@ -880,10 +882,10 @@ static void lease_end(struct preq *r, struct record *rec)
  * (retry). */
 static void lease_end_unknown(struct preq *r, enum store_cause cause)
 {
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
     struct lease *l = r->lease;
 
-    if (cfg->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
+    if (rs->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
         lease_end(r, NULL);
         return;
     }
@@ -896,9 +898,9 @@ static void lease_end_unknown(struct preq *r, enum store_cause cause)
                          r->ttl_ms, on_lease_finished, r);
 }
 
-static bool is_cacheable(const struct config *cfg, unsigned status)
+static bool is_cacheable(const struct route_settings *rs, unsigned status)
 {
-    return status < ARRAY_SIZE(cfg->no_cache) && !cfg->no_cache[status];
+    return status < ARRAY_SIZE(rs->no_cache) && !rs->no_cache[status];
 }
 
 /* A marker stored instead of an answer larger than the proxy keeps: the
@@ -944,7 +946,7 @@ static void on_overdue(void *ctx)
  * unknown, and nothing is answered. */
 static void late_end(struct preq *r, int err, struct record *rec)
 {
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
 
     log_info("key %s: the late exchange ended: %s", r->store_key,
              err == 0            ? "an answer"
@@ -955,11 +957,11 @@ static void late_end(struct preq *r, int err, struct record *rec)
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
         lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
                                                 : STORE_CAUSE_UPSTREAM_TIMEOUT);
-    } else if (err < 0 || !is_cacheable(cfg, rec->status)) {
+    } else if (err < 0 || !is_cacheable(rs, rec->status)) {
         lease_end(r, NULL);
     } else {
         record_ensure_date(rec);
-        if (rec->body.len > cfg->max_response_bytes)
+        if (rec->body.len > rs->max_response_bytes)
             lease_end(r, too_large_marker(rec->status));
         else
             lease_end(r, record_ref(rec));
@@ -971,7 +973,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct preq *r = ctx;
     const struct req_intake *in = &r->req.in;
-    const struct config *cfg = &r->route->cfg;
+    const struct route_settings *rs = &r->route->settings;
 
     if (r->late) {
         late_end(r, err, rec);
@@ -1013,12 +1015,12 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         return;
     }
     set_answer(r, rec, OUTCOME_EXECUTED, "false");
-    if (!is_cacheable(cfg, rec->status)) {
+    if (!is_cacheable(rs, rec->status)) {
         lease_end(r, NULL);
         return;
     }
     record_ensure_date(rec);
-    if (rec->body.len > cfg->max_response_bytes) {
+    if (rec->body.len > rs->max_response_bytes) {
         lease_end(r, too_large_marker(rec->status)); /* a NULL marker (OOM) releases instead */
         return;
     }
@@ -1027,27 +1029,29 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 
 /* ---- Lifecycle ---- */
 
-int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
-                 const struct pipeline_forwarder *fwd, struct pipeline **ret)
+int pipeline_new(const struct config *cfg, struct route_table *t, struct store *st,
+                 struct worker_pool *pool, const struct pipeline_forwarder *fwd,
+                 struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
-    const struct route_table *t = cfg->routes;
     uint64_t wait_ms = 0;
     int err = 0;
 
     if (!pl)
         return -ENOMEM;
     pthread_mutex_init(&pl->routes_mu, NULL);
-    pl->routes = route_table_ref(cfg->routes);
+    pl->routes = route_table_ref(t);
+    pl->key_prefix = cfg->key_prefix;
+    pl->enabled = cfg->enabled;
     pl->st = st;
     pl->pool = pool;
     pl->fwd = *fwd;
-    pl->min_lock_ttl_ms = cfg->lock_ttl_ms;
+    pl->min_lock_ttl_ms = cfg->route.lock_ttl_ms;
     for (size_t i = 0; i <= t->nroutes; i++) {
-        if (t->routes[i].cfg.wait_ms > wait_ms)
-            wait_ms = t->routes[i].cfg.wait_ms;
-        if (t->routes[i].cfg.lock_ttl_ms < pl->min_lock_ttl_ms)
-            pl->min_lock_ttl_ms = t->routes[i].cfg.lock_ttl_ms;
+        if (t->routes[i].settings.wait_ms > wait_ms)
+            wait_ms = t->routes[i].settings.wait_ms;
+        if (t->routes[i].settings.lock_ttl_ms < pl->min_lock_ttl_ms)
+            pl->min_lock_ttl_ms = t->routes[i].settings.lock_ttl_ms;
     }
     /* The --wait subscriber only when a route waits (an ACL may forbid it). */
     if (st && wait_ms > 0) {
@@ -1099,13 +1103,13 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
         const struct route *rt = &t->routes[i];
         const char *sep = used ? "\n" : "";
 
-        if (rt->cfg.wait_ms > 0 && !pl->waits && pl->st)
+        if (rt->settings.wait_ms > 0 && !pl->waits && pl->st)
             used += (size_t)snprintf(why + used, whylen - used,
                                      "%sroute %s: wait needs a restart (no route waited at start, "
                                      "so the notifications of --wait are not subscribed to); it "
                                      "answers 409 at once until then",
                                      sep, rt->name);
-        else if (rt->cfg.lock_ttl_ms < pl->min_lock_ttl_ms)
+        else if (rt->settings.lock_ttl_ms < pl->min_lock_ttl_ms)
             used += (size_t)snprintf(why + used, whylen - used,
                                      "%sroute %s: a lock-ttl shorter than at start (%llu ms) needs "
                                      "a restart for the heartbeat to keep up; the lock may lapse "

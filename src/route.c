@@ -130,6 +130,17 @@ int route_table_new(size_t n, struct route_table **ret)
     return 0;
 }
 
+size_t route_table_max_response(const struct route_table *t)
+{
+    size_t most = 0;
+
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        if (t->routes[i].settings.max_response_bytes > most)
+            most = t->routes[i].settings.max_response_bytes;
+    }
+    return most;
+}
+
 struct route_table *route_table_ref(struct route_table *t)
 {
     atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
@@ -161,7 +172,7 @@ void route_done(struct route *rt)
     list_free(rt->key.headers, &rt->key.nheaders);
     free(rt->key.pointer);
     rt->key.pointer = NULL;
-    config_done(&rt->cfg);
+    config_route_done(&rt->settings);
 }
 
 void route_table_unref(struct route_table *t)

@@ -1,19 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /* The option table of SPEC §3: flags, IDEMPROXY_* environment variables and
- * defaults (flag > env > default), value parsers, --help. Pure logic, no I/O
- * but the help text. */
+ * defaults (flag > env > default), value parsers, --help. Each option's entry
+ * says where it lives (the process, or the settings a route may set), whether
+ * SIGHUP may change it, and whether it names a secret; freeing, copying,
+ * comparing and swapping configurations are loops over the table. Pure logic,
+ * no I/O but the help text and the secret files. Loading the whole
+ * configuration, the file included, is config_file_load() (config_file.h). */
 #ifndef IDEMPROXY_CONFIG_H
 #define IDEMPROXY_CONFIG_H
 
 #include <stdio.h>
-#include <sys/socket.h>
 
 #include "idemproxy/common.h"
+#include "idemproxy/config_parse.h"
 #include "idemproxy/log.h"
-
-struct route_table;
-
-#define CONFIG_MAX_LIST 32 /* entries of a list option (methods, scope headers) */
 
 enum config_on_store_error {
     CONFIG_ON_STORE_ERROR_REJECT,
@@ -25,10 +25,34 @@ enum config_on_unknown {
     CONFIG_ON_UNKNOWN_RETRY,  /* the lock is released or taken over: at least once */
 };
 
-struct config_addr {
-    char text[300]; /* as given: "127.0.0.1:8080", "[::1]:8080", "localhost:80" */
-    struct sockaddr_storage sa;
-    socklen_t sa_len;
+/* What an option's entry says of it. */
+enum config_trait {
+    CONFIG_ROUTE = 1 << 0,   /* a route may set it (SPEC §6): it lives in struct route_settings */
+    CONFIG_RESTART = 1 << 1, /* SIGHUP keeps the running value: a change needs a restart */
+    CONFIG_SECRET = 1 << 2,  /* names a file whose first line is a secret: never logged or copied */
+};
+
+/* The options a route may set (SPEC §6). The process configuration holds
+ * the top level's (struct config's <route>): the default route's settings,
+ * and what every route starts from. Declared here, beside the table that
+ * fills it. */
+struct route_settings {
+    char *methods[CONFIG_MAX_LIST]; /* methods, upper case, default POST,PUT,PATCH */
+    size_t nmethods;
+    bool require_key;                     /* require-key */
+    char *scope_headers[CONFIG_MAX_LIST]; /* scope-header (repeatable), default Authorization */
+    size_t nscope_headers;
+    uint64_t ttl_ms;     /* ttl, default 86400 s */
+    uint64_t max_ttl_ms; /* max-ttl, default 604800 s */
+    char *ttl_header;    /* ttl-header, default X-TTL; "" disables */
+    uint64_t lock_ttl_ms; /* lock-ttl, default 30 s */
+    uint64_t wait_ms;     /* wait, default 0 */
+    bool no_cache[600]; /* no-cache-status: no_cache[status] is true when not cached (default
+                           5xx,408,409,429) */
+    size_t max_body_bytes;             /* max-body, default 1 MiB */
+    size_t max_response_bytes;         /* max-response, default 4 MiB */
+    char *replay_header;               /* replay-header, default X-Idempotency-Replayed */
+    enum config_on_unknown on_unknown; /* on-unknown-outcome, default refuse */
 };
 
 struct config {
@@ -45,60 +69,53 @@ struct config {
     bool redis_tls_insecure;        /* --redis-tls-insecure: no certificate verification */
     unsigned redis_wait_replicas;   /* --redis-wait-replicas, default 0: no WAIT */
     uint64_t redis_wait_timeout_ms; /* --redis-wait-timeout, default 0.1 s */
-    char *methods[CONFIG_MAX_LIST]; /* --methods, upper case, default POST,PUT,PATCH */
-    size_t nmethods;
-    char *key_header;                     /* --key-header, default Idempotency-Key */
-    char *replay_header;                  /* --replay-header, default X-Idempotency-Replayed */
-    bool require_key;                     /* --require-key */
-    char *scope_headers[CONFIG_MAX_LIST]; /* --scope-header (repeatable), default Authorization */
-    size_t nscope_headers;
-    char *key_prefix;      /* --key-prefix, default "idem:" */
-    uint64_t ttl_ms;       /* --ttl, default 86400 s */
-    uint64_t max_ttl_ms;   /* --max-ttl, default 604800 s */
-    char *ttl_header;      /* --ttl-header, default X-TTL; "" disables */
-    uint64_t lock_ttl_ms;  /* --lock-ttl, default 30 s */
-    bool no_cache[600];    /* --no-cache-status: no_cache[status] is true when not cached (default
-                              5xx,408,409,429) */
-    size_t max_body_bytes; /* --max-body, default 1 MiB */
-    size_t max_response_bytes;                 /* --max-response, default 4 MiB */
-    size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */
-    uint64_t upstream_timeout_ms;              /* --upstream-timeout, default 30 s */
+    char *key_header;               /* --key-header, default Idempotency-Key */
+    char *key_prefix;               /* --key-prefix, default "idem:" */
+    size_t memory_max_bytes;        /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms;   /* --upstream-timeout, default 30 s */
     uint64_t upstream_late_timeout_ms;         /* --upstream-late-timeout, default 60 s, 0: none */
-    enum config_on_unknown on_unknown;         /* --on-unknown-outcome, default refuse */
     uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
     uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
     uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */
-    uint64_t wait_ms;                          /* --wait, default 0 */
     enum config_on_store_error on_store_error; /* --on-store-error, default reject */
     unsigned max_connections;                  /* --max-connections, default 4096 */
-    enum log_format log_format;         /* --log-format, default text */
-    enum log_level log_level;           /* --log-level, default info */
+    enum log_format log_format;                /* --log-format, default text */
+    enum log_level log_level;                  /* --log-level, default info */
     bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
     char *admin_token_file;                    /* --admin-token-file, NULL: none */
     char *admin_token;                         /* its first line: the secret /keys asks for */
     char *config_file; /* --config / IDEMPROXY_CONFIG: the YAML file (SPEC §6), NULL: none */
     bool check_config; /* --check-config: validate, print the problems, exit 0 or 2 */
-    struct route_table *routes; /* owned reference: the routes and the default route (route.h) */
-    bool show_help;             /* --help / -h was given: print config_print_help() and exit 0 */
-    bool show_version;          /* --version was given */
+    bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
+    bool show_version; /* --version was given */
+    struct route_settings route; /* the top level's route options (see struct route_settings) */
 };
 
-/* Fills <cfg> from the defaults, then the configuration file (--config or
- * IDEMPROXY_CONFIG: its top level, config_file.h), then the environment
- * <envp> (a NULL-terminated "NAME=value" array, as environ), then the flags
- * <argv>[1..argc-1]; validates the result and builds cfg->routes (the file's
- * routes over the final top-level settings, and the default route). Returns
- * 0, or -EINVAL with the problems written to <err>, one per line: a flag or
- * an environment variable stops at its first problem, with a line naming
- * the option (e.g. "--ttl: '0' is not a positive number of seconds"); the
- * file's problems are all reported, each as "FILE:LINE:COLUMN: message".
- * <cfg> must be zeroed; on any return the caller calls config_done(). With
- * --help or --version it returns 0 with show_help/show_version set and
- * skips every check. */
-int config_load(struct config *cfg, int argc, char *const argv[], char *const envp[], char *err,
-                size_t errlen);
+/* The steps of loading, in the order config_file_load() takes them: the
+ * defaults, the file (config_set_option()), the environment and the flags.
+ * Each returns 0, or a negative errno with one line in <err> naming the
+ * option (e.g. "--ttl: '0' is not a positive number of seconds"). <cfg>
+ * starts zeroed; whatever they return, config_done() frees it. */
 
-/* Frees what config_load() allocated. NULL-safe, idempotent. */
+/* Sets every option to its default. Returns 0 or -ENOMEM. */
+int config_init(struct config *cfg, char *err, size_t errlen);
+
+/* Sets show_help or show_version when <argv> asks for them (those win over
+ * everything else, bad values included) and returns true; else false. */
+bool config_wants_action(struct config *cfg, int argc, char *const argv[]);
+
+/* The configuration file named by the last --config of <argv>, else by
+ * IDEMPROXY_CONFIG in <envp>; NULL: none. */
+const char *config_find_file(int argc, char *const argv[], char *const envp[]);
+
+/* Applies the environment <envp> (a NULL-terminated "NAME=value" array, as
+ * environ), then the flags <argv>[1..argc-1], then checks the options
+ * against each other (--upstream given, a TTL under max-ttl, TLS options
+ * with a TLS URL...). Returns 0 or -EINVAL, stopping at the first problem. */
+int config_apply_args(struct config *cfg, int argc, char *const argv[], char *const envp[],
+                      char *err, size_t errlen);
+
+/* Frees what <cfg> owns (secrets wiped). NULL-safe, idempotent. */
 void config_done(struct config *cfg);
 
 /* Sets the option <name>, spelled as its flag without the leading dashes
@@ -112,39 +129,52 @@ void config_done(struct config *cfg);
 int config_set_option(struct config *cfg, const char *name, const char *const *items, size_t n,
                       bool is_list, char *why, size_t whylen);
 
-/* True when <name> is an option a route may set (SPEC §6): methods,
- * require-key, scope-header, ttl, max-ttl, ttl-header, lock-ttl, wait,
- * no-cache-status, max-body, max-response, replay-header. */
+/* config_set_option() for a route's settings <rs>: -ENOENT for a name that
+ * is not an option a route may set. */
+int config_set_route_option(struct route_settings *rs, const char *name, const char *const *items,
+                            size_t n, bool is_list, char *why, size_t whylen);
+
+/* True when <name> is an option a route may set (SPEC §6). */
 bool config_is_route_option(const char *name);
 
-/* Checks the settings a route may change in <cfg> against each other and
- * the top level (a TTL above max-ttl, a max-response the memory store cannot
- * hold twice). Returns 0, or -EINVAL with one line in <why>. */
-int config_check_route(const struct config *cfg, char *why, size_t whylen);
+/* Writes the names of the options a route may set, comma-separated, to <out>. */
+void config_route_option_names(char *out, size_t outlen);
 
-/* Makes <dst> (zeroed) a deep copy of <src>, without its secrets (the Redis
- * password and the admin token are left NULL) and without its routes: what
- * a route's settings start from. Returns 0 or -ENOMEM (then config_done(<dst>)). */
-int config_copy(struct config *dst, const struct config *src);
+/* Checks the settings <rs> of a route (or the top level's) against each
+ * other and the process's <cfg> (a TTL above max-ttl, a max-response the
+ * memory store cannot hold twice). Returns 0, or -EINVAL with one line in
+ * <why>. */
+int config_check_route(const struct config *cfg, const struct route_settings *rs, char *why,
+                       size_t whylen);
+
+/* Makes <dst> (zeroed) a deep copy of <src>. Returns 0 or -ENOMEM (then
+ * config_route_done(<dst>)). */
+int config_route_copy(struct route_settings *dst, const struct route_settings *src);
+
+/* Frees what <rs> owns. NULL-safe, idempotent. */
+void config_route_done(struct route_settings *rs);
+
+/* Runs once for each option whose value differs between two configurations:
+ * <name> as the file spells it ("max-body", or the variable of an option that
+ * is only one, "IDEMPOTENCY_ENABLED"), <traits> its enum config_trait bits. */
+typedef void config_diff_fn(void *ctx, const char *name, unsigned traits);
+
+/* Compares <a> and <b> option by option (a secret by its file and by the
+ * secret itself), calling <fn> for each difference in table order. Returns
+ * how many differ. */
+size_t config_diff(const struct config *a, const struct config *b, config_diff_fn *fn,
+                   void *ctx);
+
+/* What SIGHUP does to the running configuration <cfg>: every option it may
+ * change (not CONFIG_RESTART) takes its value from <next>, whose old value
+ * goes to <next> in exchange (config_done(<next>) frees it). Options that
+ * need a restart keep their running value. */
+void config_swap_reloadable(struct config *cfg, struct config *next);
 
 /* Writes the usage text: every option, its environment variable and default. */
 void config_print_help(FILE *f);
 
-/* Value parsers, used by config_load() and the tests. Each returns 0 with the
- * value in <ret> (untouched on failure) or -EINVAL. */
-/* BYTES: a non-negative integer with an optional K, M or G suffix (powers of 1024). */
-int config_parse_bytes(const char *s, size_t *ret);
-/* S: positive seconds, may be fractional ("0.5"), as milliseconds (at least 1). */
-int config_parse_seconds(const char *s, uint64_t *ret);
-/* true/false/1/0/yes/no/on/off, case-insensitive. */
-int config_parse_bool(const char *s, bool *ret);
-/* HOST:PORT or [V6]:PORT; HOST may be a name that resolves. */
-int config_parse_addr(const char *s, struct config_addr *ret);
-/* A comma-separated list of statuses (100-599) and classes (4xx, 5xx); "" is
- * an empty list. Fills ret[600]. */
-int config_parse_status_list(const char *s, bool ret[600]);
-
-/* True when <method> is one of cfg->methods (exact, upper case). */
-bool config_is_enforced(const struct config *cfg, struct span method);
+/* True when <method> is one of <rs>'s methods (exact, upper case). */
+bool config_is_enforced(const struct route_settings *rs, struct span method);
 
 #endif

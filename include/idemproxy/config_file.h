@@ -3,7 +3,7 @@
  * options of §3 by their flag names, its `routes` the routes of route.h.
  * Every problem is reported as "FILE:LINE:COLUMN: message", one per line,
  * all of them at once (as nginx -t does). Pure but for reading the file;
- * used by config_load(), at start and on SIGHUP. */
+ * used by config_file_load(), at start and on SIGHUP. */
 #ifndef IDEMPROXY_CONFIG_FILE_H
 #define IDEMPROXY_CONFIG_FILE_H
 
@@ -35,6 +35,21 @@ int config_file_apply(const struct config_file *f, struct config *cfg, char *err
  * <ret>, or -EINVAL with every problem appended to <err>, or -ENOMEM. */
 int config_file_routes(const struct config_file *f, const struct config *cfg,
                        struct route_table **ret, char *err, size_t errlen);
+
+/* Loads the whole configuration into <cfg> (zeroed): the defaults, then
+ * the file (--config or IDEMPROXY_CONFIG: its top level), then the
+ * environment <envp> (a NULL-terminated "NAME=value" array, as environ), then
+ * the flags <argv>[1..argc-1]; checks the result and builds the route table
+ * (the file's routes over the final top-level settings, and the default
+ * route) into <ret_routes> (one reference; NULL: built, checked and dropped).
+ * Returns 0, or -EINVAL with the problems written to <err>, one per line: a
+ * flag or an environment variable stops at its first problem, with a line
+ * naming the option; the file's problems are all reported, each as
+ * "FILE:LINE:COLUMN: message". On any return the caller calls config_done().
+ * With --help or --version it returns 0 with show_help/show_version set,
+ * no routes, and skips every check. */
+int config_file_load(struct config *cfg, struct route_table **ret_routes, int argc,
+                     char *const argv[], char *const envp[], char *err, size_t errlen);
 
 /* Frees <f>. NULL-safe. */
 void config_file_free(struct config_file *f);

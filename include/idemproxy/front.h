@@ -9,11 +9,23 @@
 #include "idemproxy/common.h"
 
 struct config;
+struct config_addr;
 struct front;
 struct loop;
 struct pipeline;
 
 struct http_header;
+
+/* True when another socket listens on <a>. The front ends set SO_REUSEPORT
+ * (each loop gets its share of the connections), so a second proxy started
+ * on the same address would silently share its traffic, each with its own
+ * memory store: a probe without SO_REUSEPORT finds it first. */
+bool front_address_taken(const struct config_addr *a);
+
+/* Each client connection and each upstream connection is a descriptor:
+ * raises the soft limit as far as allowed, and warns when
+ * --max-connections cannot fit. Call before threads start. */
+void front_raise_fd_limit(const struct config *cfg);
 
 /* libmicrohttpd 0.9.75 parses a header section in place, in one buffer, and
  * hands out the method, the target, the version and each field as C strings:

@@ -79,13 +79,15 @@ struct pipeline_forwarder {
     void *ctx;
 };
 
-/* Creates the pipeline, matching requests against cfg->routes (a reference
- * is taken). Borrows <st> (NULL when enforcement is off), <pool> and <fwd>
- * (copied): they must outlive it. The --wait subscriber is set up when a
- * route waits, and the lock heartbeat for the shortest lock-ttl. Returns 0
- * or -ENOMEM. */
-int pipeline_new(const struct config *cfg, struct store *st, struct worker_pool *pool,
-                 const struct pipeline_forwarder *fwd, struct pipeline **ret);
+/* Creates the pipeline, matching requests against the routes <t> (a
+ * reference is taken). Borrows <cfg> (its settings that need a restart: the
+ * key prefix, whether enforcement is on), <st> (NULL when enforcement is
+ * off), <pool> and <fwd> (copied): they must outlive it. The --wait
+ * subscriber is set up when a route waits, and the lock heartbeat for the
+ * shortest lock-ttl. Returns 0 or -ENOMEM. */
+int pipeline_new(const struct config *cfg, struct route_table *t, struct store *st,
+                 struct worker_pool *pool, const struct pipeline_forwarder *fwd,
+                 struct pipeline **ret);
 
 /* Returns a new request bound to <pl>, or NULL on OOM. */
 struct req *req_new(struct pipeline *pl);

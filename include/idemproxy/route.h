@@ -26,7 +26,7 @@ enum route_key_kind {
 /* Where a route's keys come from. */
 struct route_key {
     enum route_key_kind kind;
-    char *header;                   /* HEADER: owned; NULL: the route's key-header */
+    char *header;                   /* HEADER: owned (the top level's key-header when not set) */
     char *headers[CONFIG_MAX_LIST]; /* HEADERS: owned */
     size_t nheaders;
     char *pointer; /* JSON: owned, checked by keysource_pointer_check() */
@@ -47,13 +47,16 @@ struct route {
     bool enforce; /* false: every request of the route is passthrough */
     struct route_key key;
     enum problem_dialect errors;
-    struct config cfg; /* owned: the top-level settings with the route's own on top (no secret) */
+    struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };
 
+/* The routes, and the top-level settings that SIGHUP may change which the
+ * pipeline reads per request: what a request runs under. */
 struct route_table {
     atomic_int refs;
     size_t nroutes;       /* the file's routes, then "default": nroutes + 1 entries */
     struct route *routes; /* owned */
+    enum config_on_store_error on_store_error; /* --on-store-error */
 };
 
 /* The route of a request: the first of <t> whose match accepts <method>, the
@@ -79,6 +82,9 @@ static inline struct route *route_table_default(struct route_table *t)
 {
     return &t->routes[t->nroutes];
 }
+
+/* The largest max-response of the routes of <t> (the default's included). */
+size_t route_table_max_response(const struct route_table *t);
 
 struct route_table *route_table_ref(struct route_table *t);
 

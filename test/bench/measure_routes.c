@@ -2,7 +2,7 @@
 /* Measures what route matching costs a request: builds the route table of
  * scripts/bench's idemproxy-routes50 (49 routes a request to POST /pay
  * does not match: prefixes, exact paths, hosts; then the one it does)
- * through config_load(), as the proxy does, and times route_match() for
+ * through config_file_load(), as the proxy does, and times route_match() for
  * that request, and for a table without routes. Not a test: README's
  * figure comes from it.
  *   build/test/measure_routes [matches=10000000] */
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/config_file.h"
 #include "idemproxy/route.h"
 
 static double now_s(void)
@@ -47,8 +48,8 @@ static void write_routes(void)
     fclose(f);
 }
 
-/* Nanoseconds per route_match() of POST /pay (Host 127.0.0.1:8080) on <cfg>'s routes. */
-static double time_match(const struct config *cfg, long n, const char *want)
+/* Nanoseconds per route_match() of POST /pay (Host 127.0.0.1:8080) on the routes <t>. */
+static double time_match(const struct route_table *t, long n, const char *want)
 {
     struct span method = SPAN_LIT("POST"), path = SPAN_LIT("/pay"),
                 host = SPAN_LIT("127.0.0.1:8080");
@@ -56,7 +57,7 @@ static double time_match(const struct config *cfg, long n, const char *want)
     double t0 = now_s();
 
     for (long i = 0; i < n; i++) {
-        rt = route_match(cfg->routes, method, path, host);
+        rt = route_match(t, method, path, host);
         __asm__ volatile("" : : "r"(rt) : "memory"); /* each call is made */
     }
     if (!rt || strcmp(rt->name, want) != 0) {
@@ -73,18 +74,21 @@ int main(int argc, char **argv)
     char *without[] = { "idemproxy", "--upstream", "http://127.0.0.1:1", NULL };
     char *env[] = { NULL };
     struct config a = { 0 }, b = { 0 };
+    struct route_table *ta = NULL, *tb = NULL;
     char err[4096];
 
     write_routes();
-    if (n < 1 || config_load(&a, 5, with, env, err, sizeof(err)) < 0 ||
-        config_load(&b, 3, without, env, err, sizeof(err)) < 0) {
+    if (n < 1 || config_file_load(&a, &ta, 5, with, env, err, sizeof(err)) < 0 ||
+        config_file_load(&b, &tb, 3, without, env, err, sizeof(err)) < 0) {
         fprintf(stderr, "measure_routes: %s\n", err);
         return 1;
     }
     unlink(file);
     printf("route_match, POST /pay, %ld matches each:\n", n);
-    printf("  50 routes, the last one matching: %.1f ns\n", time_match(&a, n, "pay"));
-    printf("  no routes (default):              %.1f ns\n", time_match(&b, n, "default"));
+    printf("  50 routes, the last one matching: %.1f ns\n", time_match(ta, n, "pay"));
+    printf("  no routes (default):              %.1f ns\n", time_match(tb, n, "default"));
+    route_table_unref(ta);
+    route_table_unref(tb);
     config_done(&a);
     config_done(&b);
     return 0;

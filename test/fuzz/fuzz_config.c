@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Configuration values: each value parser, the Redis URL parser (its
  * redacted form hides the passwords), and
- * config_load() with flags and environment built from the input. Input: NUL
+ * config_file_load() with flags and environment built from the input. Input: NUL
  * separated strings; the first goes to every value parser, all of them make
  * argv, except "IDEMPROXY_..."/"IDEMPOTENCY_..." ones holding '=', which make
  * the environment. */
@@ -14,6 +14,7 @@
 
 #include "fuzz.h"
 #include "idemproxy/config.h"
+#include "idemproxy/config_file.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/route.h"
 
@@ -149,6 +150,7 @@ static void check_load(char **parts, size_t n)
     char *argv[MAX_PARTS + 2], *envp[MAX_PARTS + 1], err[256];
     int argc = 0, nenv = 0, r;
     struct config cfg;
+    struct route_table *routes;
 
     argv[argc++] = "idemproxy";
     for (size_t i = 0; i < n; i++) {
@@ -172,22 +174,24 @@ static void check_load(char **parts, size_t n)
 
     memset(&cfg, 0, sizeof(cfg));
     memset(err, 'x', sizeof(err));
-    r = config_load(&cfg, argc, argv, envp, err, sizeof(err));
+    routes = NULL;
+    r = config_file_load(&cfg, &routes, argc, argv, envp, err, sizeof(err));
     FUZZ_CHECK(memchr(err, '\0', sizeof(err)) != NULL);
     if (r < 0) {
         FUZZ_CHECK(r == -EINVAL || r == -ENOMEM);
         FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n')); /* one line naming the option */
     } else if (!cfg.show_help && !cfg.show_version) {
-        FUZZ_CHECK(cfg.upstream != NULL && cfg.ttl_ms <= cfg.max_ttl_ms);
+        FUZZ_CHECK(cfg.upstream != NULL && cfg.route.ttl_ms <= cfg.route.max_ttl_ms);
         FUZZ_CHECK(strncasecmp(cfg.upstream, "http", 4) == 0 && !strpbrk(cfg.upstream, "?#"));
-        FUZZ_CHECK(cfg.nmethods <= CONFIG_MAX_LIST && cfg.nscope_headers <= CONFIG_MAX_LIST);
-        FUZZ_CHECK(cfg.key_header && cfg.replay_header && cfg.key_prefix && cfg.ttl_header);
+        FUZZ_CHECK(cfg.route.nmethods <= CONFIG_MAX_LIST && cfg.route.nscope_headers <= CONFIG_MAX_LIST);
+        FUZZ_CHECK(cfg.key_header && cfg.route.replay_header && cfg.key_prefix && cfg.route.ttl_header);
         FUZZ_CHECK(cfg.listen.sa_len > 0 && cfg.admin_listen.sa_len > 0);
         /* no file: the default route alone, with the top-level settings */
-        FUZZ_CHECK(cfg.routes && cfg.routes->nroutes == 0);
-        FUZZ_CHECK(strcmp(cfg.routes->routes[0].name, "default") == 0);
-        FUZZ_CHECK(cfg.routes->routes[0].cfg.ttl_ms == cfg.ttl_ms);
+        FUZZ_CHECK(routes && routes->nroutes == 0);
+        FUZZ_CHECK(strcmp(routes->routes[0].name, "default") == 0);
+        FUZZ_CHECK(routes->routes[0].settings.ttl_ms == cfg.route.ttl_ms);
     }
+    route_table_unref(routes);
     config_done(&cfg);
     config_done(&cfg); /* idempotent */
 }

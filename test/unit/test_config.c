@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "idemproxy/config.h"
+#include "idemproxy/config_file.h"
 
 #define UPSTREAM "http://127.0.0.1:3000"
 #define REDIS "redis://127.0.0.1:6379"
@@ -35,7 +36,7 @@ static int load_v(struct config *cfg, char *const env[], bool base, va_list ap)
     memset(cfg, 0, sizeof(*cfg));
     memset(err, 'X', sizeof(err));
     err[sizeof(err) - 1] = '\0';
-    return config_load(cfg, argc, argv, env, err, sizeof(err));
+    return config_file_load(cfg, NULL, argc, argv, env, err, sizeof(err));
 }
 
 /* With --upstream and --redis first, so the rest can be checked alone. */
@@ -86,30 +87,30 @@ static void test_config_defaults(void)
     CHECK_EQ_INT(addr_port(&c.admin_listen), 9090);
     CHECK_EQ_STR(c.upstream, UPSTREAM);
     CHECK_EQ_STR(c.redis_url, REDIS);
-    CHECK_EQ_INT(c.nmethods, 3);
-    CHECK_EQ_STR(c.methods[0], "POST");
-    CHECK_EQ_STR(c.methods[1], "PUT");
-    CHECK_EQ_STR(c.methods[2], "PATCH");
+    CHECK_EQ_INT(c.route.nmethods, 3);
+    CHECK_EQ_STR(c.route.methods[0], "POST");
+    CHECK_EQ_STR(c.route.methods[1], "PUT");
+    CHECK_EQ_STR(c.route.methods[2], "PATCH");
     CHECK_EQ_STR(c.key_header, "Idempotency-Key");
-    CHECK_EQ_STR(c.replay_header, "X-Idempotency-Replayed");
-    CHECK(!c.require_key);
-    CHECK_EQ_INT(c.nscope_headers, 1);
-    CHECK_EQ_STR(c.scope_headers[0], "Authorization");
+    CHECK_EQ_STR(c.route.replay_header, "X-Idempotency-Replayed");
+    CHECK(!c.route.require_key);
+    CHECK_EQ_INT(c.route.nscope_headers, 1);
+    CHECK_EQ_STR(c.route.scope_headers[0], "Authorization");
     CHECK_EQ_STR(c.key_prefix, "idem:");
-    CHECK_EQ_INT(c.ttl_ms, 86400000);
-    CHECK_EQ_INT(c.max_ttl_ms, 604800000);
-    CHECK_EQ_STR(c.ttl_header, "X-TTL");
-    CHECK_EQ_INT(c.lock_ttl_ms, 30000);
-    CHECK(c.no_cache[500] && c.no_cache[503] && c.no_cache[599] && c.no_cache[429]);
-    CHECK(!c.no_cache[200] && !c.no_cache[404] && !c.no_cache[428] && !c.no_cache[499]);
-    CHECK_EQ_INT(c.max_body_bytes, 1024 * 1024);
-    CHECK_EQ_INT(c.max_response_bytes, 4 * 1024 * 1024);
+    CHECK_EQ_INT(c.route.ttl_ms, 86400000);
+    CHECK_EQ_INT(c.route.max_ttl_ms, 604800000);
+    CHECK_EQ_STR(c.route.ttl_header, "X-TTL");
+    CHECK_EQ_INT(c.route.lock_ttl_ms, 30000);
+    CHECK(c.route.no_cache[500] && c.route.no_cache[503] && c.route.no_cache[599] && c.route.no_cache[429]);
+    CHECK(!c.route.no_cache[200] && !c.route.no_cache[404] && !c.route.no_cache[428] && !c.route.no_cache[499]);
+    CHECK_EQ_INT(c.route.max_body_bytes, 1024 * 1024);
+    CHECK_EQ_INT(c.route.max_response_bytes, 4 * 1024 * 1024);
     CHECK_EQ_INT(c.memory_max_bytes, 256 * 1024 * 1024);
     CHECK_EQ_INT(c.upstream_timeout_ms, 30000);
     CHECK_EQ_INT(c.client_timeout_ms, 30000);
     CHECK_EQ_INT(c.shutdown_timeout_ms, 10000);
     CHECK_EQ_INT(c.store_timeout_ms, 1000);
-    CHECK_EQ_INT(c.wait_ms, 0);
+    CHECK_EQ_INT(c.route.wait_ms, 0);
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_REJECT);
     CHECK_EQ_INT(c.max_connections, 4096);
     CHECK_EQ_INT(c.log_format, LOG_FORMAT_TEXT);
@@ -136,17 +137,17 @@ static void test_config_flag_beats_env_beats_default(void)
                     NULL };
 
     CHECK_EQ_INT(load(&c, env, "--max-body", "3K", "--listen", "127.0.0.1:7001", NULL), 0);
-    CHECK_EQ_INT(c.max_body_bytes, 3 * 1024); /* flag */
+    CHECK_EQ_INT(c.route.max_body_bytes, 3 * 1024); /* flag */
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
     CHECK_EQ_INT(addr_port(&c.listen), 7001);    /* flag */
     CHECK_EQ_INT(c.log_level, LOG_LEVEL_DEBUG); /* env */
     CHECK_EQ_INT(c.log_format, LOG_FORMAT_JSON); /* env */
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_PASSTHROUGH);
     CHECK_EQ_STR(c.key_prefix, "env:");                  /* env */
-    CHECK(c.require_key);                                /* env */
-    CHECK_EQ_INT(c.wait_ms, 2000);                       /* env */
-    CHECK(!c.no_cache[500] && !c.no_cache[429]);         /* env "": cache everything */
-    CHECK_EQ_INT(c.max_response_bytes, 4 * 1024 * 1024); /* default */
+    CHECK(c.route.require_key);                                /* env */
+    CHECK_EQ_INT(c.route.wait_ms, 2000);                       /* env */
+    CHECK(!c.route.no_cache[500] && !c.route.no_cache[429]);         /* env "": cache everything */
+    CHECK_EQ_INT(c.route.max_response_bytes, 4 * 1024 * 1024); /* default */
     config_done(&c);
 
     /* The environment alone provides the required options. */
@@ -165,30 +166,30 @@ static void test_config_ttl_precedence(void)
     struct config c;
 
     CHECK_EQ_INT(load(&c, NOENV, NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 86400 * 1000ull);
+    CHECK_EQ_INT(c.route.ttl_ms, 86400 * 1000ull);
     config_done(&c);
 
     CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60"), NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 60000);
+    CHECK_EQ_INT(c.route.ttl_ms, 60000);
     config_done(&c);
 
     /* IDEMPROXY_TTL wins, whatever the order in the environment. */
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_TTL=120", "IDEMPOTENCY_DEFAULT_TTL_SEC=60"), NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 120000);
+    CHECK_EQ_INT(c.route.ttl_ms, 120000);
     config_done(&c);
     CHECK_EQ_INT(load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 120000);
+    CHECK_EQ_INT(c.route.ttl_ms, 120000);
     config_done(&c);
 
     CHECK_EQ_INT(
         load(&c, ENV("IDEMPOTENCY_DEFAULT_TTL_SEC=60", "IDEMPROXY_TTL=120"), "--ttl", "1.5", NULL),
         0);
-    CHECK_EQ_INT(c.ttl_ms, 1500);
+    CHECK_EQ_INT(c.route.ttl_ms, 1500);
     config_done(&c);
 
     /* The cap is checked on the result, not on each source. */
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_TTL=700000"), "--max-ttl", "800000", NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 700000000ull);
+    CHECK_EQ_INT(c.route.ttl_ms, 700000000ull);
     config_done(&c);
 }
 
@@ -300,13 +301,13 @@ static void test_config_wait_allows_zero(void)
     struct config c;
 
     CHECK_EQ_INT(load(&c, NOENV, "--wait", "0", NULL), 0);
-    CHECK_EQ_INT(c.wait_ms, 0);
+    CHECK_EQ_INT(c.route.wait_ms, 0);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--wait=0.25", NULL), 0);
-    CHECK_EQ_INT(c.wait_ms, 250);
+    CHECK_EQ_INT(c.route.wait_ms, 250);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--wait", "0.0001", NULL), 0);
-    CHECK_EQ_INT(c.wait_ms, 1);
+    CHECK_EQ_INT(c.route.wait_ms, 1);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--wait", "-1", NULL), -EINVAL);
     CHECK(strstr(err, "--wait: '-1'") == err);
@@ -493,23 +494,23 @@ static void test_config_equals_form(void)
                       "--listen=[::1]:8081", "--no-cache-status=", "--log-level=error",
                       "--max-connections=10", "--methods=post,delete", NULL),
                  0);
-    CHECK_EQ_INT(c.max_body_bytes, 2048);
-    CHECK_EQ_INT(c.ttl_ms, 10000);
+    CHECK_EQ_INT(c.route.max_body_bytes, 2048);
+    CHECK_EQ_INT(c.route.ttl_ms, 10000);
     CHECK_EQ_STR(c.key_prefix, "");
-    CHECK_EQ_STR(c.ttl_header, "");
+    CHECK_EQ_STR(c.route.ttl_header, "");
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET6);
     CHECK_EQ_INT(addr_port(&c.listen), 8081);
-    CHECK(!c.no_cache[500]);
+    CHECK(!c.route.no_cache[500]);
     CHECK_EQ_INT(c.log_level, LOG_LEVEL_ERROR);
     CHECK_EQ_INT(c.max_connections, 10);
-    CHECK_EQ_INT(c.nmethods, 2);
-    CHECK_EQ_STR(c.methods[0], "POST");
-    CHECK_EQ_STR(c.methods[1], "DELETE");
+    CHECK_EQ_INT(c.route.nmethods, 2);
+    CHECK_EQ_STR(c.route.methods[0], "POST");
+    CHECK_EQ_STR(c.route.methods[1], "DELETE");
     config_done(&c);
 
     /* The last of a repeated single-value flag wins. */
     CHECK_EQ_INT(load(&c, NOENV, "--ttl", "10", "--ttl=20", NULL), 0);
-    CHECK_EQ_INT(c.ttl_ms, 20000);
+    CHECK_EQ_INT(c.route.ttl_ms, 20000);
     config_done(&c);
 }
 
@@ -518,24 +519,24 @@ static void test_config_require_key_forms(void)
     struct config c;
 
     CHECK_EQ_INT(load(&c, NOENV, "--require-key", NULL), 0);
-    CHECK(c.require_key);
+    CHECK(c.route.require_key);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--require-key=true", NULL), 0);
-    CHECK(c.require_key);
+    CHECK(c.route.require_key);
     config_done(&c);
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_REQUIRE_KEY=true"), "--require-key=false", NULL), 0);
-    CHECK(!c.require_key);
+    CHECK(!c.route.require_key);
     config_done(&c);
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_REQUIRE_KEY=on"), NULL), 0);
-    CHECK(c.require_key);
+    CHECK(c.route.require_key);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--require-key=maybe", NULL), -EINVAL);
     CHECK(strstr(err, "--require-key: 'maybe' is not a boolean") == err);
     config_done(&c);
     /* A flag without value does not eat the next argument. */
     CHECK_EQ_INT(load(&c, NOENV, "--require-key", "--ttl", "5", NULL), 0);
-    CHECK(c.require_key);
-    CHECK_EQ_INT(c.ttl_ms, 5000);
+    CHECK(c.route.require_key);
+    CHECK_EQ_INT(c.route.ttl_ms, 5000);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--require-key", "false", NULL), -EINVAL);
     CHECK(strstr(err, "'false'") != NULL);
@@ -548,34 +549,34 @@ static void test_config_scope_headers(void)
 
     CHECK_EQ_INT(
         load(&c, NOENV, "--scope-header", "Authorization", "--scope-header=X-Tenant", NULL), 0);
-    CHECK_EQ_INT(c.nscope_headers, 2);
-    CHECK_EQ_STR(c.scope_headers[0], "Authorization");
-    CHECK_EQ_STR(c.scope_headers[1], "X-Tenant");
+    CHECK_EQ_INT(c.route.nscope_headers, 2);
+    CHECK_EQ_STR(c.route.scope_headers[0], "Authorization");
+    CHECK_EQ_STR(c.route.scope_headers[1], "X-Tenant");
     config_done(&c);
 
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key, X-Org"), NULL), 0);
-    CHECK_EQ_INT(c.nscope_headers, 2);
-    CHECK_EQ_STR(c.scope_headers[0], "X-Api-Key");
-    CHECK_EQ_STR(c.scope_headers[1], "X-Org");
+    CHECK_EQ_INT(c.route.nscope_headers, 2);
+    CHECK_EQ_STR(c.route.scope_headers[0], "X-Api-Key");
+    CHECK_EQ_STR(c.route.scope_headers[1], "X-Org");
     config_done(&c);
 
     /* Flags replace the environment's list as a whole, then accumulate. */
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=X-Api-Key,X-Org"), "--scope-header", "A",
                       "--scope-header", "B", "--scope-header", "C", NULL),
                  0);
-    CHECK_EQ_INT(c.nscope_headers, 3);
-    CHECK_EQ_STR(c.scope_headers[0], "A");
-    CHECK_EQ_STR(c.scope_headers[1], "B");
-    CHECK_EQ_STR(c.scope_headers[2], "C");
-    CHECK(c.scope_headers[3] == NULL);
+    CHECK_EQ_INT(c.route.nscope_headers, 3);
+    CHECK_EQ_STR(c.route.scope_headers[0], "A");
+    CHECK_EQ_STR(c.route.scope_headers[1], "B");
+    CHECK_EQ_STR(c.route.scope_headers[2], "C");
+    CHECK(c.route.scope_headers[3] == NULL);
     config_done(&c);
 
     /* "": no scope header at all (a webhook sender's deliveries share one scope) */
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=A"), "--scope-header", "", NULL), 0);
-    CHECK_EQ_INT(c.nscope_headers, 0);
+    CHECK_EQ_INT(c.route.nscope_headers, 0);
     config_done(&c);
     CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "A", "--scope-header", "", NULL), 0);
-    CHECK_EQ_INT(c.nscope_headers, 1);
+    CHECK_EQ_INT(c.route.nscope_headers, 1);
     config_done(&c);
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_SCOPE_HEADER=A,,B"), NULL), -EINVAL);
     CHECK(strstr(err, "IDEMPROXY_SCOPE_HEADER (--scope-header):") == err);
@@ -594,7 +595,7 @@ static void test_config_scope_headers(void)
         config_done(&c);
         *strrchr(list, ',') = '\0';
         CHECK_EQ_INT(load(&c, NOENV, "--scope-header", list, NULL), 0);
-        CHECK_EQ_INT(c.nscope_headers, CONFIG_MAX_LIST);
+        CHECK_EQ_INT(c.route.nscope_headers, CONFIG_MAX_LIST);
         config_done(&c);
     }
 }
@@ -604,29 +605,29 @@ static void test_config_methods(void)
     struct config c;
 
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_METHODS=post, delete ,Patch"), NULL), 0);
-    CHECK_EQ_INT(c.nmethods, 3);
-    CHECK_EQ_STR(c.methods[0], "POST");
-    CHECK_EQ_STR(c.methods[1], "DELETE");
-    CHECK_EQ_STR(c.methods[2], "PATCH");
-    CHECK(config_is_enforced(&c, SPAN_LIT("DELETE")));
-    CHECK(config_is_enforced(&c, SPAN_LIT("POST")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("PUT")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("post")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("POS")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("POSTS")));
+    CHECK_EQ_INT(c.route.nmethods, 3);
+    CHECK_EQ_STR(c.route.methods[0], "POST");
+    CHECK_EQ_STR(c.route.methods[1], "DELETE");
+    CHECK_EQ_STR(c.route.methods[2], "PATCH");
+    CHECK(config_is_enforced(&c.route, SPAN_LIT("DELETE")));
+    CHECK(config_is_enforced(&c.route, SPAN_LIT("POST")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("PUT")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("post")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("POS")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("POSTS")));
     config_done(&c);
 
     /* A flag replaces the environment's list. */
     CHECK_EQ_INT(load(&c, ENV("IDEMPROXY_METHODS=post,delete"), "--methods", "PUT", NULL), 0);
-    CHECK_EQ_INT(c.nmethods, 1);
-    CHECK_EQ_STR(c.methods[0], "PUT");
-    CHECK(c.methods[1] == NULL);
+    CHECK_EQ_INT(c.route.nmethods, 1);
+    CHECK_EQ_STR(c.route.methods[0], "PUT");
+    CHECK(c.route.methods[1] == NULL);
     config_done(&c);
 
     CHECK_EQ_INT(load(&c, NOENV, NULL), 0);
-    CHECK(config_is_enforced(&c, SPAN_LIT("PATCH")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("GET")));
-    CHECK(!config_is_enforced(&c, SPAN_LIT("")));
+    CHECK(config_is_enforced(&c.route, SPAN_LIT("PATCH")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("GET")));
+    CHECK(!config_is_enforced(&c.route, SPAN_LIT("")));
     config_done(&c);
 }
 
@@ -944,11 +945,125 @@ static void test_config_done_is_idempotent(void)
     CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "A", "--scope-header", "B", NULL), 0);
     config_done(&c);
     CHECK(c.upstream == NULL && c.redis_url == NULL && c.key_header == NULL);
-    CHECK(c.replay_header == NULL && c.key_prefix == NULL && c.ttl_header == NULL);
-    CHECK(c.methods[0] == NULL && c.nmethods == 0);
-    CHECK(c.scope_headers[0] == NULL && c.scope_headers[1] == NULL && c.nscope_headers == 0);
+    CHECK(c.route.replay_header == NULL && c.key_prefix == NULL && c.route.ttl_header == NULL);
+    CHECK(c.route.methods[0] == NULL && c.route.nmethods == 0);
+    CHECK(c.route.scope_headers[0] == NULL && c.route.scope_headers[1] == NULL && c.route.nscope_headers == 0);
     config_done(&c);
     CHECK(c.upstream == NULL);
+}
+
+/* What config_diff() reports, name by name. */
+struct diffs {
+    char names[1024];
+    unsigned restart; /* how many of them need a restart */
+};
+
+static void on_diff(void *ctx, const char *name, unsigned traits)
+{
+    struct diffs *d = ctx;
+    size_t used = strlen(d->names);
+
+    snprintf(d->names + used, sizeof(d->names) - used, "%s%s", used ? " " : "", name);
+    d->restart += (traits & CONFIG_RESTART) != 0;
+}
+
+static void test_config_diff_names_each_change_with_its_traits(void)
+{
+    struct config a, b;
+    struct diffs d = { "", 0 };
+    char path[64], path2[64];
+
+    secret_file(path, sizeof(path), "s3cret\n", 7);
+    secret_file(path2, sizeof(path2), "s3cret\n", 7);
+    CHECK_EQ_INT(load(&a, NOENV, "--admin-token-file", path, NULL), 0);
+    CHECK_EQ_INT(load(&b, NOENV, "--admin-token-file", path, NULL), 0);
+    CHECK_EQ_INT(config_diff(&a, &b, on_diff, &d), 0); /* the same: nothing differs */
+    config_done(&b);
+
+    CHECK_EQ_INT(load(&b, ENV("IDEMPOTENCY_ENABLED=false"), "--listen", "127.0.0.1:8081", "--ttl",
+                      "60", "--scope-header", "Authorization", "--scope-header", "X-Tenant",
+                      "--log-level", "debug", "--admin-token-file", path2, NULL),
+                 0);
+    CHECK_EQ_INT(config_diff(&a, &b, on_diff, &d), 6);
+    CHECK_EQ_STR(d.names, "listen scope-header ttl log-level IDEMPOTENCY_ENABLED "
+                          "admin-token-file");
+    CHECK_EQ_INT(d.restart, 3); /* listen, IDEMPOTENCY_ENABLED, admin-token-file */
+    config_done(&b);
+
+    /* A secret is compared by its content too: the same file, rewritten. */
+    unlink(path2);
+    FILE *f = fopen(path, "w");
+
+    CHECK(f != NULL);
+    if (f) {
+        fputs("other\n", f);
+        fclose(f);
+    }
+    memset(&d, 0, sizeof(d));
+    CHECK_EQ_INT(load(&b, NOENV, "--admin-token-file", path, NULL), 0);
+    CHECK_EQ_STR(b.admin_token, "other");
+    CHECK_EQ_INT(config_diff(&a, &b, on_diff, &d), 1);
+    CHECK_EQ_STR(d.names, "admin-token-file");
+    config_done(&a);
+    config_done(&b);
+    unlink(path);
+}
+
+static void test_config_swap_takes_only_what_sighup_may_change(void)
+{
+    struct config run, next;
+
+    CHECK_EQ_INT(load(&run, NOENV, "--ttl", "60", "--key-header", "K1", NULL), 0);
+    CHECK_EQ_INT(load(&next, NOENV, "--ttl", "90", "--key-header", "K2", "--listen",
+                      "127.0.0.1:8081", "--key-prefix", "other:", "--methods", "PUT",
+                      "--shutdown-timeout", "3", "--log-format", "json", NULL),
+                 0);
+    config_swap_reloadable(&run, &next);
+    /* taken: route settings, the key header, the shutdown timeout, the log format */
+    CHECK_EQ_INT(run.route.ttl_ms, 90000);
+    CHECK_EQ_STR(run.key_header, "K2");
+    CHECK_EQ_INT(run.route.nmethods, 1);
+    CHECK_EQ_STR(run.route.methods[0], "PUT");
+    CHECK_EQ_INT(run.shutdown_timeout_ms, 3000);
+    CHECK_EQ_INT(run.log_format, LOG_FORMAT_JSON);
+    /* kept: what needs a restart */
+    CHECK_EQ_STR(run.listen.text, "127.0.0.1:8080");
+    CHECK_EQ_STR(run.key_prefix, "idem:");
+    /* and <next> holds the old values, which it frees */
+    CHECK_EQ_INT(next.route.ttl_ms, 60000);
+    CHECK_EQ_STR(next.key_header, "K1");
+    CHECK_EQ_INT(next.route.nmethods, 3);
+    config_done(&next);
+    config_done(&run);
+}
+
+static void test_config_route_settings_copy_and_options(void)
+{
+    struct route_settings copy = { 0 };
+    struct config c;
+    char names[512], why[256];
+    const char *items[] = { "Idem-A", "Idem-B" };
+
+    CHECK_EQ_INT(load(&c, NOENV, "--scope-header", "X-Tenant", NULL), 0);
+    CHECK_EQ_INT(config_route_copy(&copy, &c.route), 0);
+    CHECK(copy.replay_header != c.route.replay_header); /* its own */
+    CHECK_EQ_STR(copy.replay_header, c.route.replay_header);
+    CHECK_EQ_INT(copy.nscope_headers, 1);
+    CHECK(copy.scope_headers[0] != c.route.scope_headers[0]);
+    CHECK_EQ_INT(config_set_route_option(&copy, "scope-header", items, 2, true, why, sizeof(why)), 0);
+    CHECK_EQ_INT(copy.nscope_headers, 2);
+    CHECK_EQ_INT(c.route.nscope_headers, 1); /* the original is untouched */
+    CHECK_EQ_INT(config_set_route_option(&copy, "listen", items, 1, false, why, sizeof(why)),
+                 -ENOENT);
+    CHECK(config_is_route_option("max-body") && config_is_route_option("on-unknown-outcome"));
+    CHECK(!config_is_route_option("listen") && !config_is_route_option("key-header"));
+    config_route_option_names(names, sizeof(names));
+    CHECK_EQ_STR(names, "methods, replay-header, require-key, scope-header, ttl, max-ttl, "
+                        "ttl-header, lock-ttl, no-cache-status, max-body, max-response, "
+                        "on-unknown-outcome, wait");
+    config_route_done(&copy);
+    config_route_done(&copy); /* idempotent */
+    config_done(&c);
 }
 
 TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
@@ -960,4 +1075,6 @@ TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
           test_config_required_options, test_config_help_and_version, test_config_print_help,
           test_config_secret_files,
-          test_config_done_is_idempotent)
+          test_config_done_is_idempotent, test_config_diff_names_each_change_with_its_traits,
+          test_config_swap_takes_only_what_sighup_may_change,
+          test_config_route_settings_copy_and_options)

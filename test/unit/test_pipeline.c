@@ -12,9 +12,11 @@
 
 #include "check.h"
 #include "idemproxy/config.h"
+#include "idemproxy/config_file.h"
 #include "idemproxy/log.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
+#include "idemproxy/route.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/worker.h"
 
@@ -251,6 +253,7 @@ static bool answered(struct answer *a, unsigned ms)
 
 struct env {
     struct config cfg;
+    struct route_table *routes;
     struct worker_pool *pool;
     struct store *st;
     struct pipeline *pl;
@@ -271,14 +274,14 @@ static void env_up(struct env *e, struct store *st, const char *const *args)
         snprintf(words[argc++], sizeof(words[0]), "%s", *args);
     for (int i = 0; i < argc; i++)
         argv[i] = words[i];
-    CHECK_EQ_INT(config_load(&e->cfg, argc, argv, envp, err, sizeof(err)), 0);
+    CHECK_EQ_INT(config_file_load(&e->cfg, &e->routes, argc, argv, envp, err, sizeof(err)), 0);
     log_setup(LOG_LEVEL_ERROR, LOG_FORMAT_TEXT); /* the access lines would drown the results */
     CHECK_EQ_INT(worker_pool_new(2, &e->pool), 0);
     if (st)
         e->st = st;
     else
         CHECK_EQ_INT(store_memory_new(64u << 20, 1000, e->pool, &e->st), 0);
-    CHECK_EQ_INT(pipeline_new(&e->cfg, e->st, e->pool,
+    CHECK_EQ_INT(pipeline_new(&e->cfg, e->routes, e->st, e->pool,
                               &(struct pipeline_forwarder){ .submit = fake_submit, .ctx = &fwd },
                               &e->pl),
                  0);
@@ -292,6 +295,7 @@ static void env_down(struct env *e)
     if (e->st != &failing_store && e->st != &stale_store)
         store_free(e->st);
     pipeline_free(e->pl);
+    route_table_unref(e->routes);
     config_done(&e->cfg);
 }
 

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "idemproxy/config.h"
+#include "idemproxy/config_file.h"
 #include "idemproxy/route.h"
 
 static char path[64];
@@ -25,8 +26,11 @@ static void write_file(const char *yaml)
     close(fd);
 }
 
-/* config_load() with --config <path> and the extra flags (NULL-terminated),
- * an empty environment. */
+/* The routes of the last load(). */
+static struct route_table *routes;
+
+/* config_file_load() with --config <path> and the extra flags
+ * (NULL-terminated), an empty environment; the table in <routes>. */
 static int load(struct config *cfg, ...)
 {
     char *argv[32] = { "idemproxy", "--config", path };
@@ -41,13 +45,23 @@ static int load(struct config *cfg, ...)
     va_end(ap);
     memset(cfg, 0, sizeof(*cfg));
     err[0] = '\0';
-    return config_load(cfg, argc, argv, env, err, sizeof(err));
+    routes = NULL;
+    return config_file_load(cfg, &routes, argc, argv, env, err, sizeof(err));
+}
+
+/* Frees what load() made. */
+static void unload(struct config *cfg)
+{
+    route_table_unref(routes);
+    routes = NULL;
+    config_done(cfg);
 }
 
 static const struct route *match(const struct config *cfg, const char *method, const char *p,
                                  const char *host)
 {
-    return route_match(cfg->routes, span_from_cstr(method), span_from_cstr(p),
+    (void)cfg;
+    return route_match(routes, span_from_cstr(method), span_from_cstr(p),
                        host ? span_from_cstr(host) : (struct span){ NULL, 0 });
 }
 
@@ -82,24 +96,24 @@ static void test_route_file_builds_the_spec_example(void)
     write_file(example);
     CHECK_EQ_INT(load(&cfg, NULL), 0);
     CHECK_EQ_STR(err, "");
-    if (!cfg.routes)
+    if (!routes)
         goto out;
-    CHECK_EQ_INT(cfg.routes->nroutes, 5);
-    CHECK_EQ_INT(cfg.max_body_bytes, 2 << 20);
-    CHECK_EQ_INT(cfg.nscope_headers, 2);
+    CHECK_EQ_INT(routes->nroutes, 5);
+    CHECK_EQ_INT(cfg.route.max_body_bytes, 2 << 20);
+    CHECK_EQ_INT(cfg.route.nscope_headers, 2);
 
     rt = match(&cfg, "POST", "/v1/payments", NULL);
     CHECK_EQ_STR(rt->name, "payments");
-    CHECK(rt->cfg.require_key && !cfg.require_key);
-    CHECK_EQ_INT(rt->cfg.max_body_bytes, 2 << 20); /* from the top level */
-    CHECK_EQ_INT(rt->cfg.nscope_headers, 2);
+    CHECK(rt->settings.require_key && !cfg.route.require_key);
+    CHECK_EQ_INT(rt->settings.max_body_bytes, 2 << 20); /* from the top level */
+    CHECK_EQ_INT(rt->settings.nscope_headers, 2);
     CHECK_EQ_INT(rt->errors, PROBLEM_DIALECT_PROBLEM);
 
     rt = match(&cfg, "POST", "/webhooks/stripe", NULL);
     CHECK_EQ_STR(rt->name, "stripe-webhooks");
     CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_JSON);
     CHECK_EQ_STR(rt->key.pointer, "/id");
-    CHECK_EQ_INT(rt->cfg.nscope_headers, 0);
+    CHECK_EQ_INT(rt->settings.nscope_headers, 0);
     /* methods are matched as sent, upper case in the file or not */
     CHECK_EQ_STR(match(&cfg, "GET", "/webhooks/stripe", NULL)->name, ROUTE_DEFAULT);
 
@@ -117,7 +131,7 @@ static void test_route_file_builds_the_spec_example(void)
     CHECK(rt->key.fallback);
     CHECK_EQ_STR(rt->key.header, "X-Idempotency");
     CHECK_EQ_INT(rt->errors, PROBLEM_DIALECT_STRIPE);
-    CHECK_EQ_INT(rt->cfg.ttl_ms, 60000);
+    CHECK_EQ_INT(rt->settings.ttl_ms, 60000);
     CHECK_EQ_STR(match(&cfg, "POST", "/v1/refunds", "other.example.com")->name, ROUTE_DEFAULT);
     CHECK_EQ_STR(match(&cfg, "POST", "/v1/refunds", NULL)->name, ROUTE_DEFAULT);
 
@@ -129,9 +143,9 @@ static void test_route_file_builds_the_spec_example(void)
     CHECK_EQ_STR(rt->name, ROUTE_DEFAULT);
     CHECK(rt->enforce);
     CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADER);
-    CHECK(rt->key.header == NULL);
+    CHECK_EQ_STR(rt->key.header, "Idempotency-Key"); /* the top level's key-header */
 out:
-    config_done(&cfg);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -144,14 +158,14 @@ static void test_route_raw_path_is_compared_byte_for_byte(void)
                "  - {name: a, match: {path: /v1/pay%20ments}}\n"
                "  - {name: all, match: {path: /*}}\n");
     CHECK_EQ_INT(load(&cfg, NULL), 0);
-    if (cfg.routes) {
+    if (routes) {
         CHECK_EQ_STR(match(&cfg, "POST", "/v1/pay%20ments", NULL)->name, "a");
         CHECK_EQ_STR(match(&cfg, "POST", "/v1/pay ments", NULL)->name, "all");
         CHECK_EQ_STR(match(&cfg, "POST", "/V1/pay%20ments", NULL)->name, "all");
         CHECK_EQ_STR(match(&cfg, "POST", "/", NULL)->name, "all");
         CHECK_EQ_STR(match(&cfg, "OPTIONS", "*", NULL)->name, ROUTE_DEFAULT);
     }
-    config_done(&cfg);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -165,24 +179,24 @@ static void test_route_flags_and_environment_beat_the_file(void)
     write_file("upstream: http://127.0.0.1:3000\nttl: 100\nlock-ttl: 5\nmax-ttl: 200\n"
                "routes:\n  - {name: r, match: {path: /r}, ttl: 150}\n");
     CHECK_EQ_INT(load(&cfg, "--lock-ttl", "7", NULL), 0);
-    CHECK_EQ_INT(cfg.ttl_ms, 100000);
-    CHECK_EQ_INT(cfg.lock_ttl_ms, 7000);
-    CHECK_EQ_INT(cfg.max_ttl_ms, 200000);
-    if (cfg.routes) {
-        CHECK_EQ_INT(match(&cfg, "POST", "/r", NULL)->cfg.ttl_ms, 150000);    /* its own */
-        CHECK_EQ_INT(match(&cfg, "POST", "/r", NULL)->cfg.lock_ttl_ms, 7000); /* the flag's */
+    CHECK_EQ_INT(cfg.route.ttl_ms, 100000);
+    CHECK_EQ_INT(cfg.route.lock_ttl_ms, 7000);
+    CHECK_EQ_INT(cfg.route.max_ttl_ms, 200000);
+    if (routes) {
+        CHECK_EQ_INT(match(&cfg, "POST", "/r", NULL)->settings.ttl_ms, 150000);    /* its own */
+        CHECK_EQ_INT(match(&cfg, "POST", "/r", NULL)->settings.lock_ttl_ms, 7000); /* the flag's */
     }
-    config_done(&cfg);
+    unload(&cfg);
 
     /* IDEMPROXY_CONFIG names the file; the environment beats it */
     snprintf(envcfg, sizeof(envcfg), "IDEMPROXY_CONFIG=%s", path);
     env[1] = envcfg;
     memset(&cfg, 0, sizeof(cfg));
-    CHECK_EQ_INT(config_load(&cfg, 1, argv, env, err, sizeof(err)), 0);
-    CHECK_EQ_INT(cfg.ttl_ms, 30000);
-    CHECK_EQ_INT(cfg.lock_ttl_ms, 5000);
-    CHECK(cfg.routes && cfg.routes->nroutes == 1);
-    config_done(&cfg);
+    CHECK_EQ_INT(config_file_load(&cfg, &routes, 1, argv, env, err, sizeof(err)), 0);
+    CHECK_EQ_INT(cfg.route.ttl_ms, 30000);
+    CHECK_EQ_INT(cfg.route.lock_ttl_ms, 5000);
+    CHECK(routes && routes->nroutes == 1);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -209,7 +223,7 @@ static void check_problems(const char *yaml, const char *const *want, size_t n)
             fprintf(stderr, "  want: %s\n  got:\n%s\n", line, err);
         }
     }
-    config_done(&cfg);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -278,13 +292,13 @@ static void test_route_file_syntax_and_shape(void)
     snprintf(path, sizeof(path), "/nonexistent/idemproxy.yaml");
     CHECK_EQ_INT(load(&cfg, NULL), -EINVAL);
     CHECK(strstr(err, "/nonexistent/idemproxy.yaml: cannot read the configuration file") != NULL);
-    config_done(&cfg);
+    unload(&cfg);
 
     /* an empty file sets nothing: the flags still do */
     write_file("");
     CHECK_EQ_INT(load(&cfg, "--upstream", "http://127.0.0.1:1", NULL), 0);
-    CHECK(cfg.routes && cfg.routes->nroutes == 0);
-    config_done(&cfg);
+    CHECK(routes && routes->nroutes == 0);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -299,7 +313,7 @@ static void test_route_top_level_key_and_errors_are_the_default_route(void)
                "routes:\n  - {name: p, match: {path: /p}, errors: problem, key: {json: /id}}\n"
                "  - {name: q, match: {path: /q}}\n");
     CHECK_EQ_INT(load(&cfg, NULL), 0);
-    if (cfg.routes) {
+    if (routes) {
         rt = match(&cfg, "POST", "/x", NULL);
         CHECK_EQ_INT(rt->errors, PROBLEM_DIALECT_STRIPE);
         CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADERS);
@@ -316,7 +330,7 @@ static void test_route_top_level_key_and_errors_are_the_default_route(void)
         CHECK_EQ_STR(rt->key.pointer, "/id");
         CHECK(!rt->key.fallback);
     }
-    config_done(&cfg);
+    unload(&cfg);
     unlink(path);
 }
 
@@ -352,14 +366,14 @@ static void test_route_without_file_is_the_default_alone(void)
     char *argv[] = { "idemproxy", "--upstream", "http://127.0.0.1:1", "--ttl", "9", NULL };
     char *env[] = { NULL };
 
-    CHECK_EQ_INT(config_load(&cfg, 5, argv, env, err, sizeof(err)), 0);
-    CHECK(cfg.routes && cfg.routes->nroutes == 0);
-    if (cfg.routes) {
-        CHECK_EQ_STR(cfg.routes->routes[0].name, ROUTE_DEFAULT);
-        CHECK_EQ_INT(cfg.routes->routes[0].cfg.ttl_ms, 9000);
-        CHECK(cfg.routes->routes[0].cfg.redis_password == NULL);
+    CHECK_EQ_INT(config_file_load(&cfg, &routes, 5, argv, env, err, sizeof(err)), 0);
+    CHECK(routes && routes->nroutes == 0);
+    if (routes) {
+        CHECK_EQ_STR(routes->routes[0].name, ROUTE_DEFAULT);
+        CHECK_EQ_INT(routes->routes[0].settings.ttl_ms, 9000);
+        CHECK_EQ_STR(routes->routes[0].key.header, "Idempotency-Key"); /* the top level's */
     }
-    config_done(&cfg);
+    unload(&cfg);
 }
 
 TEST_MAIN(test_route_file_builds_the_spec_example, test_route_raw_path_is_compared_byte_for_byte,

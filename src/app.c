@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: MIT */
+/* The modules up in order and down in reverse. Main thread. */
+#include "idemproxy/app.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "idemproxy/admin.h"
+#include "idemproxy/front.h"
+#include "idemproxy/log.h"
+#include "idemproxy/loop.h"
+#include "idemproxy/pipeline.h"
+#include "idemproxy/redis_url.h"
+#include "idemproxy/route.h"
+#include "idemproxy/store.h"
+#include "idemproxy/store_memory.h"
+#include "idemproxy/store_registry.h"
+#include "idemproxy/upstream.h"
+#include "idemproxy/worker.h"
+#include "idemproxy_version.h"
+
+#define STORE_THREADS 8
+#define MIN_CAPTURE_BYTES (64u << 20)
+
+unsigned app_requests(const struct app *app)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < app->nloops; i++)
+        n += app->fronts[i] ? front_requests(app->fronts[i]) : 0;
+    return n + pipeline_late(app->pl); /* late exchanges (SPEC §9) */
+}
+
+/* An eviction shortens a record's life below --ttl: a retry of that key runs
+ * again. The operator hears of it, at most once a minute. */
+void app_watch_memory_store(struct app *app)
+{
+    struct store_memory_stats s;
+    uint64_t now = now_ms();
+
+    if (!store_is_memory(app->st) || (app->warned_at_ms && now - app->warned_at_ms < 60000))
+        return;
+    store_memory_stats(app->st, &s);
+    if (s.evictions == app->evictions)
+        return;
+    log_warn("memory store full: %llu completed records evicted before their --ttl ran out "
+             "(%llu since start); a retry of an evicted key runs again. Raise "
+             "--memory-max-bytes (now %zu MiB) or lower --ttl",
+             (unsigned long long)(s.evictions - app->evictions), (unsigned long long)s.evictions,
+             s.max_bytes >> 20);
+    app->evictions = s.evictions;
+    app->warned_at_ms = now;
+}
+
+void app_down(struct app *app)
+{
+    admin_stop(app->admin);
+    for (unsigned i = 0; i < app->nloops; i++)
+        loop_stop(app->loops[i]); /* no request is open: nothing is left for them to do */
+    if (app->pl)
+        pipeline_stop(app->pl);
+    for (unsigned i = 0; i < app->nloops; i++)
+        upstream_free(app->ups[i]);
+    worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
+    store_free(app->st);         /* with the loops stopped: finishes on this thread */
+    /* Last: a pool thread that answered the last request may still be in the
+     * front end's callback until the pool is joined. */
+    for (unsigned i = 0; i < app->nloops; i++)
+        front_stop(app->fronts[i]);
+    pipeline_free(app->pl);
+    for (unsigned i = 0; i < app->nloops; i++)
+        loop_free(app->loops[i]);
+}
+
+/* The pipeline's forwarder: a request goes out through the upstream client
+ * of the loop it came in on. */
+static int forward_on_loop(void *ctx, struct loop *loop, const struct upstream_request *req,
+                           upstream_done_fn *done, void *done_ctx)
+{
+    struct app *app = ctx;
+
+    for (unsigned i = 0; i < app->nloops; i++) {
+        if (app->loops[i] == loop)
+            return app->ups[i] ? upstream_submit(app->ups[i], req, done, done_ctx) : -ECANCELED;
+    }
+    return -ECANCELED;
+}
+
+/* What an upstream answer may grow to before it is cut: well past the
+ * largest max-response of any route, so that a too-large answer is still
+ * relayed whole. */
+size_t app_capture_bytes(const struct route_table *t)
+{
+    size_t most = route_table_max_response(t);
+
+    return most > MIN_CAPTURE_BYTES / 4 ? most * 4 : MIN_CAPTURE_BYTES;
+}
+
+/* Opens the store (none when enforcement is off). A store that cannot use
+ * an option's value is a bad option value: exit status 2. */
+static int open_store(struct app *app)
+{
+    char why[512], redacted[512];
+    int err;
+
+    if (!app->cfg.enabled)
+        return 0;
+    err = store_registry_open(&app->cfg, app->pool, app->loops, app->nloops, &app->st, why,
+                              sizeof(why));
+    if (err < 0) {
+        redis_url_redact(app->cfg.redis_url ? app->cfg.redis_url : "memory", redacted,
+                         sizeof(redacted));
+        log_error("--redis %s: %s", redacted, why[0] ? why : strerror(-err));
+        app->exit_status = err == -EINVAL && why[0] ? 2 : 1;
+        return err;
+    }
+    if (app->cfg.redis_tls_insecure)
+        log_warn("--redis-tls-insecure: Redis's certificate is not verified; anyone on the "
+                 "path can read and change what the store holds");
+    return 0;
+}
+
+/* The loops (not started), a front end and an upstream client on each. */
+static int start_serving(struct app *app)
+{
+    const struct config *cfg = &app->cfg;
+    struct upstream_options uo = {
+        .base_url = cfg->upstream,
+        .timeout_ms = cfg->upstream_timeout_ms,
+        .late_ms = cfg->upstream_late_timeout_ms,
+        .max_capture_bytes = app->capture_bytes,
+        .max_connections = cfg->max_connections,
+    };
+    int err;
+
+    if (front_address_taken(&cfg->listen)) {
+        log_error("--listen %s: cannot listen there: another process listens on it",
+                  cfg->listen.text);
+        return -EADDRINUSE;
+    }
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = upstream_new(&uo, app->loops[i], &app->ups[i]);
+        if (err < 0) {
+            log_error("--upstream %s: cannot start the upstream client: %s", cfg->upstream,
+                      strerror(-err));
+            return err;
+        }
+        err = front_start(cfg, app->pl, app->loops[i], &app->fronts[i]);
+        if (err < 0) {
+            log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
+                      cfg->listen.text);
+            return err;
+        }
+    }
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = loop_start(app->loops[i]);
+        if (err < 0) {
+            log_error("cannot start an event loop thread: %s", strerror(-err));
+            return err;
+        }
+    }
+    return 0;
+}
+
+int app_up(struct app *app)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int err;
+
+    app->capture_bytes = app_capture_bytes(app->routes);
+    err = worker_pool_new(STORE_THREADS, &app->pool);
+    if (err < 0) {
+        log_error("cannot start the store threads: %s", strerror(-err));
+        return err;
+    }
+    /* The loops first (not started): the Redis store puts a connection on each. */
+    app->nloops = ncpu < 1 ? 1 : ncpu > APP_MAX_LOOPS ? APP_MAX_LOOPS : (unsigned)ncpu;
+    for (unsigned i = 0; i < app->nloops; i++) {
+        err = loop_new(&app->loops[i]);
+        if (err < 0) {
+            log_error("cannot create an event loop: %s", strerror(-err));
+            return err;
+        }
+    }
+    err = open_store(app);
+    if (err == 0)
+        err = pipeline_new(&app->cfg, app->routes, app->st, app->pool,
+                           &(struct pipeline_forwarder){ .submit = forward_on_loop, .ctx = app },
+                           &app->pl);
+    if (err == 0)
+        err = start_serving(app);
+    if (err < 0)
+        return err;
+    err = admin_start(&app->cfg, app->st, &app->admin);
+    if (err < 0)
+        log_error("--admin-listen %s: cannot listen there (address in use, or not this host's?)",
+                  app->cfg.admin_listen.text);
+    return err;
+}
+
+/* The start-up lines: where it listens, what it forwards to, on which store. */
+void app_say_started(struct app *app)
+{
+    char store[512];
+
+    if (app->cfg.enabled)
+        store_registry_describe(&app->cfg, store, sizeof(store));
+    else
+        snprintf(store, sizeof(store),
+                 "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)");
+    log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
+             app->cfg.listen.text, app->cfg.admin_listen.text, app->cfg.upstream, store);
+    if (app->cfg.admin_token)
+        log_info("admin /keys requires the bearer token of --admin-token-file %s",
+                 app->cfg.admin_token_file);
+    else if (!admin_is_loopback(&app->cfg))
+        log_warn("admin on %s, not a loopback address, and no --admin-token-file: /keys answers "
+                 "403 (health, readiness and metrics stay open)",
+                 app->cfg.admin_listen.text);
+}
