@@ -19,6 +19,8 @@
 
 #define ERR_LINES_MAX 50 /* past this many problems, one line says how many more */
 
+_Static_assert(KEYSOURCE_MAX_NAMES >= CONFIG_MAX_LIST, "a key source takes any list");
+
 struct config_file {
     char *path;           /* owned */
     yaml_document_t *doc; /* owned, loaded */
@@ -375,68 +377,22 @@ static char *dup_or_oom(struct errs *e, const char *s)
     return copy;
 }
 
-static bool is_header_name(const char *s) { return s && http_is_token(span_from_cstr(s)); }
-
 static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
 {
-    struct route_key *rk = ctx;
-    const char *s = scalar(v);
+    const char *items[CONFIG_MAX_LIST];
+    char what[64], why[512];
+    bool is_list;
+    int n, r;
 
-    if (strcmp(key, "header") == 0 || strcmp(key, "json") == 0 || strcmp(key, "headers") == 0) {
-        if (rk->header || rk->pointer || rk->nheaders) {
-            errs_add(e, k, "key: one source only (header, headers or json)");
-            return;
-        }
-    }
-    if (strcmp(key, "header") == 0) {
-        if (!is_header_name(s)) {
-            errs_add(e, v, "key.header: '%s' is not a header name", s ? s : type_name(v));
-            return;
-        }
-        rk->kind = ROUTE_KEY_HEADER;
-        rk->header = dup_or_oom(e, s);
-    } else if (strcmp(key, "headers") == 0) {
-        const char *items[CONFIG_MAX_LIST];
-        bool is_list;
-        int n = items_of(e, "key.headers", v, items, &is_list);
-
-        if (n < 0)
-            return;
-        if (!is_list || n == 0) {
-            errs_add(e, v,
-                     "key.headers: a list of one or more header names, e.g. "
-                     "[ce-source, ce-id]");
-            return;
-        }
-        for (int i = 0; i < n; i++) {
-            if (!is_header_name(items[i])) {
-                errs_add(e, v, "key.headers: '%s' is not a header name", items[i]);
-                return;
-            }
-        }
-        rk->kind = ROUTE_KEY_HEADERS;
-        for (int i = 0; i < n; i++)
-            rk->headers[rk->nheaders++] = dup_or_oom(e, items[i]);
-    } else if (strcmp(key, "json") == 0) {
-        if (!s || keysource_pointer_check(s) < 0) {
-            errs_add(e, v,
-                     "key.json: '%s' is not a JSON pointer (RFC 6901: \"\" or /member/0/..., "
-                     "~0 for ~ and ~1 for /), e.g. /id",
-                     s ? s : type_name(v));
-            return;
-        }
-        rk->kind = ROUTE_KEY_JSON;
-        rk->pointer = dup_or_oom(e, s);
-    } else if (strcmp(key, "fallback") == 0) {
-        if (!s || strcmp(s, "fingerprint") != 0) {
-            errs_add(e, v, "key.fallback: '%s' is not a fallback (use fingerprint)",
-                     s ? s : type_name(v));
-            return;
-        }
-        rk->fallback = true;
-    } else {
-        errs_add(e, k, "key: unknown key '%s' (use header, headers or json, and fallback)", key);
-    }
+    snprintf(what, sizeof(what), "key.%s", key);
+    n = items_of(e, what, v, items, &is_list);
+    if (n < 0)
+        return;
+    r = keysource_set(ctx, key, items, (size_t)n, is_list, why, sizeof(why));
+    if (r == -ENOMEM)
+        e->oom = true;
+    else if (r < 0)
+        errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
 static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
@@ -584,8 +540,8 @@ static void check_route(struct errs *e, const struct config *cfg, struct route *
         errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
 }
 
-/* The default route (the top level's key), every header key without a
- * header of its own given the top level's key-header, and each route's
+/* The default route (the top level's key), every route without a key
+ * source of its own given the top level's key-header, and each route's
  * metrics id. */
 static void finish_table(struct errs *e, const struct config *cfg, const struct top_nodes *top,
                          struct route_table *t)
@@ -596,10 +552,8 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
     if (top->key)
         each_pair(e, top->key, "key", key_pair, &def->key);
     for (size_t i = 0; i <= t->nroutes; i++) {
-        struct route_key *k = &t->routes[i].key;
-
-        if (k->kind == ROUTE_KEY_HEADER && !k->header)
-            k->header = dup_or_oom(e, cfg->key_header);
+        if (keysource_set_default(&t->routes[i].key, cfg->key_header) < 0)
+            e->oom = true;
     }
     for (size_t i = 0; i <= t->nroutes && !e->oom && e->n == 0; i++) {
         int id = metrics_route_id(t->routes[i].name);

@@ -23,6 +23,7 @@
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
+#include "idemproxy/request.h"
 
 /* Each client connection's memory pool: its request line and header section,
  * parsed in place, and its answer's header block. MHD clears the pool for
@@ -40,6 +41,22 @@ struct fconn {
     struct list_node node; /* in front.heads, oldest first, while its header section is due */
     uint64_t since_ms;
     MHD_socket fd;
+};
+
+/* A request as the front end knows it: the request it hands the pipeline,
+ * and what only the front end needs. Loop thread, but for the answer,
+ * which on_answer() may set from another thread before it resumes the
+ * connection. */
+struct freq {
+    struct front *f;
+    struct request *rq;            /* owned until pipeline_begin() takes it */
+    struct pipeline_req *pr;       /* the pipeline's, from pipeline_begin() on */
+    const char *head_uri;          /* where libmicrohttpd parsed the target, in its buffer */
+    struct MHD_Connection *conn;   /* once it waits, suspended, for the answer */
+    struct pipeline_answer answer; /* its record is a reference of ours */
+    bool answered;                 /* <answer> is set */
+    bool begun;                    /* its header section went to the pipeline */
+    bool sent;                     /* the answer is queued */
 };
 
 struct front {
@@ -170,49 +187,53 @@ static uint64_t heads_expire(struct front *f)
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     struct front *f = cls;
-    struct req *r = req_new(f->pl);
+    struct freq *q = calloc(1, sizeof(*q));
 
     (void)conn;
-    if (!r)
+    if (!q)
         return NULL;
-    r->in.head_uri = uri; /* front_head_hidden() checks its place in the header section */
-    r->in.target_buf = strdup(uri);
-    if (!r->in.target_buf) {
-        req_free(r);
+    q->rq = request_new(uri);
+    if (!q->rq) {
+        free(q);
         return NULL;
     }
-    r->in.target = span_from_cstr(r->in.target_buf);
-    r->in.loop = f->loop;
+    q->f = f;
+    q->head_uri = uri; /* front_head_hidden() checks its place in the header section */
+    q->rq->loop = f->loop;
     atomic_fetch_add_explicit(&f->requests, 1, memory_order_relaxed);
-    return r;
+    return q;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct front *f = cls;
-    struct req *r = *con_cls;
+    struct freq *q = *con_cls;
 
     (void)toe;
     heads_append(f, conn_fconn(conn)); /* the next request's header section is due */
-    if (!r)
+    if (!q)
         return;
     *con_cls = NULL;
-    req_free(r);
+    request_free(q->rq);
+    pipeline_req_free(q->pr);
+    record_unref(q->answer.rec);
+    free(q);
     atomic_fetch_sub_explicit(&f->requests, 1, memory_order_release);
 }
 
 static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                       size_t key_size, const char *value, size_t value_size)
 {
-    struct req *r = cls;
+    struct request *rq = cls;
 
     (void)kind;
     /* RFC 9110 section 5.5: the whitespace around a value is not part of it;
      * libmicrohttpd strips only what comes before. */
     while (value_size > 0 && (value[value_size - 1] == ' ' || value[value_size - 1] == '\t'))
         value_size--;
-    if (req_add_header(r, (struct span){ key, key_size }, (struct span){ value, value_size }) < 0)
+    if (request_add_header(rq, (struct span){ key, key_size }, (struct span){ value, value_size }) <
+        0)
         return MHD_NO;
     return MHD_YES;
 }
@@ -303,15 +324,15 @@ const char *front_head_hidden(struct span head, struct span method, struct span 
 
 static void record_unref_cb(void *cls) { record_unref(cls); }
 
-/* Queues the answer of <r>. The response borrows the record's body (no copy)
+/* Queues the answer of <q>. The response borrows the record's body (no copy)
  * and holds a reference on it until MHD is done with it. */
-static enum MHD_Result send_answer(struct MHD_Connection *conn, struct req *r)
+static enum MHD_Result send_answer(struct MHD_Connection *conn, struct freq *q)
 {
-    struct record *rec = r->out.answer;
+    struct record *rec = q->answer.rec;
     struct MHD_Response *resp;
     enum MHD_Result ret;
 
-    r->in.sent = true;
+    q->sent = true;
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
     resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
@@ -325,8 +346,8 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, struct req *r)
             log_debug("dropped response header %s: refused by the HTTP layer",
                       rec->headers[i].name);
     }
-    if (r->out.replayed)
-        (void)MHD_add_response_header(resp, r->out.replay_header, r->out.replayed);
+    if (q->answer.replayed)
+        (void)MHD_add_response_header(resp, q->answer.replay_header, q->answer.replayed);
     ret = MHD_queue_response(conn, rec->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -342,19 +363,22 @@ static void on_kick(void *ctx)
     f->timer.due_ms = 0;
 }
 
-/* The pipeline's callback: the answer is in. Inside pipeline_begin() or
+/* The pipeline's one call: the answer is in. Inside pipeline_begin() or
  * pipeline_body() (a refusal) the connection is not suspended, and
  * on_request() sends the answer itself. Otherwise the connection waits,
  * suspended, and this runs on this loop's thread (perhaps inside
  * pipeline_end()) or another one (a worker, or the loop that carried a Redis
  * call made off-loop): MHD runs in the loop's next turn and sends it. */
-static void on_done(struct req *r, void *ctx)
+static void on_answer(void *ctx, const struct pipeline_answer *a)
 {
-    struct front *f = ctx;
+    struct freq *q = ctx;
+    struct front *f = q->f;
 
-    if (!r->in.conn)
+    q->answer = *a;
+    q->answered = true;
+    if (!q->conn)
         return;
-    MHD_resume_connection(r->in.conn);
+    MHD_resume_connection(q->conn);
     if (loop_on_thread(f->loop)) {
         f->rerun = true;
         f->timer.due_ms = 0;
@@ -362,55 +386,67 @@ static void on_done(struct req *r, void *ctx)
         atomic_store(&f->kick_posted, false); /* stopped: no connection is left to serve */
 }
 
+/* The head is in: the request goes to the pipeline. */
+static enum MHD_Result begin(struct front *f, struct MHD_Connection *conn, struct freq *q,
+                             const char *method, const char *version)
+{
+    struct request *rq = q->rq;
+    const union MHD_ConnectionInfo *size;
+
+    heads_unlink(conn_fconn(conn)); /* the header section is in */
+    q->begun = true;
+    rq->method = span_from_cstr(method);
+    /* MHD counts the header whose copy failed too: a request is never
+     * forwarded with some of its headers missing. */
+    if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, rq) !=
+        (int)rq->nheaders)
+        return MHD_NO;
+    client_ip(conn, rq->client_ip, sizeof(rq->client_ip));
+    rq->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+    size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    rq->head_error =
+        front_head_hidden((struct span){ .base = method, .len = size ? size->header_size : 0 },
+                          rq->method, (struct span){ .base = q->head_uri, .len = rq->target.len },
+                          span_from_cstr(version), rq->headers, rq->nheaders);
+    q->rq = NULL; /* the pipeline's from here */
+    q->pr = pipeline_begin(f->pl, rq, on_answer, q);
+    if (!q->pr)
+        return MHD_NO;
+    if (q->answered)
+        return send_answer(conn, q); /* refused: the body is not read */
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
 {
     struct front *f = cls;
-    struct req *r = *con_cls;
-    const union MHD_ConnectionInfo *size;
+    struct freq *q = *con_cls;
 
     (void)url;
-    if (!r)
+    if (!q)
         return MHD_NO;
-    if (r->in.sent) {
+    if (q->sent) {
         *upload_data_size = 0; /* answered before the body: discard it */
         return MHD_YES;
     }
-    if (!r->in.method.base) {
-        heads_unlink(conn_fconn(conn)); /* the header section is in */
-        r->in.method = span_from_cstr(method);
-        /* MHD counts the header whose copy failed too: a request is never
-         * forwarded with some of its headers missing. */
-        if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, r) !=
-            (int)r->in.nheaders)
-            return MHD_NO;
-        client_ip(conn, r->in.client_ip, sizeof(r->in.client_ip));
-        r->in.http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
-        size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
-        r->in.head_error = front_head_hidden(
-            (struct span){ .base = method, .len = size ? size->header_size : 0 }, r->in.method,
-            (struct span){ .base = r->in.head_uri, .len = r->in.target.len },
-            span_from_cstr(version), r->in.headers, r->in.nheaders);
-        pipeline_begin(f->pl, r, on_done, f);
-        if (r->out.decided)
-            return send_answer(conn, r); /* refused: the body is not read */
-        return MHD_YES;
-    }
+    if (!q->begun)
+        return begin(f, conn, q, method, version);
     if (*upload_data_size) {
-        pipeline_body(f->pl, r, upload_data, *upload_data_size);
+        pipeline_body(q->pr, upload_data, *upload_data_size);
         *upload_data_size = 0;
         return MHD_YES;
     }
     /* The body is complete: an answer decided while it was read, or the one
      * a resumed connection comes back with, goes out now. */
-    if (r->out.decided)
-        return send_answer(conn, r);
-    if (r->in.conn)
+    if (q->answered)
+        return send_answer(conn, q);
+    if (q->conn)
         return MHD_YES; /* still waiting */
-    r->in.conn = conn;
+    q->conn = conn;
     MHD_suspend_connection(conn);
-    pipeline_end(f->pl, r);
+    pipeline_end(q->pr);
     return MHD_YES;
 }
 

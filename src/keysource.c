@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: MIT */
+/* Key sources: the JSON pointer and composite-key helpers, then the table of
+ * kinds that a route's `key` names. */
 #include "idemproxy/keysource.h"
 
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
+
+#include "idemproxy/http.h"
+#include "idemproxy/request.h"
 
 /* A key is 1-IDEMKEY_MAX bytes of 0x21-0x7E, wherever it comes from (SPEC §1, §6). */
 static bool is_key(struct span s)
@@ -170,4 +176,301 @@ int keysource_composite(const struct span *values, size_t n, char **ret, size_t 
     *ret = s;
     *ret_len = len - 1;
     return 0;
+}
+
+/* ---- the kinds of key source ---- */
+
+/* The names of a source, set once: a problem says why in <why> as
+ * "key.<kind>: ...". */
+static int set_names(struct keysource *ks, const struct keysource_kind *kind,
+                     const char *const *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ks->names[i] = strdup(items[i]);
+        if (!ks->names[i])
+            return -ENOMEM;
+        ks->nnames = i + 1;
+    }
+    ks->kind = kind;
+    return 0;
+}
+
+static int parse_header(struct keysource *ks, const struct keysource_kind *kind,
+                        const char *const *items, size_t n, bool is_list, char *why,
+                        size_t whylen)
+{
+    if (is_list || n != 1 || !http_is_token(span_from_cstr(items[0]))) {
+        snprintf(why, whylen, "key.header: '%s' is not a header name",
+                 is_list ? "a list" : items[0]);
+        return -EINVAL;
+    }
+    return set_names(ks, kind, items, 1);
+}
+
+static int parse_headers(struct keysource *ks, const struct keysource_kind *kind,
+                         const char *const *items, size_t n, bool is_list, char *why,
+                         size_t whylen)
+{
+    if (!is_list || n == 0) {
+        snprintf(why, whylen, "key.headers: a list of one or more header names, e.g. "
+                              "[ce-source, ce-id]");
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!http_is_token(span_from_cstr(items[i]))) {
+            snprintf(why, whylen, "key.headers: '%s' is not a header name", items[i]);
+            return -EINVAL;
+        }
+    }
+    return set_names(ks, kind, items, n);
+}
+
+static int parse_json(struct keysource *ks, const struct keysource_kind *kind,
+                      const char *const *items, size_t n, bool is_list, char *why, size_t whylen)
+{
+    if (is_list || n != 1 || keysource_pointer_check(items[0]) < 0) {
+        snprintf(why, whylen,
+                 "key.json: '%s' is not a JSON pointer (RFC 6901: \"\" or /member/0/..., ~0 "
+                 "for ~ and ~1 for /), e.g. /id",
+                 is_list ? "a list" : items[0]);
+        return -EINVAL;
+    }
+    return set_names(ks, kind, items, 1);
+}
+
+/* One header, as an Idempotency-Key: a token or an sf-string (SPEC §1). */
+static int read_header(const struct keysource *ks, const struct request *rq,
+                       struct keysource_key *ret, char *detail, size_t detaillen)
+{
+    const char *name = ks->names[0];
+    const struct span *v;
+    size_t n;
+
+    v = request_header(rq, span_from_cstr(name), &n);
+    if (n == 0)
+        return KEYSOURCE_MISSING;
+    ret->sent = *v; /* for the access line, even when it is refused */
+    if (n > 1) {
+        snprintf(detail, detaillen, "Send exactly one %s header.", name);
+        return KEYSOURCE_INVALID;
+    }
+    if (idemkey_parse(*v, &ret->parsed) < 0) {
+        snprintf(detail, detaillen,
+                 "The key of the %s header is 1-255 visible ASCII characters (0x21-0x7E), bare "
+                 "or as a quoted sf-string; a bare key may not hold , \" or \\.",
+                 name);
+        return KEYSOURCE_INVALID;
+    }
+    ret->key = idemkey_span(&ret->parsed);
+    return KEYSOURCE_FOUND;
+}
+
+/* A composite of several headers' values, each present once. */
+static int read_headers(const struct keysource *ks, const struct request *rq,
+                        struct keysource_key *ret, char *detail, size_t detaillen)
+{
+    struct span values[KEYSOURCE_MAX_NAMES];
+    const struct span *v;
+    size_t n, len;
+    char *text;
+    int err;
+
+    for (size_t i = 0; i < ks->nnames; i++) {
+        v = request_header(rq, span_from_cstr(ks->names[i]), &n);
+        if (n != 1)
+            return KEYSOURCE_MISSING;
+        values[i] = *v;
+    }
+    err = keysource_composite(values, ks->nnames, &text, &len);
+    if (err == -EINVAL) {
+        snprintf(detail, detaillen, "Each key header's value is 1-255 visible ASCII characters "
+                                    "(0x21-0x7E).");
+        return KEYSOURCE_INVALID;
+    }
+    if (err < 0)
+        return err;
+    ret->derived = text;
+    ret->key = ret->sent = (struct span){ text, len };
+    return KEYSOURCE_FOUND;
+}
+
+static int read_in_body(const struct keysource *ks, const struct request *rq,
+                        struct keysource_key *ret, char *detail, size_t detaillen)
+{
+    (void)ks, (void)rq, (void)ret, (void)detail, (void)detaillen;
+    return KEYSOURCE_IN_BODY;
+}
+
+/* An RFC 6901 pointer into a JSON body. */
+static int read_json(const struct keysource *ks, struct span body, struct keysource_key *ret,
+                     char *detail, size_t detaillen)
+{
+    int err = keysource_json(body, ks->names[0], &ret->parsed);
+
+    if (err == -ENOENT)
+        return KEYSOURCE_MISSING;
+    if (err == -EINVAL) {
+        snprintf(detail, detaillen, "The key in the JSON body is not a string of 1-255 visible "
+                                    "ASCII characters (0x21-0x7E) or an integer.");
+        return KEYSOURCE_INVALID;
+    }
+    if (err < 0)
+        return err;
+    ret->derived = strndup(ret->parsed.buf, ret->parsed.len);
+    if (!ret->derived)
+        return -ENOMEM;
+    ret->key = ret->sent = (struct span){ ret->derived, ret->parsed.len };
+    return KEYSOURCE_FOUND;
+}
+
+static void describe_header(const struct keysource *ks, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "This request must carry an %s header.", ks->names[0]);
+}
+
+static void describe_headers(const struct keysource *ks, char *out, size_t outlen)
+{
+    size_t used = (size_t)snprintf(out, outlen, "This request must carry the headers");
+
+    for (size_t i = 0; i < ks->nnames && used < outlen; i++)
+        used += (size_t)snprintf(out + used, outlen - used, "%s %s", i ? "," : "", ks->names[i]);
+    if (used < outlen)
+        snprintf(out + used, outlen - used, ", each once.");
+}
+
+static void describe_json(const struct keysource *ks, char *out, size_t outlen)
+{
+    snprintf(out, outlen,
+             "This request must carry a JSON body with its idempotency key at %s (a string or "
+             "an integer).",
+             ks->names[0][0] ? ks->names[0] : "the top level");
+}
+
+/* Keys of different sources never share a store key (SPEC §6): each source
+ * but the key header hashes a tag of its own into the scope, a tag no header
+ * value can equal (it holds a NUL). */
+#define TAG(s) { .base = s, .len = sizeof(s) - 1 }
+
+struct keysource_kind {
+    const char *name; /* the `key` mapping's key */
+    int (*parse)(struct keysource *ks, const struct keysource_kind *kind,
+                 const char *const *items, size_t n, bool is_list, char *why, size_t whylen);
+    int (*read)(const struct keysource *ks, const struct request *rq, struct keysource_key *ret,
+                char *detail, size_t detaillen);
+    /* NULL: the key is in the header section */
+    int (*read_body)(const struct keysource *ks, struct span body, struct keysource_key *ret,
+                     char *detail, size_t detaillen);
+    void (*describe)(const struct keysource *ks, char *out, size_t outlen);
+    struct span tag;
+};
+
+static const struct keysource_kind kinds[] = {
+    { "header", parse_header, read_header, NULL, describe_header, { NULL, 0 } },
+    { "headers", parse_headers, read_headers, NULL, describe_headers,
+      TAG("\0idemproxy:headers") },
+    { "json", parse_json, read_in_body, read_json, describe_json, TAG("\0idemproxy:json") },
+};
+
+static const struct span fingerprint_tag = TAG("\0idemproxy:fingerprint");
+
+int keysource_set(struct keysource *ks, const char *name, const char *const *items, size_t n,
+                  bool is_list, char *why, size_t whylen)
+{
+    if (strcmp(name, "fallback") == 0) {
+        if (is_list || n != 1 || strcmp(items[0], "fingerprint") != 0) {
+            snprintf(why, whylen, "key.fallback: '%s' is not a fallback (use fingerprint)",
+                     is_list ? "a list" : items[0]);
+            return -EINVAL;
+        }
+        ks->fallback = true;
+        return 0;
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(kinds); i++) {
+        if (strcmp(name, kinds[i].name) != 0)
+            continue;
+        if (ks->kind) {
+            snprintf(why, whylen, "key: one source only (header, headers or json)");
+            return -EINVAL;
+        }
+        return kinds[i].parse(ks, &kinds[i], items, n, is_list, why, whylen);
+    }
+    snprintf(why, whylen, "key: unknown key '%s' (use header, headers or json, and fallback)",
+             name);
+    return -ENOENT;
+}
+
+int keysource_set_default(struct keysource *ks, const char *key_header)
+{
+    return ks->kind ? 0 : set_names(ks, &kinds[0], &key_header, 1);
+}
+
+const char *keysource_name(const struct keysource *ks)
+{
+    return ks->kind ? ks->kind->name : "header";
+}
+
+int keysource_read(const struct keysource *ks, const struct request *rq,
+                   struct keysource_key *ret, char *detail, size_t detaillen)
+{
+    return ks->kind->read(ks, rq, ret, detail, detaillen);
+}
+
+int keysource_read_body(const struct keysource *ks, struct span body, struct keysource_key *ret,
+                        char *detail, size_t detaillen)
+{
+    if (!ks->kind->read_body)
+        return KEYSOURCE_MISSING;
+    return ks->kind->read_body(ks, body, ret, detail, detaillen);
+}
+
+struct span keysource_tag(const struct keysource *ks, const struct keysource_key *k)
+{
+    return k->fingerprint ? fingerprint_tag : ks->kind->tag;
+}
+
+int keysource_fingerprint(const uint8_t *digest, size_t len, struct keysource_key *ret)
+{
+    char *hex = malloc(2 * len + 1);
+
+    if (!hex)
+        return -ENOMEM;
+    for (size_t i = 0; i < len; i++)
+        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    free(ret->derived);
+    ret->derived = hex;
+    ret->key = ret->sent = (struct span){ hex, 2 * len };
+    ret->fingerprint = true;
+    return KEYSOURCE_FOUND;
+}
+
+struct span keysource_sent(const struct keysource *ks, const struct request *rq)
+{
+    const struct span *v;
+
+    if (ks->kind != &kinds[0])
+        return (struct span){ NULL, 0 };
+    v = request_header(rq, span_from_cstr(ks->names[0]), NULL);
+    return v ? *v : (struct span){ NULL, 0 };
+}
+
+void keysource_describe(const struct keysource *ks, char *out, size_t outlen)
+{
+    ks->kind->describe(ks, out, outlen);
+}
+
+void keysource_key_done(struct keysource_key *k)
+{
+    free(k->derived);
+    k->derived = NULL;
+}
+
+void keysource_done(struct keysource *ks)
+{
+    if (!ks)
+        return;
+    for (size_t i = 0; i < ks->nnames; i++)
+        free(ks->names[i]);
+    ks->nnames = 0;
+    ks->kind = NULL;
+    ks->fallback = false;
 }

@@ -31,6 +31,7 @@
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
+#include "idemproxy/request.h"
 #include "idemproxy/route.h"
 #include "idemproxy/store.h"
 #include "idemproxy/waitlist.h"
@@ -52,20 +53,12 @@ struct pipeline {
     atomic_uint late;           /* exchanges going on after their client got its 504 */
 };
 
-/* Where a key came from. Keys of different sources never share a store key:
- * each source but the key header hashes a tag of its own into the scope,
- * a tag no header value can equal (it holds a NUL). */
-enum key_domain {
-    KEY_DOMAIN_HEADER,
-    KEY_DOMAIN_HEADERS,
-    KEY_DOMAIN_JSON,
-    KEY_DOMAIN_FINGERPRINT,
-};
-
 /* A request as the pipeline knows it: what the front end sees (<req>), and
  * the pipeline's own state, which the front end never sees. */
-struct preq {
-    struct req req;
+struct pipeline_req {
+    struct request *rq; /* owned: what the front end read */
+    struct pipeline_answer out; /* the answer, until it is handed over */
+    bool decided;               /* the answer was handed over */
     struct pipeline *pl;
     /* The front end's reference, and a late exchange's (SPEC §9): the last
      * one frees it. */
@@ -78,9 +71,9 @@ struct preq {
     struct buf body;            /* owned, limited by the route's max-body */
     bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
     bool key_deferred;          /* the key comes from the body: decided by pipeline_end() */
-    char *derived_key;          /* owned: a key not sent as such (composite, JSON, fingerprint) */
+    struct keysource_key key;   /* its key, once read (owns what it derived) */
     /* What is forwarded and fingerprinted: the target in origin-form (or "*"),
-     * borrowing <req.in.target_buf> or <fwd_target_buf>, and the Host an
+     * borrowing <rq->target_buf> or <fwd_target_buf>, and the Host an
      * absolute-form target names (base NULL: the client's Host). */
     struct span fwd_target;
     char *fwd_target_buf; /* owned: "/" + path, for an absolute-form target without one */
@@ -100,37 +93,14 @@ struct preq {
     bool forwarded;
     bool running;               /* pipeline_end() ran it: counted in flight */
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
-    req_done_fn *done;
-    void *done_ctx;
+    pipeline_answer_fn *answer;
+    void *answer_ctx;
 };
 
-static struct preq *preq_of(struct req *r)
-{
-    return (struct preq *)(void *)((char *)r - offsetof(struct preq, req));
-}
-
-static void acquire(struct preq *r);
-static void forward(struct preq *r);
+static void acquire(struct pipeline_req *r);
+static void forward(struct pipeline_req *r);
 
 /* ---- Reading the request ---- */
-
-static const struct span *find_header(const struct preq *r, struct span name, size_t *ret_count)
-{
-    const struct req_intake *in = &r->req.in;
-    const struct span *found = NULL;
-    size_t n = 0;
-
-    for (size_t i = 0; i < in->nheaders; i++) {
-        if (span_eq_nocase(in->headers[i].name, name)) {
-            if (!found)
-                found = &in->headers[i].value;
-            n++;
-        }
-    }
-    if (ret_count)
-        *ret_count = n;
-    return found;
-}
 
 /* Parses a decimal integer of one or more digits, nothing else; a value past
  * UINT64_MAX is UINT64_MAX: "99999999999999999999999" is still a positive
@@ -154,7 +124,7 @@ static int parse_uint(struct span s, uint64_t *ret)
 
 /* The TTL of the completed answer: the TTL header when it is a positive
  * integer (capped at --max-ttl), else --ttl. */
-static uint64_t request_ttl_ms(const struct preq *r)
+static uint64_t request_ttl_ms(const struct pipeline_req *r)
 {
     const struct route_settings *rs = &r->route->settings;
     const struct span *v;
@@ -162,7 +132,7 @@ static uint64_t request_ttl_ms(const struct preq *r)
 
     if (!rs->ttl_header || !rs->ttl_header[0])
         return rs->ttl_ms;
-    v = find_header(r, span_from_cstr(rs->ttl_header), NULL);
+    v = request_header(r->rq, span_from_cstr(rs->ttl_header), NULL);
     if (!v || parse_uint(*v, &s) < 0 || s == 0)
         return rs->ttl_ms;
     if (s > rs->max_ttl_ms / 1000)
@@ -173,15 +143,10 @@ static uint64_t request_ttl_ms(const struct preq *r)
 /* Builds <prefix><scope>:<key> (idemkey.h), the scope hashing the
  * --scope-header values in order (several instances of one header count as
  * their comma-joined list), then the tag of <domain> for a derived key. */
-static int build_store_key(struct preq *r, struct span key, enum key_domain domain)
+static int build_store_key(struct pipeline_req *r)
 {
-    static const struct span tags[] = {
-        [KEY_DOMAIN_HEADERS] = { "\0idemproxy:headers", 19 },
-        [KEY_DOMAIN_JSON] = { "\0idemproxy:json", 16 },
-        [KEY_DOMAIN_FINGERPRINT] = { "\0idemproxy:fingerprint", 23 },
-    };
     const struct route_settings *rs = &r->route->settings;
-    const struct req_intake *in = &r->req.in;
+    const struct request *in = r->rq;
     struct span values[CONFIG_MAX_LIST + 1];
     size_t nvalues = rs->nscope_headers;
     struct buf joined[CONFIG_MAX_LIST];
@@ -195,7 +160,7 @@ static int build_store_key(struct preq *r, struct span key, enum key_domain doma
 
         joined[i] = BUF_INIT(SIZE_MAX);
         values[i] = (struct span){ NULL, 0 };
-        first = find_header(r, name, &n);
+        first = request_header(r->rq, name, &n);
         if (!first)
             continue;
         if (n == 1) {
@@ -214,12 +179,13 @@ static int build_store_key(struct preq *r, struct span key, enum key_domain doma
         if (!values[i].base)
             values[i].base = ""; /* present, though empty */
     }
-    if (domain != KEY_DOMAIN_HEADER)
-        values[nvalues++] = tags[domain];
+    values[nvalues] = keysource_tag(&r->route->key, &r->key);
+    if (values[nvalues].base)
+        nvalues++;
     if (err == 0)
         err = idemkey_scope(values, nvalues, scope);
     if (err == 0)
-        err = idemkey_store_key(span_from_cstr(r->pl->key_prefix), scope, key, &r->store_key);
+        err = idemkey_store_key(span_from_cstr(r->pl->key_prefix), scope, r->key.key, &r->store_key);
     for (size_t i = 0; i < rs->nscope_headers; i++)
         buf_done(&joined[i]);
     return err;
@@ -227,78 +193,71 @@ static int build_store_key(struct preq *r, struct span key, enum key_domain doma
 
 /* ---- Answering ---- */
 
-static void set_answer(struct preq *r, struct record *rec, enum outcome o, const char *replayed)
+static void set_answer(struct pipeline_req *r, struct record *rec, enum outcome o, const char *replayed)
 {
-    record_unref(r->req.out.answer);
-    r->req.out.answer = rec;
-    r->req.out.outcome = o;
-    r->req.out.replayed = replayed;
-    r->req.out.replay_header = r->route->settings.replay_header;
+    record_unref(r->out.rec);
+    r->out.rec = rec;
+    r->out.outcome = o;
+    r->out.replayed = replayed;
+    r->out.replay_header = r->route->settings.replay_header;
 }
 
 /* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
  * the front end then drops the connection. */
-static void set_problem(struct preq *r, enum problem p, enum outcome o, const char *detail)
+static void set_problem(struct pipeline_req *r, enum problem p, enum outcome o, const char *detail)
 {
     set_answer(r, problem_new(p, r->route->errors, detail), o, NULL);
 }
 
 /* Counts <r> in the metrics and writes its access line. */
-static void account(struct pipeline *pl, struct preq *r)
+static void account(struct pipeline *pl, struct pipeline_req *r)
 {
-    const struct req *q = &r->req;
     const struct route *rt = r->route;
     uint64_t total_us = metrics_now_us() - r->start_us;
-    struct span key = { NULL, 0 };
-    const struct span *sent;
+    /* the key as sent, or the one derived (which /keys finds) */
+    struct span key = r->key.sent.base ? r->key.sent : keysource_sent(&rt->key, r->rq);
 
     (void)pl;
-    metrics_request(rt->metrics_id, q->out.outcome, total_us, r->forwarded, r->upstream_us);
+    metrics_request(rt->metrics_id, r->out.outcome, total_us, r->forwarded, r->upstream_us);
     if (!log_enabled(LOG_LEVEL_INFO))
         return;
-    /* The key as sent, or the one derived (which /keys finds) */
-    if (r->derived_key) {
-        key = span_from_cstr(r->derived_key);
-    } else if (rt->key.kind == ROUTE_KEY_HEADER) {
-        sent = find_header(r, span_from_cstr(rt->key.header),
-                           NULL);
-        if (sent)
-            key = *sent;
-    }
     log_access(&(struct log_access){
         .route = rt->name,
-        .method = q->in.method,
-        .target = q->in.target,
+        .method = r->rq->method,
+        .target = r->rq->target,
         .key = key,
-        .status = q->out.answer ? q->out.answer->status : 0,
-        .outcome = outcome_label(q->out.outcome),
+        .status = r->out.rec ? r->out.rec->status : 0,
+        .outcome = outcome_label(r->out.outcome),
         .has_upstream = r->forwarded,
         .upstream_us = r->upstream_us,
         .total_us = total_us,
-        .bytes = q->out.answer ? q->out.answer->body.len : 0,
+        .bytes = r->out.rec ? r->out.rec->body.len : 0,
         .unknown = r->unknown,
     });
 }
 
 /* Hands <r> back to the front end with its answer, counted and logged first:
  * the client may read /metrics as soon as it has the answer. The one exit. */
-static void finish(struct preq *r)
+static void finish(struct pipeline_req *r)
 {
-    assert(!r->req.out.decided);
+    struct pipeline_answer a = r->out;
+
+    assert(!r->decided);
     account(r->pl, r);
     if (r->running)
         metrics_inflight_add(-1);
-    r->req.out.decided = true;
-    r->done(&r->req, r->done_ctx);
+    r->decided = true;
+    r->out.rec = NULL; /* the front end's reference now */
+    r->answer(r->answer_ctx, &a);
 }
 
 /* ---- 1. The head: HTTP-level checks, then the key ---- */
 
 /* Refuses <r> with a bad_request answer: <status> 400 or 501, <why> in the
  * problem's detail and in the log (the client's bytes escaped there). */
-static int refuse_bad_request(struct preq *r, unsigned status, const char *why)
+static int refuse_bad_request(struct pipeline_req *r, unsigned status, const char *why)
 {
-    const struct req_intake *in = &r->req.in;
+    const struct request *in = r->rq;
     char detail[256];
 
     snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
@@ -314,9 +273,9 @@ static int refuse_bad_request(struct preq *r, unsigned status, const char *why)
 /* The HTTP-level checks of SPEC §7: nothing malformed is forwarded, locked or
  * keyed. Sets what is forwarded (<r>->fwd_target, <r>->fwd_host). Returns 0,
  * or 1 with the bad_request answer set. */
-static int check_head(struct preq *r)
+static int check_head(struct pipeline_req *r)
 {
-    const struct req_intake *in = &r->req.in;
+    const struct request *in = r->rq;
     struct http_target t;
     const char *why;
     unsigned status = 400;
@@ -348,7 +307,7 @@ static int check_head(struct preq *r)
 }
 
 /* Answers 503 for a request the proxy has no memory for. Returns 1. */
-static int oom(struct preq *r)
+static int oom(struct pipeline_req *r)
 {
     set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                 "Out of memory while reading the request.");
@@ -356,9 +315,9 @@ static int oom(struct preq *r)
 }
 
 /* Starts hashing the request: its key will be checked against it. */
-static int start_fingerprint(struct preq *r)
+static int start_fingerprint(struct pipeline_req *r)
 {
-    if (fingerprint_init(&r->fp, r->req.in.method, r->fwd_target) < 0)
+    if (fingerprint_init(&r->fp, r->rq->method, r->fwd_target) < 0)
         return oom(r);
     r->enforced = true;
     r->ttl_ms = request_ttl_ms(r);
@@ -367,44 +326,16 @@ static int start_fingerprint(struct preq *r)
 
 /* <r> runs under the idempotency key <key> from <domain>. Returns 0, or 1
  * with an answer set. */
-static int keyed(struct preq *r, struct span key, enum key_domain domain)
+static int keyed(struct pipeline_req *r)
 {
-    if (build_store_key(r, key, domain) < 0)
+    if (build_store_key(r) < 0)
         return oom(r);
     return r->enforced ? 0 : start_fingerprint(r);
 }
 
-/* What the route asks for its key, for a missing_key answer. */
-static void describe_key(const struct route *rt, char *out, size_t outlen)
-{
-    const struct route_key *k = &rt->key;
-    size_t used;
-
-    switch (k->kind) {
-    case ROUTE_KEY_HEADERS:
-        used = (size_t)snprintf(out, outlen, "This request must carry the headers");
-        for (size_t i = 0; i < k->nheaders && used < outlen; i++)
-            used +=
-                (size_t)snprintf(out + used, outlen - used, "%s %s", i ? "," : "", k->headers[i]);
-        if (used < outlen)
-            snprintf(out + used, outlen - used, ", each once.");
-        break;
-    case ROUTE_KEY_JSON:
-        snprintf(out, outlen,
-                 "This request must carry a JSON body with its idempotency key at %s (a string "
-                 "or an integer).",
-                 k->pointer[0] ? k->pointer : "the top level");
-        break;
-    default:
-        snprintf(out, outlen, "This request must carry an %s header.",
-                 k->header);
-        break;
-    }
-}
-
 /* No key: the fingerprint stands for one (fallback), a 400 (require-key),
  * or passthrough. Returns 0 to go on, 1 with an answer set. */
-static int no_key(struct preq *r)
+static int no_key(struct pipeline_req *r)
 {
     const struct route *rt = r->route;
     char detail[512];
@@ -414,7 +345,7 @@ static int no_key(struct preq *r)
         return r->enforced ? 0 : start_fingerprint(r);
     }
     if (rt->settings.require_key) {
-        describe_key(rt, detail, sizeof(detail));
+        keysource_describe(&rt->key, detail, sizeof(detail));
         set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY, detail);
         return 1;
     }
@@ -422,63 +353,35 @@ static int no_key(struct preq *r)
     return 0;
 }
 
-static int refuse_invalid_key(struct preq *r, const char *detail)
+/* What the key source found (<found>, an enum keysource_found or -ENOMEM),
+ * <detail> saying why an invalid key is one. Returns 0 to go on, 1 with an
+ * answer set. */
+static int on_key(struct pipeline_req *r, int found, const char *detail)
 {
-    set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY, detail);
-    return 1;
+    switch (found) {
+    case KEYSOURCE_FOUND:
+        return keyed(r);
+    case KEYSOURCE_MISSING:
+        return no_key(r);
+    case KEYSOURCE_INVALID:
+        set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY, detail);
+        return 1;
+    case KEYSOURCE_IN_BODY:
+        r->key_deferred = true;
+        return start_fingerprint(r);
+    default:
+        return oom(r);
+    }
 }
 
 /* Reads the key from the headers, as the route's key source says; a key in
  * the body is left for pipeline_end(). Returns 0 to go on, 1 with an answer. */
-static int read_key(struct preq *r)
+static int read_key(struct pipeline_req *r)
 {
-    const struct route *rt = r->route;
-    struct span values[CONFIG_MAX_LIST];
-    const struct span *v;
-    struct idemkey key;
-    const char *name;
     char detail[512];
-    size_t n, len;
-    char *text;
-    int err;
+    int found = keysource_read(&r->route->key, r->rq, &r->key, detail, sizeof(detail));
 
-    switch (rt->key.kind) {
-    case ROUTE_KEY_JSON:
-        r->key_deferred = true;
-        return start_fingerprint(r);
-    case ROUTE_KEY_HEADERS:
-        for (size_t i = 0; i < rt->key.nheaders; i++) {
-            v = find_header(r, span_from_cstr(rt->key.headers[i]), &n);
-            if (n != 1)
-                return no_key(r);
-            values[i] = *v;
-        }
-        err = keysource_composite(values, rt->key.nheaders, &text, &len);
-        if (err == -EINVAL)
-            return refuse_invalid_key(r, "Each key header's value is 1-255 visible ASCII "
-                                         "characters (0x21-0x7E).");
-        if (err < 0)
-            return oom(r);
-        r->derived_key = text;
-        return keyed(r, (struct span){ text, len }, KEY_DOMAIN_HEADERS);
-    default:
-        name = rt->key.header;
-        v = find_header(r, span_from_cstr(name), &n);
-        if (n == 0)
-            return no_key(r);
-        if (n > 1) {
-            snprintf(detail, sizeof(detail), "Send exactly one %s header.", name);
-            return refuse_invalid_key(r, detail);
-        }
-        if (idemkey_parse(*v, &key) < 0) {
-            snprintf(detail, sizeof(detail),
-                     "The key of the %s header is 1-255 visible ASCII characters (0x21-0x7E), "
-                     "bare or as a quoted sf-string; a bare key may not hold , \" or \\.",
-                     name);
-            return refuse_invalid_key(r, detail);
-        }
-        return keyed(r, idemkey_span(&key), KEY_DOMAIN_HEADER);
-    }
+    return on_key(r, found, detail);
 }
 
 /* The path a route is matched on: the target up to its query. */
@@ -493,19 +396,19 @@ static struct span target_path(struct span target)
 
 /* Matches <r> to its route, by <target>, and the Host of <host> (base NULL:
  * the client's Host header). */
-static void route_request(struct preq *r, struct span target, struct span host)
+static void route_request(struct pipeline_req *r, struct span target, struct span host)
 {
     const struct span *h = NULL;
 
-    if (!host.base && (h = find_header(r, SPAN_LIT("Host"), NULL)))
+    if (!host.base && (h = request_header(r->rq, SPAN_LIT("Host"), NULL)))
         host = *h;
-    r->route = route_match(r->routes, r->req.in.method, target_path(target), host);
+    r->route = route_match(r->routes, r->rq->method, target_path(target), host);
     r->body.limit = r->route->settings.max_body_bytes;
 }
 
 /* Routes the request, decides passthrough or enforcement and reads the key.
  * Returns 0 to go on with the body, 1 with an answer set. */
-static int begin(struct pipeline *pl, struct preq *r)
+static int begin(struct pipeline *pl, struct pipeline_req *r)
 {
     const struct route_settings *rs;
     const struct span *v;
@@ -516,17 +419,17 @@ static int begin(struct pipeline *pl, struct preq *r)
     pthread_mutex_unlock(&pl->routes_mu);
     /* A first match on the target as sent, so that even a malformed request
      * is answered in its route's dialect and counted under its route. */
-    route_request(r, r->req.in.target, (struct span){ NULL, 0 });
-    r->req.out.outcome = OUTCOME_PASSTHROUGH;
+    route_request(r, r->rq->target, (struct span){ NULL, 0 });
+    r->out.outcome = OUTCOME_PASSTHROUGH;
     if (check_head(r))
         return 1;
-    if (r->fwd_target.base != r->req.in.target.base || r->fwd_host.base)
+    if (r->fwd_target.base != r->rq->target.base || r->fwd_host.base)
         route_request(r, r->fwd_target, r->fwd_host); /* an absolute-form target */
     rs = &r->route->settings;
-    if (pl->enabled && r->route->enforce && config_is_enforced(rs, r->req.in.method) &&
+    if (pl->enabled && r->route->enforce && config_is_enforced(rs, r->rq->method) &&
         read_key(r))
         return 1;
-    v = find_header(r, SPAN_LIT("Content-Length"), NULL);
+    v = request_header(r->rq, SPAN_LIT("Content-Length"), NULL);
     if (v && parse_uint(*v, &announced) == 0 && announced > rs->max_body_bytes) {
         set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
         return 1;
@@ -534,27 +437,34 @@ static int begin(struct pipeline *pl, struct preq *r)
     return 0;
 }
 
-void pipeline_begin(struct pipeline *pl, struct req *q, req_done_fn *done, void *ctx)
+struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
+                                    pipeline_answer_fn *answer, void *ctx)
 {
-    struct preq *r = preq_of(q);
+    struct pipeline_req *r = calloc(1, sizeof(*r));
 
-    assert(r->pl == pl);
-    r->done = done;
-    r->done_ctx = ctx;
+    if (!r) {
+        request_free(rq);
+        return NULL;
+    }
+    r->pl = pl;
+    r->rq = rq;
+    atomic_init(&r->refs, 1);
+    r->body = BUF_INIT(0); /* its limit is its route's max-body (route_request()) */
+    r->answer = answer;
+    r->answer_ctx = ctx;
     r->start_us = metrics_now_us();
     if (begin(pl, r))
         finish(r);
+    return r;
 }
 
 /* ---- 2. The body ---- */
 
-void pipeline_body(struct pipeline *pl, struct req *q, const char *p, size_t n)
+void pipeline_body(struct pipeline_req *r, const char *p, size_t n)
 {
-    struct preq *r = preq_of(q);
     int err;
 
-    (void)pl;
-    if (q->out.decided)
+    if (r->decided)
         return; /* already refused: discard the rest */
     err = buf_append(&r->body, p, n);
     if (err == 0 && r->enforced)
@@ -575,47 +485,25 @@ void pipeline_body(struct pipeline *pl, struct req *q, const char *p, size_t n)
 /* The key of a route whose key is in the body (json), or of a request keyed
  * by its fingerprint (fallback), now that the body is in. Returns 0 to go
  * on (<r>->enforced false: passthrough), 1 with an answer set. */
-static int body_key(struct preq *r)
+static int body_key(struct pipeline_req *r)
 {
-    const struct route *rt = r->route;
-    char hex[2 * FINGERPRINT_LEN + 1];
-    struct idemkey key;
-    int err = -ENOENT;
+    const struct keysource *ks = &r->route->key;
+    char detail[512];
+    int found = KEYSOURCE_MISSING;
 
     r->key_deferred = false;
-    if (rt->key.kind == ROUTE_KEY_JSON && !r->derived_key) {
-        err = keysource_json(buf_span(&r->body), rt->key.pointer, &key);
-        if (err == -EINVAL)
-            return refuse_invalid_key(r, "The key in the JSON body is not a string of 1-255 "
-                                         "visible ASCII characters (0x21-0x7E) or an integer.");
-        if (err == 0) {
-            r->derived_key = strndup(key.buf, key.len);
-            if (!r->derived_key)
-                return oom(r);
-            return keyed(r, idemkey_span(&key), KEY_DOMAIN_JSON);
-        }
-        if (err != -ENOENT)
-            return oom(r);
-        if (!rt->key.fallback) {
-            r->enforced = false; /* for no_key(): nothing is hashed any more */
-            return no_key(r);
-        }
-    }
-    /* fallback: the request's own fingerprint is its key */
-    for (size_t i = 0; i < FINGERPRINT_LEN; i++)
-        snprintf(hex + 2 * i, 3, "%02x", r->digest[i]);
-    r->derived_key = strdup(hex);
-    if (!r->derived_key)
-        return oom(r);
-    return keyed(r, (struct span){ hex, 2 * FINGERPRINT_LEN }, KEY_DOMAIN_FINGERPRINT);
+    if (!r->key.key.base)
+        found = keysource_read_body(ks, buf_span(&r->body), &r->key, detail, sizeof(detail));
+    if (found == KEYSOURCE_MISSING && ks->fallback)
+        found = keysource_fingerprint(r->digest, FINGERPRINT_LEN, &r->key);
+    if (found == KEYSOURCE_MISSING)
+        r->enforced = false; /* for no_key(): nothing is hashed any more */
+    return on_key(r, found, detail);
 }
 
-void pipeline_end(struct pipeline *pl, struct req *q)
+void pipeline_end(struct pipeline_req *r)
 {
-    struct preq *r = preq_of(q);
-
-    assert(r->pl == pl);
-    if (q->out.decided)
+    if (r->decided)
         return;
     r->running = true;
     metrics_inflight_add(1);
@@ -641,7 +529,7 @@ void pipeline_end(struct pipeline *pl, struct req *q)
 }
 
 /* The 503 of a store that failed with <err>. */
-static void set_store_problem(struct preq *r, int err)
+static void set_store_problem(struct pipeline_req *r, int err)
 {
     set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
                 err == -ENOSPC ? "The idempotency store is full of requests in flight; retry later."
@@ -652,7 +540,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res);
 
 /* Asks the store for the lock of <r>, under a new token; a store that refuses
  * the call at once answers 503. */
-static void acquire(struct preq *r)
+static void acquire(struct pipeline_req *r)
 {
     struct pipeline *pl = r->pl;
     int err = store_token_new(&r->tok);
@@ -666,7 +554,7 @@ static void acquire(struct preq *r)
                                 .keep_ms = r->ttl_ms,
                                 .take_over = r->route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
                                 .about = { .route = span_from_cstr(r->route->name),
-                                           .method = r->req.in.method,
+                                           .method = r->rq->method,
                                            .target = r->fwd_target },
                             },
                             on_acquired, r);
@@ -677,14 +565,14 @@ static void acquire(struct preq *r)
     }
 }
 
-static bool wait_hold(struct preq *r, uint64_t now);
+static bool wait_hold(struct pipeline_req *r, uint64_t now);
 static void on_confirmed(void *ctx, int err);
-static void lease_end(struct preq *r, struct record *rec);
+static void lease_end(struct pipeline_req *r, struct record *rec);
 
 /* Counts and logs that <r> made its key's outcome unknown for <cause>. */
-static void became_unknown(struct preq *r, enum store_cause cause)
+static void became_unknown(struct pipeline_req *r, enum store_cause cause)
 {
-    const struct req_intake *in = &r->req.in;
+    const struct request *in = r->rq;
 
     r->unknown = store_cause_name(cause);
     metrics_unknown_outcome(r->route->metrics_id, cause);
@@ -697,7 +585,7 @@ static void became_unknown(struct preq *r, enum store_cause cause)
 }
 
 /* The answer to a request whose key's outcome is unknown (SPEC §9). */
-static void answer_unknown(struct preq *r, const struct store_result *res)
+static void answer_unknown(struct pipeline_req *r, const struct store_result *res)
 {
     if (res->became)
         became_unknown(r, res->cause);
@@ -709,7 +597,7 @@ static void answer_unknown(struct preq *r, const struct store_result *res)
 
 static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
-    struct preq *r = ctx;
+    struct pipeline_req *r = ctx;
     struct pipeline *pl = r->pl;
     const struct route_settings *rs = &r->route->settings;
     uint64_t now = now_ms();
@@ -752,7 +640,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         log_warn("store acquire of key %s failed: %s", r->store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
         if (r->routes->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
-            r->req.out.outcome = OUTCOME_STORE_ERROR;
+            r->out.outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
             return;
         }
@@ -764,7 +652,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
 /* The lock of a holder that stalled is confirmed (or lost) before it runs. */
 static void on_confirmed(void *ctx, int err)
 {
-    struct preq *r = ctx;
+    struct pipeline_req *r = ctx;
 
     if (err == 0) {
         forward(r);
@@ -787,7 +675,7 @@ static void on_confirmed(void *ctx, int err)
 
 /* With --wait, holds <r> (whose key is in flight). Returns false when it is
  * not held: no --wait, its wait is over, or the proxy is stopping. */
-static bool wait_hold(struct preq *r, uint64_t now)
+static bool wait_hold(struct pipeline_req *r, uint64_t now)
 {
     if (!r->pl->waits || r->route->settings.wait_ms == 0)
         return false;
@@ -797,9 +685,9 @@ static bool wait_hold(struct preq *r, uint64_t now)
     return waitlist_hold(r->pl->waits, &r->wait, now);
 }
 
-static struct preq *preq_of_wait(struct waitlist_entry *e)
+static struct pipeline_req *preq_of_wait(struct waitlist_entry *e)
 {
-    return (struct preq *)(void *)((char *)e - offsetof(struct preq, wait));
+    return (struct pipeline_req *)(void *)((char *)e - offsetof(struct pipeline_req, wait));
 }
 
 /* A held duplicate's key was completed or released, or it is time to look:
@@ -812,7 +700,7 @@ static void on_wait_retry(void *ctx, struct waitlist_entry *e)
 
 static void on_wait_expired(void *ctx, struct waitlist_entry *e)
 {
-    struct preq *r = preq_of_wait(e);
+    struct pipeline_req *r = preq_of_wait(e);
 
     (void)ctx;
     set_problem(r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
@@ -826,9 +714,9 @@ static void on_wait_expired(void *ctx, struct waitlist_entry *e)
 static void on_upstream(void *ctx, int err, struct record *rec);
 static void on_overdue(void *ctx);
 
-static void forward(struct preq *r)
+static void forward(struct pipeline_req *r)
 {
-    const struct req_intake *in = &r->req.in;
+    const struct request *in = r->rq;
     int err;
 
     r->up_req = (struct upstream_request){
@@ -850,13 +738,13 @@ static void forward(struct preq *r)
 
 /* ---- 6. The upstream's answer: stored, or the lock released ---- */
 
-static void preq_unref(struct preq *r);
+static void preq_unref(struct pipeline_req *r);
 
 /* The finishing chain's first attempt has reported back: <r> is answered,
  * or, when its client got a 504 already, its late exchange is over. */
 static void on_lease_finished(void *ctx)
 {
-    struct preq *r = ctx;
+    struct pipeline_req *r = ctx;
 
     if (!r->late) {
         finish(r);
@@ -869,7 +757,7 @@ static void on_lease_finished(void *ctx)
 /* Completes the lock of <r> with <rec> (a reference the lease takes over), or
  * releases it when <rec> is NULL; <r> is answered once the first attempt
  * has reported back (store failures are retried without it: lease.h). */
-static void lease_end(struct preq *r, struct record *rec)
+static void lease_end(struct pipeline_req *r, struct record *rec)
 {
     struct lease *l = r->lease;
 
@@ -880,7 +768,7 @@ static void lease_end(struct preq *r, struct record *rec)
 /* The request of <r> may have run upstream and its answer is lost, for
  * <cause>: the key becomes unknown (refuse), or is released to run again
  * (retry). */
-static void lease_end_unknown(struct preq *r, enum store_cause cause)
+static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
 {
     const struct route_settings *rs = &r->route->settings;
     struct lease *l = r->lease;
@@ -893,7 +781,7 @@ static void lease_end_unknown(struct preq *r, enum store_cause cause)
     r->lease = NULL;
     lease_finish_unknown(l, cause,
                          &(struct store_about){ .route = span_from_cstr(r->route->name),
-                                                .method = r->req.in.method,
+                                                .method = r->rq->method,
                                                 .target = r->fwd_target },
                          r->ttl_ms, on_lease_finished, r);
 }
@@ -922,8 +810,8 @@ static struct record *too_large_marker(unsigned status)
  * loop thread, as on_upstream(). */
 static void on_overdue(void *ctx)
 {
-    struct preq *r = ctx;
-    const struct req_intake *in = &r->req.in;
+    struct pipeline_req *r = ctx;
+    const struct request *in = r->rq;
 
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
@@ -934,7 +822,7 @@ static void on_overdue(void *ctx)
     set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
     /* The method is the front end's memory, which goes with the client. */
     r->late_method = strndup(in->method.base, in->method.len);
-    r->req.in.method = span_from_cstr(r->late_method ? r->late_method : "");
+    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
     r->late = true;
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
@@ -944,7 +832,7 @@ static void on_overdue(void *ctx)
 /* The end of a late exchange: its client has its 504 (and may be gone, with
  * the front end's part of <r>): the lock is completed, released or made
  * unknown, and nothing is answered. */
-static void late_end(struct preq *r, int err, struct record *rec)
+static void late_end(struct pipeline_req *r, int err, struct record *rec)
 {
     const struct route_settings *rs = &r->route->settings;
 
@@ -971,8 +859,8 @@ static void late_end(struct preq *r, int err, struct record *rec)
 
 static void on_upstream(void *ctx, int err, struct record *rec)
 {
-    struct preq *r = ctx;
-    const struct req_intake *in = &r->req.in;
+    struct pipeline_req *r = ctx;
+    const struct request *in = r->rq;
     const struct route_settings *rs = &r->route->settings;
 
     if (r->late) {
@@ -997,7 +885,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         }
         if (err == -E2BIG) {
             /* The upstream did answer: it must never run twice. */
-            r->req.out.replayed = "false";
+            r->out.replayed = "false";
             lease_end(r, too_large_marker(502));
             return;
         }
@@ -1010,7 +898,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         return;
     }
     if (!r->lease) {
-        set_answer(r, rec, r->req.out.outcome, NULL); /* passthrough, or store_error */
+        set_answer(r, rec, r->out.outcome, NULL); /* passthrough, or store_error */
         finish(r);
         return;
     }
@@ -1124,62 +1012,30 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
     return why[0] ? 1 : 0;
 }
 
-/* ---- The request object ---- */
+/* ---- The front end's reference ---- */
 
-struct req *req_new(struct pipeline *pl)
+void pipeline_req_free(struct pipeline_req *r)
 {
-    struct preq *r = calloc(1, sizeof(*r));
-
-    if (!r)
-        return NULL;
-    r->pl = pl;
-    atomic_init(&r->refs, 1);
-    r->body = BUF_INIT(0); /* its limit is its route's max-body (pipeline_begin()) */
-    return &r->req;
+    if (r)
+        preq_unref(r);
 }
 
-int req_add_header(struct req *q, struct span name, struct span value)
-{
-    struct req_intake *in = &q->in;
-
-    if (in->nheaders == in->headers_cap) {
-        size_t cap = in->headers_cap ? in->headers_cap * 2 : 16;
-        struct http_header *h = realloc(in->headers, cap * sizeof(*h));
-
-        if (!h)
-            return -ENOMEM;
-        in->headers = h;
-        in->headers_cap = cap;
-    }
-    in->headers[in->nheaders++] = (struct http_header){ .name = name, .value = value };
-    return 0;
-}
-
-void req_free(struct req *q)
-{
-    if (q)
-        preq_unref(preq_of(q));
-}
-
-/* Drops a reference to <r>: the front end's (req_free()) or its late
+/* Drops a reference to <r>: the front end's (pipeline_req_free()) or its late
  * exchange's; the last frees it. A late exchange reads none of the front
  * end's memory (the header spans) once its client was answered. */
-static void preq_unref(struct preq *r)
+static void preq_unref(struct pipeline_req *r)
 {
-    struct req *q = &r->req;
-
     if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
         return;
-    free(q->in.target_buf);
+    request_free(r->rq);
     free(r->late_method);
     free(r->fwd_target_buf);
-    free(q->in.headers);
     buf_done(&r->body);
     fingerprint_done(&r->fp);
     free(r->store_key);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
-    record_unref(q->out.answer);
-    free(r->derived_key);
+    record_unref(r->out.rec);
+    keysource_key_done(&r->key);
     route_table_unref(r->routes);
     free(r);
 }

@@ -167,11 +167,7 @@ void route_done(struct route *rt)
     rt->match_path = NULL;
     free(rt->match_host);
     rt->match_host = NULL;
-    free(rt->key.header);
-    rt->key.header = NULL;
-    list_free(rt->key.headers, &rt->key.nheaders);
-    free(rt->key.pointer);
-    rt->key.pointer = NULL;
+    keysource_done(&rt->key);
     config_route_done(&rt->settings);
 }
 

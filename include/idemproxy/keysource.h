@@ -1,12 +1,92 @@
 /* SPDX-License-Identifier: MIT */
-/* Keys taken from somewhere other than the Idempotency-Key header, for a
- * route's `key` source (SPEC §6): an RFC 6901 JSON pointer into the body, and
- * composite keys from several header values. Pure functions, any thread. */
+/* Where a route's keys come from (SPEC §6), each kind of source with its own
+ * name, configuration, extraction, description and domain tag: one header
+ * (an Idempotency-Key), a composite of several headers, an RFC 6901 JSON
+ * pointer into the body; and a request's own fingerprint as the fallback.
+ * The pipeline asks a source for a key; it never looks at its kind. Pure
+ * functions, any thread. */
 #ifndef IDEMPROXY_KEYSOURCE_H
 #define IDEMPROXY_KEYSOURCE_H
 
 #include "idemproxy/common.h"
 #include "idemproxy/idemkey.h" /* struct idemkey, IDEMKEY_MAX */
+
+#define KEYSOURCE_MAX_NAMES 32 /* the headers of a composite key */
+
+struct keysource_kind; /* a kind of source: its entry in keysource.c's table */
+struct request;
+
+/* A route's key source. All zero is "not given": keysource_set_default()
+ * makes it the top level's key header. */
+struct keysource {
+    const struct keysource_kind *kind;
+    char *names[KEYSOURCE_MAX_NAMES]; /* owned: the header, the headers, or the JSON pointer */
+    size_t nnames;
+    bool fallback; /* fallback: fingerprint: a request without a key is keyed by its fingerprint */
+};
+
+/* Sets <name> of a route's `key` mapping on <ks>: a source (header, headers,
+ * json) from its value <items>[0] (<is_list> false) or the <n> items of a
+ * list, or the fallback. Returns 0; -EINVAL with why in <why> ("key.json:
+ * 'id' is not a JSON pointer ...", a second source); -ENOENT for a name that
+ * is none of these; -ENOMEM. */
+int keysource_set(struct keysource *ks, const char *name, const char *const *items, size_t n,
+                  bool is_list, char *why, size_t whylen);
+
+/* A source not given becomes the header <key_header>. Returns 0 or -ENOMEM. */
+int keysource_set_default(struct keysource *ks, const char *key_header);
+
+/* The kind of <ks>, as the file names it: "header", "headers" or "json". */
+const char *keysource_name(const struct keysource *ks);
+
+/* Frees what <ks> owns; it becomes "not given". NULL-safe, idempotent. */
+void keysource_done(struct keysource *ks);
+
+enum keysource_found {
+    KEYSOURCE_FOUND,   /* the key is in <ret> */
+    KEYSOURCE_MISSING, /* the request carries none */
+    KEYSOURCE_INVALID, /* it carries one that is not a key: why, for the client, in <detail> */
+    KEYSOURCE_IN_BODY, /* the source reads the body: keysource_read_body() once it is in */
+};
+
+/* A request's key, once read. */
+struct keysource_key {
+    struct span key;  /* the key: borrows the request, <parsed> or <derived> */
+    struct span sent; /* for the access line: the header value as sent, or <derived> */
+    char *derived;    /* owned: a key not sent as such (composite, JSON, fingerprint): what
+                         /keys finds */
+    bool fingerprint; /* the request's fingerprint stands for its key (fallback) */
+    struct idemkey parsed;
+};
+
+/* Reads the key of <rq> from its header section into <ret> (whose spans may
+ * borrow <rq>). Returns an enum keysource_found, or -ENOMEM. */
+int keysource_read(const struct keysource *ks, const struct request *rq,
+                   struct keysource_key *ret, char *detail, size_t detaillen);
+
+/* Reads the key of a source that reads the body from <body>. Returns FOUND,
+ * MISSING (no JSON, or nothing at the pointer), INVALID, or -ENOMEM. */
+int keysource_read_body(const struct keysource *ks, struct span body, struct keysource_key *ret,
+                        char *detail, size_t detaillen);
+
+/* Makes the hex text of the <len> bytes of <digest> (a request's
+ * fingerprint) the key in <ret> (fallback). Returns FOUND or -ENOMEM. */
+int keysource_fingerprint(const uint8_t *digest, size_t len, struct keysource_key *ret);
+
+/* The domain tag the scope of <k>, read by <ks>, hashes (SPEC §6: keys of
+ * different sources never share a store key); {NULL, 0} for a client's own
+ * key header. */
+struct span keysource_tag(const struct keysource *ks, const struct keysource_key *k);
+
+/* What the access line shows of a request whose key was not read (not
+ * enforced): the key header as sent, for a header source; else nothing. */
+struct span keysource_sent(const struct keysource *ks, const struct request *rq);
+
+/* What <ks> asks of a request without a key: the missing_key problem's detail. */
+void keysource_describe(const struct keysource *ks, char *out, size_t outlen);
+
+/* Frees what <k> owns. */
+void keysource_key_done(struct keysource_key *k);
 
 /* Checks an RFC 6901 JSON pointer as a config file gives it: "" (the whole
  * document) or '/'-separated reference tokens where '~' is only followed by

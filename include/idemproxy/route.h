@@ -11,27 +11,12 @@
 
 #include "idemproxy/common.h"
 #include "idemproxy/config.h"
+#include "idemproxy/keysource.h"
 #include "idemproxy/problem.h"
 
 #define ROUTE_NAME_MAX 64
 #define ROUTE_MAX 256           /* routes in one file */
 #define ROUTE_DEFAULT "default" /* the route of a request that matches none */
-
-enum route_key_kind {
-    ROUTE_KEY_HEADER,  /* one header, as an Idempotency-Key (sf-string or token) */
-    ROUTE_KEY_HEADERS, /* a composite of several headers' values */
-    ROUTE_KEY_JSON,    /* an RFC 6901 pointer into a JSON body */
-};
-
-/* Where a route's keys come from. */
-struct route_key {
-    enum route_key_kind kind;
-    char *header;                   /* HEADER: owned (the top level's key-header when not set) */
-    char *headers[CONFIG_MAX_LIST]; /* HEADERS: owned */
-    size_t nheaders;
-    char *pointer; /* JSON: owned, checked by keysource_pointer_check() */
-    bool fallback; /* fallback: fingerprint: a request without a key is keyed by its fingerprint */
-};
 
 struct route {
     char *name;          /* owned: [a-z0-9_-]{1,64}, or "default" */
@@ -45,7 +30,7 @@ struct route {
     char *match_host;  /* owned: compared case-insensitively with the Host value */
     /* what the route does */
     bool enforce; /* false: every request of the route is passthrough */
-    struct route_key key;
+    struct keysource key; /* owned: where its keys come from */
     enum problem_dialect errors;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };

@@ -3,6 +3,7 @@
 
 #include "check.h"
 #include "idemproxy/keysource.h"
+#include "idemproxy/request.h"
 
 /* The key at <pointer> in <body> must be <want>. */
 static void expect_json_key(const char *body, const char *pointer, const char *want)
@@ -288,6 +289,146 @@ static void test_keysource_composite_refuses_bad_values(void)
     CHECK_EQ_INT(composite_fails(v + 1, 0), -EINVAL);
 }
 
+/* ---- the kinds of key source ---- */
+
+static struct request *request_with(const char *const *headers)
+{
+    struct request *rq = request_new("/pay");
+
+    CHECK(rq != NULL);
+    for (; headers && *headers; headers++) {
+        const char *colon = strchr(*headers, ':');
+
+        CHECK_EQ_INT(request_add_header(rq, (struct span){ *headers, (size_t)(colon - *headers) },
+                                        span_from_cstr(colon + 2)),
+                     0);
+    }
+    return rq;
+}
+
+static int set1(struct keysource *ks, const char *name, const char *v, char *why, size_t len)
+{
+    return keysource_set(ks, name, &v, 1, false, why, len);
+}
+
+static void test_keysource_kinds_are_set_by_name(void)
+{
+    struct keysource ks = { 0 };
+    const char *pair[] = { "ce-source", "ce-id" };
+    char why[256];
+
+    CHECK_EQ_INT(keysource_set_default(&ks, "Idempotency-Key"), 0);
+    CHECK_EQ_STR(keysource_name(&ks), "header");
+    CHECK_EQ_STR(ks.names[0], "Idempotency-Key");
+    keysource_done(&ks);
+    CHECK_EQ_INT(keysource_set(&ks, "headers", pair, 2, true, why, sizeof(why)), 0);
+    CHECK_EQ_STR(keysource_name(&ks), "headers");
+    CHECK_EQ_INT(keysource_set_default(&ks, "Idempotency-Key"), 0); /* given: kept */
+    CHECK_EQ_INT(ks.nnames, 2);
+    CHECK_EQ_INT(set1(&ks, "json", "/id", why, sizeof(why)), -EINVAL);
+    CHECK_EQ_STR(why, "key: one source only (header, headers or json)");
+    CHECK_EQ_INT(set1(&ks, "fallback", "fingerprint", why, sizeof(why)), 0);
+    CHECK(ks.fallback);
+    keysource_done(&ks);
+    keysource_done(&ks); /* idempotent */
+
+    CHECK_EQ_INT(set1(&ks, "json", "id", why, sizeof(why)), -EINVAL);
+    CHECK(strncmp(why, "key.json: 'id' is not a JSON pointer", 36) == 0);
+    CHECK_EQ_INT(set1(&ks, "header", "a b", why, sizeof(why)), -EINVAL);
+    CHECK_EQ_STR(why, "key.header: 'a b' is not a header name");
+    CHECK_EQ_INT(set1(&ks, "headers", "one", why, sizeof(why)), -EINVAL); /* not a list */
+    CHECK_EQ_INT(set1(&ks, "fallback", "body", why, sizeof(why)), -EINVAL);
+    CHECK_EQ_INT(set1(&ks, "colour", "red", why, sizeof(why)), -ENOENT);
+    CHECK(ks.kind == NULL && !ks.fallback); /* nothing was set */
+}
+
+static void test_keysource_reads_each_kind_with_its_own_tag(void)
+{
+    struct keysource header = { 0 }, headers = { 0 }, json = { 0 };
+    const char *pair[] = { "ce-source", "ce-id" };
+    struct request *rq = request_with((const char *const[]){
+        "Idempotency-Key: \"k1\"", "ce-source: /src", "ce-id: 7", NULL });
+    struct keysource_key k = { 0 }, c = { 0 }, j = { 0 }, f = { 0 };
+    char why[256], detail[512];
+    uint8_t digest[4] = { 0xde, 0xad, 0xbe, 0xef };
+
+    CHECK_EQ_INT(keysource_set_default(&header, "Idempotency-Key"), 0);
+    CHECK_EQ_INT(keysource_set(&headers, "headers", pair, 2, true, why, sizeof(why)), 0);
+    CHECK_EQ_INT(set1(&json, "json", "/id", why, sizeof(why)), 0);
+
+    CHECK_EQ_INT(keysource_read(&header, rq, &k, detail, sizeof(detail)), KEYSOURCE_FOUND);
+    CHECK(span_eq(k.key, SPAN_LIT("k1")));        /* the sf-string unquoted */
+    CHECK(span_eq(k.sent, SPAN_LIT("\"k1\""))); /* as sent, for the log */
+    CHECK(k.derived == NULL && keysource_tag(&header, &k).base == NULL);
+
+    CHECK_EQ_INT(keysource_read(&headers, rq, &c, detail, sizeof(detail)), KEYSOURCE_FOUND);
+    CHECK_EQ_STR(c.derived, "/src 7");
+    CHECK(keysource_tag(&headers, &c).len > 0);
+
+    CHECK_EQ_INT(keysource_read(&json, rq, &j, detail, sizeof(detail)), KEYSOURCE_IN_BODY);
+    CHECK_EQ_INT(keysource_read_body(&json, SPAN_LIT("{\"id\": \"evt_1\"}"), &j, detail,
+                                     sizeof(detail)),
+                 KEYSOURCE_FOUND);
+    CHECK_EQ_STR(j.derived, "evt_1");
+    CHECK_EQ_INT(keysource_read_body(&header, SPAN_LIT("{}"), &f, detail, sizeof(detail)),
+                 KEYSOURCE_MISSING); /* a header source reads no body */
+    CHECK_EQ_INT(keysource_fingerprint(digest, sizeof(digest), &f), KEYSOURCE_FOUND);
+    CHECK_EQ_STR(f.derived, "deadbeef");
+
+    /* no two sources share a tag, and the client's own key header has none */
+    CHECK(!span_eq(keysource_tag(&headers, &c), keysource_tag(&json, &j)));
+    CHECK(!span_eq(keysource_tag(&json, &j), keysource_tag(&header, &f)));
+    CHECK(keysource_tag(&header, &f).len > 0); /* a fingerprint, whatever the source */
+    keysource_key_done(&k);
+    keysource_key_done(&c);
+    keysource_key_done(&j);
+    keysource_key_done(&f);
+    keysource_done(&header);
+    keysource_done(&headers);
+    keysource_done(&json);
+    request_free(rq);
+}
+
+static void test_keysource_missing_invalid_and_described(void)
+{
+    struct keysource header = { 0 }, headers = { 0 }, json = { 0 };
+    const char *pair[] = { "a", "b" };
+    struct request *twice = request_with((const char *const[]){ "K: x", "K: y", "a: 1", NULL });
+    struct request *bad = request_with((const char *const[]){ "K: a,b", "a: 1", "b: \x01", NULL });
+    struct keysource_key k = { 0 };
+    char why[256], detail[512];
+
+    CHECK_EQ_INT(keysource_set_default(&header, "K"), 0);
+    CHECK_EQ_INT(keysource_set(&headers, "headers", pair, 2, true, why, sizeof(why)), 0);
+    CHECK_EQ_INT(set1(&json, "json", "", why, sizeof(why)), 0);
+    CHECK_EQ_INT(keysource_read(&header, twice, &k, detail, sizeof(detail)), KEYSOURCE_INVALID);
+    CHECK_EQ_STR(detail, "Send exactly one K header.");
+    CHECK_EQ_INT(keysource_read(&header, bad, &k, detail, sizeof(detail)), KEYSOURCE_INVALID);
+    CHECK(span_eq(k.sent, SPAN_LIT("a,b"))); /* still logged as sent */
+    CHECK_EQ_INT(keysource_read(&headers, twice, &k, detail, sizeof(detail)), KEYSOURCE_MISSING);
+    CHECK_EQ_INT(keysource_read(&headers, bad, &k, detail, sizeof(detail)), KEYSOURCE_INVALID);
+    CHECK_EQ_INT(keysource_read_body(&json, SPAN_LIT("not json"), &k, detail, sizeof(detail)),
+                 KEYSOURCE_MISSING);
+    CHECK_EQ_INT(keysource_read_body(&json, SPAN_LIT("1.5"), &k, detail, sizeof(detail)),
+                 KEYSOURCE_INVALID);
+    CHECK(k.derived == NULL);
+
+    keysource_describe(&header, detail, sizeof(detail));
+    CHECK_EQ_STR(detail, "This request must carry an K header.");
+    keysource_describe(&headers, detail, sizeof(detail));
+    CHECK_EQ_STR(detail, "This request must carry the headers a, b, each once.");
+    keysource_describe(&json, detail, sizeof(detail));
+    CHECK_EQ_STR(detail, "This request must carry a JSON body with its idempotency key at the "
+                         "top level (a string or an integer).");
+    CHECK(span_eq(keysource_sent(&header, twice), SPAN_LIT("x")));
+    CHECK(keysource_sent(&headers, twice).base == NULL);
+    keysource_done(&header);
+    keysource_done(&headers);
+    keysource_done(&json);
+    request_free(twice);
+    request_free(bad);
+}
+
 TEST_MAIN(test_keysource_pointer_check_accepts_rfc6901,
           test_keysource_pointer_check_refuses_bad_pointers,
           test_keysource_json_finds_stripe_event_id, test_keysource_json_indexes_arrays,
@@ -298,4 +439,6 @@ TEST_MAIN(test_keysource_pointer_check_accepts_rfc6901,
           test_keysource_json_reads_only_body_len,
           test_keysource_json_empty_pointer_is_the_whole_document,
           test_keysource_composite_joins_with_one_space,
-          test_keysource_composite_refuses_bad_values)
+          test_keysource_composite_refuses_bad_values, test_keysource_kinds_are_set_by_name,
+          test_keysource_reads_each_kind_with_its_own_tag,
+          test_keysource_missing_invalid_and_described)

@@ -16,6 +16,7 @@
 #include "idemproxy/log.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
+#include "idemproxy/request.h"
 #include "idemproxy/route.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/worker.h"
@@ -210,22 +211,65 @@ static struct store stale_store = { .ops = &stale_ops };
 
 /* ---- requests, as the front end builds them ---- */
 
+struct env {
+    struct config cfg;
+    struct route_table *routes;
+    struct worker_pool *pool;
+    struct store *st;
+    struct pipeline *pl;
+};
+
+/* A request as the test's front end holds it: the request it hands the
+ * pipeline, the pipeline's handle, and the answer it gets back. */
+struct req {
+    struct request *rq;      /* until begin() hands it over */
+    struct pipeline_req *pr; /* from begin() on */
+    struct {
+        struct record *answer; /* a reference of ours */
+        const char *replayed;
+        enum outcome outcome;
+        bool decided;
+    } out;
+};
+
 struct answer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int calls;    /* of the done callback: exactly one is due */
-    bool decided; /* what r->out.decided said inside it */
+    struct req *r;
+    int calls;    /* of the answer callback: exactly one is due */
+    bool decided; /* the answer was set when it signalled */
 };
 
-static void on_done(struct req *r, void *ctx)
+static void on_done(void *ctx, const struct pipeline_answer *pa)
 {
     struct answer *a = ctx;
 
     pthread_mutex_lock(&a->mu);
+    a->r->out.answer = pa->rec;
+    a->r->out.replayed = pa->replayed;
+    a->r->out.outcome = pa->outcome;
+    a->r->out.decided = true;
     a->calls++;
-    a->decided = r->out.decided;
+    a->decided = a->r->out.decided;
     pthread_cond_signal(&a->cv);
     pthread_mutex_unlock(&a->mu);
+}
+
+/* Hands <r> to the pipeline, its answer to come to <a>. */
+static void begin(struct env *e, struct req *r, struct answer *a)
+{
+    a->r = r;
+    r->pr = pipeline_begin(e->pl, r->rq, on_done, a);
+    r->rq = NULL;
+    CHECK(r->pr != NULL);
+}
+
+static void req_free(struct req *r)
+{
+    request_free(r->rq);
+    pipeline_req_free(r->pr);
+    record_unref(r->out.answer);
+    free(r);
 }
 
 /* Waits up to <ms> for the answer; true once it came, through one callback. */
@@ -251,13 +295,6 @@ static bool answered(struct answer *a, unsigned ms)
     return calls == 1;
 }
 
-struct env {
-    struct config cfg;
-    struct route_table *routes;
-    struct worker_pool *pool;
-    struct store *st;
-    struct pipeline *pl;
-};
 
 static void env_up(struct env *e, struct store *st, const char *const *args)
 {
@@ -303,19 +340,22 @@ static void env_down(struct env *e)
 static struct req *request(struct env *e, const char *method, const char *target,
                            const char *const *headers)
 {
-    struct req *r = req_new(e->pl);
+    struct req *r = calloc(1, sizeof(*r));
 
-    r->in.method = span_from_cstr(method);
-    r->in.target_buf = strdup(target);
-    r->in.target = span_from_cstr(r->in.target_buf);
-    r->in.http11 = true;
-    snprintf(r->in.client_ip, sizeof(r->in.client_ip), "127.0.0.1");
-    CHECK_EQ_INT(req_add_header(r, SPAN_LIT("Host"), SPAN_LIT("api.test")), 0);
+    (void)e;
+    CHECK(r != NULL);
+    r->rq = request_new(target);
+    CHECK(r->rq != NULL);
+    r->rq->method = span_from_cstr(method);
+    r->rq->http11 = true;
+    snprintf(r->rq->client_ip, sizeof(r->rq->client_ip), "127.0.0.1");
+    CHECK_EQ_INT(request_add_header(r->rq, SPAN_LIT("Host"), SPAN_LIT("api.test")), 0);
     for (; headers && *headers; headers++) {
         const char *colon = strchr(*headers, ':');
 
-        CHECK_EQ_INT(req_add_header(r, (struct span){ *headers, (size_t)(colon - *headers) },
-                                    span_from_cstr(colon + 2)),
+        CHECK_EQ_INT(request_add_header(r->rq,
+                                        (struct span){ *headers, (size_t)(colon - *headers) },
+                                        span_from_cstr(colon + 2)),
                      0);
     }
     return r;
@@ -327,14 +367,14 @@ static struct req *run(struct env *e, struct req *r, const char *body)
 {
     struct answer a = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
-    pipeline_begin(e->pl, r, on_done, &a);
+    begin(e, r, &a);
     if (body && !r->out.decided)
-        pipeline_body(e->pl, r, body, strlen(body));
-    pipeline_end(e->pl, r); /* does nothing once decided */
+        pipeline_body(r->pr, body, strlen(body));
+    pipeline_end(r->pr); /* does nothing once decided */
     CHECK(answered(&a, 10000));
     /* Nothing more comes, even for a request answered early. */
-    pipeline_body(e->pl, r, "late", 4);
-    pipeline_end(e->pl, r);
+    pipeline_body(r->pr, "late", 4);
+    pipeline_end(r->pr);
     CHECK_EQ_INT(a.calls, 1);
     return r;
 }
@@ -349,10 +389,10 @@ static void start(struct env *e, struct pending *p, struct req *r, const char *b
 {
     p->a = (struct answer){ .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
     p->r = r;
-    pipeline_begin(e->pl, r, on_done, &p->a);
+    begin(e, r, &p->a);
     CHECK(!r->out.decided);
-    pipeline_body(e->pl, r, body, strlen(body));
-    pipeline_end(e->pl, r);
+    pipeline_body(r->pr, body, strlen(body));
+    pipeline_end(r->pr);
 }
 
 static bool finished(struct pending *p, unsigned ms) { return answered(&p->a, ms); }
@@ -473,7 +513,7 @@ static void test_pipeline_bad_request_is_decided_first(void)
     CHECK_EQ_INT(status_of(r), 501);
     req_free(r);
     r = request(&e, "GET", "/x", NULL);
-    r->in.head_error = "a NUL the HTTP layer hid";
+    r->rq->head_error = "a NUL the HTTP layer hid";
     run(&e, r, NULL);
     CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
     req_free(r);
@@ -497,37 +537,37 @@ static void test_pipeline_answers_through_the_callback_only(void)
 
     env_up(&e, NULL, (const char *const[]){ "--max-body", "8", NULL });
     r = request(&e, "GET", "/x", (const char *const[]){ "X: a\x01b", NULL });
-    pipeline_begin(e.pl, r, on_done, &a);
+    begin(&e, r, &a);
     CHECK_EQ_INT(a.calls, 1); /* inside pipeline_begin() */
     CHECK(a.decided && r->out.decided);
     CHECK_EQ_INT(r->out.outcome, OUTCOME_BAD_REQUEST);
-    pipeline_body(e.pl, r, "ignored", 7);
-    pipeline_end(e.pl, r);
+    pipeline_body(r->pr, "ignored", 7);
+    pipeline_end(r->pr);
     CHECK_EQ_INT(a.calls, 1);
     req_free(r);
 
     r = request(&e, "POST", "/pay", KEY("cb"));
-    pipeline_begin(e.pl, r, on_done, &b);
+    begin(&e, r, &b);
     CHECK_EQ_INT(b.calls, 0);
     CHECK(!r->out.decided);
-    pipeline_body(e.pl, r, "12345", 5);
+    pipeline_body(r->pr, "12345", 5);
     CHECK_EQ_INT(b.calls, 0);
-    pipeline_body(e.pl, r, "6789", 4); /* past --max-body 8 */
+    pipeline_body(r->pr, "6789", 4); /* past --max-body 8 */
     CHECK_EQ_INT(b.calls, 1);          /* inside pipeline_body() */
     CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE);
-    pipeline_body(e.pl, r, "more", 4);
-    pipeline_end(e.pl, r);
+    pipeline_body(r->pr, "more", 4);
+    pipeline_end(r->pr);
     CHECK_EQ_INT(b.calls, 1);
     req_free(r);
 
     r = request(&e, "POST", "/pay", KEY("cb"));
-    pipeline_begin(e.pl, r, on_done, &c);
-    pipeline_body(e.pl, r, "small", 5);
+    begin(&e, r, &c);
+    pipeline_body(r->pr, "small", 5);
     CHECK_EQ_INT(c.calls, 0);
-    pipeline_end(e.pl, r);
+    pipeline_end(r->pr);
     CHECK(answered(&c, 10000));
     CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
-    pipeline_end(e.pl, r);
+    pipeline_end(r->pr);
     CHECK_EQ_INT(c.calls, 1);
     req_free(r);
     env_down(&e);

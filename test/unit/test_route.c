@@ -111,16 +111,16 @@ static void test_route_file_builds_the_spec_example(void)
 
     rt = match(&cfg, "POST", "/webhooks/stripe", NULL);
     CHECK_EQ_STR(rt->name, "stripe-webhooks");
-    CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_JSON);
-    CHECK_EQ_STR(rt->key.pointer, "/id");
+    CHECK_EQ_STR(keysource_name(&rt->key), "json");
+    CHECK_EQ_STR(rt->key.names[0], "/id");
     CHECK_EQ_INT(rt->settings.nscope_headers, 0);
     /* methods are matched as sent, upper case in the file or not */
     CHECK_EQ_STR(match(&cfg, "GET", "/webhooks/stripe", NULL)->name, ROUTE_DEFAULT);
 
     rt = match(&cfg, "PUT", "/events/a/b", NULL);
     CHECK_EQ_STR(rt->name, "cloudevents");
-    CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADERS);
-    CHECK_EQ_INT(rt->key.nheaders, 2);
+    CHECK_EQ_STR(keysource_name(&rt->key), "headers");
+    CHECK_EQ_INT(rt->key.nnames, 2);
     CHECK_EQ_STR(match(&cfg, "PUT", "/events", NULL)->name, "cloudevents");
     CHECK_EQ_STR(match(&cfg, "PUT", "/eventsx", NULL)->name, ROUTE_DEFAULT);
 
@@ -129,7 +129,7 @@ static void test_route_file_builds_the_spec_example(void)
     rt = match(&cfg, "POST", "/v1/refunds", "API.Example.com:8080");
     CHECK_EQ_STR(rt->name, "legacy");
     CHECK(rt->key.fallback);
-    CHECK_EQ_STR(rt->key.header, "X-Idempotency");
+    CHECK_EQ_STR(rt->key.names[0], "X-Idempotency");
     CHECK_EQ_INT(rt->errors, PROBLEM_DIALECT_STRIPE);
     CHECK_EQ_INT(rt->settings.ttl_ms, 60000);
     CHECK_EQ_STR(match(&cfg, "POST", "/v1/refunds", "other.example.com")->name, ROUTE_DEFAULT);
@@ -142,8 +142,8 @@ static void test_route_file_builds_the_spec_example(void)
     rt = match(&cfg, "POST", "/v2/payments", NULL);
     CHECK_EQ_STR(rt->name, ROUTE_DEFAULT);
     CHECK(rt->enforce);
-    CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADER);
-    CHECK_EQ_STR(rt->key.header, "Idempotency-Key"); /* the top level's key-header */
+    CHECK_EQ_STR(keysource_name(&rt->key), "header");
+    CHECK_EQ_STR(rt->key.names[0], "Idempotency-Key"); /* the top level's key-header */
 out:
     unload(&cfg);
     unlink(path);
@@ -316,18 +316,18 @@ static void test_route_top_level_key_and_errors_are_the_default_route(void)
     if (routes) {
         rt = match(&cfg, "POST", "/x", NULL);
         CHECK_EQ_INT(rt->errors, PROBLEM_DIALECT_STRIPE);
-        CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADERS);
+        CHECK_EQ_STR(keysource_name(&rt->key), "headers");
         CHECK(rt->key.fallback);
         CHECK_EQ_INT(match(&cfg, "POST", "/p", NULL)->errors, PROBLEM_DIALECT_PROBLEM);
         CHECK_EQ_INT(match(&cfg, "POST", "/q", NULL)->errors, PROBLEM_DIALECT_STRIPE);
         /* a route without a key of its own takes the top level's; one with its own keeps it */
         rt = match(&cfg, "POST", "/q", NULL);
-        CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_HEADERS);
-        CHECK(rt->key.nheaders == 2 && rt->key.fallback);
-        CHECK_EQ_STR(rt->key.headers[1], "b");
+        CHECK_EQ_STR(keysource_name(&rt->key), "headers");
+        CHECK(rt->key.nnames == 2 && rt->key.fallback);
+        CHECK_EQ_STR(rt->key.names[1], "b");
         rt = match(&cfg, "POST", "/p", NULL);
-        CHECK_EQ_INT(rt->key.kind, ROUTE_KEY_JSON);
-        CHECK_EQ_STR(rt->key.pointer, "/id");
+        CHECK_EQ_STR(keysource_name(&rt->key), "json");
+        CHECK_EQ_STR(rt->key.names[0], "/id");
         CHECK(!rt->key.fallback);
     }
     unload(&cfg);
@@ -371,7 +371,7 @@ static void test_route_without_file_is_the_default_alone(void)
     if (routes) {
         CHECK_EQ_STR(routes->routes[0].name, ROUTE_DEFAULT);
         CHECK_EQ_INT(routes->routes[0].settings.ttl_ms, 9000);
-        CHECK_EQ_STR(routes->routes[0].key.header, "Idempotency-Key"); /* the top level's */
+        CHECK_EQ_STR(routes->routes[0].key.names[0], "Idempotency-Key"); /* the top level's */
     }
     unload(&cfg);
 }
