@@ -905,6 +905,11 @@ int config_check_route(const struct config *cfg, const struct route_settings *rs
     return check_memory_budget(cfg, rs, why, whylen);
 }
 
+bool config_is_cacheable(const struct route_settings *rs, unsigned status)
+{
+    return status < ARRAY_SIZE(rs->no_cache) && !rs->no_cache[status];
+}
+
 bool config_is_enforced(const struct route_settings *rs, struct span method)
 {
     for (size_t i = 0; i < rs->nmethods; i++) {

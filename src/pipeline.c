@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The per-request idempotency state machine, in the order a request lives:
- * its head is checked and its key read (pipeline_begin), its body buffered
- * and hashed (pipeline_body), then (pipeline_end) the store's lock is asked
+ * admission decides what it is from its head (pipeline_begin) and its body
+ * (pipeline_body: admission.h), then (pipeline_end) the store's lock is asked
  * for, a duplicate may be held (--wait), the request is forwarded, and the
  * upstream's answer is stored and handed back. pipeline_begin() and
  * pipeline_body() run on the front end's event loop; from pipeline_end() on,
@@ -20,11 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "idemproxy/buf.h"
+#include "idemproxy/admission.h"
 #include "idemproxy/config.h"
-#include "idemproxy/fingerprint.h"
-#include "idemproxy/http.h"
-#include "idemproxy/idemkey.h"
 #include "idemproxy/keysource.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
@@ -36,8 +33,6 @@
 #include "idemproxy/store.h"
 #include "idemproxy/waitlist.h"
 #include "idemproxy/worker.h"
-
-#define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
 struct pipeline {
     struct store *st;
@@ -66,21 +61,7 @@ struct pipeline_req {
     bool late;                  /* answered 504 at --upstream-timeout; its exchange goes on */
     char *late_method;          /* owned: the method, once late (the front end's copy may go) */
     const char *unknown;        /* the cause, once this request made its key unknown */
-    struct route_table *routes; /* reference: the table <route> belongs to */
-    const struct route *route;  /* its route, and the settings it runs under (route->settings) */
-    struct buf body;            /* owned, limited by the route's max-body */
-    bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
-    bool key_deferred;          /* the key comes from the body: decided by pipeline_end() */
-    struct keysource_key key;   /* its key, once read (owns what it derived) */
-    /* What is forwarded and fingerprinted: the target in origin-form (or "*"),
-     * borrowing <rq->target_buf> or <fwd_target_buf>, and the Host an
-     * absolute-form target names (base NULL: the client's Host). */
-    struct span fwd_target;
-    char *fwd_target_buf; /* owned: "/" + path, for an absolute-form target without one */
-    struct span fwd_host;
-    struct fingerprint fp;
-    uint8_t digest[FINGERPRINT_LEN];
-    char *store_key; /* owned: <prefix><scope>:<key> */
+    struct admission adm;       /* its route, key, fingerprint and body (admission.h) */
     struct store_token tok;
     struct lease *lease;            /* reference while the lock is held */
     struct upstream_request up_req; /* what is forwarded: borrows from this request */
@@ -100,97 +81,6 @@ struct pipeline_req {
 static void acquire(struct pipeline_req *r);
 static void forward(struct pipeline_req *r);
 
-/* ---- Reading the request ---- */
-
-/* Parses a decimal integer of one or more digits, nothing else; a value past
- * UINT64_MAX is UINT64_MAX: "99999999999999999999999" is still a positive
- * integer, only a large one. */
-static int parse_uint(struct span s, uint64_t *ret)
-{
-    uint64_t v = 0;
-
-    if (s.len == 0)
-        return -EINVAL;
-    for (size_t i = 0; i < s.len; i++) {
-        uint64_t d = (uint64_t)(s.base[i] - '0');
-
-        if (s.base[i] < '0' || s.base[i] > '9')
-            return -EINVAL;
-        v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
-    }
-    *ret = v;
-    return 0;
-}
-
-/* The TTL of the completed answer: the TTL header when it is a positive
- * integer (capped at --max-ttl), else --ttl. */
-static uint64_t request_ttl_ms(const struct pipeline_req *r)
-{
-    const struct route_settings *rs = &r->route->settings;
-    const struct span *v;
-    uint64_t s;
-
-    if (!rs->ttl_header || !rs->ttl_header[0])
-        return rs->ttl_ms;
-    v = request_header(r->rq, span_from_cstr(rs->ttl_header), NULL);
-    if (!v || parse_uint(*v, &s) < 0 || s == 0)
-        return rs->ttl_ms;
-    if (s > rs->max_ttl_ms / 1000)
-        return rs->max_ttl_ms;
-    return s * 1000;
-}
-
-/* Builds <prefix><scope>:<key> (idemkey.h), the scope hashing the
- * --scope-header values in order (several instances of one header count as
- * their comma-joined list), then the tag of <domain> for a derived key. */
-static int build_store_key(struct pipeline_req *r)
-{
-    const struct route_settings *rs = &r->route->settings;
-    const struct request *in = r->rq;
-    struct span values[CONFIG_MAX_LIST + 1];
-    size_t nvalues = rs->nscope_headers;
-    struct buf joined[CONFIG_MAX_LIST];
-    char scope[IDEMKEY_SCOPE_HEX + 1];
-    int err = 0;
-
-    for (size_t i = 0; i < rs->nscope_headers; i++) {
-        struct span name = span_from_cstr(rs->scope_headers[i]);
-        const struct span *first;
-        size_t n;
-
-        joined[i] = BUF_INIT(SIZE_MAX);
-        values[i] = (struct span){ NULL, 0 };
-        first = request_header(r->rq, name, &n);
-        if (!first)
-            continue;
-        if (n == 1) {
-            values[i] = *first;
-            continue;
-        }
-        for (size_t h = 0; h < in->nheaders && err == 0; h++) {
-            if (!span_eq_nocase(in->headers[h].name, name))
-                continue;
-            if (joined[i].len)
-                err = buf_append(&joined[i], ",", 1);
-            if (err == 0)
-                err = buf_append(&joined[i], in->headers[h].value.base, in->headers[h].value.len);
-        }
-        values[i] = buf_span(&joined[i]);
-        if (!values[i].base)
-            values[i].base = ""; /* present, though empty */
-    }
-    values[nvalues] = keysource_tag(&r->route->key, &r->key);
-    if (values[nvalues].base)
-        nvalues++;
-    if (err == 0)
-        err = idemkey_scope(values, nvalues, scope);
-    if (err == 0)
-        err = idemkey_store_key(span_from_cstr(r->pl->key_prefix), scope, r->key.key, &r->store_key);
-    for (size_t i = 0; i < rs->nscope_headers; i++)
-        buf_done(&joined[i]);
-    return err;
-}
-
 /* ---- Answering ---- */
 
 static void set_answer(struct pipeline_req *r, struct record *rec, enum outcome o, const char *replayed)
@@ -199,23 +89,23 @@ static void set_answer(struct pipeline_req *r, struct record *rec, enum outcome 
     r->out.rec = rec;
     r->out.outcome = o;
     r->out.replayed = replayed;
-    r->out.replay_header = r->route->settings.replay_header;
+    r->out.replay_header = r->adm.route->settings.replay_header;
 }
 
 /* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
  * the front end then drops the connection. */
 static void set_problem(struct pipeline_req *r, enum problem p, enum outcome o, const char *detail)
 {
-    set_answer(r, problem_new(p, r->route->errors, detail), o, NULL);
+    set_answer(r, problem_new(p, r->adm.route->errors, detail), o, NULL);
 }
 
 /* Counts <r> in the metrics and writes its access line. */
 static void account(struct pipeline *pl, struct pipeline_req *r)
 {
-    const struct route *rt = r->route;
+    const struct route *rt = r->adm.route;
     uint64_t total_us = metrics_now_us() - r->start_us;
     /* the key as sent, or the one derived (which /keys finds) */
-    struct span key = r->key.sent.base ? r->key.sent : keysource_sent(&rt->key, r->rq);
+    struct span key = r->adm.key.sent.base ? r->adm.key.sent : keysource_sent(&rt->key, r->rq);
 
     (void)pl;
     metrics_request(rt->metrics_id, r->out.outcome, total_us, r->forwarded, r->upstream_us);
@@ -251,196 +141,28 @@ static void finish(struct pipeline_req *r)
     r->answer(r->answer_ctx, &a);
 }
 
-/* ---- 1. The head: HTTP-level checks, then the key ---- */
-
-/* Refuses <r> with a bad_request answer: <status> 400 or 501, <why> in the
- * problem's detail and in the log (the client's bytes escaped there). */
-static int refuse_bad_request(struct pipeline_req *r, unsigned status, const char *why)
+/* Answers the refusal <ref> of admission: a malformed request is logged first
+ * (what the client sent escaped there). */
+static void refuse(struct pipeline_req *r, const struct admission_refusal *ref)
 {
     const struct request *in = r->rq;
-    char detail[256];
 
-    snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
-    log_info("refused %.*s %.*s from %s: %s (%u)", (int)(in->method.len < 64 ? in->method.len : 64),
-             in->method.base ? in->method.base : "",
-             (int)(in->target.len < 1024 ? in->target.len : 1024),
-             in->target.base ? in->target.base : "", in->client_ip, why, status);
-    set_problem(r, status == 501 ? PROBLEM_NOT_IMPLEMENTED : PROBLEM_BAD_REQUEST,
-                OUTCOME_BAD_REQUEST, detail);
-    return 1;
-}
-
-/* The HTTP-level checks of SPEC §7: nothing malformed is forwarded, locked or
- * keyed. Sets what is forwarded (<r>->fwd_target, <r>->fwd_host). Returns 0,
- * or 1 with the bad_request answer set. */
-static int check_head(struct pipeline_req *r)
-{
-    const struct request *in = r->rq;
-    struct http_target t;
-    const char *why;
-    unsigned status = 400;
-
-    if (in->head_error)
-        return refuse_bad_request(r, 400, in->head_error);
-    why = http_check_request_line(in->method, in->target, &t, &status);
-    if (!why)
-        why = http_check_fields(in->headers, in->nheaders, in->http11, &status);
-    if (why)
-        return refuse_bad_request(r, status, why);
-    r->fwd_target = t.path;
-    if (t.form == HTTP_TARGET_ABSOLUTE) {
-        r->fwd_host = t.authority;
-        if (t.needs_slash) {
-            r->fwd_target_buf = malloc(t.path.len + 2);
-            if (!r->fwd_target_buf) {
-                set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                            "Out of memory while reading the request.");
-                return 1;
-            }
-            r->fwd_target_buf[0] = '/';
-            memcpy(r->fwd_target_buf + 1, t.path.base, t.path.len);
-            r->fwd_target_buf[t.path.len + 1] = '\0';
-            r->fwd_target = (struct span){ .base = r->fwd_target_buf, .len = t.path.len + 1 };
-        }
-    }
-    return 0;
-}
-
-/* Answers 503 for a request the proxy has no memory for. Returns 1. */
-static int oom(struct pipeline_req *r)
-{
-    set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                "Out of memory while reading the request.");
-    return 1;
-}
-
-/* Starts hashing the request: its key will be checked against it. */
-static int start_fingerprint(struct pipeline_req *r)
-{
-    if (fingerprint_init(&r->fp, r->rq->method, r->fwd_target) < 0)
-        return oom(r);
-    r->enforced = true;
-    r->ttl_ms = request_ttl_ms(r);
-    return 0;
-}
-
-/* <r> runs under the idempotency key <key> from <domain>. Returns 0, or 1
- * with an answer set. */
-static int keyed(struct pipeline_req *r)
-{
-    if (build_store_key(r) < 0)
-        return oom(r);
-    return r->enforced ? 0 : start_fingerprint(r);
-}
-
-/* No key: the fingerprint stands for one (fallback), a 400 (require-key),
- * or passthrough. Returns 0 to go on, 1 with an answer set. */
-static int no_key(struct pipeline_req *r)
-{
-    const struct route *rt = r->route;
-    char detail[512];
-
-    if (rt->key.fallback) {
-        r->key_deferred = true; /* keyed by its fingerprint once the body is in */
-        return r->enforced ? 0 : start_fingerprint(r);
-    }
-    if (rt->settings.require_key) {
-        keysource_describe(&rt->key, detail, sizeof(detail));
-        set_problem(r, PROBLEM_KEY_MISSING, OUTCOME_MISSING_KEY, detail);
-        return 1;
-    }
-    r->enforced = false; /* passthrough, unprotected */
-    return 0;
-}
-
-/* What the key source found (<found>, an enum keysource_found or -ENOMEM),
- * <detail> saying why an invalid key is one. Returns 0 to go on, 1 with an
- * answer set. */
-static int on_key(struct pipeline_req *r, int found, const char *detail)
-{
-    switch (found) {
-    case KEYSOURCE_FOUND:
-        return keyed(r);
-    case KEYSOURCE_MISSING:
-        return no_key(r);
-    case KEYSOURCE_INVALID:
-        set_problem(r, PROBLEM_KEY_INVALID, OUTCOME_INVALID_KEY, detail);
-        return 1;
-    case KEYSOURCE_IN_BODY:
-        r->key_deferred = true;
-        return start_fingerprint(r);
-    default:
-        return oom(r);
-    }
-}
-
-/* Reads the key from the headers, as the route's key source says; a key in
- * the body is left for pipeline_end(). Returns 0 to go on, 1 with an answer. */
-static int read_key(struct pipeline_req *r)
-{
-    char detail[512];
-    int found = keysource_read(&r->route->key, r->rq, &r->key, detail, sizeof(detail));
-
-    return on_key(r, found, detail);
-}
-
-/* The path a route is matched on: the target up to its query. */
-static struct span target_path(struct span target)
-{
-    const char *q = target.base ? memchr(target.base, '?', target.len) : NULL;
-
-    if (q)
-        target.len = (size_t)(q - target.base);
-    return target;
-}
-
-/* Matches <r> to its route, by <target>, and the Host of <host> (base NULL:
- * the client's Host header). */
-static void route_request(struct pipeline_req *r, struct span target, struct span host)
-{
-    const struct span *h = NULL;
-
-    if (!host.base && (h = request_header(r->rq, SPAN_LIT("Host"), NULL)))
-        host = *h;
-    r->route = route_match(r->routes, r->rq->method, target_path(target), host);
-    r->body.limit = r->route->settings.max_body_bytes;
-}
-
-/* Routes the request, decides passthrough or enforcement and reads the key.
- * Returns 0 to go on with the body, 1 with an answer set. */
-static int begin(struct pipeline *pl, struct pipeline_req *r)
-{
-    const struct route_settings *rs;
-    const struct span *v;
-    uint64_t announced;
-
-    pthread_mutex_lock(&pl->routes_mu);
-    r->routes = route_table_ref(pl->routes);
-    pthread_mutex_unlock(&pl->routes_mu);
-    /* A first match on the target as sent, so that even a malformed request
-     * is answered in its route's dialect and counted under its route. */
-    route_request(r, r->rq->target, (struct span){ NULL, 0 });
-    r->out.outcome = OUTCOME_PASSTHROUGH;
-    if (check_head(r))
-        return 1;
-    if (r->fwd_target.base != r->rq->target.base || r->fwd_host.base)
-        route_request(r, r->fwd_target, r->fwd_host); /* an absolute-form target */
-    rs = &r->route->settings;
-    if (pl->enabled && r->route->enforce && config_is_enforced(rs, r->rq->method) &&
-        read_key(r))
-        return 1;
-    v = request_header(r->rq, SPAN_LIT("Content-Length"), NULL);
-    if (v && parse_uint(*v, &announced) == 0 && announced > rs->max_body_bytes) {
-        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
-        return 1;
-    }
-    return 0;
+    if (ref->why)
+        log_info("refused %.*s %.*s from %s: %s (%u)",
+                 (int)(in->method.len < 64 ? in->method.len : 64),
+                 in->method.base ? in->method.base : "",
+                 (int)(in->target.len < 1024 ? in->target.len : 1024),
+                 in->target.base ? in->target.base : "", in->client_ip, ref->why, ref->status);
+    set_problem(r, ref->problem, ref->outcome, ref->detail[0] ? ref->detail : NULL);
+    finish(r);
 }
 
 struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
                                     pipeline_answer_fn *answer, void *ctx)
 {
     struct pipeline_req *r = calloc(1, sizeof(*r));
+    struct admission_refusal ref;
+    struct route_table *t;
 
     if (!r) {
         request_free(rq);
@@ -449,83 +171,43 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->pl = pl;
     r->rq = rq;
     atomic_init(&r->refs, 1);
-    r->body = BUF_INIT(0); /* its limit is its route's max-body (route_request()) */
     r->answer = answer;
     r->answer_ctx = ctx;
     r->start_us = metrics_now_us();
-    if (begin(pl, r))
-        finish(r);
+    r->out.outcome = OUTCOME_PASSTHROUGH;
+    pthread_mutex_lock(&pl->routes_mu);
+    t = route_table_ref(pl->routes);
+    pthread_mutex_unlock(&pl->routes_mu);
+    if (admission_head(&r->adm, t, rq, pl->key_prefix, pl->enabled, &ref))
+        refuse(r, &ref);
+    route_table_unref(t); /* admission holds its own */
     return r;
 }
 
-/* ---- 2. The body ---- */
-
 void pipeline_body(struct pipeline_req *r, const char *p, size_t n)
 {
-    int err;
+    struct admission_refusal ref;
 
-    if (r->decided)
-        return; /* already refused: discard the rest */
-    err = buf_append(&r->body, p, n);
-    if (err == 0 && r->enforced)
-        err = fingerprint_update(&r->fp, p, n);
-    if (err == 0)
-        return;
-    buf_done(&r->body);
-    if (err == -E2BIG)
-        set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
-    else
-        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    "Out of memory while reading the request.");
-    finish(r);
+    if (!r->decided && admission_body(&r->adm, p, n, &ref))
+        refuse(r, &ref); /* and what comes after is discarded */
 }
 
 /* ---- 3. The run: the lock first, when the key is enforced ---- */
 
-/* The key of a route whose key is in the body (json), or of a request keyed
- * by its fingerprint (fallback), now that the body is in. Returns 0 to go
- * on (<r>->enforced false: passthrough), 1 with an answer set. */
-static int body_key(struct pipeline_req *r)
-{
-    const struct keysource *ks = &r->route->key;
-    char detail[512];
-    int found = KEYSOURCE_MISSING;
-
-    r->key_deferred = false;
-    if (!r->key.key.base)
-        found = keysource_read_body(ks, buf_span(&r->body), &r->key, detail, sizeof(detail));
-    if (found == KEYSOURCE_MISSING && ks->fallback)
-        found = keysource_fingerprint(r->digest, FINGERPRINT_LEN, &r->key);
-    if (found == KEYSOURCE_MISSING)
-        r->enforced = false; /* for no_key(): nothing is hashed any more */
-    return on_key(r, found, detail);
-}
-
 void pipeline_end(struct pipeline_req *r)
 {
+    struct admission_refusal ref;
+
     if (r->decided)
         return;
     r->running = true;
     metrics_inflight_add(1);
-    if (!r->enforced) {
-        forward(r);
-        return;
-    }
-    if (fingerprint_final(&r->fp, r->digest) < 0) {
-        set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                    "Out of memory while reading the request.");
-        finish(r);
-        return;
-    }
-    if (r->key_deferred && body_key(r)) {
-        finish(r);
-        return;
-    }
-    if (!r->enforced) {
-        forward(r); /* no key in the body, none required: passthrough */
-        return;
-    }
-    acquire(r);
+    if (admission_end(&r->adm, r->rq, &ref))
+        refuse(r, &ref);
+    else if (!r->adm.enforced)
+        forward(r); /* passthrough: no key, none required, or not enforced */
+    else
+        acquire(r);
 }
 
 /* The 503 of a store that failed with <err>. */
@@ -548,14 +230,14 @@ static void acquire(struct pipeline_req *r)
     r->acquire_sent_ms = now_ms();
     r->store_sent_us = metrics_now_us();
     if (err == 0)
-        err = store_acquire(pl->st, span_from_cstr(r->store_key), r->digest, &r->tok,
+        err = store_acquire(pl->st, span_from_cstr(r->adm.store_key), r->adm.digest, &r->tok,
                             &(struct store_lock){
-                                .lease_ms = r->route->settings.lock_ttl_ms,
-                                .keep_ms = r->ttl_ms,
-                                .take_over = r->route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
-                                .about = { .route = span_from_cstr(r->route->name),
+                                .lease_ms = r->adm.route->settings.lock_ttl_ms,
+                                .keep_ms = r->adm.ttl_ms,
+                                .take_over = r->adm.route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
+                                .about = { .route = span_from_cstr(r->adm.route->name),
                                            .method = r->rq->method,
-                                           .target = r->fwd_target },
+                                           .target = r->adm.fwd_target },
                             },
                             on_acquired, r);
     if (err < 0) {
@@ -575,13 +257,13 @@ static void became_unknown(struct pipeline_req *r, enum store_cause cause)
     const struct request *in = r->rq;
 
     r->unknown = store_cause_name(cause);
-    metrics_unknown_outcome(r->route->metrics_id, cause);
+    metrics_unknown_outcome(r->adm.route->metrics_id, cause);
     log_warn("key %s: outcome unknown (%s): %.*s %.*s of route %s may have run upstream and its "
              "answer was lost; duplicates get 502 idempotency_outcome_unknown until an operator "
              "resolves it (/keys)",
-             r->store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
+             r->adm.store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
              in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
-             r->route->name);
+             r->adm.route->name);
 }
 
 /* The answer to a request whose key's outcome is unknown (SPEC §9). */
@@ -599,13 +281,13 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
     struct pipeline_req *r = ctx;
     struct pipeline *pl = r->pl;
-    const struct route_settings *rs = &r->route->settings;
+    const struct route_settings *rs = &r->adm.route->settings;
     uint64_t now = now_ms();
 
     metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
     if (err == 0 && res->status == STORE_ACQUIRED) {
         r->lease =
-            lease_start(pl->leases, r->store_key, &r->tok, r->acquire_sent_ms, rs->lock_ttl_ms);
+            lease_start(pl->leases, r->adm.store_key, &r->tok, r->acquire_sent_ms, rs->lock_ttl_ms);
         if (!r->lease) {
             set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
             finish(r); /* the lock expires within --lock-ttl */
@@ -637,9 +319,9 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         set_answer(r, record_ref(res->rec), OUTCOME_REPLAYED, "true");
     } else {
         metrics_store_error();
-        log_warn("store acquire of key %s failed: %s", r->store_key,
+        log_warn("store acquire of key %s failed: %s", r->adm.store_key,
                  err < 0 ? store_strerror(err) : "unexpected answer");
-        if (r->routes->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
+        if (r->adm.routes->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH) {
             r->out.outcome = OUTCOME_STORE_ERROR;
             forward(r); /* unprotected, as configured */
             return;
@@ -677,11 +359,11 @@ static void on_confirmed(void *ctx, int err)
  * not held: no --wait, its wait is over, or the proxy is stopping. */
 static bool wait_hold(struct pipeline_req *r, uint64_t now)
 {
-    if (!r->pl->waits || r->route->settings.wait_ms == 0)
+    if (!r->pl->waits || r->adm.route->settings.wait_ms == 0)
         return false;
-    r->wait.key = r->store_key;
+    r->wait.key = r->adm.store_key;
     if (r->wait.until_ms == 0)
-        r->wait.until_ms = now + r->route->settings.wait_ms; /* the route's, not the list's */
+        r->wait.until_ms = now + r->adm.route->settings.wait_ms; /* the route's, not the list's */
     return waitlist_hold(r->pl->waits, &r->wait, now);
 }
 
@@ -721,11 +403,11 @@ static void forward(struct pipeline_req *r)
 
     r->up_req = (struct upstream_request){
         .method = in->method,
-        .target = r->fwd_target,
-        .host = r->fwd_host,
+        .target = r->adm.fwd_target,
+        .host = r->adm.fwd_host,
         .headers = in->headers,
         .nheaders = in->nheaders,
-        .body = buf_span(&r->body),
+        .body = buf_span(&r->adm.body),
         .client_ip = in->client_ip,
         .proto = "http",
         .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
@@ -762,7 +444,7 @@ static void lease_end(struct pipeline_req *r, struct record *rec)
     struct lease *l = r->lease;
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
-    lease_finish(l, rec, r->ttl_ms, on_lease_finished, r);
+    lease_finish(l, rec, r->adm.ttl_ms, on_lease_finished, r);
 }
 
 /* The request of <r> may have run upstream and its answer is lost, for
@@ -770,7 +452,7 @@ static void lease_end(struct pipeline_req *r, struct record *rec)
  * (retry). */
 static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
 {
-    const struct route_settings *rs = &r->route->settings;
+    const struct route_settings *rs = &r->adm.route->settings;
     struct lease *l = r->lease;
 
     if (rs->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
@@ -780,28 +462,10 @@ static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
     became_unknown(r, cause);
     r->lease = NULL;
     lease_finish_unknown(l, cause,
-                         &(struct store_about){ .route = span_from_cstr(r->route->name),
+                         &(struct store_about){ .route = span_from_cstr(r->adm.route->name),
                                                 .method = r->rq->method,
-                                                .target = r->fwd_target },
-                         r->ttl_ms, on_lease_finished, r);
-}
-
-static bool is_cacheable(const struct route_settings *rs, unsigned status)
-{
-    return status < ARRAY_SIZE(rs->no_cache) && !rs->no_cache[status];
-}
-
-/* A marker stored instead of an answer larger than the proxy keeps: the
- * request ran, and must not run again. NULL on OOM. */
-static struct record *too_large_marker(unsigned status)
-{
-    struct record *marker = record_new(0);
-
-    if (marker) {
-        marker->too_large = true;
-        marker->status = status;
-    }
-    return marker;
+                                                .target = r->adm.fwd_target },
+                         r->adm.ttl_ms, on_lease_finished, r);
 }
 
 /* --upstream-timeout passed while a keyed request's exchange goes on (for
@@ -834,23 +498,23 @@ static void on_overdue(void *ctx)
  * unknown, and nothing is answered. */
 static void late_end(struct pipeline_req *r, int err, struct record *rec)
 {
-    const struct route_settings *rs = &r->route->settings;
+    const struct route_settings *rs = &r->adm.route->settings;
 
-    log_info("key %s: the late exchange ended: %s", r->store_key,
+    log_info("key %s: the late exchange ended: %s", r->adm.store_key,
              err == 0            ? "an answer"
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
                                  : strerror(-err));
     if (err == -E2BIG) {
-        lease_end(r, too_large_marker(502)); /* it did answer */
+        lease_end(r, record_new_too_large(502)); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
         lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
                                                 : STORE_CAUSE_UPSTREAM_TIMEOUT);
-    } else if (err < 0 || !is_cacheable(rs, rec->status)) {
+    } else if (err < 0 || !config_is_cacheable(rs, rec->status)) {
         lease_end(r, NULL);
     } else {
         record_ensure_date(rec);
         if (rec->body.len > rs->max_response_bytes)
-            lease_end(r, too_large_marker(rec->status));
+            lease_end(r, record_new_too_large(rec->status));
         else
             lease_end(r, record_ref(rec));
     }
@@ -861,7 +525,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct pipeline_req *r = ctx;
     const struct request *in = r->rq;
-    const struct route_settings *rs = &r->route->settings;
+    const struct route_settings *rs = &r->adm.route->settings;
 
     if (r->late) {
         late_end(r, err, rec);
@@ -886,7 +550,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         if (err == -E2BIG) {
             /* The upstream did answer: it must never run twice. */
             r->out.replayed = "false";
-            lease_end(r, too_large_marker(502));
+            lease_end(r, record_new_too_large(502));
             return;
         }
         if (upstream_err_maybe_sent(err)) {
@@ -903,13 +567,13 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         return;
     }
     set_answer(r, rec, OUTCOME_EXECUTED, "false");
-    if (!is_cacheable(rs, rec->status)) {
+    if (!config_is_cacheable(rs, rec->status)) {
         lease_end(r, NULL);
         return;
     }
     record_ensure_date(rec);
     if (rec->body.len > rs->max_response_bytes) {
-        lease_end(r, too_large_marker(rec->status)); /* a NULL marker (OOM) releases instead */
+        lease_end(r, record_new_too_large(rec->status)); /* a NULL marker (OOM) releases instead */
         return;
     }
     lease_end(r, record_ref(rec));
@@ -922,7 +586,7 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
                  struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
-    uint64_t wait_ms = 0;
+    uint64_t wait_ms = route_table_max_wait(t);
     int err = 0;
 
     if (!pl)
@@ -934,13 +598,7 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
     pl->st = st;
     pl->pool = pool;
     pl->fwd = *fwd;
-    pl->min_lock_ttl_ms = cfg->route.lock_ttl_ms;
-    for (size_t i = 0; i <= t->nroutes; i++) {
-        if (t->routes[i].settings.wait_ms > wait_ms)
-            wait_ms = t->routes[i].settings.wait_ms;
-        if (t->routes[i].settings.lock_ttl_ms < pl->min_lock_ttl_ms)
-            pl->min_lock_ttl_ms = t->routes[i].settings.lock_ttl_ms;
-    }
+    pl->min_lock_ttl_ms = route_table_min_lock_ttl(t);
     /* The --wait subscriber only when a route waits (an ACL may forbid it). */
     if (st && wait_ms > 0) {
         err = waitlist_new(pool, wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
@@ -1029,13 +687,8 @@ static void preq_unref(struct pipeline_req *r)
         return;
     request_free(r->rq);
     free(r->late_method);
-    free(r->fwd_target_buf);
-    buf_done(&r->body);
-    fingerprint_done(&r->fp);
-    free(r->store_key);
+    admission_done(&r->adm);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
     record_unref(r->out.rec);
-    keysource_key_done(&r->key);
-    route_table_unref(r->routes);
     free(r);
 }

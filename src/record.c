@@ -22,6 +22,17 @@ struct record *record_new(size_t max_body)
     return rec;
 }
 
+struct record *record_new_too_large(unsigned status)
+{
+    struct record *marker = record_new(0);
+
+    if (marker) {
+        marker->too_large = true;
+        marker->status = status;
+    }
+    return marker;
+}
+
 struct record *record_ref(struct record *rec)
 {
     if (rec)

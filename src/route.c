@@ -141,6 +141,28 @@ size_t route_table_max_response(const struct route_table *t)
     return most;
 }
 
+uint64_t route_table_max_wait(const struct route_table *t)
+{
+    uint64_t most = 0;
+
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        if (t->routes[i].settings.wait_ms > most)
+            most = t->routes[i].settings.wait_ms;
+    }
+    return most;
+}
+
+uint64_t route_table_min_lock_ttl(const struct route_table *t)
+{
+    uint64_t least = UINT64_MAX;
+
+    for (size_t i = 0; i <= t->nroutes; i++) {
+        if (t->routes[i].settings.lock_ttl_ms < least)
+            least = t->routes[i].settings.lock_ttl_ms;
+    }
+    return least;
+}
+
 struct route_table *route_table_ref(struct route_table *t)
 {
     atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);

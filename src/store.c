@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "idemproxy/record.h"
-#include "idemproxy/store_impl.h"
+#include "store_impl.h"
 
 /* Random bytes for tokens come from RAND_bytes() in blocks: one call per
  * STORE_RAND_BLOCK / 16 tokens instead of one per request. Per thread, so no

@@ -25,7 +25,7 @@
 #include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
 #include "idemproxy/record.h"
-#include "idemproxy/store_impl.h"
+#include "store_impl.h"
 #include "idemproxy/worker.h"
 
 #define NSHARDS 64 /* a power of two; the shard is the hash's top bits */

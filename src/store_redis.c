@@ -45,8 +45,8 @@
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_sentinel.h"
 #include "idemproxy/redis_url.h"
-#include "idemproxy/store_impl.h"
-#include "idemproxy/store_redis_impl.h"
+#include "store_impl.h"
+#include "store_redis_impl.h"
 #include "idemproxy/worker.h"
 #include "lua_scripts.h"
 

@@ -6,8 +6,8 @@
 
 #include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
-#include "idemproxy/store_impl.h"
-#include "idemproxy/store_redis_impl.h"
+#include "store_impl.h"
+#include "store_redis_impl.h"
 
 /* ---- for operators: inspect and purge ----
  * They run on the first loop's connections, as chains of ops whose replies

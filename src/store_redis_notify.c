@@ -5,7 +5,7 @@
 
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
-#include "idemproxy/store_redis_impl.h"
+#include "store_redis_impl.h"
 
 /* ---- notifications for --wait ---- */
 

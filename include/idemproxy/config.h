@@ -174,6 +174,9 @@ void config_swap_reloadable(struct config *cfg, struct config *next);
 /* Writes the usage text: every option, its environment variable and default. */
 void config_print_help(FILE *f);
 
+/* True when an answer of <status> is stored under <rs> (no-cache-status). */
+bool config_is_cacheable(const struct route_settings *rs, unsigned status);
+
 /* True when <method> is one of <rs>'s methods (exact, upper case). */
 bool config_is_enforced(const struct route_settings *rs, struct span method);
 

@@ -30,6 +30,11 @@ struct record {
  * <max_body> bytes, or NULL on OOM. */
 struct record *record_new(size_t max_body);
 
+/* A marker stored instead of an answer of <status> larger than the proxy
+ * keeps (too_large set, no body): the request ran, and must not run again.
+ * NULL on OOM. */
+struct record *record_new_too_large(unsigned status);
+
 /* Adds a reference to <rec> and returns it. NULL-safe. */
 struct record *record_ref(struct record *rec);
 

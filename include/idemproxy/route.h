@@ -68,8 +68,11 @@ static inline struct route *route_table_default(struct route_table *t)
     return &t->routes[t->nroutes];
 }
 
-/* The largest max-response of the routes of <t> (the default's included). */
+/* The largest max-response, the longest wait and the shortest lock-ttl of
+ * the routes of <t> (the default's included). */
 size_t route_table_max_response(const struct route_table *t);
+uint64_t route_table_max_wait(const struct route_table *t);
+uint64_t route_table_min_lock_ttl(const struct route_table *t);
 
 struct route_table *route_table_ref(struct route_table *t);
 

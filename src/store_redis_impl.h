@@ -17,7 +17,7 @@
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
-#include "idemproxy/store_impl.h"
+#include "store_impl.h"
 #include "lua_scripts.h"
 
 #define BACKOFF_FIRST_MS 50

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/* What a request is, decided from its head and its body before anything
+ * runs (SPEC §1, §6, §7): its route, the HTTP-level checks and what is
+ * forwarded, whether the idempotency rules apply, its key, store key and
+ * fingerprint, and its body (within the route's max-body). A request it
+ * refuses gets a problem and an outcome, which the pipeline answers. Pure;
+ * one thread at a time. */
+#ifndef IDEMPROXY_ADMISSION_H
+#define IDEMPROXY_ADMISSION_H
+
+#include "idemproxy/buf.h"
+#include "idemproxy/common.h"
+#include "idemproxy/fingerprint.h"
+#include "idemproxy/keysource.h"
+#include "idemproxy/outcome.h"
+#include "idemproxy/problem.h"
+
+struct request;
+struct route;
+struct route_table;
+
+/* Why a request is refused: the problem to answer and its outcome. */
+struct admission_refusal {
+    enum problem problem;
+    enum outcome outcome;
+    char detail[512];   /* the problem's detail; "": its own */
+    const char *why;    /* a malformed request (bad_request): what is wrong, for the log */
+    unsigned status;    /* and its status: 400, or 501 (a method not supported) */
+};
+
+/* What is decided of a request. All zero before admission_head(). */
+struct admission {
+    struct route_table *routes; /* reference: the table <route> belongs to */
+    const struct route *route;  /* its route, and the settings it runs under */
+    const char *key_prefix;     /* borrowed: --key-prefix */
+    bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
+    bool key_deferred;          /* the key comes from the body: decided by admission_end() */
+    struct keysource_key key;   /* its key, once read (owns what it derived) */
+    char *store_key;            /* owned: <prefix><scope>:<key> */
+    uint64_t ttl_ms;            /* how long a completed answer is kept */
+    /* What is forwarded and fingerprinted: the target in origin-form (or
+     * "*"), borrowing the request's target or <fwd_target_buf>, and the
+     * Host an absolute-form target names (base NULL: the client's Host). */
+    struct span fwd_target;
+    char *fwd_target_buf; /* owned: "/" + path, for an absolute-form target without one */
+    struct span fwd_host;
+    struct buf body; /* owned, limited by the route's max-body */
+    struct fingerprint fp;
+    uint8_t digest[FINGERPRINT_LEN]; /* once admission_end() made it */
+};
+
+/* The head of <rq> is in: matches its route in <t> (a reference is taken),
+ * checks it (SPEC §7), decides passthrough or enforcement (<enabled> false:
+ * every request is passthrough), reads its key (store keys start with
+ * <key_prefix>, borrowed) and checks the announced body size. Returns 0 to
+ * read the body, or 1 with the refusal in <ret> (a->route set even then: its
+ * dialect and its metrics). */
+int admission_head(struct admission *a, struct route_table *t, const struct request *rq,
+                   const char *key_prefix, bool enabled, struct admission_refusal *ret);
+
+/* <n> more body bytes: buffered (once) and hashed. Returns 0, or 1 with the
+ * refusal in <ret> (413 past max-body, 503 out of memory); the body is then
+ * dropped. */
+int admission_body(struct admission *a, const char *p, size_t n, struct admission_refusal *ret);
+
+/* The body is complete: the fingerprint is made, and a key that comes from
+ * the body (a JSON source, the fingerprint fallback) read. Returns 0 (with
+ * a->enforced false: passthrough), or 1 with the refusal in <ret>. */
+int admission_end(struct admission *a, const struct request *rq, struct admission_refusal *ret);
+
+/* Frees what <a> owns. */
+void admission_done(struct admission *a);
+
+#endif
