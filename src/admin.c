@@ -115,13 +115,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             a->token, a->loopback,
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"))) {
         case ADMIN_ACCESS_FORBIDDEN:
-            return admin_keys_problem(conn, PROBLEM_ADMIN_FORBIDDEN,
-                                 "/keys is served without --admin-token-file only on a loopback "
-                                 "--admin-listen address.");
+            return admin_keys_problem(
+                conn, PROBLEM_ADMIN_FORBIDDEN,
+                "/keys is served without --admin-token-file only on a loopback "
+                "--admin-listen address.");
         case ADMIN_ACCESS_UNAUTHORIZED:
             return admin_keys_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
-                                 "/keys requires Authorization: Bearer <the token of "
-                                 "--admin-token-file>.");
+                                      "/keys requires Authorization: Bearer <the token of "
+                                      "--admin-token-file>.");
         case ADMIN_ACCESS_ALLOWED:
             break;
         }

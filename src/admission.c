@@ -17,8 +17,7 @@
 
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
-static int refuse(struct admission_refusal *ret, enum problem p, enum outcome o,
-                  const char *detail)
+static int refuse(struct admission_refusal *ret, enum problem p, enum outcome o, const char *detail)
 {
     ret->problem = p;
     ret->outcome = o;
@@ -139,8 +138,8 @@ static int refuse_bad_request(struct admission_refusal *ret, unsigned status, co
     char detail[256];
 
     snprintf(detail, sizeof(detail), "The request is malformed: %s.", why);
-    refuse(ret, status == 501 ? PROBLEM_NOT_IMPLEMENTED : PROBLEM_BAD_REQUEST,
-           OUTCOME_BAD_REQUEST, detail);
+    refuse(ret, status == 501 ? PROBLEM_NOT_IMPLEMENTED : PROBLEM_BAD_REQUEST, OUTCOME_BAD_REQUEST,
+           detail);
     ret->why = why;
     ret->status = status;
     return 1;
@@ -148,8 +147,7 @@ static int refuse_bad_request(struct admission_refusal *ret, unsigned status, co
 
 /* The HTTP-level checks of SPEC §7: nothing malformed is forwarded, locked or
  * keyed. Sets what is forwarded. Returns 0, or 1 with the refusal. */
-static int check_head(struct admission *a, const struct request *rq,
-                      struct admission_refusal *ret)
+static int check_head(struct admission *a, const struct request *rq, struct admission_refusal *ret)
 {
     struct http_target t;
     const char *why;
@@ -271,8 +269,8 @@ int admission_head(struct admission *a, struct route_table *t, const struct requ
         route_request(a, rq, a->fwd_target, a->fwd_host); /* an absolute-form target */
     rs = &a->route->settings;
     if (enabled && a->route->enforce && config_is_enforced(rs, rq->method) &&
-        on_key(a, rq, keysource_read(&a->route->key, rq, &a->key, detail, sizeof(detail)),
-               detail, ret))
+        on_key(a, rq, keysource_read(&a->route->key, rq, &a->key, detail, sizeof(detail)), detail,
+               ret))
         return 1;
     v = request_header(rq, SPAN_LIT("Content-Length"), NULL);
     if (v && parse_uint(*v, &announced) == 0 && announced > rs->max_body_bytes)

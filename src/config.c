@@ -108,7 +108,8 @@ _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
  * comes before IDEMPROXY_TTL, which then overrides it. */
 static const struct opt opts[] = {
     { "--listen", "IDEMPROXY_LISTEN", "HOST:PORT", "127.0.0.1:8080",
-      "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, CONFIG_RESTART, F(listen), 0, NULL, false, false },
+      "address of the proxy (IPv6 as [::1]:8080)", K_ADDR, CONFIG_RESTART, F(listen), 0, NULL,
+      false, false },
     { "--upstream", "IDEMPROXY_UPSTREAM", "URL", NULL,
       "required: the API to protect, http:// or https:// (no user info, query or fragment); "
       "every request goes there, a path prefix before every target",
@@ -121,13 +122,17 @@ static const struct opt opts[] = {
     { "--redis-password-file", "IDEMPROXY_REDIS_PASSWORD_FILE", "FILE", NULL,
       "Redis password: the file's first line, which beats one in the URL (and stays out of the "
       "process list)",
-      K_PASSWORD_FILE, CONFIG_RESTART | CONFIG_SECRET, F(redis_password_file), F(redis_password), NULL, false, false },
+      K_PASSWORD_FILE, CONFIG_RESTART | CONFIG_SECRET, F(redis_password_file), F(redis_password),
+      NULL, false, false },
     { "--redis-tls-ca-file", "IDEMPROXY_REDIS_TLS_CA_FILE", "FILE", NULL,
-      "rediss://: the CAs that verify Redis's certificate; none: the system's CA store", K_FILE, CONFIG_RESTART, F(redis_tls_ca_file), 0, NULL, false, false },
+      "rediss://: the CAs that verify Redis's certificate; none: the system's CA store", K_FILE,
+      CONFIG_RESTART, F(redis_tls_ca_file), 0, NULL, false, false },
     { "--redis-tls-cert-file", "IDEMPROXY_REDIS_TLS_CERT_FILE", "FILE", NULL,
-      "rediss://: a client certificate (PEM) for Redis servers that ask for one", K_FILE, CONFIG_RESTART, F(redis_tls_cert_file), 0, NULL, false, false },
+      "rediss://: a client certificate (PEM) for Redis servers that ask for one", K_FILE,
+      CONFIG_RESTART, F(redis_tls_cert_file), 0, NULL, false, false },
     { "--redis-tls-key-file", "IDEMPROXY_REDIS_TLS_KEY_FILE", "FILE", NULL,
-      "rediss://: the client certificate's key (PEM)", K_FILE, CONFIG_RESTART, F(redis_tls_key_file), 0, NULL, false, false },
+      "rediss://: the client certificate's key (PEM)", K_FILE, CONFIG_RESTART,
+      F(redis_tls_key_file), 0, NULL, false, false },
     { "--redis-tls-server-name", "IDEMPROXY_REDIS_TLS_SERVER_NAME", "NAME", NULL,
       "rediss://: the name checked in Redis's certificate and sent as SNI; none: the URL's host",
       K_HOSTNAME, CONFIG_RESTART, F(redis_tls_server_name), 0, NULL, false, false },
@@ -139,40 +144,53 @@ static const struct opt opts[] = {
       "confirm in time is refused (503); 0: do not wait",
       K_COUNT0, CONFIG_RESTART, F(redis_wait_replicas), 0, NULL, false, false },
     { "--redis-wait-timeout", "IDEMPROXY_REDIS_WAIT_TIMEOUT", "S", "0.1",
-      "how long --redis-wait-replicas waits for the replicas", K_SECONDS, CONFIG_RESTART, F(redis_wait_timeout_ms), 0, NULL, false, false },
+      "how long --redis-wait-replicas waits for the replicas", K_SECONDS, CONFIG_RESTART,
+      F(redis_wait_timeout_ms), 0, NULL, false, false },
     { "--admin-listen", "IDEMPROXY_ADMIN_LISTEN", "HOST:PORT", "127.0.0.1:9090",
-      "address of /healthz, /readyz and /metrics", K_ADDR, CONFIG_RESTART, F(admin_listen), 0, NULL, false, false },
+      "address of /healthz, /readyz and /metrics", K_ADDR, CONFIG_RESTART, F(admin_listen), 0, NULL,
+      false, false },
     { "--methods", "IDEMPROXY_METHODS", "LIST", "POST,PUT,PATCH",
-      "comma-separated methods that need idempotency", K_METHODS, CONFIG_ROUTE, R(methods), R(nmethods), NULL, false, false },
+      "comma-separated methods that need idempotency", K_METHODS, CONFIG_ROUTE, R(methods),
+      R(nmethods), NULL, false, false },
     { "--key-header", "IDEMPROXY_KEY_HEADER", "NAME", "Idempotency-Key",
       "request header carrying the key", K_HEADER, 0, F(key_header), 0, NULL, false, false },
     { "--replay-header", "IDEMPROXY_REPLAY_HEADER", "NAME", "X-Idempotency-Replayed",
-      "response header telling a replay (true) from an execution (false)", K_HEADER, CONFIG_ROUTE, R(replay_header), 0, NULL, false, false },
+      "response header telling a replay (true) from an execution (false)", K_HEADER, CONFIG_ROUTE,
+      R(replay_header), 0, NULL, false, false },
     { "--require-key", "IDEMPROXY_REQUIRE_KEY", NULL, "false",
-      "answer 400 to an enforced request without a key", K_BOOL, CONFIG_ROUTE, R(require_key), 0, NULL, false, false },
+      "answer 400 to an enforced request without a key", K_BOOL, CONFIG_ROUTE, R(require_key), 0,
+      NULL, false, false },
     { "--scope-header", "IDEMPROXY_SCOPE_HEADER", "NAME", "Authorization",
       "header whose value scopes keys per client; repeatable (environment: comma-separated)",
       K_HEADERS, CONFIG_ROUTE, R(scope_headers), R(nscope_headers), NULL, false, false },
-    { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR, CONFIG_RESTART, F(key_prefix), 0, NULL, false, false },
+    { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR,
+      CONFIG_RESTART, F(key_prefix), 0, NULL, false, false },
     { "--ttl", "IDEMPOTENCY_DEFAULT_TTL_SEC", "S", NULL,
-      "seconds a completed response is kept, overridden by IDEMPROXY_TTL and --ttl", K_SECONDS, CONFIG_ROUTE, R(ttl_ms), 0, NULL, true, true },
-    { "--ttl", "IDEMPROXY_TTL", "S", "86400", "seconds a completed response is kept", K_SECONDS, CONFIG_ROUTE, R(ttl_ms), 0, NULL, false, false },
+      "seconds a completed response is kept, overridden by IDEMPROXY_TTL and --ttl", K_SECONDS,
+      CONFIG_ROUTE, R(ttl_ms), 0, NULL, true, true },
+    { "--ttl", "IDEMPROXY_TTL", "S", "86400", "seconds a completed response is kept", K_SECONDS,
+      CONFIG_ROUTE, R(ttl_ms), 0, NULL, false, false },
     { "--max-ttl", "IDEMPROXY_MAX_TTL", "S", "604800", "cap on a TTL asked for by a request",
       K_SECONDS, CONFIG_ROUTE, R(max_ttl_ms), 0, NULL, false, false },
     { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
-      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, CONFIG_ROUTE, R(ttl_header), 0, NULL, false, false },
+      "request header asking for another TTL; \"\" disables", K_HEADER_OPT, CONFIG_ROUTE,
+      R(ttl_header), 0, NULL, false, false },
     { "--lock-ttl", "IDEMPROXY_LOCK_TTL", "S", "30", "seconds a lock lives without a heartbeat",
       K_SECONDS, CONFIG_ROUTE, R(lock_ttl_ms), 0, NULL, false, false },
     { "--no-cache-status", "IDEMPROXY_NO_CACHE_STATUS", "LIST", "5xx,408,409,429",
-      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS, CONFIG_ROUTE, R(no_cache), 0, NULL, false, false },
+      "statuses and classes (4xx, 5xx) not stored; \"\" stores every status", K_STATUS,
+      CONFIG_ROUTE, R(no_cache), 0, NULL, false, false },
     { "--max-body", "IDEMPROXY_MAX_BODY", "BYTES", "1M", "largest request body (413 above)",
       K_BYTES, CONFIG_ROUTE, R(max_body_bytes), 0, NULL, false, false },
     { "--max-response", "IDEMPROXY_MAX_RESPONSE", "BYTES", "4M",
-      "largest response stored for replay", K_BYTES, CONFIG_ROUTE, R(max_response_bytes), 0, NULL, false, false },
+      "largest response stored for replay", K_BYTES, CONFIG_ROUTE, R(max_response_bytes), 0, NULL,
+      false, false },
     { "--memory-max-bytes", "IDEMPROXY_MEMORY_MAX_BYTES", "BYTES", "256M",
-      "budget of the memory store", K_BYTES, CONFIG_RESTART, F(memory_max_bytes), 0, NULL, false, false },
+      "budget of the memory store", K_BYTES, CONFIG_RESTART, F(memory_max_bytes), 0, NULL, false,
+      false },
     { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
-      "bound on a whole upstream exchange (504 after)", K_SECONDS, CONFIG_RESTART, F(upstream_timeout_ms), 0, NULL, false, false },
+      "bound on a whole upstream exchange (504 after)", K_SECONDS, CONFIG_RESTART,
+      F(upstream_timeout_ms), 0, NULL, false, false },
     { "--upstream-late-timeout", "IDEMPROXY_UPSTREAM_LATE_TIMEOUT", "S", "60",
       "after the 504 of --upstream-timeout, how much longer a keyed exchange may go on: a late "
       "answer is still stored; 0: none",
@@ -182,27 +200,35 @@ static const struct opt opts[] = {
       "its key answers 502 idempotency_outcome_unknown (refuse), or runs again (retry)",
       K_CHOICE, CONFIG_ROUTE, R(on_unknown), 0, on_unknown_names, false, false },
     { "--client-timeout", "IDEMPROXY_CLIENT_TIMEOUT", "S", "30",
-      "a client idle this long, or this slow to send a header section, is disconnected", K_SECONDS, CONFIG_RESTART, F(client_timeout_ms), 0, NULL, false, false },
+      "a client idle this long, or this slow to send a header section, is disconnected", K_SECONDS,
+      CONFIG_RESTART, F(client_timeout_ms), 0, NULL, false, false },
     { "--shutdown-timeout", "IDEMPROXY_SHUTDOWN_TIMEOUT", "S", "10",
-      "on SIGTERM, how long running requests may finish", K_SECONDS, 0, F(shutdown_timeout_ms), 0, NULL, false, false },
+      "on SIGTERM, how long running requests may finish", K_SECONDS, 0, F(shutdown_timeout_ms), 0,
+      NULL, false, false },
     { "--store-timeout", "IDEMPROXY_STORE_TIMEOUT", "S", "1",
-      "bound on one store call (then store_unavailable)", K_SECONDS, CONFIG_RESTART, F(store_timeout_ms), 0, NULL, false, false },
+      "bound on one store call (then store_unavailable)", K_SECONDS, CONFIG_RESTART,
+      F(store_timeout_ms), 0, NULL, false, false },
     { "--wait", "IDEMPROXY_WAIT", "S", "0",
       "hold a duplicate of a running request this long for its replay; 0 answers 409 at once",
       K_SECONDS0, CONFIG_ROUTE, R(wait_ms), 0, NULL, false, false },
     { "--on-store-error", "IDEMPROXY_ON_STORE_ERROR", "reject|passthrough", "reject",
-      "when the store fails: answer 503, or proxy unprotected", K_CHOICE, 0, F(on_store_error), 0, on_store_error_names, false, false },
+      "when the store fails: answer 503, or proxy unprotected", K_CHOICE, 0, F(on_store_error), 0,
+      on_store_error_names, false, false },
     { "--max-connections", "IDEMPROXY_MAX_CONNECTIONS", "N", "4096",
-      "client connections served at once", K_COUNT, CONFIG_RESTART, F(max_connections), 0, NULL, false, false },
-    { "--log-format", "IDEMPROXY_LOG_FORMAT", "json|text", "text", "log line format", K_CHOICE, 0, F(log_format), 0, log_format_names, false, false },
+      "client connections served at once", K_COUNT, CONFIG_RESTART, F(max_connections), 0, NULL,
+      false, false },
+    { "--log-format", "IDEMPROXY_LOG_FORMAT", "json|text", "text", "log line format", K_CHOICE, 0,
+      F(log_format), 0, log_format_names, false, false },
     { "--log-level", "IDEMPROXY_LOG_LEVEL", "error|warn|info|debug", "info",
       "most verbose level logged", K_CHOICE, 0, F(log_level), 0, log_level_names, false, false },
     { NULL, "IDEMPOTENCY_ENABLED", "BOOL", "true",
-      "false turns enforcement off: every request is passed through", K_BOOL, CONFIG_RESTART, F(enabled), 0, NULL, true, false },
+      "false turns enforcement off: every request is passed through", K_BOOL, CONFIG_RESTART,
+      F(enabled), 0, NULL, true, false },
     { "--admin-token-file", "IDEMPROXY_ADMIN_TOKEN_FILE", "FILE", NULL,
       "/keys on the admin listener requires Authorization: Bearer <the file's first line>; "
       "none: /keys is served only on a loopback admin address",
-      K_TOKEN_FILE, CONFIG_RESTART | CONFIG_SECRET, F(admin_token_file), F(admin_token), NULL, false, false },
+      K_TOKEN_FILE, CONFIG_RESTART | CONFIG_SECRET, F(admin_token_file), F(admin_token), NULL,
+      false, false },
     { "--config", "IDEMPROXY_CONFIG", "FILE", NULL,
       "YAML configuration file: any option above (spelled without the dashes), routes and key "
       "sources; flags and environment win over it; SIGHUP reads it again",
@@ -211,8 +237,10 @@ static const struct opt opts[] = {
       "validate the options, environment and configuration file, print each problem, and exit "
       "0 (valid) or 2",
       K_ACTION, 0, F(check_config), 0, NULL, false, false },
-    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, 0, F(show_help), 0, NULL, false, false },
-    { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, 0, F(show_version), 0, NULL, false, false },
+    { "--help", NULL, NULL, NULL, "print this help and exit (also -h)", K_ACTION, 0, F(show_help),
+      0, NULL, false, false },
+    { "--version", NULL, NULL, NULL, "print the version and exit", K_ACTION, 0, F(show_version), 0,
+      NULL, false, false },
 };
 
 #undef F
@@ -768,143 +796,6 @@ static int load_flags(struct config *cfg, int argc, char *const argv[], char *er
     return 0;
 }
 
-static void format_secs(uint64_t ms, char *out, size_t outlen)
-{
-    if (ms % 1000 == 0)
-        snprintf(out, outlen, "%" PRIu64 " s", ms / 1000);
-    else
-        snprintf(out, outlen, "%" PRIu64 ".%03" PRIu64 " s", ms / 1000, ms % 1000);
-}
-
-static void format_bytes(size_t n, char *out, size_t outlen)
-{
-    if (n >= (1u << 20) && n % (1u << 20) == 0)
-        snprintf(out, outlen, "%zu MiB", n >> 20);
-    else if (n >= 1024 && n % 1024 == 0)
-        snprintf(out, outlen, "%zu KiB", n >> 10);
-    else
-        snprintf(out, outlen, "%zu bytes", n);
-}
-
-/* The memory store must hold at least two responses of the largest size it
- * stores, or a request could be executed and then have nowhere to go. */
-static int check_memory_budget(const struct config *cfg, const struct route_settings *rs,
-                               char *err, size_t errlen)
-{
-    char have[32], resp[32];
-
-    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= rs->max_response_bytes)
-        return 0;
-    format_bytes(cfg->memory_max_bytes, have, sizeof(have));
-    format_bytes(rs->max_response_bytes, resp, sizeof(resp));
-    set_err(err, errlen,
-            "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
-            "or lower --max-response",
-            have, resp);
-    return -EINVAL;
-}
-
-/* TLS options without a TLS URL would be ignored: a user who gives them
- * expects TLS, so that is an error; so is half a client certificate. */
-static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
-{
-    static const struct {
-        const char *flag;
-        size_t off;
-    } tls_opts[] = {
-        { "--redis-tls-ca-file", offsetof(struct config, redis_tls_ca_file) },
-        { "--redis-tls-cert-file", offsetof(struct config, redis_tls_cert_file) },
-        { "--redis-tls-key-file", offsetof(struct config, redis_tls_key_file) },
-        { "--redis-tls-server-name", offsetof(struct config, redis_tls_server_name) },
-    };
-    struct redis_url u;
-    bool tls = false;
-
-    if (cfg->redis_url && redis_url_parse(cfg->redis_url, &u, NULL, 0) == 0) {
-        tls = u.tls;
-        redis_url_done(&u);
-    }
-    for (size_t i = 0; i < ARRAY_SIZE(tls_opts); i++) {
-        if (!tls && *(char *const *)(const void *)((const char *)cfg + tls_opts[i].off)) {
-            set_err(err, errlen, "%s: needs a rediss:// or rediss-sentinel:// --redis URL",
-                    tls_opts[i].flag);
-            return -EINVAL;
-        }
-    }
-    if (!tls && cfg->redis_tls_insecure) {
-        set_err(err, errlen,
-                "--redis-tls-insecure: needs a rediss:// or rediss-sentinel:// "
-                "--redis URL");
-        return -EINVAL;
-    }
-    if (!cfg->redis_tls_cert_file != !cfg->redis_tls_key_file) {
-        set_err(err, errlen,
-                "%s: a client certificate needs both --redis-tls-cert-file and "
-                "--redis-tls-key-file",
-                cfg->redis_tls_cert_file ? "--redis-tls-cert-file" : "--redis-tls-key-file");
-        return -EINVAL;
-    }
-    return 0;
-}
-
-/* WAIT is Redis's: without a Redis URL the option would be ignored. A
- * WAIT holds its connection, and the ops behind it, for up to its timeout,
- * so that timeout must leave room inside --store-timeout. */
-static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
-{
-    char wait[32], store[32];
-
-    if (cfg->redis_wait_replicas == 0)
-        return 0;
-    if (!cfg->redis_url) {
-        set_err(err, errlen, "--redis-wait-replicas: needs a --redis URL (the memory store has "
-                             "no replicas)");
-        return -EINVAL;
-    }
-    if (cfg->redis_wait_timeout_ms >= cfg->store_timeout_ms) {
-        format_secs(cfg->redis_wait_timeout_ms, wait, sizeof(wait));
-        format_secs(cfg->store_timeout_ms, store, sizeof(store));
-        set_err(err, errlen,
-                "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
-                "behind a WAIT wait for it",
-                wait, store);
-        return -EINVAL;
-    }
-    return 0;
-}
-
-static int check(const struct config *cfg, char *err, size_t errlen)
-{
-    int r;
-
-    if (!cfg->upstream) {
-        set_err(err, errlen,
-                "--upstream: required (the URL of the API to protect, e.g. "
-                "--upstream http://127.0.0.1:3000)");
-        return -EINVAL;
-    }
-    r = config_check_route(cfg, &cfg->route, err, errlen);
-    if (r == 0)
-        r = check_redis_tls(cfg, err, errlen);
-    if (r == 0)
-        r = check_redis_wait(cfg, err, errlen);
-    return r;
-}
-
-int config_check_route(const struct config *cfg, const struct route_settings *rs, char *why,
-                       size_t whylen)
-{
-    if (rs->ttl_ms > rs->max_ttl_ms) {
-        char ttl[32], max[32];
-
-        format_secs(rs->ttl_ms, ttl, sizeof(ttl));
-        format_secs(rs->max_ttl_ms, max, sizeof(max));
-        set_err(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
-        return -EINVAL;
-    }
-    return check_memory_budget(cfg, rs, why, whylen);
-}
-
 bool config_is_cacheable(const struct route_settings *rs, unsigned status)
 {
     return status < ARRAY_SIZE(rs->no_cache) && !rs->no_cache[status];
@@ -1043,7 +934,7 @@ int config_apply_args(struct config *cfg, int argc, char *const argv[], char *co
             return r;
     }
     r = load_flags(cfg, argc, argv, err, errlen);
-    return r < 0 ? r : check(cfg, err, errlen);
+    return r;
 }
 
 void config_print_help(FILE *f)

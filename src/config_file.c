@@ -12,6 +12,7 @@
 #include <yaml.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/config_check.h"
 #include "idemproxy/http.h"
 #include "idemproxy/keysource.h"
 #include "idemproxy/metrics.h"
@@ -531,8 +532,7 @@ static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         t->routes = v;
 }
 
-static void check_route(struct errs *e, const struct config *cfg, struct route *rt,
-                        yaml_node_t *at)
+static void check_route(struct errs *e, const struct config *cfg, struct route *rt, yaml_node_t *at)
 {
     char why[512];
 
@@ -657,6 +657,8 @@ int config_file_load(struct config *cfg, struct route_table **ret_routes, int ar
             goto out;
     }
     r = config_apply_args(cfg, argc, argv, envp, err, errlen);
+    if (r == 0)
+        r = config_check_options(cfg, err, errlen);
     if (r == 0)
         r = config_file_routes(file, cfg, &t, err, errlen);
     if (r == 0 && ret_routes)

@@ -21,7 +21,6 @@
 #define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
 #define COUNT_MAX 1000000u
 
-
 int config_parse_bytes(const char *s, size_t *ret)
 {
     size_t v = 0, mul = 1;
@@ -443,7 +442,8 @@ int config_parse_list(char **list, size_t *n, const char *v, bool append, bool u
 
     if (trim(v, strlen(v)).len == 0 && !upper) {
         if (!append)
-            config_parse_list_clear(list, n); /* scope headers "": none, every client in one scope */
+            config_parse_list_clear(list,
+                                    n); /* scope headers "": none, every client in one scope */
         return 0;
     }
     for (;;) {

@@ -398,8 +398,7 @@ static enum MHD_Result begin(struct front *f, struct MHD_Connection *conn, struc
     rq->method = span_from_cstr(method);
     /* MHD counts the header whose copy failed too: a request is never
      * forwarded with some of its headers missing. */
-    if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, rq) !=
-        (int)rq->nheaders)
+    if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect_header, rq) != (int)rq->nheaders)
         return MHD_NO;
     client_ip(conn, rq->client_ip, sizeof(rq->client_ip));
     rq->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;

@@ -23,7 +23,6 @@ static bool is_hex(unsigned char c)
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-
 bool http_is_token(struct span s)
 {
     for (size_t i = 0; i < s.len; i++) {
@@ -139,10 +138,7 @@ static bool is_path_tail(struct span t)
     return true;
 }
 
-bool http_is_origin_form(struct span t)
-{
-    return t.len > 0 && t.base[0] == '/' && is_path_tail(t);
-}
+bool http_is_origin_form(struct span t) { return t.len > 0 && t.base[0] == '/' && is_path_tail(t); }
 
 static bool starts_nocase(struct span s, struct span prefix)
 {
@@ -186,8 +182,8 @@ static const char *parse_absolute(struct span target, struct http_target *ret)
     return NULL;
 }
 
-const char *http_check_request_line(struct span method, struct span target,
-                                    struct http_target *ret, unsigned *ret_status)
+const char *http_check_request_line(struct span method, struct span target, struct http_target *ret,
+                                    unsigned *ret_status)
 {
     struct http_target t = { .form = HTTP_TARGET_ORIGIN, .path = target };
     const char *why = NULL;

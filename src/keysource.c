@@ -196,8 +196,7 @@ static int set_names(struct keysource *ks, const struct keysource_kind *kind,
 }
 
 static int parse_header(struct keysource *ks, const struct keysource_kind *kind,
-                        const char *const *items, size_t n, bool is_list, char *why,
-                        size_t whylen)
+                        const char *const *items, size_t n, bool is_list, char *why, size_t whylen)
 {
     if (is_list || n != 1 || !http_is_token(span_from_cstr(items[0]))) {
         snprintf(why, whylen, "key.header: '%s' is not a header name",
@@ -208,12 +207,12 @@ static int parse_header(struct keysource *ks, const struct keysource_kind *kind,
 }
 
 static int parse_headers(struct keysource *ks, const struct keysource_kind *kind,
-                         const char *const *items, size_t n, bool is_list, char *why,
-                         size_t whylen)
+                         const char *const *items, size_t n, bool is_list, char *why, size_t whylen)
 {
     if (!is_list || n == 0) {
-        snprintf(why, whylen, "key.headers: a list of one or more header names, e.g. "
-                              "[ce-source, ce-id]");
+        snprintf(why, whylen,
+                 "key.headers: a list of one or more header names, e.g. "
+                 "[ce-source, ce-id]");
         return -EINVAL;
     }
     for (size_t i = 0; i < n; i++) {
@@ -283,8 +282,9 @@ static int read_headers(const struct keysource *ks, const struct request *rq,
     }
     err = keysource_composite(values, ks->nnames, &text, &len);
     if (err == -EINVAL) {
-        snprintf(detail, detaillen, "Each key header's value is 1-255 visible ASCII characters "
-                                    "(0x21-0x7E).");
+        snprintf(detail, detaillen,
+                 "Each key header's value is 1-255 visible ASCII characters "
+                 "(0x21-0x7E).");
         return KEYSOURCE_INVALID;
     }
     if (err < 0)
@@ -310,8 +310,9 @@ static int read_json(const struct keysource *ks, struct span body, struct keysou
     if (err == -ENOENT)
         return KEYSOURCE_MISSING;
     if (err == -EINVAL) {
-        snprintf(detail, detaillen, "The key in the JSON body is not a string of 1-255 visible "
-                                    "ASCII characters (0x21-0x7E) or an integer.");
+        snprintf(detail, detaillen,
+                 "The key in the JSON body is not a string of 1-255 visible "
+                 "ASCII characters (0x21-0x7E) or an integer.");
         return KEYSOURCE_INVALID;
     }
     if (err < 0)
@@ -349,12 +350,15 @@ static void describe_json(const struct keysource *ks, char *out, size_t outlen)
 /* Keys of different sources never share a store key (SPEC §6): each source
  * but the key header hashes a tag of its own into the scope, a tag no header
  * value can equal (it holds a NUL). */
-#define TAG(s) { .base = s, .len = sizeof(s) - 1 }
+#define TAG(s)                                                                                     \
+    {                                                                                              \
+        .base = s, .len = sizeof(s) - 1                                                            \
+    }
 
 struct keysource_kind {
     const char *name; /* the `key` mapping's key */
-    int (*parse)(struct keysource *ks, const struct keysource_kind *kind,
-                 const char *const *items, size_t n, bool is_list, char *why, size_t whylen);
+    int (*parse)(struct keysource *ks, const struct keysource_kind *kind, const char *const *items,
+                 size_t n, bool is_list, char *why, size_t whylen);
     int (*read)(const struct keysource *ks, const struct request *rq, struct keysource_key *ret,
                 char *detail, size_t detaillen);
     /* NULL: the key is in the header section */
@@ -366,8 +370,7 @@ struct keysource_kind {
 
 static const struct keysource_kind kinds[] = {
     { "header", parse_header, read_header, NULL, describe_header, { NULL, 0 } },
-    { "headers", parse_headers, read_headers, NULL, describe_headers,
-      TAG("\0idemproxy:headers") },
+    { "headers", parse_headers, read_headers, NULL, describe_headers, TAG("\0idemproxy:headers") },
     { "json", parse_json, read_in_body, read_json, describe_json, TAG("\0idemproxy:json") },
 };
 
@@ -409,8 +412,8 @@ const char *keysource_name(const struct keysource *ks)
     return ks->kind ? ks->kind->name : "header";
 }
 
-int keysource_read(const struct keysource *ks, const struct request *rq,
-                   struct keysource_key *ret, char *detail, size_t detaillen)
+int keysource_read(const struct keysource *ks, const struct request *rq, struct keysource_key *ret,
+                   char *detail, size_t detaillen)
 {
     return ks->kind->read(ks, rq, ret, detail, detaillen);
 }

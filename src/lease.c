@@ -25,7 +25,7 @@
 struct leases {
     struct store *st;         /* borrowed */
     struct worker_pool *pool; /* borrowed */
-    uint64_t lock_ttl_ms; /* a lease's TTL when lease_start() is given none */
+    uint64_t lock_ttl_ms;     /* a lease's TTL when lease_start() is given none */
     atomic_bool stopping;
     pthread_mutex_t mu;         /* guards the list and the heartbeat fields of leases */
     struct list list;           /* every active struct lease, each with a reference */
@@ -37,8 +37,8 @@ struct lease {
     struct leases *ls;
     char *key; /* owned */
     struct store_token tok;
-    uint64_t lock_ttl_ms;   /* each extend takes the lock this long */
-    uint64_t beat_every_ms; /* it is extended this long after its last extend */
+    uint64_t lock_ttl_ms;            /* each extend takes the lock this long */
+    uint64_t beat_every_ms;          /* it is extended this long after its last extend */
     atomic_bool active;              /* the heartbeat goes on while true */
     atomic_bool lost;                /* lock_lost was counted: once per lease */
     atomic_bool finishing;           /* complete or release has been sent */
@@ -157,8 +157,7 @@ static void beat(struct lease *l)
 
     l->tick_sent_ms = now_ms();
     l->tick_sent_us = metrics_now_us();
-    if (store_extend(ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_extended, l) <
-        0)
+    if (store_extend(ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_extended, l) < 0)
         beat_done(l);
 }
 
@@ -173,7 +172,8 @@ static void heartbeat(void *ctx)
     if (atomic_load(&ls->stopping))
         return;
     pthread_mutex_lock(&ls->mu);
-    list_for_each_safe(&ls->list, n, tmp) {
+    list_for_each_safe(&ls->list, n, tmp)
+    {
         l = list_entry(n, struct lease, beat);
         if (!l->extending && now >= l->next_beat_ms && atomic_load(&l->active)) {
             l->extending = true;
@@ -289,8 +289,8 @@ void lease_confirm(struct lease *l, lease_confirm_fn *done, void *ctx)
     l->confirm_ctx = ctx;
     l->confirm_sent_ms = now_ms();
     l->confirm_sent_us = metrics_now_us();
-    if (store_extend(l->ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_confirmed,
-                     l) < 0)
+    if (store_extend(l->ls->st, span_from_cstr(l->key), &l->tok, l->lock_ttl_ms, on_confirmed, l) <
+        0)
         on_confirmed(l, -ECONNRESET, NULL);
 }
 

@@ -111,7 +111,8 @@ static void reload(struct app *app, int argc, char **argv)
     log_info("reload: %s applied: %zu routes%s",
              app->cfg.config_file ? app->cfg.config_file : "the configuration", t->nroutes,
              restart ? "; see above for what needs a restart" : "");
-    log_setup(app->cfg.log_level, app->cfg.log_format); /* after the line above: it may silence it */
+    log_setup(app->cfg.log_level,
+              app->cfg.log_format); /* after the line above: it may silence it */
 }
 
 /* SIGTERM or SIGINT: no new connection, then the open requests finish

@@ -265,10 +265,37 @@ static int emit_store(void *ctx, const char *name, const char *labels, const cha
     return err;
 }
 
+/* The request, upstream and store duration histograms. */
+static int format_durations(struct buf *out)
+{
+    char labels[64];
+    int err;
+
+    err = family(out, "idemproxy_request_duration_seconds", "histogram",
+                 "Time from a request's headers to its answer.");
+    if (err == 0)
+        err = metrics_histogram_format(out, "idemproxy_request_duration_seconds", NULL,
+                                       &m.request_duration);
+    if (err == 0)
+        err = family(out, "idemproxy_upstream_duration_seconds", "histogram",
+                     "Time the upstream took to answer a forwarded request.");
+    if (err == 0)
+        err = metrics_histogram_format(out, "idemproxy_upstream_duration_seconds", NULL,
+                                       &m.upstream_duration);
+    if (err == 0)
+        err = family(out, "idemproxy_store_duration_seconds", "histogram",
+                     "Time one store call took, by operation.");
+    for (size_t i = 0; i < _METRICS_STORE_OP_MAX && err == 0; i++) {
+        snprintf(labels, sizeof(labels), "op=\"%s\"", store_op_names[i]);
+        err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels,
+                                       &m.store_duration[i]);
+    }
+    return err;
+}
+
 int metrics_format(struct buf *out, struct store *st)
 {
     unsigned nroutes = atomic_load_explicit(&route_count, memory_order_acquire);
-    char labels[64];
     int64_t inflight;
     int err;
 
@@ -294,25 +321,7 @@ int metrics_format(struct buf *out, struct store *st)
                 (unsigned long long)atomic_load_explicit(&m.unknown[r][c], memory_order_relaxed));
     }
     if (err == 0)
-        err = family(out, "idemproxy_request_duration_seconds", "histogram",
-                     "Time from a request's headers to its answer.");
-    if (err == 0)
-        err = metrics_histogram_format(out, "idemproxy_request_duration_seconds", NULL,
-                                       &m.request_duration);
-    if (err == 0)
-        err = family(out, "idemproxy_upstream_duration_seconds", "histogram",
-                     "Time the upstream took to answer a forwarded request.");
-    if (err == 0)
-        err = metrics_histogram_format(out, "idemproxy_upstream_duration_seconds", NULL,
-                                       &m.upstream_duration);
-    if (err == 0)
-        err = family(out, "idemproxy_store_duration_seconds", "histogram",
-                     "Time one store call took, by operation.");
-    for (size_t i = 0; i < _METRICS_STORE_OP_MAX && err == 0; i++) {
-        snprintf(labels, sizeof(labels), "op=\"%s\"", store_op_names[i]);
-        err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels,
-                                       &m.store_duration[i]);
-    }
+        err = format_durations(out);
     inflight = atomic_load_explicit(&m.inflight, memory_order_relaxed);
     if (err == 0)
         err = simple(out, "idemproxy_inflight", "gauge", "Client requests being handled.",

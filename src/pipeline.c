@@ -51,17 +51,17 @@ struct pipeline {
 /* A request as the pipeline knows it: what the front end sees (<req>), and
  * the pipeline's own state, which the front end never sees. */
 struct pipeline_req {
-    struct request *rq; /* owned: what the front end read */
+    struct request *rq;         /* owned: what the front end read */
     struct pipeline_answer out; /* the answer, until it is handed over */
     bool decided;               /* the answer was handed over */
     struct pipeline *pl;
     /* The front end's reference, and a late exchange's (SPEC §9): the last
      * one frees it. */
     atomic_int refs;
-    bool late;                  /* answered 504 at --upstream-timeout; its exchange goes on */
-    char *late_method;          /* owned: the method, once late (the front end's copy may go) */
-    const char *unknown;        /* the cause, once this request made its key unknown */
-    struct admission adm;       /* its route, key, fingerprint and body (admission.h) */
+    bool late;            /* answered 504 at --upstream-timeout; its exchange goes on */
+    char *late_method;    /* owned: the method, once late (the front end's copy may go) */
+    const char *unknown;  /* the cause, once this request made its key unknown */
+    struct admission adm; /* its route, key, fingerprint and body (admission.h) */
     struct store_token tok;
     struct lease *lease;            /* reference while the lock is held */
     struct upstream_request up_req; /* what is forwarded: borrows from this request */
@@ -83,7 +83,8 @@ static void forward(struct pipeline_req *r);
 
 /* ---- Answering ---- */
 
-static void set_answer(struct pipeline_req *r, struct record *rec, enum outcome o, const char *replayed)
+static void set_answer(struct pipeline_req *r, struct record *rec, enum outcome o,
+                       const char *replayed)
 {
     record_unref(r->out.rec);
     r->out.rec = rec;
@@ -230,16 +231,17 @@ static void acquire(struct pipeline_req *r)
     r->acquire_sent_ms = now_ms();
     r->store_sent_us = metrics_now_us();
     if (err == 0)
-        err = store_acquire(pl->st, span_from_cstr(r->adm.store_key), r->adm.digest, &r->tok,
-                            &(struct store_lock){
-                                .lease_ms = r->adm.route->settings.lock_ttl_ms,
-                                .keep_ms = r->adm.ttl_ms,
-                                .take_over = r->adm.route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
-                                .about = { .route = span_from_cstr(r->adm.route->name),
-                                           .method = r->rq->method,
-                                           .target = r->adm.fwd_target },
-                            },
-                            on_acquired, r);
+        err = store_acquire(
+            pl->st, span_from_cstr(r->adm.store_key), r->adm.digest, &r->tok,
+            &(struct store_lock){
+                .lease_ms = r->adm.route->settings.lock_ttl_ms,
+                .keep_ms = r->adm.ttl_ms,
+                .take_over = r->adm.route->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY,
+                .about = { .route = span_from_cstr(r->adm.route->name),
+                           .method = r->rq->method,
+                           .target = r->adm.fwd_target },
+            },
+            on_acquired, r);
     if (err < 0) {
         metrics_store_error();
         set_store_problem(r, err);

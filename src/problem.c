@@ -74,9 +74,9 @@ struct record *problem_new(enum problem p, enum problem_dialect dialect, const c
         goto fail;
     rec->status = d->status;
     if (record_add_header(rec, SPAN_LIT("Content-Type"),
-                          dialect == PROBLEM_DIALECT_STRIPE ? SPAN_LIT("application/json")
-                                                            : SPAN_LIT("application/problem+json")) <
-        0)
+                          dialect == PROBLEM_DIALECT_STRIPE
+                              ? SPAN_LIT("application/json")
+                              : SPAN_LIT("application/problem+json")) < 0)
         goto fail;
     if ((p == PROBLEM_KEY_IN_USE || d->status == 503) && /* a retry may succeed */
         record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)

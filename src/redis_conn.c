@@ -576,28 +576,11 @@ static int setup_command(struct redis_conn *c, int argc, const char **argv, cons
     return err;
 }
 
-int redis_conn_open(struct loop *loop, const struct redis_conn_opts *o,
-                    const struct redis_conn_handlers *h, struct redis_conn **ret)
+/* Queues what a new connection sends first: AUTH, SELECT, and a PING. */
+static int queue_setup(struct redis_conn *c, const struct redis_conn_opts *o)
 {
-    struct redis_conn *c = calloc(1, sizeof(*c));
-    int one = 1, err = 0;
+    int err = 0;
 
-    if (!c)
-        return -ENOMEM;
-    c->loop = loop;
-    c->h = *h;
-    c->fd = -1;
-    c->out = BUF_INIT(SIZE_MAX);
-    c->timeout_ms = o->timeout_ms;
-    c->opened_ms = now_ms();
-    snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "redis");
-    c->watch = (struct loop_watch){ .fn = on_events, .ctx = c, .fd = -1 };
-    c->timer = (struct loop_timer){ .fn = on_timer, .ctx = c, .due_ms = UINT64_MAX };
-    c->reader = redisReaderCreate();
-    if (!c->reader) {
-        free(c);
-        return -ENOMEM;
-    }
     if (o->password) {
         const char *argv[] = { "AUTH", o->user ? o->user : o->password, o->password };
         size_t lens[] = { 4, strlen(argv[1]), strlen(o->password) };
@@ -620,6 +603,32 @@ int redis_conn_open(struct loop *loop, const struct redis_conn_opts *o,
 
         err = setup_command(c, 1, argv, lens);
     }
+    return err;
+}
+
+int redis_conn_open(struct loop *loop, const struct redis_conn_opts *o,
+                    const struct redis_conn_handlers *h, struct redis_conn **ret)
+{
+    struct redis_conn *c = calloc(1, sizeof(*c));
+    int one = 1, err = 0;
+
+    if (!c)
+        return -ENOMEM;
+    c->loop = loop;
+    c->h = *h;
+    c->fd = -1;
+    c->out = BUF_INIT(SIZE_MAX);
+    c->timeout_ms = o->timeout_ms;
+    c->opened_ms = now_ms();
+    snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "redis");
+    c->watch = (struct loop_watch){ .fn = on_events, .ctx = c, .fd = -1 };
+    c->timer = (struct loop_timer){ .fn = on_timer, .ctx = c, .due_ms = UINT64_MAX };
+    c->reader = redisReaderCreate();
+    if (!c->reader) {
+        free(c);
+        return -ENOMEM;
+    }
+    err = queue_setup(c, o);
     if (err < 0)
         goto fail;
     c->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);

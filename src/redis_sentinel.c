@@ -32,7 +32,7 @@ struct redis_sentinel {
     struct loop_timer timer; /* the next question, or a new subscription */
     struct loop_task task;   /* redis_sentinel_ask() from another thread */
     atomic_bool task_posted;
-    atomic_ullong tickets; /* the last ticket redis_sentinel_ask() gave */
+    atomic_ullong tickets;                           /* the last ticket redis_sentinel_ask() gave */
     pthread_mutex_t mu;                              /* guards <addrs> */
     struct sentinel_addr addrs[REDIS_URL_MAX_HOSTS]; /* by index in o.url->hosts */
     unsigned order[REDIS_URL_MAX_HOSTS]; /* the sentinels, the last that answered first */
@@ -46,10 +46,10 @@ struct redis_sentinel {
     uint64_t retry_ms;
     /* the subscription */
     struct redis_conn *sub;
-    unsigned sub_next; /* tried after a failure: the next sentinel of <order> */
+    unsigned sub_next;  /* tried after a failure: the next sentinel of <order> */
     uint64_t sub_at_ms; /* UINT64_MAX: none due */
     uint64_t sub_retry_ms;
-    bool sub_up; /* <sub> is subscribed: +switch-master messages reach us */
+    bool sub_up;           /* <sub> is subscribed: +switch-master messages reach us */
     char last_master[300]; /* host:port last reported, for the log */
 };
 

@@ -208,6 +208,53 @@ static bool is_sentinel_scheme(const char *s)
            strncasecmp(s, "rediss-sentinel://", 18) == 0;
 }
 
+/* USER:PASSWORD, or PASSWORD alone, %-decoded into <u>. */
+static int parse_userinfo(struct span ui, struct redis_url *u, char *why, size_t why_len)
+{
+    const char *colon = memchr(ui.base, ':', ui.len);
+    int err;
+
+    if (colon) {
+        err = decode((struct span){ ui.base, (size_t)(colon - ui.base) }, &u->user);
+        if (err == 0)
+            err = decode((struct span){ colon + 1, ui.len - (size_t)(colon - ui.base) - 1 },
+                         &u->password);
+    } else {
+        err = decode(ui, &u->password);
+    }
+    if (err == -EINVAL)
+        return fail(why, why_len, "the user or password has a bad %%-escape or a %%00");
+    return err;
+}
+
+/* The comma-separated host list <list> into u->hosts. */
+static int parse_hosts(struct span list, bool sentinel, struct redis_url *u, char *why,
+                       size_t why_len)
+{
+    const char *end = list.base + list.len;
+    int err;
+
+    for (const char *h = list.base; h < end;) {
+        const char *comma = memchr(h, ',', (size_t)(end - h));
+
+        if (!comma)
+            comma = end;
+        if (u->nhosts == REDIS_URL_MAX_HOSTS)
+            return fail(why, why_len, "more than %d hosts", REDIS_URL_MAX_HOSTS);
+        err = parse_host((struct span){ h, (size_t)(comma - h) },
+                         sentinel ? PORT_SENTINEL : PORT_REDIS, &u->hosts[u->nhosts], why, why_len);
+        if (err < 0)
+            return err;
+        u->nhosts++;
+        h = comma < end ? comma + 1 : end;
+        if (comma < end && h == end)
+            return fail(why, why_len, "a host is missing after the last ','");
+    }
+    if (u->nhosts == 0)
+        return fail(why, why_len, "a host is missing");
+    return 0;
+}
+
 static int parse(const char *s, struct redis_url *u, char *why, size_t why_len)
 {
     static const struct {
@@ -244,40 +291,12 @@ static int parse(const char *s, struct redis_url *u, char *why, size_t why_len)
     hosts = at ? at + 1 : p;
     hosts_end = hosts + strcspn(hosts, "/?#");
     path = hosts_end;
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-
-        if (colon) {
-            err = decode((struct span){ p, (size_t)(colon - p) }, &u->user);
-            if (err == 0)
-                err = decode((struct span){ colon + 1, (size_t)(at - colon - 1) }, &u->password);
-        } else {
-            err = decode((struct span){ p, (size_t)(at - p) }, &u->password);
-        }
-        if (err == -EINVAL)
-            return fail(why, why_len, "the user or password has a bad %%-escape or a %%00");
-        if (err < 0)
-            return err;
-    }
-    /* the host list */
-    for (const char *h = hosts; h < hosts_end;) {
-        const char *comma = memchr(h, ',', (size_t)(hosts_end - h));
-
-        if (!comma)
-            comma = hosts_end;
-        if (u->nhosts == REDIS_URL_MAX_HOSTS)
-            return fail(why, why_len, "more than %d hosts", REDIS_URL_MAX_HOSTS);
-        err = parse_host((struct span){ h, (size_t)(comma - h) },
-                         sentinel ? PORT_SENTINEL : PORT_REDIS, &u->hosts[u->nhosts], why, why_len);
-        if (err < 0)
-            return err;
-        u->nhosts++;
-        h = comma < hosts_end ? comma + 1 : hosts_end;
-        if (comma < hosts_end && h == hosts_end)
-            return fail(why, why_len, "a host is missing after the last ','");
-    }
-    if (u->nhosts == 0)
-        return fail(why, why_len, "a host is missing");
+    if (at && (err = parse_userinfo((struct span){ p, (size_t)(at - p) }, u, why, why_len)) < 0)
+        return err;
+    err =
+        parse_hosts((struct span){ hosts, (size_t)(hosts_end - hosts) }, sentinel, u, why, why_len);
+    if (err < 0)
+        return err;
     /* /DB, then the query */
     q = path + strcspn(path, "?#");
     if (*path == '/' && q > path + 1) {

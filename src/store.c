@@ -14,8 +14,7 @@
 #define STORE_RAND_BLOCK 512
 
 int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
-                           const struct store_admin_job *args, struct span prefix,
-                           struct span key)
+                           const struct store_admin_job *args, struct span prefix, struct span key)
 {
     struct store_admin_job *job = malloc(sizeof(*job));
     int err;

@@ -63,8 +63,7 @@ struct store_admin_job {
  * it with store_admin_job_free()), or -ENOMEM or the error of worker_submit(): nothing is queued.
  */
 int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
-                           const struct store_admin_job *args, struct span prefix,
-                           struct span key);
+                           const struct store_admin_job *args, struct span prefix, struct span key);
 
 /* Parses a list_unknown cursor "<a>.<b>" (two decimal numbers; "" is 0.0).
  * Returns 0, or -EINVAL for anything else. */

@@ -25,87 +25,9 @@
 #include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
 #include "idemproxy/record.h"
-#include "store_impl.h"
 #include "idemproxy/worker.h"
-
-#define NSHARDS 64 /* a power of two; the shard is the hash's top bits */
-#define SHARD_BITS 6
-#define FIRST_BUCKETS 64
-#define NO_COMPLETED UINT64_MAX
-#define SWEEP_WHEN_FULL_EVERY_MS 100
-
-enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED, MSTATE_UNKNOWN };
-
-/* One idempotency key: a lock, a completed record, or an unknown one (kept
- * like a lock: never evicted). Owned by its shard. */
-struct mentry {
-    struct mentry *next;          /* hash chain */
-    struct list_node completed; /* completed only: in the shard's completion order */
-    uint64_t hash;
-    uint64_t expires_ms;    /* now_ms() clock; expired when now >= expires_ms */
-    uint64_t completed_seq; /* completed only: the store-wide completion order */
-    uint64_t changed_ms;    /* when it was locked, completed or made unknown (store_inspect) */
-    uint64_t lease_until_ms; /* locked: its lease runs out then */
-    uint64_t keep_ms;        /* locked: kept this long beyond its lease */
-    size_t bytes;           /* counted in the budget for this entry */
-    struct record *rec;     /* completed only: one reference */
-    char *about;            /* unknown only: owned "<route> <method> <target>", or NULL */
-    enum mstate state;
-    enum store_cause cause; /* unknown only */
-    struct store_token tok;
-    uint8_t fp[FINGERPRINT_LEN];
-    size_t key_len;
-    char key[];
-};
-
-struct shard {
-    alignas(64) pthread_mutex_t mu; /* guards everything below but <oldest_seq> */
-    struct mentry **buckets;        /* owned array of nbuckets chains */
-    size_t nbuckets, count, locks;
-    struct list completed;       /* completed entries, oldest first */
-    _Atomic uint64_t oldest_seq; /* completed_seq of the oldest, NO_COMPLETED: none */
-};
-
-struct store_memory;
-
-struct store_memory {
-    struct store base;
-    struct worker_pool *pool; /* borrowed */
-    size_t max_bytes;
-    uint64_t seed[2];         /* the hash key: keys come from clients */
-    atomic_size_t used;       /* bytes counted against max_bytes, reservations included */
-    atomic_size_t lock_bytes; /* of which held by locks: at most max_bytes / 2 */
-    atomic_uint_fast64_t evictions, expired;
-    _Atomic uint64_t last_sweep_ms;
-    _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
-    pthread_mutex_t evict_mu; /* one evicting thread at a time; taken before a shard lock */
-    struct store_calls calls;
-    store_notify_fn *notify; /* set before any operation, then read-only */
-    void *notify_ctx;
-    struct worker_every *reaper; /* owned: sweeps expired entries every reap_interval_ms */
-    struct shard shards[NSHARDS];
-};
-
-enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE, MOP_UNKNOWN };
-
-/* One operation, on the caller's stack for the length of the call. */
-struct mop {
-    struct store_memory *st;
-    enum mop_kind kind;
-    store_done_fn *done;
-    void *ctx;
-    struct store_token tok;
-    uint8_t fp[FINGERPRINT_LEN]; /* acquire */
-    uint64_t ttl_ms;             /* acquire (the lease), complete, extend, unknown (keep) */
-    uint64_t keep_ms;            /* acquire */
-    bool take_over;              /* acquire */
-    enum store_cause cause;      /* unknown */
-    const struct store_about *about;  /* acquire, unknown: borrowed */
-    char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
-    struct record *rec;          /* complete: own reference, handed to the entry */
-    size_t key_len;
-    const char *key; /* borrowed from the caller */
-};
+#include "store_impl.h"
+#include "store_memory_impl.h"
 
 /* ---- hashing: SipHash-2-4 with a random key, so clients cannot pick colliding keys ---- */
 
@@ -135,6 +57,13 @@ static uint64_t load_le64(const unsigned char *p)
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return v;
+}
+
+static uint64_t siphash(const uint64_t k[2], const char *data, size_t len);
+
+uint64_t store_memory_hash(const struct store_memory *st, const char *key, size_t len)
+{
+    return siphash(st->seed, key, len);
 }
 
 static uint64_t siphash(const uint64_t k[2], const char *data, size_t len)
@@ -173,7 +102,7 @@ size_t store_memory_entry_bytes(size_t key_len)
     return sizeof(struct mentry) + key_len + RECORD_MALLOC_OVERHEAD;
 }
 
-static void budget_give_back(struct store_memory *st, size_t n)
+void store_memory_budget_give_back(struct store_memory *st, size_t n)
 {
     if (n)
         atomic_fetch_sub_explicit(&st->used, n, memory_order_relaxed);
@@ -181,7 +110,7 @@ static void budget_give_back(struct store_memory *st, size_t n)
 
 /* ---- one shard (its lock held by the caller) ---- */
 
-static struct shard *shard_of(struct store_memory *st, uint64_t hash)
+struct shard *store_memory_shard_of(struct store_memory *st, uint64_t hash)
 {
     return &st->shards[hash >> (64 - SHARD_BITS)];
 }
@@ -215,7 +144,7 @@ static void shard_update_oldest(struct shard *sh)
                           memory_order_relaxed);
 }
 
-static void shard_link_completed(struct shard *sh, struct mentry *e)
+void store_memory_link_completed(struct shard *sh, struct mentry *e)
 {
     list_append(&sh->completed, &e->completed);
     shard_update_oldest(sh);
@@ -309,7 +238,7 @@ static void sweep_all(struct store_memory *st)
         pthread_mutex_lock(&sh->mu);
         freed = shard_sweep(st, sh, now, &n);
         pthread_mutex_unlock(&sh->mu);
-        budget_give_back(st, freed);
+        store_memory_budget_give_back(st, freed);
     }
     if (n)
         atomic_fetch_add_explicit(&st->expired, n, memory_order_relaxed);
@@ -345,7 +274,7 @@ static bool evict_oldest(struct store_memory *st)
         }
         pthread_mutex_unlock(&victim->mu);
         if (evicted) {
-            budget_give_back(st, freed);
+            store_memory_budget_give_back(st, freed);
             atomic_fetch_add_explicit(&st->evictions, 1, memory_order_relaxed);
             return true;
         }
@@ -383,7 +312,7 @@ static bool lock_bytes_try(struct store_memory *st, size_t n)
  * evicting the oldest completed records as needed. The caller holds no shard
  * lock. Returns 0, -E2BIG when <n> exceeds half the budget, or -ENOSPC when
  * nothing more can go. */
-static int budget_reserve(struct store_memory *st, size_t n)
+int store_memory_budget_reserve(struct store_memory *st, size_t n)
 {
     bool swept = false;
 
@@ -417,13 +346,13 @@ static bool tok_eq(const struct store_token *a, const struct store_token *b)
 }
 
 /* Looks <key> up in its locked shard, dropping it if it has expired. */
-static struct mentry **lookup_live(struct store_memory *st, struct shard *sh, uint64_t hash,
-                                   struct span key, uint64_t now)
+struct mentry **store_memory_lookup_live(struct store_memory *st, struct shard *sh, uint64_t hash,
+                                         struct span key, uint64_t now)
 {
     struct mentry **pp = shard_slot(sh, hash, key);
 
     if (*pp && now >= (*pp)->expires_ms) {
-        budget_give_back(st, shard_remove(st, sh, pp));
+        store_memory_budget_give_back(st, shard_remove(st, sh, pp));
         atomic_fetch_add_explicit(&st->expired, 1, memory_order_relaxed);
     }
     return pp;
@@ -456,13 +385,13 @@ static void make_unknown(struct store_memory *st, struct mentry *e, enum store_c
     if (e->about || !budget_try(st, need))
         return;
     if (!lock_bytes_try(st, need)) {
-        budget_give_back(st, need);
+        store_memory_budget_give_back(st, need);
         return;
     }
     e->about = strdup(text);
     if (!e->about) {
         atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
-        budget_give_back(st, need);
+        store_memory_budget_give_back(st, need);
         return;
     }
     e->bytes += need;
@@ -504,7 +433,7 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
 {
     struct span key = { op->key, op->key_len };
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
-    struct shard *sh = shard_of(st, hash);
+    struct shard *sh = store_memory_shard_of(st, hash);
     size_t need = store_memory_entry_bytes(op->key_len);
     bool reserved = budget_try(st, need);
     struct mentry **pp, *e;
@@ -512,7 +441,7 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
 
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
-    pp = lookup_live(st, sh, hash, key, now);
+    pp = store_memory_lookup_live(st, sh, hash, key, now);
     if (!*pp && !reserved) {
         /* Full: evict without holding this lock (evicting takes other shard
          * locks), then look again. A known key never evicts anything, and
@@ -520,13 +449,13 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         pthread_mutex_unlock(&sh->mu);
         if (atomic_load_explicit(&st->lock_bytes, memory_order_relaxed) + need > st->max_bytes / 2)
             return -ENOSPC;
-        err = budget_reserve(st, need);
+        err = store_memory_budget_reserve(st, need);
         if (err < 0)
             return err;
         reserved = true;
         pthread_mutex_lock(&sh->mu);
         now = now_ms();
-        pp = lookup_live(st, sh, hash, key, now);
+        pp = store_memory_lookup_live(st, sh, hash, key, now);
     }
     if (*pp) {
         answer_known(st, *pp, op, now, res);
@@ -539,20 +468,20 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         }
         pthread_mutex_unlock(&sh->mu);
         if (reserved)
-            budget_give_back(st, need);
+            store_memory_budget_give_back(st, need);
         return 0;
     }
     /* Locks stay within half the budget: see the top of this file. */
     if (!lock_bytes_try(st, need)) {
         pthread_mutex_unlock(&sh->mu);
-        budget_give_back(st, need);
+        store_memory_budget_give_back(st, need);
         return -ENOSPC;
     }
     e = calloc(1, sizeof(*e) + op->key_len);
     if (!e) {
         pthread_mutex_unlock(&sh->mu);
         atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
-        budget_give_back(st, need);
+        store_memory_budget_give_back(st, need);
         return -ENOMEM;
     }
     e->hash = hash;
@@ -576,12 +505,12 @@ static int holder_check(struct store_memory *st, struct mop *op, bool *ret_done)
 {
     struct span key = { op->key, op->key_len };
     uint64_t hash = siphash(st->seed, op->key, op->key_len);
-    struct shard *sh = shard_of(st, hash);
+    struct shard *sh = store_memory_shard_of(st, hash);
     struct mentry *e;
     int err = 0;
 
     pthread_mutex_lock(&sh->mu);
-    e = *lookup_live(st, sh, hash, key, now_ms());
+    e = *store_memory_lookup_live(st, sh, hash, key, now_ms());
     if (!e || !tok_eq(&e->tok, &op->tok))
         err = -ESTALE;
     else
@@ -594,13 +523,13 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
 {
     struct span key = { op->key, op->key_len };
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
-    struct shard *sh = shard_of(st, hash);
+    struct shard *sh = store_memory_shard_of(st, hash);
     size_t need = record_mem_bytes(op->rec);
     struct mentry *e;
     bool done = false, changed = false;
     int err;
 
-    err = budget_reserve(st, need);
+    err = store_memory_budget_reserve(st, need);
     if (err < 0) {
         /* A stale holder hears that it is stale, not that the store is full. */
         int held = holder_check(st, op, &done);
@@ -615,7 +544,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     }
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
-    e = *lookup_live(st, sh, hash, key, now);
+    e = *store_memory_lookup_live(st, sh, hash, key, now);
     if (!e || !tok_eq(&e->tok, &op->tok)) {
         err = -ESTALE;
     } else if (e->state != MSTATE_COMPLETED) {
@@ -632,11 +561,11 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
         e->changed_ms = now;
         e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
         sh->locks--;
-        shard_link_completed(sh, e);
+        store_memory_link_completed(sh, e);
         changed = true;
     }
     pthread_mutex_unlock(&sh->mu);
-    budget_give_back(st, need);
+    store_memory_budget_give_back(st, need);
     if (changed && st->notify)
         st->notify(st->notify_ctx, key);
     if (err == 0)
@@ -649,7 +578,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
 {
     struct span key = { op->key, op->key_len };
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
-    struct shard *sh = shard_of(st, hash);
+    struct shard *sh = store_memory_shard_of(st, hash);
     struct mentry **pp, *e;
     size_t freed = 0;
     bool changed = false;
@@ -657,7 +586,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
 
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
-    pp = lookup_live(st, sh, hash, key, now);
+    pp = store_memory_lookup_live(st, sh, hash, key, now);
     e = *pp;
     if (!e && op->kind == MOP_RELEASE)
         ; /* a key already gone is released */
@@ -674,7 +603,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
         changed = true;
     }
     pthread_mutex_unlock(&sh->mu);
-    budget_give_back(st, freed);
+    store_memory_budget_give_back(st, freed);
     if ((freed || changed) && st->notify)
         st->notify(st->notify_ctx, key); /* released or unknown: waiters look again */
     if (err == 0)
@@ -686,18 +615,18 @@ static int do_purge(struct store_memory *st, struct mop *op, struct store_result
 {
     struct span key = { op->key, op->key_len };
     uint64_t hash = siphash(st->seed, op->key, op->key_len);
-    struct shard *sh = shard_of(st, hash);
+    struct shard *sh = store_memory_shard_of(st, hash);
     struct mentry **pp;
     size_t freed = 0;
 
     pthread_mutex_lock(&sh->mu);
-    pp = lookup_live(st, sh, hash, key, now_ms());
+    pp = store_memory_lookup_live(st, sh, hash, key, now_ms());
     if (*pp)
         freed = shard_remove(st, sh, pp);
     pthread_mutex_unlock(&sh->mu);
     if (!freed)
         return -ENOENT;
-    budget_give_back(st, freed);
+    store_memory_budget_give_back(st, freed);
     res->status = STORE_OK;
     return 0;
 }
@@ -747,8 +676,6 @@ static struct mop mop_make(struct store_memory *st, enum mop_kind kind, struct s
     };
 }
 
-static struct store_memory *to_memory(struct store *st) { return (struct store_memory *)st; }
-
 static int memory_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
                           const struct store_token *tok, const struct store_lock *lk,
                           store_done_fn *done, void *ctx)
@@ -757,7 +684,7 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
 
     if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_ACQUIRE, key, tok, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_ACQUIRE, key, tok, done, ctx);
     memcpy(op.fp, fp, FINGERPRINT_LEN);
     op.ttl_ms = lk->lease_ms;
     op.keep_ms = lk->keep_ms;
@@ -775,7 +702,7 @@ static int memory_unknown(struct store *base, struct span key, const struct stor
 
     if (!about || keep_ms == 0 || cause >= STORE_CAUSE_MAX || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_UNKNOWN, key, tok, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_UNKNOWN, key, tok, done, ctx);
     op.cause = cause;
     op.about = about;
     op.ttl_ms = keep_ms;
@@ -790,7 +717,7 @@ static int memory_complete(struct store *base, struct span key, const struct sto
 
     if (!rec || ttl_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_COMPLETE, key, tok, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_COMPLETE, key, tok, done, ctx);
     op.rec = record_ref(rec);
     op.ttl_ms = ttl_ms;
     mop_run(&op);
@@ -804,7 +731,7 @@ static int memory_release(struct store *base, struct span key, const struct stor
 
     if (!store_call_is_valid(key, tok, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_RELEASE, key, tok, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_RELEASE, key, tok, done, ctx);
     mop_run(&op);
     return 0;
 }
@@ -816,7 +743,7 @@ static int memory_extend(struct store *base, struct span key, const struct store
 
     if (lock_ttl_ms == 0 || !store_call_is_valid(key, tok, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_EXTEND, key, tok, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_EXTEND, key, tok, done, ctx);
     op.ttl_ms = lock_ttl_ms;
     mop_run(&op);
     return 0;
@@ -829,191 +756,15 @@ static int memory_purge(struct store *base, struct span store_key, store_done_fn
 
     if (!store_call_is_valid(store_key, &any, done))
         return -EINVAL;
-    op = mop_make(to_memory(base), MOP_PURGE, store_key, &any, done, ctx);
+    op = mop_make(store_memory_of(base), MOP_PURGE, store_key, &any, done, ctx);
     mop_run(&op);
     return 0;
 }
 
 /* Copies what an operator may see of <e> into <info>. */
-static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
-{
-    *info = (struct store_info){ .completed = e->state == MSTATE_COMPLETED,
-                                 .unknown = e->state == MSTATE_UNKNOWN,
-                                 .cause = e->cause,
-                                 .age_ms = now - e->changed_ms,
-                                 .ttl_ms = e->expires_ms - now };
-    if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
-        info->lease_ms = e->lease_until_ms - now;
-    if (e->about && !(info->about = strdup(e->about)))
-        return -ENOMEM;
-    fingerprint_hex(e->fp, info->fp_hex);
-    info->store_key = strndup(e->key, e->key_len);
-    if (!info->store_key) {
-        free(info->about);
-        return -ENOMEM;
-    }
-    if (e->rec && with_body) {
-        info->rec = record_ref(e->rec);
-    } else if (e->rec) {
-        /* The head only: the body is not copied unless asked for. */
-        struct buf head = BUF_INIT(SIZE_MAX);
-        int err = record_encode_head(e->rec, &head);
-
-        if (err == 0)
-            err = record_decode(buf_span(&head), (struct span){ "", 0 }, &info->rec);
-        buf_done(&head);
-        if (err < 0) {
-            free(info->store_key);
-            free(info->about);
-            return err;
-        }
-    }
-    return 0;
-}
-
-static void inspect_run(void *arg)
-{
-    struct store_admin_job *job = arg;
-    struct store_memory *st = job->st;
-    struct store_info_list list = { 0 };
-    struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
-    uint64_t first = 0, unused;
-    size_t cap = 0, i;
-    int err = 0;
-
-    /* list_unknown: a page is whole shards, from the cursor's, until it holds a page's worth */
-    if (job->unknown_only)
-        err = store_cursor_parse(job->cursor, &first, &unused);
-    for (i = (size_t)first; i < NSHARDS && err == 0; i++) {
-        struct shard *sh = &st->shards[i];
-        uint64_t now;
-
-        if (job->unknown_only && list.n >= STORE_LIST_PAGE)
-            break;
-        pthread_mutex_lock(&sh->mu);
-        now = now_ms();
-        for (size_t b = 0; b < sh->nbuckets && err == 0; b++) {
-            for (struct mentry *e = sh->buckets[b]; e && err == 0; e = e->next) {
-                struct span k = { e->key, e->key_len };
-                struct store_info info;
-
-                if (now >= e->expires_ms ||
-                    (job->unknown_only
-                         ? e->state != MSTATE_UNKNOWN || !idemkey_store_key_is_under(k, prefix)
-                         : !idemkey_store_key_matches(k, prefix, key)))
-                    continue;
-                err = entry_info(e, now, job->with_body, &info);
-                if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {
-                    free(info.store_key);
-                    record_unref(info.rec);
-                }
-            }
-        }
-        pthread_mutex_unlock(&sh->mu);
-    }
-    if (job->unknown_only && i < NSHARDS)
-        snprintf(list.cursor, sizeof(list.cursor), "%zu.0", i);
-    if (err < 0)
-        store_info_list_done(&list);
-    job->list_done(job->ctx, err, &list);
-    store_info_list_done(&list);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
-}
-
-static int memory_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
-                          store_list_fn *done, void *ctx)
-{
-    struct store_memory *st = to_memory(base);
-
-    if (!done || key.len == 0)
-        return -EINVAL;
-    return store_admin_job_submit(
-        &st->calls, st->pool, inspect_run,
-        &(struct store_admin_job){
-            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
-        prefix, key);
-}
-
-static int memory_list_unknown(struct store *base, struct span prefix, const char *cursor,
-                               store_list_fn *done, void *ctx)
-{
-    struct store_memory *st = to_memory(base);
-    struct store_admin_job job = { .st = st, .list_done = done, .ctx = ctx, .unknown_only = true };
-    uint64_t a, b;
-
-    if (!done || store_cursor_parse(cursor, &a, &b) < 0 || a >= NSHARDS ||
-        strlen(cursor ? cursor : "") >= sizeof(job.cursor))
-        return -EINVAL;
-    snprintf(job.cursor, sizeof(job.cursor), "%s", cursor ? cursor : "");
-    return store_admin_job_submit(&st->calls, st->pool, inspect_run, &job, prefix,
-                                  (struct span){ "", 0 });
-}
-
-/* RESOLVE: the operator's answer for an unknown key. */
-static void resolve_run(void *arg)
-{
-    struct store_admin_job *job = arg;
-    struct store_memory *st = job->st;
-    struct span key = { job->key, job->key_len };
-    uint64_t hash = siphash(st->seed, job->key, job->key_len), now;
-    struct shard *sh = shard_of(st, hash);
-    size_t need = record_mem_bytes(job->rec);
-    struct store_result res = { .status = STORE_OK };
-    struct mentry *e;
-    int err = budget_reserve(st, need);
-
-    if (err == 0) {
-        pthread_mutex_lock(&sh->mu);
-        now = now_ms();
-        e = *lookup_live(st, sh, hash, key, now);
-        if (!e) {
-            err = -ENOENT;
-        } else if (e->state != MSTATE_UNKNOWN) {
-            err = -EBUSY;
-        } else {
-            atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
-            free(e->about);
-            e->about = NULL;
-            e->state = MSTATE_COMPLETED;
-            e->rec = job->rec;
-            job->rec = NULL;
-            e->bytes += need;
-            need = 0;
-            e->expires_ms = now + (e->keep_ms ? e->keep_ms : job->ttl_ms);
-            e->changed_ms = now;
-            e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
-            sh->locks--;
-            shard_link_completed(sh, e);
-        }
-        pthread_mutex_unlock(&sh->mu);
-        budget_give_back(st, need);
-        if (err == 0 && st->notify)
-            st->notify(st->notify_ctx, key);
-    }
-    job->done(job->ctx, err, err == 0 ? &res : NULL);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
-}
-
-static int memory_resolve(struct store *base, struct span store_key, struct record *rec,
-                          uint64_t ttl_ms, store_done_fn *done, void *ctx)
-{
-    struct store_memory *st = to_memory(base);
-    struct store_admin_job job = { .st = st, .done = done, .ctx = ctx, .ttl_ms = ttl_ms };
-    int err;
-
-    if (!done || !rec || ttl_ms == 0 || store_key.len == 0)
-        return -EINVAL;
-    job.rec = record_ref(rec);
-    err = store_admin_job_submit(&st->calls, st->pool, resolve_run, &job, (struct span){ "", 0 },
-                                 store_key);
-    return err;
-}
-
 static int memory_set_notify(struct store *base, store_notify_fn *fn, void *ctx)
 {
-    struct store_memory *st = to_memory(base);
+    struct store_memory *st = store_memory_of(base);
 
     st->notify = fn;
     st->notify_ctx = ctx;
@@ -1032,7 +783,7 @@ static void reap_run(void *arg) { sweep_all(arg); }
 
 static void memory_free(struct store *base)
 {
-    struct store_memory *st = to_memory(base);
+    struct store_memory *st = store_memory_of(base);
 
     worker_every_stop(st->reaper); /* waits for a sweep in progress */
     store_calls_done(&st->calls);
@@ -1086,10 +837,10 @@ static const struct store_ops memory_ops = {
     .complete = memory_complete,
     .release = memory_release,
     .unknown = memory_unknown,
-    .list_unknown = memory_list_unknown,
-    .resolve = memory_resolve,
+    .list_unknown = store_memory_list_unknown,
+    .resolve = store_memory_resolve,
     .extend = memory_extend,
-    .inspect = memory_inspect,
+    .inspect = store_memory_inspect,
     .purge = memory_purge,
     .set_notify = memory_set_notify,
     .is_ready = memory_is_ready,
@@ -1101,7 +852,7 @@ bool store_is_memory(const struct store *st) { return st && st->ops == &memory_o
 
 void store_memory_stats(struct store *base, struct store_memory_stats *ret)
 {
-    struct store_memory *st = to_memory(base);
+    struct store_memory *st = store_memory_of(base);
     struct store_memory_stats s = { .max_bytes = st->max_bytes };
 
     assert(store_is_memory(base));

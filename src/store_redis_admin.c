@@ -96,7 +96,7 @@ struct inspect {
     struct store_admin_job *job;
     struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
     char cursor[32];
-    bool scanned;     /* a SCAN was answered: cursor "0" now means this master's end */
+    bool scanned;               /* a SCAN was answered: cursor "0" now means this master's end */
     unsigned masters[NODE_MAX]; /* the nodes to scan, in turn */
     unsigned nmasters, at;
     unsigned pending; /* inspect scripts not answered yet */

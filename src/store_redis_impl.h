@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* What the Redis store's files share (store_redis.c: connections, ops,
- * scripts, readiness, the master; store_redis_admin.c: inspect and purge;
- * store_redis_notify.c: the --wait subscriber). Not an interface: the rest
- * of the program sees store.h and store_redis.h only. */
+/* What the Redis store's files share: store_redis.c (the operations, the
+ * scripts, readiness, the store's life), store_redis_link.c (the connections
+ * and the ops in flight on them), store_redis_topology.c (the nodes, the
+ * master, the slot map: where an op goes), store_redis_admin.c (inspect,
+ * purge, list, resolve) and store_redis_notify.c (the --wait subscriber).
+ * Not an interface: the rest of the program sees store.h and store_redis.h
+ * only. */
 #ifndef IDEMPROXY_STORE_REDIS_IMPL_H
 #define IDEMPROXY_STORE_REDIS_IMPL_H
 
@@ -17,8 +20,8 @@
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
-#include "store_impl.h"
 #include "lua_scripts.h"
+#include "store_impl.h"
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
@@ -92,12 +95,12 @@ struct link {
     uint64_t fresh_after;
     int aof; /* INFO persistence of the connection being set up: aof_enabled, -1 unread */
     bool confirming;
-    unsigned generation;     /* of the address <conn> went to */
-    uint64_t retry_at_ms;    /* no connect attempt before this */
-    uint64_t backoff_ms;     /* the wait after the last failed connect; 0: it worked */
-    int last_err;            /* what ops get inside the backoff */
-    size_t sent;             /* ops on <conn>, not answered yet */
-    struct list waiting;     /* struct op waiting for the connection to be set up */
+    unsigned generation;  /* of the address <conn> went to */
+    uint64_t retry_at_ms; /* no connect attempt before this */
+    uint64_t backoff_ms;  /* the wait after the last failed connect; 0: it worked */
+    int last_err;         /* what ops get inside the backoff */
+    size_t sent;          /* ops on <conn>, not answered yet */
+    struct list waiting;  /* struct op waiting for the connection to be set up */
     /* --redis-wait-replicas: the writes sent on <conn> are numbered; a WAIT
      * sent after the <n>th covers the first <n>. */
     uint64_t writes_sent;    /* the number of the last write sent */
@@ -116,10 +119,10 @@ struct lane {
     struct loop_task wake;   /* posted when the sentinels answer: links waiting on them go on */
     atomic_bool wake_posted;
     pthread_mutex_t mu;
-    struct list queue;             /* guarded by mu: struct op from other threads */
-    bool stopping;                 /* guarded by mu: refuse ops from other threads */
-    struct list later;             /* struct op to retry once its not_before_ms has come */
-    struct link *links[NODE_MAX];  /* owned; made on first use */
+    struct list queue;            /* guarded by mu: struct op from other threads */
+    bool stopping;                /* guarded by mu: refuse ops from other threads */
+    struct list later;            /* struct op to retry once its not_before_ms has come */
+    struct link *links[NODE_MAX]; /* owned; made on first use */
 };
 
 enum store_redis_mode {
@@ -135,18 +138,18 @@ struct store_redis {
     struct redis_tls *tls;    /* owned; NULL: plain TCP */
     char tls_name[256];       /* the name checked in the certificate, and sent as SNI */
     uint64_t timeout_ms;
-    unsigned wait_replicas;   /* WAIT for this many after each write; 0: none */
+    unsigned wait_replicas; /* WAIT for this many after each write; 0: none */
     uint64_t wait_timeout_ms;
     atomic_ullong unreplicated[_LUA_MAX]; /* writes WAIT did not confirm, by script */
 
-    pthread_mutex_t addr_mu;         /* adding nodes, and the address fields of each */
-    struct node *nodes[NODE_MAX];    /* owned; [0, nnodes) are set and never change */
+    pthread_mutex_t addr_mu;      /* adding nodes, and the address fields of each */
+    struct node *nodes[NODE_MAX]; /* owned; [0, nnodes) are set and never change */
     atomic_uint nnodes;
-    atomic_int mode;                 /* enum store_redis_mode */
+    atomic_int mode;                             /* enum store_redis_mode */
     _Atomic uint16_t slots[REDIS_CLUSTER_SLOTS]; /* cluster: the node serving each slot */
-    atomic_bool refreshing;          /* a CLUSTER SLOTS is under way */
-    atomic_ullong refresh_ms;        /* when the last one was sent */
-    atomic_uint refresh_node;        /* the node asked next */
+    atomic_bool refreshing;                      /* a CLUSTER SLOTS is under way */
+    atomic_ullong refresh_ms;                    /* when the last one was sent */
+    atomic_uint refresh_node;                    /* the node asked next */
     atomic_ullong failovers;         /* another master took over (Sentinel, or a slot's) */
     atomic_ullong redirections;      /* MOVED and ASK followed */
     struct redis_sentinel *sentinel; /* owned: redis-sentinel:// only */
@@ -169,22 +172,22 @@ struct store_redis {
 /* One accepted hot operation, owned by the store until it calls back. */
 struct op {
     struct store_redis *st;
-    struct lane *lane;     /* the loop it runs on */
-    struct link *link;     /* the connection it was sent on */
-    struct list_node node; /* on the queue, later or waiting */
-    bool eval;             /* Redis said NOSCRIPT: sent again as EVAL */
-    bool asking;           /* ASK: send ASKING first, to <via> */
-    int to;                /* a node index, or NODE_BY_SLOT */
-    int via;               /* >= 0: the next send goes there (ASK), whatever <to> says */
-    unsigned slot;         /* of <key> */
-    unsigned redirects;    /* MOVED and ASK followed */
-    uint64_t deadline_ms;  /* it fails with -ETIMEDOUT from here, and retries stop */
-    uint64_t life_ms;      /* the deadline's distance from the submit; 0: --store-timeout */
-    bool give_back;        /* a release of a failed acquire: retried on any failure, even
-                              on one server, until its deadline (the lock's own TTL) */
-    bool sent;             /* written to a connection at least once */
-    uint64_t not_before_ms; /* on <lane>'s later list: retried from then */
-    uint64_t backoff_ms;   /* the wait before its next retry */
+    struct lane *lane;          /* the loop it runs on */
+    struct link *link;          /* the connection it was sent on */
+    struct list_node node;      /* on the queue, later or waiting */
+    bool eval;                  /* Redis said NOSCRIPT: sent again as EVAL */
+    bool asking;                /* ASK: send ASKING first, to <via> */
+    int to;                     /* a node index, or NODE_BY_SLOT */
+    int via;                    /* >= 0: the next send goes there (ASK), whatever <to> says */
+    unsigned slot;              /* of <key> */
+    unsigned redirects;         /* MOVED and ASK followed */
+    uint64_t deadline_ms;       /* it fails with -ETIMEDOUT from here, and retries stop */
+    uint64_t life_ms;           /* the deadline's distance from the submit; 0: --store-timeout */
+    bool give_back;             /* a release of a failed acquire: retried on any failure, even
+                                   on one server, until its deadline (the lock's own TTL) */
+    bool sent;                  /* written to a connection at least once */
+    uint64_t not_before_ms;     /* on <lane>'s later list: retried from then */
+    uint64_t backoff_ms;        /* the wait before its next retry */
     bool wait;                  /* a write to confirm with WAIT (--redis-wait-replicas) */
     uint64_t write_seq;         /* its number on the link it was last sent on */
     enum store_status held;     /* on <link>'s held list: its result */
@@ -199,14 +202,129 @@ struct op {
     bool take_over;               /* acquire */
     enum store_cause cause;       /* unknown */
     struct record *rec;           /* complete: own reference, for the body */
-    struct buf head;              /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
-    redis_reply_fn *raw;          /* set: gets the reply as it is (operator calls), not <done> */
+    struct buf head;     /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
+    redis_reply_fn *raw; /* set: gets the reply as it is (operator calls), not <done> */
     void *raw_ctx;
     int argc; /* OP_RAW */
     size_t arglen[8];
     size_t key_len;
     char key[];
 };
+
+#define SLOT_NONE UINT16_MAX /* no master known for the slot */
+
+static inline struct node *node_at(struct store_redis *st, unsigned i)
+{
+    return i < atomic_load_explicit(&st->nnodes, memory_order_acquire) ? st->nodes[i] : NULL;
+}
+
+static inline bool is_cluster(struct store_redis *st)
+{
+    return atomic_load_explicit(&st->mode, memory_order_relaxed) == MODE_CLUSTER;
+}
+
+/* ---- store_redis_topology.c: the nodes, and where an op goes ---- */
+
+/* The nodes the URL names: the server, the seeds, or (Sentinel) node 0
+ * with no address until the sentinels name the master. Returns 0 or -ENOMEM. */
+int store_redis_add_url_nodes(struct store_redis *st);
+
+/* Looks the host of node <index> up (blocking: never on a loop thread) and
+ * keeps an address for the loops' connects, IPv4 first (a non-blocking
+ * connect takes one address only; Redis listens on IPv4 more often than
+ * not, and "localhost" may list ::1 first). A failed lookup keeps the last
+ * address, and says why when there is none. */
+void store_redis_resolve_node(struct store_redis *st, unsigned index);
+
+/* Marks <n> up (its last connection was set up and answers) or down. */
+void store_redis_node_set_up(struct node *n, bool up);
+
+/* What the log calls node <n>: the store's name unless it is a cluster's node. */
+void store_redis_node_log_name(struct store_redis *st, const struct node *n, char *out, size_t len);
+
+/* The node <op> goes to now: the one an ASK named, the one it was given,
+ * or its slot's master (node 0 until a cluster is known; any node that
+ * answers while the slot has no known master: it redirects). */
+unsigned store_redis_op_route(struct store_redis *st, const struct op *op);
+
+/* MOVED or ASK: <op> goes where Redis says. MOVED also teaches the map and
+ * asks for a fresh one; ASK holds for this op's next send only. Returns
+ * false when <reply> is no usable redirection (the op fails with it). */
+bool store_redis_follow_redirect(struct link *k, struct op *op, const redisReply *reply);
+
+/* Asks a node for the slot map (CLUSTER SLOTS), unless one was asked for
+ * less than REFRESH_MIN_MS ago or is under way. Any thread. */
+void store_redis_cluster_refresh(struct store_redis *st);
+
+/* The sentinels named the master <host>:<port> (on the first loop's thread),
+ * in an answer fresh for the tickets up to <fresh>. A new one takes effect
+ * at once: every connection to the old one goes the next time it is used,
+ * and every lane looks at once. An IP address needs no lookup; a name is
+ * looked up by the next PING job. (redis_sentinel.h's master callback.) */
+void store_redis_on_master(void *ctx, const char *host, unsigned port, uint64_t fresh);
+
+/* Whether the sentinels answered a question sent after ticket <t>. */
+bool store_redis_sentinel_answered(struct store_redis *st, uint64_t t);
+
+/* A link's connection is set up (redis_conn.h's ready handler): the
+ * PUBLISH probe, and ROLE with Sentinel, decide whether ops may go on it
+ * (store_redis_link_confirmed(), or store_redis_link_drop()); INFO
+ * persistence and appendfsync say whether the node is durable. */
+void store_redis_link_on_ready(void *ctx);
+
+/* store.h's is_ready: every master (as far as known) answers. */
+bool store_redis_is_ready(struct store *base);
+
+/* True while every master (as far as known) said it keeps its writes. */
+bool store_redis_is_durable(struct store_redis *st);
+
+/* ---- store_redis_link.c: the connections and the ops in flight ---- */
+
+/* The lanes of <st>, one per loop of <loops> (not started yet), each with
+ * its timer registered. Returns 0 or -ENOMEM. */
+int store_redis_lanes_start(struct store_redis *st, struct loop *const *loops, unsigned nloops);
+
+/* Refuses new ops, then runs each lane until every op it accepted has
+ * called back and closes its connections: on its loop's thread, or on this
+ * one once that loop has stopped. */
+void store_redis_lanes_stop(struct store_redis *st);
+
+/* Frees the lanes, once stopped; <wakes_posted>: wakes may still be queued
+ * on the loops (Sentinel), which are let run out first. */
+void store_redis_lanes_free(struct store_redis *st, bool wakes_posted);
+
+/* Has <ln>'s loop run the lane (any thread): links waiting for the
+ * sentinels' answer go on. */
+void store_redis_lane_wake(struct lane *ln);
+
+/* A new op of <script> on <key> under <tok>, calling <done>(<ctx>) once
+ * submitted. Returns 0 with it in <ret>, or -ENOMEM. */
+int store_redis_op_new(struct store_redis *st, enum lua_script_id script, struct span key,
+                       const struct store_token *tok, store_done_fn *done, void *ctx,
+                       struct op **ret);
+
+/* Frees an op that was never submitted (or that called back). */
+void store_redis_op_free(struct op *op);
+
+/* <op> goes out again on <ln> (a redirection, a retry). */
+void store_redis_lane_resend(struct lane *ln, struct op *op);
+
+/* The connection is set up, and (Sentinel) it is the master: what waits goes out. */
+void store_redis_link_confirmed(struct link *k);
+
+/* Gives the connection up (not from inside its own I/O: from a reply
+ * callback, or the loop); what it holds fails with -ECONNRESET. With
+ * <backoff> it failed (with Sentinel: ask where the master is now), without
+ * it the master moved (the sentinels' answer that moved it is fresh). */
+void store_redis_link_drop(struct link *k, int err, const char *why, bool backoff);
+
+/* Sends what waits, connects, or fails it fast inside the backoff. */
+void store_redis_link_dispatch(struct link *k, uint64_t now);
+
+/* ---- store_redis.c ---- */
+
+/* PINGs node <index> (readiness), from the calling loop. */
+void store_redis_ping(struct store_redis *st, unsigned index);
 
 /* The store behind <st>. */
 struct store_redis *store_redis_of(struct store *st);

@@ -108,8 +108,9 @@ int store_registry_open(const struct config *cfg, struct worker_pool *pool,
     if (whylen)
         why[0] = '\0';
     if (i < 0) {
-        snprintf(why, whylen, "no store has URLs of this scheme (use redis://, rediss://, "
-                              "redis-sentinel:// or rediss-sentinel://)");
+        snprintf(why, whylen,
+                 "no store has URLs of this scheme (use redis://, rediss://, "
+                 "redis-sentinel:// or rediss-sentinel://)");
         return -EINVAL;
     }
     return registry[i].open(cfg, &th, ret, why, whylen);

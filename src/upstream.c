@@ -16,9 +16,9 @@
 #include <curl/curl.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/http.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
-#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
@@ -32,24 +32,24 @@ struct xfer {
     struct record *rec;                 /* owned until handed to <done> */
     upstream_done_fn *done;
     void *ctx;
-    int err;           /* why a callback aborted the transfer, or 0 */
-    bool in_head;      /* between a status line and the blank line ending its header block */
-    bool may_resend;   /* a safe method: curl may retry it on a reused connection found dead */
-    unsigned requests; /* times curl was about to send the request */
+    int err;               /* why a callback aborted the transfer, or 0 */
+    bool in_head;          /* between a status line and the blank line ending its header block */
+    bool may_resend;       /* a safe method: curl may retry it on a reused connection found dead */
+    unsigned requests;     /* times curl was about to send the request */
     struct list_node node; /* in the submit queue, then in the running list */
     uint64_t overdue_ms;   /* with req->overdue: when the client's timeout passes */
     struct list_node overdue_node; /* in up->overdue until then */
 };
 
 struct upstream {
-    CURLM *multi;      /* owned; loop thread only */
-    struct loop *loop; /* borrowed */
+    CURLM *multi;              /* owned; loop thread only */
+    struct loop *loop;         /* borrowed */
     struct upstream_base base; /* owned: where every transfer connects, and the path prefix */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
 
-    pthread_mutex_t lock; /* guards the queue, <posted> and <stopping> */
-    struct list queue; /* struct xfer submitted from other threads */
+    pthread_mutex_t lock;   /* guards the queue, <posted> and <stopping> */
+    struct list queue;      /* struct xfer submitted from other threads */
     bool posted;            /* <drain> is on its way to the loop */
     struct loop_task drain; /* takes the queue, on the loop thread */
     bool stopping;
@@ -63,11 +63,10 @@ struct upstream {
     struct list overdue;
     struct loop_timer overdue_timer;
     uint64_t late_ms;
-    CURL **idle;             /* easy handles kept for reuse, <nidle> of them */
+    CURL **idle; /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
     struct buf conn, xff, line, target, method; /* scratch, reused */
 };
-
 
 /* Frees <x> and what it owns, keeping its easy handle for reuse; the handle
  * must be out of the multi. Loop thread only. NULL-safe. */

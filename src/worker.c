@@ -14,7 +14,7 @@ struct job {
     worker_fn *fn;
     void *ctx;
     uint64_t due_ms;
-    uint64_t seq;     /* equal due times run in submit order */
+    uint64_t seq;          /* equal due times run in submit order */
     struct list_node node; /* in the ready queue */
 };
 
@@ -27,8 +27,8 @@ struct worker_thread {
 struct worker_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct list ready;                   /* owned jobs, first in first out */
-    struct job **delayed;                /* owned min-heap of owned jobs, by (due_ms, seq) */
+    struct list ready;    /* owned jobs, first in first out */
+    struct job **delayed; /* owned min-heap of owned jobs, by (due_ms, seq) */
     size_t ndelayed, delayed_cap;
     uint64_t seq;
     bool stopping;

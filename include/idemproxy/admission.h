@@ -23,9 +23,9 @@ struct route_table;
 struct admission_refusal {
     enum problem problem;
     enum outcome outcome;
-    char detail[512];   /* the problem's detail; "": its own */
-    const char *why;    /* a malformed request (bad_request): what is wrong, for the log */
-    unsigned status;    /* and its status: 400, or 501 (a method not supported) */
+    char detail[512]; /* the problem's detail; "": its own */
+    const char *why;  /* a malformed request (bad_request): what is wrong, for the log */
+    unsigned status;  /* and its status: 400, or 501 (a method not supported) */
 };
 
 /* What is decided of a request. All zero before admission_head(). */

@@ -34,9 +34,9 @@ struct app {
     struct upstream *ups[APP_MAX_LOOPS];
     struct front *fronts[APP_MAX_LOOPS];
     struct admin *admin;
-    size_t capture_bytes;   /* the upstream clients' cap on an answer, set at start */
-    uint64_t evictions;     /* the memory store's, at the last warning */
-    uint64_t warned_at_ms;  /* of that warning; 0: never */
+    size_t capture_bytes;  /* the upstream clients' cap on an answer, set at start */
+    uint64_t evictions;    /* the memory store's, at the last warning */
+    uint64_t warned_at_ms; /* of that warning; 0: never */
 };
 
 /* Brings the modules up for <app>'s configuration and routes (set by the

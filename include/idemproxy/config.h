@@ -42,16 +42,16 @@ struct route_settings {
     bool require_key;                     /* require-key */
     char *scope_headers[CONFIG_MAX_LIST]; /* scope-header (repeatable), default Authorization */
     size_t nscope_headers;
-    uint64_t ttl_ms;     /* ttl, default 86400 s */
-    uint64_t max_ttl_ms; /* max-ttl, default 604800 s */
-    char *ttl_header;    /* ttl-header, default X-TTL; "" disables */
-    uint64_t lock_ttl_ms; /* lock-ttl, default 30 s */
-    uint64_t wait_ms;     /* wait, default 0 */
-    bool no_cache[600]; /* no-cache-status: no_cache[status] is true when not cached (default
-                           5xx,408,409,429) */
-    size_t max_body_bytes;             /* max-body, default 1 MiB */
-    size_t max_response_bytes;         /* max-response, default 4 MiB */
-    char *replay_header;               /* replay-header, default X-Idempotency-Replayed */
+    uint64_t ttl_ms;           /* ttl, default 86400 s */
+    uint64_t max_ttl_ms;       /* max-ttl, default 604800 s */
+    char *ttl_header;          /* ttl-header, default X-TTL; "" disables */
+    uint64_t lock_ttl_ms;      /* lock-ttl, default 30 s */
+    uint64_t wait_ms;          /* wait, default 0 */
+    bool no_cache[600];        /* no-cache-status: no_cache[status] is true when not cached (default
+                                  5xx,408,409,429) */
+    size_t max_body_bytes;     /* max-body, default 1 MiB */
+    size_t max_response_bytes; /* max-response, default 4 MiB */
+    char *replay_header;       /* replay-header, default X-Idempotency-Replayed */
     enum config_on_unknown on_unknown; /* on-unknown-outcome, default refuse */
 };
 
@@ -59,24 +59,24 @@ struct config {
     struct config_addr listen;       /* --listen, default 127.0.0.1:8080 */
     struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
     char *upstream; /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
-    char *redis_url;                /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
-    char *redis_password_file;      /* --redis-password-file, NULL: none */
-    char *redis_password;           /* its first line: beats a password in the URL */
-    char *redis_tls_ca_file;        /* --redis-tls-ca-file, NULL: the system's CA store */
-    char *redis_tls_cert_file;      /* --redis-tls-cert-file, NULL: no client certificate */
-    char *redis_tls_key_file;       /* --redis-tls-key-file */
-    char *redis_tls_server_name;    /* --redis-tls-server-name, NULL: the URL's host */
-    bool redis_tls_insecure;        /* --redis-tls-insecure: no certificate verification */
-    unsigned redis_wait_replicas;   /* --redis-wait-replicas, default 0: no WAIT */
-    uint64_t redis_wait_timeout_ms; /* --redis-wait-timeout, default 0.1 s */
-    char *key_header;               /* --key-header, default Idempotency-Key */
-    char *key_prefix;               /* --key-prefix, default "idem:" */
-    size_t memory_max_bytes;        /* --memory-max-bytes, default 256 MiB */
-    uint64_t upstream_timeout_ms;   /* --upstream-timeout, default 30 s */
-    uint64_t upstream_late_timeout_ms;         /* --upstream-late-timeout, default 60 s, 0: none */
-    uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
-    uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
-    uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */
+    char *redis_url;                   /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
+    char *redis_password_file;         /* --redis-password-file, NULL: none */
+    char *redis_password;              /* its first line: beats a password in the URL */
+    char *redis_tls_ca_file;           /* --redis-tls-ca-file, NULL: the system's CA store */
+    char *redis_tls_cert_file;         /* --redis-tls-cert-file, NULL: no client certificate */
+    char *redis_tls_key_file;          /* --redis-tls-key-file */
+    char *redis_tls_server_name;       /* --redis-tls-server-name, NULL: the URL's host */
+    bool redis_tls_insecure;           /* --redis-tls-insecure: no certificate verification */
+    unsigned redis_wait_replicas;      /* --redis-wait-replicas, default 0: no WAIT */
+    uint64_t redis_wait_timeout_ms;    /* --redis-wait-timeout, default 0.1 s */
+    char *key_header;                  /* --key-header, default Idempotency-Key */
+    char *key_prefix;                  /* --key-prefix, default "idem:" */
+    size_t memory_max_bytes;           /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms;      /* --upstream-timeout, default 30 s */
+    uint64_t upstream_late_timeout_ms; /* --upstream-late-timeout, default 60 s, 0: none */
+    uint64_t client_timeout_ms;        /* --client-timeout, default 30 s */
+    uint64_t shutdown_timeout_ms;      /* --shutdown-timeout, default 10 s */
+    uint64_t store_timeout_ms;         /* --store-timeout, default 1 s */
     enum config_on_store_error on_store_error; /* --on-store-error, default reject */
     unsigned max_connections;                  /* --max-connections, default 4096 */
     enum log_format log_format;                /* --log-format, default text */
@@ -109,9 +109,8 @@ bool config_wants_action(struct config *cfg, int argc, char *const argv[]);
 const char *config_find_file(int argc, char *const argv[], char *const envp[]);
 
 /* Applies the environment <envp> (a NULL-terminated "NAME=value" array, as
- * environ), then the flags <argv>[1..argc-1], then checks the options
- * against each other (--upstream given, a TTL under max-ttl, TLS options
- * with a TLS URL...). Returns 0 or -EINVAL, stopping at the first problem. */
+ * environ), then the flags <argv>[1..argc-1]. Returns 0 or -EINVAL,
+ * stopping at the first problem. (config_check.h checks the result.) */
 int config_apply_args(struct config *cfg, int argc, char *const argv[], char *const envp[],
                       char *err, size_t errlen);
 
@@ -140,13 +139,6 @@ bool config_is_route_option(const char *name);
 /* Writes the names of the options a route may set, comma-separated, to <out>. */
 void config_route_option_names(char *out, size_t outlen);
 
-/* Checks the settings <rs> of a route (or the top level's) against each
- * other and the process's <cfg> (a TTL above max-ttl, a max-response the
- * memory store cannot hold twice). Returns 0, or -EINVAL with one line in
- * <why>. */
-int config_check_route(const struct config *cfg, const struct route_settings *rs, char *why,
-                       size_t whylen);
-
 /* Makes <dst> (zeroed) a deep copy of <src>. Returns 0 or -ENOMEM (then
  * config_route_done(<dst>)). */
 int config_route_copy(struct route_settings *dst, const struct route_settings *src);
@@ -162,8 +154,7 @@ typedef void config_diff_fn(void *ctx, const char *name, unsigned traits);
 /* Compares <a> and <b> option by option (a secret by its file and by the
  * secret itself), calling <fn> for each difference in table order. Returns
  * how many differ. */
-size_t config_diff(const struct config *a, const struct config *b, config_diff_fn *fn,
-                   void *ctx);
+size_t config_diff(const struct config *a, const struct config *b, config_diff_fn *fn, void *ctx);
 
 /* What SIGHUP does to the running configuration <cfg>: every option it may
  * change (not CONFIG_RESTART) takes its value from <next>, whose old value

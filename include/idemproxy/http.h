@@ -65,8 +65,8 @@ struct http_target {
  * absolute-form target with user info, an empty or malformed authority or a
  * malformed path, and any other form (authority-form, a bare word, control
  * bytes, space, '#'). <ret> is untouched on refusal. */
-const char *http_check_request_line(struct span method, struct span target,
-                                    struct http_target *ret, unsigned *ret_status);
+const char *http_check_request_line(struct span method, struct span target, struct http_target *ret,
+                                    unsigned *ret_status);
 
 /* Checks the <n> header fields <h> of a request (RFC 9110 section 5, RFC 9112
  * section 6): every name a token, every value a field value, at most one Host

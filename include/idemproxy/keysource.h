@@ -61,8 +61,8 @@ struct keysource_key {
 
 /* Reads the key of <rq> from its header section into <ret> (whose spans may
  * borrow <rq>). Returns an enum keysource_found, or -ENOMEM. */
-int keysource_read(const struct keysource *ks, const struct request *rq,
-                   struct keysource_key *ret, char *detail, size_t detaillen);
+int keysource_read(const struct keysource *ks, const struct request *rq, struct keysource_key *ret,
+                   char *detail, size_t detaillen);
 
 /* Reads the key of a source that reads the body from <body>. Returns FOUND,
  * MISSING (no JSON, or nothing at the pointer), INVALID, or -ENOMEM. */

@@ -19,26 +19,17 @@ struct list {
 };
 
 /* The struct of type <type> whose member <member> is the node <n>. */
-#define list_entry(n, type, member) ((type *)(void *)((char *)(n) - offsetof(type, member)))
+#define list_entry(n, type, member) ((type *)(void *)((char *)(n)-offsetof(type, member)))
 
 /* Each node of <l> in order, as <n>; the current node may be removed. */
 #define list_for_each_safe(l, n, tmp)                                                              \
     for ((n) = (l)->head.next, (tmp) = (n)->next; (n) != &(l)->head; (n) = (tmp), (tmp) = (n)->next)
 
-static inline void list_init(struct list *l)
-{
-    l->head.prev = l->head.next = &l->head;
-}
+static inline void list_init(struct list *l) { l->head.prev = l->head.next = &l->head; }
 
-static inline bool list_is_empty(const struct list *l)
-{
-    return l->head.next == &l->head;
-}
+static inline bool list_is_empty(const struct list *l) { return l->head.next == &l->head; }
 
-static inline bool list_is_linked(const struct list_node *n)
-{
-    return n->next != NULL;
-}
+static inline bool list_is_linked(const struct list_node *n) { return n->next != NULL; }
 
 /* The first node of <l>, or NULL when it is empty. */
 static inline struct list_node *list_first(const struct list *l)

@@ -29,8 +29,7 @@ bool log_enabled(enum log_level level);
  * printable ASCII becomes \xHH and '"' and '\' get a backslash, so a line
  * stays one line; in JSON, bytes that are not UTF-8 (and NUL) become the text
  * \xHH, so every line is valid JSON. */
-void log_write(enum log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void log_write(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One access line: what a request was and how it was answered. Spans are
  * borrowed for the call. Only these fields exist, so no other header of the
@@ -45,7 +44,7 @@ struct log_access {
     bool has_upstream; /* the request was forwarded: <upstream_us> is meaningful */
     uint64_t upstream_us;
     uint64_t total_us;
-    size_t bytes; /* response body bytes */
+    size_t bytes;        /* response body bytes */
     const char *unknown; /* the cause, when this request made its key's outcome unknown */
 };
 

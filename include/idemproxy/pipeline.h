@@ -24,8 +24,8 @@ struct worker_pool;
 
 /* A request's answer, handed to the front end in one call. */
 struct pipeline_answer {
-    struct record *rec; /* a reference the callee takes over; NULL: out of memory, drop the
-                           connection */
+    struct record *rec;        /* a reference the callee takes over; NULL: out of memory, drop the
+                                  connection */
     const char *replay_header; /* the route's replay-header: valid until pipeline_req_free() */
     const char *replayed;      /* its value ("true"/"false"), or NULL for none */
     enum outcome outcome;

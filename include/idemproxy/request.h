@@ -33,8 +33,7 @@ int request_add_header(struct request *rq, struct span name, struct span value);
 
 /* The first field named <name> (case-insensitive), NULL when none; how many
  * there are in <ret_count> (may be NULL). */
-const struct span *request_header(const struct request *rq, struct span name,
-                                  size_t *ret_count);
+const struct span *request_header(const struct request *rq, struct span name, size_t *ret_count);
 
 /* Frees <rq> and what it owns. NULL-safe. */
 void request_free(struct request *rq);

@@ -29,7 +29,7 @@ struct route {
     bool match_prefix; /* the pattern was <base> + "/" + "*": <base> and everything below */
     char *match_host;  /* owned: compared case-insensitively with the Host value */
     /* what the route does */
-    bool enforce; /* false: every request of the route is passthrough */
+    bool enforce;         /* false: every request of the route is passthrough */
     struct keysource key; /* owned: where its keys come from */
     enum problem_dialect errors;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */

@@ -83,9 +83,9 @@ struct store;
 
 /* One stored key, as store_inspect() reports it (for operators). */
 struct store_info {
-    char *store_key;                  /* owned, NUL-terminated */
-    bool completed;                   /* false: locked, a request in flight, or unknown */
-    bool unknown;                     /* its outcome is unknown (SPEC §9): <cause>, <about> */
+    char *store_key; /* owned, NUL-terminated */
+    bool completed;  /* false: locked, a request in flight, or unknown */
+    bool unknown;    /* its outcome is unknown (SPEC §9): <cause>, <about> */
     enum store_cause cause;
     char *about;                      /* unknown: owned "<route> <method> <target>", or NULL */
     char fp_hex[FINGERPRINT_HEX + 1]; /* the fingerprint, lowercase hex */

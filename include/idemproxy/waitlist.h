@@ -19,9 +19,9 @@ struct worker_pool;
 
 /* Embedded in what is held (a request); zeroed before its first hold. */
 struct waitlist_entry {
-    const char *key;           /* borrowed: the store key it waits for, set before a hold */
-    uint64_t until_ms;         /* its wait ends then; 0 before its first hold */
-    uint64_t poll_at_ms;       /* retried then even without a notification */
+    const char *key;             /* borrowed: the store key it waits for, set before a hold */
+    uint64_t until_ms;           /* its wait ends then; 0 before its first hold */
+    uint64_t poll_at_ms;         /* retried then even without a notification */
     struct waitlist_entry *next; /* the waitlist's */
 };
 

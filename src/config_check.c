@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+/* The options checked against each other once they are all set (SPEC §3):
+ * --upstream given, a TTL within max-ttl, a memory budget that holds two of
+ * the largest answers, TLS options with a TLS URL, a WAIT that fits in
+ * --store-timeout. Each problem is one line naming the option. */
+#include "idemproxy/config_check.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "idemproxy/redis_url.h"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static void format_secs(uint64_t ms, char *out, size_t outlen)
+{
+    if (ms % 1000 == 0)
+        snprintf(out, outlen, "%" PRIu64 " s", ms / 1000);
+    else
+        snprintf(out, outlen, "%" PRIu64 ".%03" PRIu64 " s", ms / 1000, ms % 1000);
+}
+
+static void format_bytes(size_t n, char *out, size_t outlen)
+{
+    if (n >= (1u << 20) && n % (1u << 20) == 0)
+        snprintf(out, outlen, "%zu MiB", n >> 20);
+    else if (n >= 1024 && n % 1024 == 0)
+        snprintf(out, outlen, "%zu KiB", n >> 10);
+    else
+        snprintf(out, outlen, "%zu bytes", n);
+}
+
+/* The memory store must hold at least two responses of the largest size it
+ * stores, or a request could be executed and then have nowhere to go. */
+static int check_memory_budget(const struct config *cfg, const struct route_settings *rs, char *err,
+                               size_t errlen)
+{
+    char have[32], resp[32];
+
+    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= rs->max_response_bytes)
+        return 0;
+    format_bytes(cfg->memory_max_bytes, have, sizeof(have));
+    format_bytes(rs->max_response_bytes, resp, sizeof(resp));
+    set_err(err, errlen,
+            "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
+            "or lower --max-response",
+            have, resp);
+    return -EINVAL;
+}
+
+/* TLS options without a TLS URL would be ignored: a user who gives them
+ * expects TLS, so that is an error; so is half a client certificate. */
+static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
+{
+    static const struct {
+        const char *flag;
+        size_t off;
+    } tls_opts[] = {
+        { "--redis-tls-ca-file", offsetof(struct config, redis_tls_ca_file) },
+        { "--redis-tls-cert-file", offsetof(struct config, redis_tls_cert_file) },
+        { "--redis-tls-key-file", offsetof(struct config, redis_tls_key_file) },
+        { "--redis-tls-server-name", offsetof(struct config, redis_tls_server_name) },
+    };
+    struct redis_url u;
+    bool tls = false;
+
+    if (cfg->redis_url && redis_url_parse(cfg->redis_url, &u, NULL, 0) == 0) {
+        tls = u.tls;
+        redis_url_done(&u);
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(tls_opts); i++) {
+        if (!tls && *(char *const *)(const void *)((const char *)cfg + tls_opts[i].off)) {
+            set_err(err, errlen, "%s: needs a rediss:// or rediss-sentinel:// --redis URL",
+                    tls_opts[i].flag);
+            return -EINVAL;
+        }
+    }
+    if (!tls && cfg->redis_tls_insecure) {
+        set_err(err, errlen,
+                "--redis-tls-insecure: needs a rediss:// or rediss-sentinel:// "
+                "--redis URL");
+        return -EINVAL;
+    }
+    if (!cfg->redis_tls_cert_file != !cfg->redis_tls_key_file) {
+        set_err(err, errlen,
+                "%s: a client certificate needs both --redis-tls-cert-file and "
+                "--redis-tls-key-file",
+                cfg->redis_tls_cert_file ? "--redis-tls-cert-file" : "--redis-tls-key-file");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* WAIT is Redis's: without a Redis URL the option would be ignored. A
+ * WAIT holds its connection, and the ops behind it, for up to its timeout,
+ * so that timeout must leave room inside --store-timeout. */
+static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
+{
+    char wait[32], store[32];
+
+    if (cfg->redis_wait_replicas == 0)
+        return 0;
+    if (!cfg->redis_url) {
+        set_err(err, errlen,
+                "--redis-wait-replicas: needs a --redis URL (the memory store has "
+                "no replicas)");
+        return -EINVAL;
+    }
+    if (cfg->redis_wait_timeout_ms >= cfg->store_timeout_ms) {
+        format_secs(cfg->redis_wait_timeout_ms, wait, sizeof(wait));
+        format_secs(cfg->store_timeout_ms, store, sizeof(store));
+        set_err(err, errlen,
+                "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
+                "behind a WAIT wait for it",
+                wait, store);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int config_check_options(const struct config *cfg, char *err, size_t errlen)
+{
+    int r;
+
+    if (!cfg->upstream) {
+        set_err(err, errlen,
+                "--upstream: required (the URL of the API to protect, e.g. "
+                "--upstream http://127.0.0.1:3000)");
+        return -EINVAL;
+    }
+    r = config_check_route(cfg, &cfg->route, err, errlen);
+    if (r == 0)
+        r = check_redis_tls(cfg, err, errlen);
+    if (r == 0)
+        r = check_redis_wait(cfg, err, errlen);
+    return r;
+}
+
+int config_check_route(const struct config *cfg, const struct route_settings *rs, char *why,
+                       size_t whylen)
+{
+    if (rs->ttl_ms > rs->max_ttl_ms) {
+        char ttl[32], max[32];
+
+        format_secs(rs->ttl_ms, ttl, sizeof(ttl));
+        format_secs(rs->max_ttl_ms, max, sizeof(max));
+        set_err(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
+        return -EINVAL;
+    }
+    return check_memory_budget(cfg, rs, why, whylen);
+}

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/* The memory store's operator calls: inspect and list (a walk of every
+ * shard, one lock at a time, on the worker pool) and resolve (an unknown
+ * key completed with the operator's answer). */
+#include "store_memory_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idemproxy/idemkey.h"
+#include "idemproxy/record.h"
+
+static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
+{
+    *info = (struct store_info){ .completed = e->state == MSTATE_COMPLETED,
+                                 .unknown = e->state == MSTATE_UNKNOWN,
+                                 .cause = e->cause,
+                                 .age_ms = now - e->changed_ms,
+                                 .ttl_ms = e->expires_ms - now };
+    if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
+        info->lease_ms = e->lease_until_ms - now;
+    if (e->about && !(info->about = strdup(e->about)))
+        return -ENOMEM;
+    fingerprint_hex(e->fp, info->fp_hex);
+    info->store_key = strndup(e->key, e->key_len);
+    if (!info->store_key) {
+        free(info->about);
+        return -ENOMEM;
+    }
+    if (e->rec && with_body) {
+        info->rec = record_ref(e->rec);
+    } else if (e->rec) {
+        /* The head only: the body is not copied unless asked for. */
+        struct buf head = BUF_INIT(SIZE_MAX);
+        int err = record_encode_head(e->rec, &head);
+
+        if (err == 0)
+            err = record_decode(buf_span(&head), (struct span){ "", 0 }, &info->rec);
+        buf_done(&head);
+        if (err < 0) {
+            free(info->store_key);
+            free(info->about);
+            return err;
+        }
+    }
+    return 0;
+}
+
+static void inspect_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    struct store_memory *st = job->st;
+    struct store_info_list list = { 0 };
+    struct span prefix = { job->prefix, job->prefix_len }, key = { job->key, job->key_len };
+    uint64_t first = 0, unused;
+    size_t cap = 0, i;
+    int err = 0;
+
+    /* list_unknown: a page is whole shards, from the cursor's, until it holds a page's worth */
+    if (job->unknown_only)
+        err = store_cursor_parse(job->cursor, &first, &unused);
+    for (i = (size_t)first; i < NSHARDS && err == 0; i++) {
+        struct shard *sh = &st->shards[i];
+        uint64_t now;
+
+        if (job->unknown_only && list.n >= STORE_LIST_PAGE)
+            break;
+        pthread_mutex_lock(&sh->mu);
+        now = now_ms();
+        for (size_t b = 0; b < sh->nbuckets && err == 0; b++) {
+            for (struct mentry *e = sh->buckets[b]; e && err == 0; e = e->next) {
+                struct span k = { e->key, e->key_len };
+                struct store_info info;
+
+                if (now >= e->expires_ms ||
+                    (job->unknown_only
+                         ? e->state != MSTATE_UNKNOWN || !idemkey_store_key_is_under(k, prefix)
+                         : !idemkey_store_key_matches(k, prefix, key)))
+                    continue;
+                err = entry_info(e, now, job->with_body, &info);
+                if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {
+                    free(info.store_key);
+                    record_unref(info.rec);
+                }
+            }
+        }
+        pthread_mutex_unlock(&sh->mu);
+    }
+    if (job->unknown_only && i < NSHARDS)
+        snprintf(list.cursor, sizeof(list.cursor), "%zu.0", i);
+    if (err < 0)
+        store_info_list_done(&list);
+    job->list_done(job->ctx, err, &list);
+    store_info_list_done(&list);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+int store_memory_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                         store_list_fn *done, void *ctx)
+{
+    struct store_memory *st = store_memory_of(base);
+
+    if (!done || key.len == 0)
+        return -EINVAL;
+    return store_admin_job_submit(
+        &st->calls, st->pool, inspect_run,
+        &(struct store_admin_job){
+            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        prefix, key);
+}
+
+int store_memory_list_unknown(struct store *base, struct span prefix, const char *cursor,
+                              store_list_fn *done, void *ctx)
+{
+    struct store_memory *st = store_memory_of(base);
+    struct store_admin_job job = { .st = st, .list_done = done, .ctx = ctx, .unknown_only = true };
+    uint64_t a, b;
+
+    if (!done || store_cursor_parse(cursor, &a, &b) < 0 || a >= NSHARDS ||
+        strlen(cursor ? cursor : "") >= sizeof(job.cursor))
+        return -EINVAL;
+    snprintf(job.cursor, sizeof(job.cursor), "%s", cursor ? cursor : "");
+    return store_admin_job_submit(&st->calls, st->pool, inspect_run, &job, prefix,
+                                  (struct span){ "", 0 });
+}
+
+/* RESOLVE: the operator's answer for an unknown key. */
+static void resolve_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    struct store_memory *st = job->st;
+    struct span key = { job->key, job->key_len };
+    uint64_t hash = store_memory_hash(st, job->key, job->key_len), now;
+    struct shard *sh = store_memory_shard_of(st, hash);
+    size_t need = record_mem_bytes(job->rec);
+    struct store_result res = { .status = STORE_OK };
+    struct mentry *e;
+    int err = store_memory_budget_reserve(st, need);
+
+    if (err == 0) {
+        pthread_mutex_lock(&sh->mu);
+        now = now_ms();
+        e = *store_memory_lookup_live(st, sh, hash, key, now);
+        if (!e) {
+            err = -ENOENT;
+        } else if (e->state != MSTATE_UNKNOWN) {
+            err = -EBUSY;
+        } else {
+            atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
+            free(e->about);
+            e->about = NULL;
+            e->state = MSTATE_COMPLETED;
+            e->rec = job->rec;
+            job->rec = NULL;
+            e->bytes += need;
+            need = 0;
+            e->expires_ms = now + (e->keep_ms ? e->keep_ms : job->ttl_ms);
+            e->changed_ms = now;
+            e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
+            sh->locks--;
+            store_memory_link_completed(sh, e);
+        }
+        pthread_mutex_unlock(&sh->mu);
+        store_memory_budget_give_back(st, need);
+        if (err == 0 && st->notify)
+            st->notify(st->notify_ctx, key);
+    }
+    job->done(job->ctx, err, err == 0 ? &res : NULL);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+int store_memory_resolve(struct store *base, struct span store_key, struct record *rec,
+                         uint64_t ttl_ms, store_done_fn *done, void *ctx)
+{
+    struct store_memory *st = store_memory_of(base);
+    struct store_admin_job job = { .st = st, .done = done, .ctx = ctx, .ttl_ms = ttl_ms };
+    int err;
+
+    if (!done || !rec || ttl_ms == 0 || store_key.len == 0)
+        return -EINVAL;
+    job.rec = record_ref(rec);
+    err = store_admin_job_submit(&st->calls, st->pool, resolve_run, &job, (struct span){ "", 0 },
+                                 store_key);
+    return err;
+}

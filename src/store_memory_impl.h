@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/* What the memory store's files share: store_memory.c (the shards, the
+ * budget, the operations) and store_memory_admin.c (inspect, list, resolve).
+ * Not an interface: the rest of the program sees store.h and
+ * store_memory.h. */
+#ifndef IDEMPROXY_STORE_MEMORY_IMPL_H
+#define IDEMPROXY_STORE_MEMORY_IMPL_H
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+
+#include "idemproxy/list.h"
+#include "idemproxy/store_memory.h"
+#include "store_impl.h"
+
+#define NSHARDS 64 /* a power of two; the shard is the hash's top bits */
+#define SHARD_BITS 6
+#define FIRST_BUCKETS 64
+#define NO_COMPLETED UINT64_MAX
+#define SWEEP_WHEN_FULL_EVERY_MS 100
+
+enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED, MSTATE_UNKNOWN };
+
+/* One idempotency key: a lock, a completed record, or an unknown one (kept
+ * like a lock: never evicted). Owned by its shard. */
+struct mentry {
+    struct mentry *next;        /* hash chain */
+    struct list_node completed; /* completed only: in the shard's completion order */
+    uint64_t hash;
+    uint64_t expires_ms;     /* now_ms() clock; expired when now >= expires_ms */
+    uint64_t completed_seq;  /* completed only: the store-wide completion order */
+    uint64_t changed_ms;     /* when it was locked, completed or made unknown (store_inspect) */
+    uint64_t lease_until_ms; /* locked: its lease runs out then */
+    uint64_t keep_ms;        /* locked: kept this long beyond its lease */
+    size_t bytes;            /* counted in the budget for this entry */
+    struct record *rec;      /* completed only: one reference */
+    char *about;             /* unknown only: owned "<route> <method> <target>", or NULL */
+    enum mstate state;
+    enum store_cause cause; /* unknown only */
+    struct store_token tok;
+    uint8_t fp[FINGERPRINT_LEN];
+    size_t key_len;
+    char key[];
+};
+
+struct shard {
+    alignas(64) pthread_mutex_t mu; /* guards everything below but <oldest_seq> */
+    struct mentry **buckets;        /* owned array of nbuckets chains */
+    size_t nbuckets, count, locks;
+    struct list completed;       /* completed entries, oldest first */
+    _Atomic uint64_t oldest_seq; /* completed_seq of the oldest, NO_COMPLETED: none */
+};
+
+struct store_memory;
+
+struct store_memory {
+    struct store base;
+    struct worker_pool *pool; /* borrowed */
+    size_t max_bytes;
+    uint64_t seed[2];         /* the hash key: keys come from clients */
+    atomic_size_t used;       /* bytes counted against max_bytes, reservations included */
+    atomic_size_t lock_bytes; /* of which held by locks: at most max_bytes / 2 */
+    atomic_uint_fast64_t evictions, expired;
+    _Atomic uint64_t last_sweep_ms;
+    _Atomic uint64_t seq;     /* numbers completions: milliseconds would tie */
+    pthread_mutex_t evict_mu; /* one evicting thread at a time; taken before a shard lock */
+    struct store_calls calls;
+    store_notify_fn *notify; /* set before any operation, then read-only */
+    void *notify_ctx;
+    struct worker_every *reaper; /* owned: sweeps expired entries every reap_interval_ms */
+    struct shard shards[NSHARDS];
+};
+
+enum mop_kind { MOP_ACQUIRE, MOP_COMPLETE, MOP_RELEASE, MOP_EXTEND, MOP_PURGE, MOP_UNKNOWN };
+
+/* One operation, on the caller's stack for the length of the call. */
+struct mop {
+    struct store_memory *st;
+    enum mop_kind kind;
+    store_done_fn *done;
+    void *ctx;
+    struct store_token tok;
+    uint8_t fp[FINGERPRINT_LEN];      /* acquire */
+    uint64_t ttl_ms;                  /* acquire (the lease), complete, extend, unknown (keep) */
+    uint64_t keep_ms;                 /* acquire */
+    bool take_over;                   /* acquire */
+    enum store_cause cause;           /* unknown */
+    const struct store_about *about;  /* acquire, unknown: borrowed */
+    char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
+    struct record *rec;               /* complete: own reference, handed to the entry */
+    size_t key_len;
+    const char *key; /* borrowed from the caller */
+};
+
+/* The store behind <base>. */
+static inline struct store_memory *store_memory_of(struct store *base)
+{
+    return (struct store_memory *)base;
+}
+
+/* The hash of a store key (SipHash-2-4 under the store's random key). */
+uint64_t store_memory_hash(const struct store_memory *st, const char *key, size_t len);
+
+/* The shard of <hash>. */
+struct shard *store_memory_shard_of(struct store_memory *st, uint64_t hash);
+
+/* The slot of the live (not expired at <now>) entry of <key> in <sh> (its
+ * lock held), whose *slot is NULL when there is none; an expired one found
+ * on the way is removed. */
+struct mentry **store_memory_lookup_live(struct store_memory *st, struct shard *sh, uint64_t hash,
+                                         struct span key, uint64_t now);
+
+/* Reserves <n> bytes of the budget (evicting completed records for them;
+ * no shard lock held). Returns 0, -ENOSPC or -E2BIG. */
+int store_memory_budget_reserve(struct store_memory *st, size_t n);
+
+/* Gives <n> reserved bytes back. */
+void store_memory_budget_give_back(struct store_memory *st, size_t n);
+
+/* Puts completed <e> last in <sh>'s completion order (its lock held). */
+void store_memory_link_completed(struct shard *sh, struct mentry *e);
+
+/* store.h's inspect, list_unknown and resolve, for the memory store
+ * (store_memory_admin.c). */
+int store_memory_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                         store_list_fn *done, void *ctx);
+int store_memory_list_unknown(struct store *base, struct span prefix, const char *cursor,
+                              store_list_fn *done, void *ctx);
+int store_memory_resolve(struct store *base, struct span store_key, struct record *rec,
+                         uint64_t ttl_ms, store_done_fn *done, void *ctx);
+
+#endif
