@@ -1,4 +1,4 @@
-"""The man page (doc/idemproxy.1), `idemproxy --help` and README.md's options
+"""The man page (doc/idemproxy.1), `idemproxy --help` and doc/configuration.md's options
 table agree: the same options, each with the same argument, environment
 variable and default. `--help` is the reference, since it is printed from the
 option table that the binary parses with. The roff source is parsed directly,
@@ -11,7 +11,7 @@ import subprocess
 from conftest import IDEMPROXY_BIN, REPO, clean_env, run_binary
 
 MANPAGE = os.path.join(REPO, "doc", "idemproxy.1")
-README = os.path.join(REPO, "README.md")
+README = os.path.join(REPO, "doc", "configuration.md")  # the options table, the file
 MESON = os.path.join(REPO, "meson.build")
 
 # README's default column is prose where there is no literal default; these are

@@ -14,7 +14,7 @@ exports.
   proxy (memory store, and Redis), the dashboard shows every family the proxy
   exports, and both scrapes pass `promtool check metrics`;
 - the dashboard's JSON is importable: unique ids, a grid position and the
-  datasource variable on every panel, the panels the README names.
+  datasource variable on every panel, the panels doc/operations.md names.
 
 Redis: IDEMPROXY_TEST_REDIS_URL when set (scripts/test exports one), else a
 redis-server started here on a free port.
@@ -50,7 +50,7 @@ REQUIRED_ALERTS = {
     "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed", "IdemproxyUnknownOutcome",
     "IdemproxyStoreNotDurable",
 }
-RUNBOOK = "README.md, Install and operate → Alert runbook → %s"
+RUNBOOK = "doc/operations.md, Alert runbook → %s"
 
 REQUIRED_PANELS = {
     "Requests by route and outcome", "5xx answered by the proxy", "In-flight requests",
@@ -248,6 +248,8 @@ def test_alert_has_severity_and_runbook(rule):
     notes = rule["annotations"]
     assert set(notes) == {"summary", "description", "runbook"}
     assert notes["runbook"] == RUNBOOK % rule["alert"]
+    runbook = (ROOT / "doc" / "operations.md").read_text()
+    assert "\n#### %s\n" % rule["alert"] in runbook, "doc/operations.md has no runbook for " + rule["alert"]
     if not rule["expr"].startswith("absent("):  # absent() has no instance
         assert "{{ $labels.instance }}" in notes["summary"] + notes["description"]
 

@@ -122,15 +122,15 @@ def test_systemd_analyze_verify_can_fail(prefix, tmp_path, old, new, said):
     assert said in verify(bad, prefix)[1]
 
 
-def test_systemd_analyze_security_level_is_the_readme_s(prefix):
+def test_systemd_analyze_security_level_is_the_docs(prefix):
     p = run(["systemd-analyze", "security", "--offline=yes", prefix / UNIT], check=False)
     m = re.search(r"Overall exposure level for idemproxy\.service: (\d+\.\d) (\w+)", p.stdout)
     assert m, p.stdout + p.stderr
     level, word = float(m.group(1)), m.group(2)
     assert level <= 2.0 and word in ("OK", "SAFE"), m.group(0)
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"exposure level {m.group(1)} ({word})" in readme, \
-        f"README should state the level systemd-analyze security gives: {m.group(0)}"
+    docs = " ".join((ROOT / "doc" / "operations.md").read_text().split())
+    assert f"exposure level {m.group(1)} ({word})" in docs, \
+        f"doc/operations.md should state the level systemd-analyze security gives: {m.group(0)}"
 
 
 def expand_filter(spec, seen=None):
@@ -265,16 +265,17 @@ def test_meson_install_keeps_an_edited_config(prefix):
     assert conf.read_bytes() == (ROOT / "contrib/idemproxy.yaml").read_bytes()
 
 
-def readme_dropins():
-    text = (ROOT / "README.md").read_text()
+def docs_dropins():
+    text = (ROOT / "doc" / "operations.md").read_text()
     section = text[text.index("## Install and operate"):]
-    section = section[:section.index("\n## ", 1)]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     return re.findall(r"```ini\n(.*?)```", section.replace("\n  ", "\n"), re.S)
 
 
-def test_the_readme_s_drop_ins_verify(prefix, tmp_path):
-    """Each drop-in the README suggests, added to the unit, still verifies."""
-    dropins = readme_dropins()
+def test_the_docs_drop_ins_verify(prefix, tmp_path):
+    """Each drop-in doc/operations.md suggests, added to the unit, still verifies."""
+    dropins = docs_dropins()
     assert len(dropins) == 2, dropins
     for i, dropin in enumerate(dropins):
         unit = tmp_path / str(i) / "idemproxy.service"
