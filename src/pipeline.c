@@ -48,8 +48,9 @@ struct pipeline {
     atomic_uint late;           /* exchanges going on after their client got its 504 */
 };
 
-/* A request as the pipeline knows it: what the front end sees (<req>), and
- * the pipeline's own state, which the front end never sees. */
+/* A request as the pipeline knows it: the request the front end handed over,
+ * what admission decided of it, and the run's own state. The front end holds
+ * a handle on it and sees none of it. */
 struct pipeline_req {
     struct request *rq;         /* owned: what the front end read */
     struct pipeline_answer out; /* the answer, until it is handed over */
@@ -65,7 +66,6 @@ struct pipeline_req {
     struct store_token tok;
     struct lease *lease;            /* reference while the lock is held */
     struct upstream_request up_req; /* what is forwarded: borrows from this request */
-    uint64_t ttl_ms;                /* how long a completed answer is kept */
     uint64_t acquire_sent_ms;
     uint64_t start_us;         /* metrics_now_us() when the headers were in */
     uint64_t store_sent_us;    /* the acquire in progress */
