@@ -6,25 +6,10 @@
 #include "idemproxy/config_check.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "idemproxy/redis_url.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void format_secs(uint64_t ms, char *out, size_t outlen)
 {
@@ -55,10 +40,10 @@ static int check_memory_budget(const struct config *cfg, const struct route_sett
         return 0;
     format_bytes(cfg->memory_max_bytes, have, sizeof(have));
     format_bytes(rs->max_response_bytes, resp, sizeof(resp));
-    set_err(err, errlen,
-            "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
-            "or lower --max-response",
-            have, resp);
+    snprintf(err, errlen,
+             "--memory-max-bytes: %s cannot hold two responses of --max-response (%s); raise it "
+             "or lower --max-response",
+             have, resp);
     return -EINVAL;
 }
 
@@ -84,22 +69,22 @@ static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
     }
     for (size_t i = 0; i < ARRAY_SIZE(tls_opts); i++) {
         if (!tls && *(char *const *)(const void *)((const char *)cfg + tls_opts[i].off)) {
-            set_err(err, errlen, "%s: needs a rediss:// or rediss-sentinel:// --redis URL",
-                    tls_opts[i].flag);
+            snprintf(err, errlen, "%s: needs a rediss:// or rediss-sentinel:// --redis URL",
+                     tls_opts[i].flag);
             return -EINVAL;
         }
     }
     if (!tls && cfg->redis_tls_insecure) {
-        set_err(err, errlen,
-                "--redis-tls-insecure: needs a rediss:// or rediss-sentinel:// "
-                "--redis URL");
+        snprintf(err, errlen,
+                 "--redis-tls-insecure: needs a rediss:// or rediss-sentinel:// "
+                 "--redis URL");
         return -EINVAL;
     }
     if (!cfg->redis_tls_cert_file != !cfg->redis_tls_key_file) {
-        set_err(err, errlen,
-                "%s: a client certificate needs both --redis-tls-cert-file and "
-                "--redis-tls-key-file",
-                cfg->redis_tls_cert_file ? "--redis-tls-cert-file" : "--redis-tls-key-file");
+        snprintf(err, errlen,
+                 "%s: a client certificate needs both --redis-tls-cert-file and "
+                 "--redis-tls-key-file",
+                 cfg->redis_tls_cert_file ? "--redis-tls-cert-file" : "--redis-tls-key-file");
         return -EINVAL;
     }
     return 0;
@@ -115,18 +100,18 @@ static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
     if (cfg->redis_wait_replicas == 0)
         return 0;
     if (!cfg->redis_url) {
-        set_err(err, errlen,
-                "--redis-wait-replicas: needs a --redis URL (the memory store has "
-                "no replicas)");
+        snprintf(err, errlen,
+                 "--redis-wait-replicas: needs a --redis URL (the memory store has "
+                 "no replicas)");
         return -EINVAL;
     }
     if (cfg->redis_wait_timeout_ms >= cfg->store_timeout_ms) {
         format_secs(cfg->redis_wait_timeout_ms, wait, sizeof(wait));
         format_secs(cfg->store_timeout_ms, store, sizeof(store));
-        set_err(err, errlen,
-                "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
-                "behind a WAIT wait for it",
-                wait, store);
+        snprintf(err, errlen,
+                 "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
+                 "behind a WAIT wait for it",
+                 wait, store);
         return -EINVAL;
     }
     return 0;
@@ -137,9 +122,9 @@ int config_check_options(const struct config *cfg, char *err, size_t errlen)
     int r;
 
     if (!cfg->upstream) {
-        set_err(err, errlen,
-                "--upstream: required (the URL of the API to protect, e.g. "
-                "--upstream http://127.0.0.1:3000)");
+        snprintf(err, errlen,
+                 "--upstream: required (the URL of the API to protect, e.g. "
+                 "--upstream http://127.0.0.1:3000)");
         return -EINVAL;
     }
     r = config_check_route(cfg, &cfg->route, err, errlen);
@@ -158,7 +143,7 @@ int config_check_route(const struct config *cfg, const struct route_settings *rs
 
         format_secs(rs->ttl_ms, ttl, sizeof(ttl));
         format_secs(rs->max_ttl_ms, max, sizeof(max));
-        set_err(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
+        snprintf(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
     return check_memory_budget(cfg, rs, why, whylen);
