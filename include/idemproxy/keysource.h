@@ -3,7 +3,8 @@
  * name, configuration, extraction, description and domain tag: one header
  * (an Idempotency-Key), a composite of several headers, an RFC 6901 JSON
  * pointer into the body; and a request's own fingerprint as the fallback.
- * The pipeline asks a source for a key; it never looks at its kind. Pure
+ * Admission (admission.h) asks a source for a key and never looks at its
+ * kind. Pure
  * functions, any thread. */
 #ifndef IDEMPROXY_KEYSOURCE_H
 #define IDEMPROXY_KEYSOURCE_H

@@ -8,7 +8,6 @@
 #define IDEMPROXY_PIPELINE_H
 
 #include "idemproxy/common.h"
-#include "idemproxy/http.h"
 #include "idemproxy/outcome.h"
 #include "idemproxy/upstream.h"
 
@@ -29,7 +28,6 @@ struct pipeline_answer {
     const char *replay_header; /* the route's replay-header: valid until pipeline_req_free() */
     const char *replayed;      /* its value ("true"/"false"), or NULL for none */
     enum outcome outcome;
-    bool close; /* the answer closes the connection (a malformed request) */
 };
 
 /* How the answer comes out, the one way it does: runs exactly once per
