@@ -4,8 +4,7 @@
  * (an Idempotency-Key), a composite of several headers, an RFC 6901 JSON
  * pointer into the body; and a request's own fingerprint as the fallback.
  * Admission (admission.h) asks a source for a key and never looks at its
- * kind. Pure
- * functions, any thread. */
+ * kind. Pure functions, any thread. */
 #ifndef IDEMPROXY_KEYSOURCE_H
 #define IDEMPROXY_KEYSOURCE_H
 
