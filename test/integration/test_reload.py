@@ -568,6 +568,32 @@ def test_reload_applies_log_level_and_format(proxy, upstream, tmp_path):
     assert k2 not in log_text(p)
 
 
+def test_reload_applies_key_header_on_store_error_and_shutdown_timeout(proxy, upstream, tmp_path):
+    """key-header, on-store-error and shutdown-timeout need no restart: a
+    reload applies them, and says nothing of a restart."""
+    path = tmp_path / "idemproxy.yaml"
+    cfg = write(path, "key-header: K-One\nshutdown-timeout: 10\n")
+    p = proxy("--config", cfg)
+    k1 = new_key()
+    assert hone(p.request(*keyed(k1, header="K-One"))[1], REPLAY) == "false"
+    assert hone(p.request(*keyed(k1, header="K-One"))[1], REPLAY) == "true"
+
+    write(path, "key-header: K-Two\nshutdown-timeout: 0.5\non-store-error: passthrough\n")
+    hup(p, cfg)
+    log = log_text(p)
+    for name in ("key-header", "shutdown-timeout", "on-store-error"):
+        assert "reload: %s changed" % name not in log, log[-2000:]
+    # The new header is the key now; the old one is any header (passthrough).
+    k2 = new_key()
+    assert hone(p.request(*keyed(k2, header="K-Two"))[1], REPLAY) == "false"
+    assert hone(p.request(*keyed(k2, header="K-Two"))[1], REPLAY) == "true"
+    st, h, _ = p.request(*keyed(k1, header="K-One"))
+    assert st == 201 and hone(h, REPLAY) is None, (st, h)
+    # And the drain waits the new --shutdown-timeout.
+    assert p.stop() == 0
+    assert "open requests (up to 0.5 s)" in log_text(p), log_text(p)[-2000:]
+
+
 # --------------------------------------------------------------------------- 7. wait
 NO_WAIT = """routes:
   - name: plain
