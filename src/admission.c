@@ -260,7 +260,7 @@ int admission_head(struct admission *a, struct route_table *t, const struct requ
     char detail[512];
     uint64_t announced;
 
-    a->routes = route_table_ref(t);
+    a->routes = t;
     a->key_prefix = key_prefix;
     route_request(a, rq, rq->target, (struct span){ NULL, 0 });
     if (check_head(a, rq, ret))

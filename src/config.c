@@ -5,7 +5,6 @@
  * Runs on the main thread: at start, and on SIGHUP. */
 #include "idemproxy/config.h"
 
-#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -177,11 +177,10 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->start_us = metrics_now_us();
     r->out.outcome = OUTCOME_PASSTHROUGH;
     pthread_mutex_lock(&pl->routes_mu);
-    t = route_table_ref(pl->routes);
+    t = route_table_ref(pl->routes); /* admission takes it over */
     pthread_mutex_unlock(&pl->routes_mu);
     if (admission_head(&r->adm, t, rq, pl->key_prefix, pl->enabled, &ref))
         refuse(r, &ref);
-    route_table_unref(t); /* admission holds its own */
     return r;
 }
 

@@ -49,7 +49,7 @@ struct admission {
     uint8_t digest[FINGERPRINT_LEN]; /* once admission_end() made it */
 };
 
-/* The head of <rq> is in: matches its route in <t> (a reference is taken),
+/* The head of <rq> is in: matches its route in <t> (a reference it takes over),
  * checks it (SPEC §7), decides passthrough or enforcement (<enabled> false:
  * every request is passthrough), reads its key (store keys start with
  * <key_prefix>, borrowed) and checks the announced body size. Returns 0 to
