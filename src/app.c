@@ -11,7 +11,6 @@
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
-#include "idemproxy/redis_url.h"
 #include "idemproxy/route.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
@@ -109,9 +108,11 @@ static int open_store(struct app *app)
     err = store_registry_open(&app->cfg, app->pool, app->loops, app->nloops, &app->st, why,
                               sizeof(why));
     if (err < 0) {
-        redis_url_redact(app->cfg.redis_url ? app->cfg.redis_url : "memory", redacted,
-                         sizeof(redacted));
-        log_error("--redis %s: %s", redacted, why[0] ? why : strerror(-err));
+        config_store_url_redact(config_store_url(&app->cfg) ? config_store_url(&app->cfg)
+                                                            : "memory",
+                                redacted, sizeof(redacted));
+        log_error("%s %s: %s", app->cfg.store_url ? "--store" : "--redis", redacted,
+                  why[0] ? why : strerror(-err));
         app->exit_status = err == -EINVAL && why[0] ? 2 : 1;
         return err;
     }

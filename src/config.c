@@ -10,12 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idemproxy/redis_url.h"
-
 enum kind {
     K_ADDR,          /* struct config_addr */
     K_URL,           /* char *, the upstream URL */
     K_REDIS,         /* char *, a Redis URL (redis_url.h); "" means none */
+    K_STORE,         /* char *, a store URL: PostgreSQL's (pg_url.h) or Redis's; "" means none */
     K_STR,           /* char *, any text */
     K_HEADER,        /* char *, a non-empty token */
     K_HEADER_OPT,    /* char *, a token or "" */
@@ -31,8 +30,7 @@ enum kind {
     K_COUNT0,        /* unsigned, 0..COUNT_MAX */
     K_ACTION,        /* bool set to true: --help, --version */
     K_TOKEN_FILE,    /* --admin-token-file: the path, and its first line in cfg->admin_token */
-    K_PASSWORD_FILE, /* --redis-password-file: the path, and its first line in cfg->redis_password
-                      */
+    K_PASSWORD_FILE, /* --*-password-file: the path, and its first line in the secret field */
     K_FILE,          /* char *, the path of a file this process can read */
     K_HOSTNAME,      /* char *, a DNS name or an IP address */
 };
@@ -50,6 +48,10 @@ static const struct {
     [K_REDIS] = { "a Redis URL",
                   "use redis://[[user]:password@]host[:port][/db], rediss:// for TLS, or "
                   "redis-sentinel://host[:port][,host[:port]...]?master=NAME" },
+    [K_STORE] = { "a store URL",
+                  "use postgresql://[user[:password]@]host[:port][,host[:port]...]/db[?params] "
+                  "(libpq's URI), or a Redis URL: redis://[[user]:password@]host[:port][/db], "
+                  "rediss:// for TLS, or redis-sentinel://host[:port][,...]?master=NAME" },
     [K_STR] = { "a string", "any text" },
     [K_HEADER] = { "a header name", "use a non-empty token such as Idempotency-Key" },
     [K_HEADER_OPT] = { "a header name", "use a token such as X-TTL, or \"\" to disable" },
@@ -113,6 +115,15 @@ static const struct opt opts[] = {
       "required: the API to protect, http:// or https:// (no user info, query or fragment); "
       "every request goes there, a path prefix before every target",
       K_URL, CONFIG_RESTART, F(upstream), 0, NULL, false, false },
+    { "--store", "IDEMPROXY_STORE_URL", "URL", NULL,
+      "the store: postgresql://user@host[:port][,host[:port]...]/db[?params] (also postgres://; "
+      "libpq's URI), or any --redis URL; none: --redis, else the in-process memory store",
+      K_STORE, CONFIG_RESTART, F(store_url), 0, NULL, false, false },
+    { "--store-password-file", "IDEMPROXY_STORE_PASSWORD_FILE", "FILE", NULL,
+      "the store's password: the file's first line, which beats one in the URL (and stays out "
+      "of the process list)",
+      K_PASSWORD_FILE, CONFIG_RESTART | CONFIG_SECRET, F(store_password_file), F(store_password),
+      NULL, false, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,
       "Redis store, redis://[[user]:password@]host[:port][/db], rediss:// for TLS, "
       "redis://h1:p1,h2:p2 for a cluster's seeds (a cluster is found by itself), or "
@@ -277,6 +288,8 @@ static int opt_set(char *base, const struct opt *o, const char *v, bool append)
         return config_parse_upstream(field, v);
     case K_REDIS:
         return config_parse_redis_url(field, v);
+    case K_STORE:
+        return config_parse_store_url(field, v);
     case K_STR:
         return config_parse_string(field, v);
     case K_HEADER:
@@ -535,27 +548,25 @@ static void mask_userinfo(const char *v, char *out, size_t outlen)
 static void value_err(const struct opt *o, const char *src, const char *v, int r, char *err,
                       size_t errlen)
 {
-    char val[80], expect[256], masked[512];
-    struct redis_url u;
+    char val[80], expect[640], masked[512];
 
     if (o->kind == K_URL) {
         mask_userinfo(v, masked, sizeof(masked));
         v = masked;
     }
-    if (o->kind == K_REDIS) {
+    if (o->kind == K_REDIS || o->kind == K_STORE) {
         char why[200];
 
         /* the parser says what is wrong, then what the forms are */
-        if (redis_url_parse(v, &u, why, sizeof(why)) == 0)
-            redis_url_done(&u);
-        redis_url_redact(v, masked, sizeof(masked));
+        config_store_url_why(v, o->kind == K_STORE, why, sizeof(why));
+        config_store_url_redact(v, masked, sizeof(masked));
         v = masked;
         snprintf(expect, sizeof(expect), "%s; %s", why, kind_info[o->kind].expect);
     }
     quote_value(v, val, sizeof(val));
     if (o->kind == K_CHOICE)
         choices_text(o->choices, expect, sizeof(expect));
-    else if (o->kind != K_REDIS)
+    else if (o->kind != K_REDIS && o->kind != K_STORE)
         snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
     if (r == -ENOMEM)
         set_err(err, errlen, "%s: out of memory", src);
@@ -973,4 +984,14 @@ void config_print_help(FILE *f)
         if (o->def)
             fprintf(f, "      [default %s]\n", o->def);
     }
+}
+
+const char *config_store_url(const struct config *cfg)
+{
+    return cfg->store_url ? cfg->store_url : cfg->redis_url;
+}
+
+const char *config_store_password(const struct config *cfg)
+{
+    return cfg->store_password ? cfg->store_password : cfg->redis_password;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
 
 static void format_secs(uint64_t ms, char *out, size_t outlen)
@@ -36,7 +37,8 @@ static int check_memory_budget(const struct config *cfg, const struct route_sett
 {
     char have[32], resp[32];
 
-    if (cfg->redis_url || !cfg->enabled || cfg->memory_max_bytes / 2 >= rs->max_response_bytes)
+    if (config_store_url(cfg) || !cfg->enabled ||
+        cfg->memory_max_bytes / 2 >= rs->max_response_bytes)
         return 0;
     format_bytes(cfg->memory_max_bytes, have, sizeof(have));
     format_bytes(rs->max_response_bytes, resp, sizeof(resp));
@@ -63,7 +65,7 @@ static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
     struct redis_url u;
     bool tls = false;
 
-    if (cfg->redis_url && redis_url_parse(cfg->redis_url, &u, NULL, 0) == 0) {
+    if (config_store_url(cfg) && redis_url_parse(config_store_url(cfg), &u, NULL, 0) == 0) {
         tls = u.tls;
         redis_url_done(&u);
     }
@@ -99,10 +101,10 @@ static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
 
     if (cfg->redis_wait_replicas == 0)
         return 0;
-    if (!cfg->redis_url) {
+    if (!config_store_url(cfg) || pg_url_is(config_store_url(cfg))) {
         snprintf(err, errlen,
-                 "--redis-wait-replicas: needs a --redis URL (the memory store has "
-                 "no replicas)");
+                 "--redis-wait-replicas: needs a Redis URL (the memory store has no replicas; "
+                 "PostgreSQL's are its server's: synchronous_standby_names)");
         return -EINVAL;
     }
     if (cfg->redis_wait_timeout_ms >= cfg->store_timeout_ms) {
@@ -112,6 +114,29 @@ static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
                  "--redis-wait-timeout: %s must be shorter than --store-timeout (%s): the ops "
                  "behind a WAIT wait for it",
                  wait, store);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* One store: --store, or --redis (an older name for a Redis one), and one
+ * password file. */
+static int check_one_store(const struct config *cfg, char *err, size_t errlen)
+{
+    if (cfg->store_url && cfg->redis_url) {
+        snprintf(err, errlen,
+                 "--store: give the store's URL once: --store and --redis both name one "
+                 "(--store takes Redis URLs too)");
+        return -EINVAL;
+    }
+    if (cfg->store_password_file && cfg->redis_password_file) {
+        snprintf(err, errlen,
+                 "--store-password-file: give the store's password once: "
+                 "--redis-password-file names one too");
+        return -EINVAL;
+    }
+    if (cfg->redis_url && pg_url_is(cfg->redis_url)) {
+        snprintf(err, errlen, "--redis: a PostgreSQL URL goes in --store");
         return -EINVAL;
     }
     return 0;
@@ -128,6 +153,8 @@ int config_check_options(const struct config *cfg, char *err, size_t errlen)
         return -EINVAL;
     }
     r = config_check_route(cfg, &cfg->route, err, errlen);
+    if (r == 0)
+        r = check_one_store(cfg, err, errlen);
     if (r == 0)
         r = check_redis_tls(cfg, err, errlen);
     if (r == 0)

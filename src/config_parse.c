@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "idemproxy/http.h"
+#include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
 #include "idemproxy/upstream.h"
 
@@ -395,6 +396,36 @@ int config_parse_redis_url(char **slot, const char *v)
         return err;
     redis_url_done(&u);
     return replace_string(slot, v, strlen(v));
+}
+
+int config_parse_store_url(char **slot, const char *v)
+{
+    int err;
+
+    if (!pg_url_is(v))
+        return config_parse_redis_url(slot, v);
+    err = pg_url_check(v, NULL, 0);
+    return err < 0 ? err : replace_string(slot, v, strlen(v));
+}
+
+void config_store_url_why(const char *v, bool any_store, char *why, size_t len)
+{
+    struct redis_url u;
+
+    if (len)
+        why[0] = '\0';
+    if (any_store && pg_url_is(v))
+        (void)pg_url_check(v, why, len);
+    else if (redis_url_parse(v, &u, why, len) == 0)
+        redis_url_done(&u);
+}
+
+void config_store_url_redact(const char *v, char *out, size_t len)
+{
+    if (pg_url_is(v))
+        pg_url_redact(v, out, len);
+    else
+        redis_url_redact(v, out, len);
 }
 
 /* A path this process can read, kept as given. */

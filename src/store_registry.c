@@ -8,8 +8,8 @@
 #include <strings.h>
 
 #include "idemproxy/config.h"
-#include "idemproxy/redis_url.h"
 #include "idemproxy/store_memory.h"
+#include "idemproxy/store_pg.h"
 #include "idemproxy/store_redis.h"
 
 #define MEMORY_REAP_INTERVAL_MS 1000 /* the memory store reclaims expired records this often */
@@ -43,8 +43,8 @@ static int open_redis(const struct config *cfg, const struct threads *th, struct
                       char *why, size_t whylen)
 {
     struct store_redis_opts o = {
-        .url = cfg->redis_url,
-        .password = cfg->redis_password,
+        .url = config_store_url(cfg),
+        .password = config_store_password(cfg),
         .tls = { .ca_file = cfg->redis_tls_ca_file,
                  .cert_file = cfg->redis_tls_cert_file,
                  .key_file = cfg->redis_tls_key_file,
@@ -63,7 +63,27 @@ static void describe_redis(const struct config *cfg, char *out, size_t outlen)
     size_t n = (size_t)snprintf(out, outlen, "redis ");
 
     if (n < outlen)
-        redis_url_redact(cfg->redis_url, out + n, outlen - n);
+        config_store_url_redact(config_store_url(cfg), out + n, outlen - n);
+}
+
+static int open_pg(const struct config *cfg, const struct threads *th, struct store **ret,
+                   char *why, size_t whylen)
+{
+    struct store_pg_opts o = {
+        .url = config_store_url(cfg),
+        .password = config_store_password(cfg),
+        .timeout_ms = cfg->store_timeout_ms,
+    };
+
+    return store_pg_new(&o, th->pool, th->loops, th->nloops, ret, why, whylen);
+}
+
+static void describe_pg(const struct config *cfg, char *out, size_t outlen)
+{
+    size_t n = (size_t)snprintf(out, outlen, "postgresql ");
+
+    if (n < outlen)
+        config_store_url_redact(config_store_url(cfg), out + n, outlen - n);
 }
 
 typedef int store_open_fn(const struct config *cfg, const struct threads *th, struct store **ret,
@@ -80,12 +100,14 @@ static const struct {
     { "rediss", open_redis, describe_redis },
     { "redis-sentinel", open_redis, describe_redis },
     { "rediss-sentinel", open_redis, describe_redis },
+    { "postgresql", open_pg, describe_pg },
+    { "postgres", open_pg, describe_pg },
 };
 
 /* The registry line of the store <cfg> names, or -1. */
 static int lookup(const struct config *cfg)
 {
-    const char *url = cfg->redis_url, *sep = url ? strstr(url, "://") : NULL;
+    const char *url = config_store_url(cfg), *sep = url ? strstr(url, "://") : NULL;
 
     for (size_t i = 0; i < ARRAY_SIZE(registry); i++) {
         const char *s = registry[i].scheme;
@@ -109,7 +131,7 @@ int store_registry_open(const struct config *cfg, struct worker_pool *pool,
         why[0] = '\0';
     if (i < 0) {
         snprintf(why, whylen,
-                 "no store has URLs of this scheme (use redis://, rediss://, "
+                 "no store has URLs of this scheme (use postgresql://, redis://, rediss://, "
                  "redis-sentinel:// or rediss-sentinel://)");
         return -EINVAL;
     }

@@ -59,24 +59,27 @@ struct config {
     struct config_addr listen;       /* --listen, default 127.0.0.1:8080 */
     struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
     char *upstream; /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
-    char *redis_url;                   /* --redis / IDEMPROXY_REDIS_URL, NULL: memory store */
-    char *redis_password_file;         /* --redis-password-file, NULL: none */
-    char *redis_password;              /* its first line: beats a password in the URL */
-    char *redis_tls_ca_file;           /* --redis-tls-ca-file, NULL: the system's CA store */
-    char *redis_tls_cert_file;         /* --redis-tls-cert-file, NULL: no client certificate */
-    char *redis_tls_key_file;          /* --redis-tls-key-file */
-    char *redis_tls_server_name;       /* --redis-tls-server-name, NULL: the URL's host */
-    bool redis_tls_insecure;           /* --redis-tls-insecure: no certificate verification */
-    unsigned redis_wait_replicas;      /* --redis-wait-replicas, default 0: no WAIT */
-    uint64_t redis_wait_timeout_ms;    /* --redis-wait-timeout, default 0.1 s */
-    char *key_header;                  /* --key-header, default Idempotency-Key */
-    char *key_prefix;                  /* --key-prefix, default "idem:" */
-    size_t memory_max_bytes;           /* --memory-max-bytes, default 256 MiB */
-    uint64_t upstream_timeout_ms;      /* --upstream-timeout, default 30 s */
-    uint64_t upstream_late_timeout_ms; /* --upstream-late-timeout, default 60 s, 0: none */
-    uint64_t client_timeout_ms;        /* --client-timeout, default 30 s */
-    uint64_t shutdown_timeout_ms;      /* --shutdown-timeout, default 10 s */
-    uint64_t store_timeout_ms;         /* --store-timeout, default 1 s */
+    char *store_url;              /* --store / IDEMPROXY_STORE_URL, NULL: see config_store_url() */
+    char *store_password_file;    /* --store-password-file, NULL: none */
+    char *store_password;         /* its first line: beats a password in the URL */
+    char *redis_url;              /* --redis / IDEMPROXY_REDIS_URL, NULL: see config_store_url() */
+    char *redis_password_file;    /* --redis-password-file, NULL: none */
+    char *redis_password;         /* its first line: beats a password in the URL */
+    char *redis_tls_ca_file;      /* --redis-tls-ca-file, NULL: the system's CA store */
+    char *redis_tls_cert_file;    /* --redis-tls-cert-file, NULL: no client certificate */
+    char *redis_tls_key_file;     /* --redis-tls-key-file */
+    char *redis_tls_server_name;  /* --redis-tls-server-name, NULL: the URL's host */
+    bool redis_tls_insecure;      /* --redis-tls-insecure: no certificate verification */
+    unsigned redis_wait_replicas; /* --redis-wait-replicas, default 0: no WAIT */
+    uint64_t redis_wait_timeout_ms;            /* --redis-wait-timeout, default 0.1 s */
+    char *key_header;                          /* --key-header, default Idempotency-Key */
+    char *key_prefix;                          /* --key-prefix, default "idem:" */
+    size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms;              /* --upstream-timeout, default 30 s */
+    uint64_t upstream_late_timeout_ms;         /* --upstream-late-timeout, default 60 s, 0: none */
+    uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
+    uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
+    uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */
     enum config_on_store_error on_store_error; /* --on-store-error, default reject */
     unsigned max_connections;                  /* --max-connections, default 4096 */
     enum log_format log_format;                /* --log-format, default text */
@@ -164,6 +167,13 @@ void config_swap_reloadable(struct config *cfg, struct config *next);
 
 /* Writes the usage text: every option, its environment variable and default. */
 void config_print_help(FILE *f);
+
+/* The store's URL: --store, else --redis; NULL: the memory store. */
+const char *config_store_url(const struct config *cfg);
+
+/* The store's password from a file: --store-password-file's, else
+ * --redis-password-file's; NULL: none (the URL's, or libpq's own). */
+const char *config_store_password(const struct config *cfg);
 
 /* True when an answer of <status> is stored under <rs> (no-cache-status). */
 bool config_is_cacheable(const struct route_settings *rs, unsigned status);

@@ -26,7 +26,12 @@ import time
 
 import psycopg2
 
-from waiting import free_port, wait_for
+try:
+    from waiting import free_port, wait_for
+except ImportError:  # run as a script: test/waiting.py is one folder up
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from waiting import free_port, wait_for
 
 BIN = "/usr/lib/postgresql/15/bin"
 
@@ -203,3 +208,23 @@ class PgServer:
 
     def __exit__(self, *exc):
         self.remove()
+
+
+def main():
+    """`pg_fixtures.py server`: starts one server, prints its URL, and stops
+    and removes it on SIGTERM (scripts/test's server for the store suite)."""
+    import sys
+    if sys.argv[1:] != ["server"]:
+        print("usage: pg_fixtures.py server", file=sys.stderr)
+        return 2
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    with PgServer() as pg:
+        print(pg.url, flush=True)
+        while not stop:
+            signal.pause() if hasattr(signal, "pause") else time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,6 +25,7 @@
 #include "idemproxy/redis_url.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
+#include "idemproxy/store_pg.h"
 #include "idemproxy/store_redis.h"
 #include "idemproxy/worker.h"
 
@@ -1361,8 +1362,8 @@ static redisContext *admin_connect_to(const char *host, unsigned port, unsigned 
         fprintf(stderr, "IDEMPROXY_TEST_REDIS_URL is not a redis:// URL: %s\n", redis_url);
         exit(1);
     }
-    c = redisConnectWithTimeout(host ? host : u.hosts[0].host,
-                                (int)(host ? port : u.hosts[0].port), tv);
+    c = redisConnectWithTimeout(host ? host : u.hosts[0].host, (int)(host ? port : u.hosts[0].port),
+                                tv);
     if (!c || c->err) {
         fprintf(stderr, "cannot connect to %s\n", redis_url);
         exit(1);
@@ -1523,6 +1524,30 @@ static int make_redis(struct worker_pool *p, struct store **ret)
     return redis_new(redis_url, p, 1000, ret);
 }
 
+/* postgresql: a PostgreSQL store on two loops, as the Redis one. */
+static const char *pg_url;
+
+static int make_pg(struct worker_pool *p, struct store **ret)
+{
+    char why[512] = "";
+    int err = 0;
+
+    if (redis_loops[0])
+        abort(); /* one store on loops at a time: store_close() frees them */
+    for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
+        err = loop_new(&redis_loops[i]);
+    if (err == 0)
+        err = store_pg_new(&(struct store_pg_opts){ .url = pg_url, .timeout_ms = 2000 }, p,
+                           redis_loops, REDIS_LOOPS, ret, why, sizeof(why));
+    if (err < 0 && why[0])
+        fprintf(stderr, "store_pg_new: %s\n", why);
+    for (int i = 0; i < REDIS_LOOPS && err == 0; i++)
+        err = loop_start(redis_loops[i]);
+    if (err < 0)
+        redis_loops_free();
+    return err;
+}
+
 static void test_redis_refuses_bad_arguments(void)
 {
     struct store *st = NULL, *st0 = store_open();
@@ -1639,7 +1664,6 @@ static void keyspace_open(struct keyspace *ks, char *url, size_t url_len)
     }
     CHECK(ks->slot >= 0);
 }
-
 
 static void test_redis_one_key_per_idempotency_key(void)
 {
@@ -1921,9 +1945,10 @@ static const struct test redis_tests[] = {
 /* A new kind adds a factory here and, if it has any, its own tests below. */
 static const struct store_kind store_kinds[] = {
     { "redis", make_redis, false },
-    { "redis-tls", make_redis, false }, /* the same suite over rediss:// */
+    { "redis-tls", make_redis, false },     /* the same suite over rediss:// */
     { "redis-cluster", make_redis, false }, /* the same suite on a Redis Cluster */
     { "memory", make_memory, true },
+    { "postgresql", make_pg, false }, /* the same suite on PostgreSQL (SPEC §10) */
 };
 
 int main(int argc, char **argv)
@@ -1939,8 +1964,18 @@ int main(int argc, char **argv)
             kind = &store_kinds[i];
     }
     if (!kind) {
-        fprintf(stderr, "usage: %s redis|redis-tls|redis-cluster|memory\n", argv[0]);
+        fprintf(stderr, "usage: %s redis|redis-tls|redis-cluster|memory|postgresql\n", argv[0]);
         return 2;
+    }
+    if (strcmp(kind->name, "postgresql") == 0) {
+        pg_url = getenv("IDEMPROXY_TEST_PG_URL");
+        if (!pg_url || !*pg_url) {
+            fprintf(stderr,
+                    "%s: IDEMPROXY_TEST_PG_URL is not set: the postgresql store suite needs a "
+                    "PostgreSQL server (scripts/test starts one and sets it)\n",
+                    argv[0]);
+            return 1;
+        }
     }
     if (strcmp(kind->name, "redis") == 0) {
         redis_url = getenv("IDEMPROXY_TEST_REDIS_URL");

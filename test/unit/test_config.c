@@ -334,7 +334,7 @@ static void test_config_redis_wait(void)
     CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", "http://127.0.0.1:3000",
                            "--redis-wait-replicas", "1", NULL),
                  -EINVAL);
-    CHECK(strstr(err, "--redis-wait-replicas: needs a --redis URL") == err);
+    CHECK(strstr(err, "--redis-wait-replicas: needs a Redis URL") == err);
     config_done(&c);
     /* a WAIT holds the ops behind it: its timeout must leave room in --store-timeout */
     CHECK_EQ_INT(load(&c, NOENV, "--redis", "redis://h", "--redis-wait-replicas", "1",

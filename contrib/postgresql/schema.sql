@@ -1,0 +1,24 @@
+-- idemproxy's PostgreSQL store (doc/stores.md, PostgreSQL): one table, one
+-- row per idempotency key. idemproxy runs this file when the table is
+-- missing at start; a team that manages DDL itself runs it once as a role
+-- that may create tables, and grants the proxy's role SELECT, INSERT,
+-- UPDATE and DELETE on the table. Every statement is safe to run again.
+CREATE TABLE IF NOT EXISTS idemproxy_keys (
+    key         text COLLATE "C" PRIMARY KEY, -- <key-prefix><scope>:<idempotency key>
+    id          bigint GENERATED ALWAYS AS IDENTITY, -- the order of /keys?state=unknown pages
+    state       "char" NOT NULL CHECK (state IN ('L', 'C', 'U')), -- locked, completed, unknown
+    fp          bytea NOT NULL,       -- the request's fingerprint (SHA-256)
+    token       text NOT NULL,        -- the fencing token of the lock's holder
+    changed_at  timestamptz NOT NULL, -- the last change of state
+    lease_until timestamptz,          -- locked: the lease runs out then (the heartbeat renews it)
+    keep_ms     bigint NOT NULL,      -- --ttl: how long the record is kept after a change
+    expires_at  timestamptz NOT NULL, -- the row counts for nothing from then on
+    cause       text,                 -- unknown: upstream_timeout, upstream_reset or holder_lost
+    about       text,                 -- unknown: "<route> <method> <target>"
+    head        bytea,                -- completed: status and headers (idemproxy's encoding)
+    body        bytea                 -- completed: the body
+);
+-- The background job deletes expired rows in small batches, oldest first.
+CREATE INDEX IF NOT EXISTS idemproxy_keys_expires_at ON idemproxy_keys (expires_at);
+-- /keys?state=unknown pages through the unknown keys.
+CREATE INDEX IF NOT EXISTS idemproxy_keys_unknown ON idemproxy_keys (id) WHERE state = 'U';

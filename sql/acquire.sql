@@ -1,0 +1,47 @@
+-- ACQUIRE: $1 the store key, $2 fingerprint, $3 fencing token, $4 lease
+-- (ms), $5 keep (ms), $6 take over a lapsed lock or an unknown key
+-- (on-unknown-outcome retry; false: a lapsed lock becomes unknown), $7
+-- what an unknown record says of its request. lua/acquire.lua's state
+-- machine: a row that expired counts as none. The insert, or the update
+-- of a row it may change, answers with the row as it made it; otherwise
+-- the row as it is answers. No row at all (a row inserted by another
+-- proxy after this statement's snapshot) is answered by sending it again.
+-- Columns: state, changed (this statement made the row), mismatch, mine
+-- (the token is $3), cause, about, head, body.
+WITH ins AS (
+    INSERT INTO idemproxy_keys AS k
+        (key, state, fp, token, changed_at, lease_until, keep_ms, expires_at)
+    VALUES ($1, 'L', $2, $3, now(), now() + $4::bigint * interval '1 millisecond', $5::bigint,
+            now() + ($4::bigint + $5::bigint) * interval '1 millisecond')
+    ON CONFLICT (key) DO UPDATE SET
+        state = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                     THEN 'U' ELSE 'L' END,
+        fp = EXCLUDED.fp,
+        token = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                     THEN k.token ELSE EXCLUDED.token END,
+        changed_at = now(),
+        lease_until = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                           THEN NULL ELSE EXCLUDED.lease_until END,
+        keep_ms = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                       THEN k.keep_ms ELSE EXCLUDED.keep_ms END,
+        expires_at = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                          THEN now() + k.keep_ms * interval '1 millisecond'
+                          ELSE EXCLUDED.expires_at END,
+        cause = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                     THEN 'holder_lost' END,
+        about = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                     THEN $7::text END,
+        head = NULL,
+        body = NULL
+    WHERE k.expires_at <= now()
+       OR (k.fp = EXCLUDED.fp
+           AND ((k.state = 'L' AND k.token <> EXCLUDED.token AND k.lease_until <= now())
+                OR (k.state = 'U' AND $6::boolean)))
+    RETURNING k.state, true AS changed, false AS mismatch, k.token = $3 AS mine, k.cause, k.about,
+              NULL::bytea AS head, NULL::bytea AS body
+)
+SELECT * FROM ins
+UNION ALL
+SELECT state, false, fp <> $2, token = $3, cause, about, head, body
+FROM idemproxy_keys
+WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT FROM ins)
