@@ -19,6 +19,12 @@ assert_locked / assert_completed / assert_free / assert_nothing_stored /
 wait_completed, which probe behaviour on both stores (a duplicate gets 409, is
 replayed, or executes) and, on Redis, also read the hash.
 
+On PostgreSQL: with IDEMPROXY_TEST_STORE=postgresql, the `store` fixture has a
+third value, "postgresql" (a server of pg_fixtures.py, one per worker, its
+table emptied before each test), and only the tests that run on it are
+collected; the state probes read its rows as they read Redis's hashes.
+scripts/test runs this pass once, in the plain build.
+
 On a cluster: with IDEMPROXY_TEST_REDIS_KIND=cluster, the "redis" store is a
 Redis Cluster of three masters and three replicas (redis_fixtures.ClusterSet,
 started once for the session; rdb is then a redis-py RedisCluster client, which
@@ -49,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fake_upstream import FakeUpstream  # noqa: E402
 from waiting import free_port, wait_for  # noqa: E402,F401  (the suite imports them from here)
 from redis_fixtures import ClusterSet  # noqa: E402
+from pg_fixtures import PgServer  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 IDEMPROXY_BIN = os.environ.get("IDEMPROXY_BIN", os.path.join(REPO, "build", "src", "idemproxy"))
@@ -56,6 +63,7 @@ REDIS_SERVER = "/usr/bin/redis-server"
 DRAFT = "draft-ietf-httpapi-idempotency-key-header"
 REPLAY = "X-Idempotency-Replayed"
 ON_CLUSTER = os.environ.get("IDEMPROXY_TEST_REDIS_KIND", "server") == "cluster"
+ON_PG = os.environ.get("IDEMPROXY_TEST_STORE") == "postgresql"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -188,6 +196,25 @@ def redis_record(r, key, prefix="idem:"):
     return {k.decode(): v for k, v in h.items()}
 
 
+def pg_rows(pg, key, prefix="idem:"):
+    """The live rows of idempotency key <key> (any scope) as [(store key, state)]."""
+    return pg.sql("SELECT key, state FROM idemproxy_keys WHERE starts_with(key, %s) "
+                  "AND right(key, %s) = %s AND length(key) = %s AND expires_at > now() "
+                  "ORDER BY key", (prefix, len(key) + 1, ":" + key, len(prefix) + 33 + len(key)))
+
+
+def stored_state(p, key, prefix="idem:"):
+    """The state the store holds for <key> ("L", "C", "U" or None) when it can
+    be read (Redis, PostgreSQL); "?" on the memory store."""
+    if p.store == "redis":
+        return redis_state(p.rdb, key, prefix)
+    if p.store == "postgresql":
+        rows = pg_rows(p.pg, key, prefix)
+        assert len(rows) <= 1, rows
+        return rows[0][1] if rows else None
+    return "?"
+
+
 def redis_state(r, key, prefix="idem:"):
     """The state field of the single store key for <key> on Redis: "L", "C" or None."""
     rec = redis_record(r, key, prefix)
@@ -216,8 +243,7 @@ def _upstream_hits(p, upstream, path=None):
 def assert_locked(p, key, req, upstream=None, prefix="idem:"):
     """In flight: on Redis the hash is a lock; on both stores a duplicate of req
     gets 409 idempotency_key_in_use at once and the upstream is not called."""
-    if p.store == "redis":
-        assert redis_state(p.rdb, key, prefix) == "L", redis_record(p.rdb, key, prefix)
+    assert stored_state(p, key, prefix) in ("L", "?"), stored_state(p, key, prefix)
     up, before = _upstream_hits(p, upstream)
     resp = p.request(*req)
     assert_problem(resp, 409, "idempotency_key_in_use", "2.6")
@@ -230,8 +256,7 @@ def assert_completed(p, key, req, body=None, upstream=None, prefix="idem:",
     """Completed: on Redis the hash is a completed record; on both stores a
     duplicate of req is replayed (replay header true, upstream not called), with
     <body> when given. Returns the replayed answer."""
-    if p.store == "redis":
-        assert redis_state(p.rdb, key, prefix) == "C", redis_record(p.rdb, key, prefix)
+    assert stored_state(p, key, prefix) in ("C", "?"), stored_state(p, key, prefix)
     up, before = _upstream_hits(p, upstream)
     st, h, b = p.request(*req)
     assert hone(h, replay_header) == "true", (st, h, b[:300])
@@ -261,8 +286,7 @@ def assert_free(p, key, req=None, upstream=None, prefix="idem:", replay_header=R
     there is no store key; on both stores a request with the key executes (replay
     header false, the upstream is called). req defaults to a POST /echo with the
     key. The probe uses the key: it is completed afterwards. Returns the answer."""
-    if p.store == "redis":
-        assert redis_keys(p.rdb, key, prefix) == [], redis_keys(p.rdb, key, prefix)
+    assert stored_state(p, key, prefix) in (None, "?"), stored_state(p, key, prefix)
     req = req or keyed(key, body=b"probe")
     up, before = _upstream_hits(p, upstream)
     st, h, b = p.request(*req)
@@ -278,19 +302,21 @@ def assert_free(p, key, req=None, upstream=None, prefix="idem:", replay_header=R
 
 
 def assert_nothing_stored(p):
-    """Nothing at all was written to the store. Only Redis can be inspected
-    (dbsize); on the memory store the caller's behavioural checks must do."""
+    """Nothing at all was written to the store. Redis and PostgreSQL can be
+    inspected; on the memory store the caller's behavioural checks must do."""
     if p.store == "redis":
         assert p.rdb.dbsize() == 0, [k for k in p.rdb.scan_iter(count=1000)]
+    if p.store == "postgresql":
+        assert p.pg.sql("SELECT key FROM idemproxy_keys") == []
 
 
 def wait_completed(p, key, req, timeout=10.0, upstream=None, prefix="idem:"):
     """Waits until the request running for <key> has completed, polling with
     duplicates of req (409 while it runs); then checks it as assert_completed.
     Returns the replayed answer."""
-    if p.store == "redis":
-        wait_for(lambda: redis_state(p.rdb, key, prefix) == "C", timeout=timeout,
-                 what="%s to complete in Redis" % key)
+    if p.store in ("redis", "postgresql"):
+        wait_for(lambda: stored_state(p, key, prefix) == "C", timeout=timeout,
+                 what="%s to complete in the store" % key)
     up = upstream or p.upstream
 
     def done():
@@ -315,8 +341,7 @@ def start_request(p, req, key, upstream=None, timeout=30.0):
     get = in_thread(p.request, *req, timeout=timeout)
     wait_for(lambda: up.received(name, headers[name.lower()]) > before, timeout=10,
              what="the upstream to receive the request of %s" % key)
-    if p.store == "redis":
-        assert redis_state(p.rdb, key) == "L", redis_record(p.rdb, key)
+    assert stored_state(p, key) in ("L", "?"), stored_state(p, key)
     return get
 
 
@@ -500,9 +525,10 @@ def run_binary(args, env=None, timeout=10):
 
 
 class Proxy:
-    def __init__(self, args, env, logdir, name, store=None, rdb=None, upstream=None):
-        self.store = store  # "redis" or "memory"
+    def __init__(self, args, env, logdir, name, store=None, rdb=None, upstream=None, pg=None):
+        self.store = store  # "redis", "memory" or "postgresql"
         self.rdb = rdb  # client of the suite's Redis (for Redis-side checks)
+        self.pg = pg  # the suite's PgServer, on "postgresql"
         self.upstream = upstream  # the FakeUpstream it forwards to, if the fixture's
         self.port = free_port()
         self.admin_port = free_port()
@@ -608,13 +634,30 @@ class Proxy:
         return self.returncode
 
 
-STORES = ("redis", "memory")
+STORES = ("redis", "memory", "postgresql") if ON_PG else ("redis", "memory")
 
 
 @pytest.fixture(params=STORES)
 def store(request):
-    """The store the proxy factory uses by default: "redis" or "memory"."""
+    """The store the proxy factory uses by default: "redis" or "memory" (and
+    "postgresql" in the PostgreSQL pass)."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The suite's PostgreSQL server (one per worker), for the PostgreSQL pass."""
+    with PgServer() as pg:
+        yield pg
+
+
+@pytest.fixture
+def pgdb(request):
+    """The suite's PgServer with the proxy's table emptied (when it exists)."""
+    pg = request.getfixturevalue("pg_server")
+    pg.sql("DO $$ BEGIN IF to_regclass('idemproxy_keys') IS NOT NULL THEN "
+           "TRUNCATE idemproxy_keys; END IF; END $$")
+    return pg
 
 
 def redis_only(fn):
@@ -671,6 +714,13 @@ def pytest_collection_modifyitems(config, items):
                         "(or mark it @store_independent)" % item.nodeid)
     if bad:
         raise pytest.UsageError("\n".join(sorted(bad)))
+    if ON_PG:
+        # The PostgreSQL pass: the tests of the "postgresql" store only.
+        keep = [i for i in items if getattr(i, "callspec", None) is not None
+                and i.callspec.params.get("store") == "postgresql"]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+            items[:] = keep
     if ON_CLUSTER:
         # The cluster pass: the tests of the suite's Redis store, now a cluster.
         keep, drop = [], []
@@ -720,9 +770,12 @@ def proxy(request, store, upstream, redis_server, rdb, tmp_path):
         args = [] if upstream_url is False else ["--upstream", upstream_url or upstream.url]
         if redis_arg:
             args += ["--redis", redis_url or redis_server.url]
+        pg = request.getfixturevalue("pgdb") if kind == "postgresql" else None
+        if pg is not None:
+            args += ["--store", pg.url]
         args += list(extra)
         p = Proxy(args, env, str(tmp_path), "proxy%d" % len(started), store=kind, rdb=rdb,
-                  upstream=upstream if upstream_url in (None, False) else None)
+                  upstream=upstream if upstream_url in (None, False) else None, pg=pg)
         started.append(p)
         if start:
             p.start()

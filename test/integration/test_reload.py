@@ -22,7 +22,7 @@ import pytest
 
 from conftest import (REPLAY, assert_free, assert_locked, assert_problem, free_port, hone,
                       http_request, in_thread, keyed, metrics_value, new_key, recv_until_closed,
-                      redis_keys, start_held, wait_for)
+                      pg_rows, redis_keys, start_held, wait_for)
 from fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
@@ -354,6 +354,10 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
         p = proxy(upstream_url=False, redis_arg=False, start=False)
         p.args = [p.args[0]] + p.args[5:]  # no --listen/--admin-listen flags: the file's
         redis_line = "redis: %s\n" % redis_server.url if p.store == "redis" else ""
+        if p.store == "postgresql":  # the store's URL from the file too, not the flag
+            i = p.args.index("--store")
+            redis_line = "store: %s\n" % p.args[i + 1]
+            del p.args[i:i + 2]
         token = tmp_path / "token"
         token.write_text("a-token-of-forty-characters-or-so-000000\n")
         start = ("listen: 127.0.0.1:%d\nadmin-listen: 127.0.0.1:%d\nupstream: %s\n%s"
@@ -362,14 +366,18 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
                  "    replay-header: X-Before\n"
                  % (p.port, p.admin_port, upstream.url, redis_line))
         new_port, new_admin = free_port(), free_port()
-        after = ("listen: 127.0.0.1:%d\nadmin-listen: 127.0.0.1:%d\nupstream: %s\n"
-                 "redis: redis://127.0.0.1:%d\nmemory-max-bytes: 64M\nmax-connections: 100\n"
-                 "key-prefix: \"idemB:\"\nstore-timeout: 2\nupstream-timeout: 10\n"
-                 "upstream-late-timeout: 5\n"
-                 "client-timeout: 60\nadmin-token-file: %s\nredis-wait-timeout: 0.2\n"
-                 "redis-password-file: %s\n"
-                 "routes:\n  - name: echo\n    match: {path: /echo}\n"
-                 "    replay-header: X-After\n"
+        store_key = "store" if p.store == "postgresql" else "redis"
+        store_url = ("postgresql://postgres@127.0.0.1:%d/postgres" if store_key == "store"
+                     else "redis://127.0.0.1:%d")
+        after = (("listen: 127.0.0.1:%d\nadmin-listen: 127.0.0.1:%d\nupstream: %s\n"
+                  + store_key + ": " + store_url + "\nmemory-max-bytes: 64M\n"
+                  "max-connections: 100\n"
+                  "key-prefix: \"idemB:\"\nstore-timeout: 2\nupstream-timeout: 10\n"
+                  "upstream-late-timeout: 5\n"
+                  "client-timeout: 60\nadmin-token-file: %s\nredis-wait-timeout: 0.2\n"
+                  "redis-password-file: %s\n"
+                  "routes:\n  - name: echo\n    match: {path: /echo}\n"
+                  "    replay-header: X-After\n")
                  % (new_port, new_admin, other.url, free_port(), token, token))
         cfg = write(tmp_path / "idemproxy.yaml", start)
         p.args += ["--config", cfg]
@@ -381,7 +389,7 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
         write(tmp_path / "idemproxy.yaml", after)
         hup(p, cfg)
         log = log_text(p)
-        for name in ("listen", "admin-listen", "upstream", "redis", "memory-max-bytes",
+        for name in ("listen", "admin-listen", "upstream", store_key, "memory-max-bytes",
                      "max-connections", "key-prefix", "store-timeout", "upstream-timeout",
                      "upstream-late-timeout", "client-timeout", "admin-token-file",
                      "redis-wait-timeout", "redis-password-file"):
@@ -399,6 +407,9 @@ def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server,
         if p.store == "redis":
             assert len(redis_keys(p.rdb, k, prefix="idemA:")) == 1
             assert redis_keys(p.rdb, k, prefix="idemB:") == []
+        if p.store == "postgresql":
+            assert len(pg_rows(p.pg, k, prefix="idemA:")) == 1
+            assert pg_rows(p.pg, k, prefix="idemB:") == []
         before = upstream.hits()
         st, h, _ = p.request(*keyed(k_before))
         assert st == 201 and hone(h, "X-After") == "true", h  # stored under idemA:, found
