@@ -9,6 +9,8 @@ that starts a proxy runs on both (ids `test_executed[redis]`,
   @redis_only          the behaviour exists or is observable only with Redis
                        (PTTL values, hash edits, Redis down, several proxies
                        sharing one Redis); the test name must say "redis"
+  @shared_store        several proxies share one store (Redis; PostgreSQL in its
+                       pass); the test name must say "shared"
   @memory_only         a property of the memory store (eviction, restart);
                        the test name must say "memory"
   @store_independent   the test does not depend on the store (CLI, forwarding):
@@ -213,6 +215,27 @@ def stored_state(p, key, prefix="idem:"):
         assert len(rows) <= 1, rows
         return rows[0][1] if rows else None
     return "?"
+
+
+def stored_cause(p, key, prefix="idem:"):
+    """The cause an unknown record of <key> keeps (Redis, PostgreSQL), or None."""
+    if p.store == "redis":
+        keys = redis_keys(p.rdb, key, prefix)
+        v = p.rdb.hget(keys[0], "cause") if keys else None
+        return v.decode() if v else None
+    rows = pg_rows(p.pg, key, prefix)
+    return p.pg.sql("SELECT cause FROM idemproxy_keys WHERE key = %s",
+                    (rows[0][0],))[0][0] if rows else None
+
+
+def stored_lease_ms(p, key, prefix="idem:"):
+    """What is left of the lease of the lock of <key> (Redis, PostgreSQL)."""
+    if p.store == "redis":
+        return redis_lease_ms(p.rdb, key, prefix)
+    rows = pg_rows(p.pg, key, prefix)
+    assert len(rows) == 1, rows
+    return p.pg.sql("SELECT (extract(epoch FROM lease_until - now()) * 1000)::bigint "
+                    "FROM idemproxy_keys WHERE key = %s", (rows[0][0],))[0][0]
 
 
 def redis_state(r, key, prefix="idem:"):
@@ -665,6 +688,13 @@ def redis_only(fn):
     return pytest.mark.parametrize("store", ["redis"])(fn)
 
 
+def shared_store(fn):
+    """Runs the test on the stores several proxies can share: Redis, and
+    PostgreSQL in its pass; its name must say "shared" (why). It may read
+    the store only through the probes (stored_state)."""
+    return pytest.mark.parametrize("store", ["redis", "postgresql"] if ON_PG else ["redis"])(fn)
+
+
 def memory_only(fn):
     """Runs the test on the memory store only; its name must say "memory" (why)."""
     return pytest.mark.parametrize("store", ["memory"])(fn)
@@ -706,7 +736,10 @@ def pytest_collection_modifyitems(config, items):
                 continue
             values = sorted(set(m.args[1]))
             name = item.originalname or item.name
-            if values == ["redis"] and "redis" not in name:
+            if "postgresql" in values and "memory" not in values and "shared" not in name:
+                bad.add("%s: runs on the shared stores only, its name must say shared"
+                        % item.nodeid)
+            elif values == ["redis"] and "redis" not in name:
                 bad.add("%s: runs on Redis only, its name must say redis" % item.nodeid)
             elif (values == ["memory"] and "memory" not in name
                   and item.get_closest_marker("store_independent") is None):

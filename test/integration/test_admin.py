@@ -6,7 +6,7 @@ import time
 
 from conftest import (REPLAY, assert_free, assert_locked, assert_problem, assert_unknown, hone,
                       new_key,
-                      redis_keys, redis_only, redis_state, start_held, start_slow,
+                      shared_store, redis_state, stored_state, start_held, start_slow,
                       store_independent, wait_for)
 
 
@@ -84,7 +84,7 @@ def test_sigterm_shutdown_timeout_drops_running_request(proxy, upstream):
     p.stop()
 
 
-@redis_only
+@shared_store
 def test_sigterm_shutdown_timeout_cut_request_is_unknown_shared_redis(proxy, upstream, rdb):
     """A request cut at --shutdown-timeout had reached the upstream: its key
     is unknown (SPEC §9), which only a store that outlives the process shows:
@@ -97,14 +97,14 @@ def test_sigterm_shutdown_timeout_cut_request_is_unknown_shared_redis(proxy, ups
     assert_locked(other, key, req)
     p.proc.send_signal(signal.SIGTERM)
     assert p.proc.wait(10) == 0, p.stderr()
-    assert redis_state(rdb, key) == "U", "the cut request's key is not unknown"
+    assert stored_state(other, key) == "U", "the cut request's key is not unknown"
     upstream.release(key)
     assert_unknown(other, req, path="/hold")
     assert_problem(first(timeout=10), 502, "upstream_unavailable")
     p.stop()
 
 
-@redis_only
+@shared_store
 def test_sigterm_shutdown_timeout_releases_lock_retry_shared_redis(proxy, upstream, rdb):
     """Under --on-unknown-outcome retry the cut request's lock is released:
     gone from Redis, and another proxy on it executes the key at once."""
@@ -116,7 +116,7 @@ def test_sigterm_shutdown_timeout_releases_lock_retry_shared_redis(proxy, upstre
     assert_locked(other, key, req)
     p.proc.send_signal(signal.SIGTERM)
     assert p.proc.wait(10) == 0, p.stderr()
-    assert redis_keys(rdb, key) == [], "lock not released on shutdown"
+    assert stored_state(other, key) is None, "lock not released on shutdown"
     upstream.release(key)
     assert_free(other, key, req)
     assert_problem(first(timeout=10), 502, "upstream_unavailable")

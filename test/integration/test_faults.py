@@ -22,7 +22,7 @@ import pytest
 
 from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
                       assert_problem, assert_unknown, hone, in_thread, keyed, metrics_value, new_key,
-                      recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
+                      recv_until_closed, redis_keys, redis_lease_ms, redis_only, shared_store, stored_lease_ms, redis_state,
                       start_held, wait_completed, wait_for)
 from fake_upstream import BAD_STATUS, big_body
 
@@ -484,7 +484,7 @@ def test_client_stalled_mid_body_past_client_timeout_locks_nothing(proxy, upstre
 
 
 # ------------------------------------------------------------ 5. proxy killed holding a lock
-@redis_only
+@shared_store
 @pytest.mark.parametrize("policy", ["refuse", "retry"])
 def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(proxy, upstream,
                                                                             rdb, policy):
@@ -502,7 +502,7 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
     for at in (1.0, 2.5, 3.5, 4.5):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         assert_locked(p2, key, req)  # the lock outlived 2 s only by the heartbeat
-        lease = redis_lease_ms(rdb, key)
+        lease = stored_lease_ms(p2, key)
         assert 0 < lease <= 2000, lease
     assert upstream.hits("/hold") == 1
     assert p1.kill() == -9

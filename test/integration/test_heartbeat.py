@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import (REPLAY, metrics_value, assert_completed, assert_locked, hone, new_key, redis_keys,
-                      redis_lease_ms, redis_only, start_held, start_slow, wait_completed, wait_for)
+                      redis_lease_ms, redis_only, shared_store, start_held, start_slow, wait_completed, wait_for)
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
@@ -80,7 +80,7 @@ def test_stale_holder_after_delete_redis_hash_edit(proxy, upstream, rdb):
     assert rdb.hget(skey, "token") == b"someone-else-0123456789"
 
 
-@redis_only
+@shared_store
 def test_lock_of_killed_proxy_expires_retry_shared_redis(proxy, upstream, rdb):
     """A proxy that dies holding a lock stops its heartbeat: another proxy on the
     same Redis sees the key in flight, then (--on-unknown-outcome retry) takes

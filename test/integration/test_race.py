@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from conftest import REPLAY, assert_completed, hone, http_request, new_key, redis_only
+from conftest import REPLAY, assert_completed, hone, http_request, new_key, shared_store
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
@@ -61,7 +61,7 @@ def test_parallel_duplicates_execute_once(proxy, upstream, path):
                      body=body)
 
 
-@redis_only
+@shared_store
 def test_parallel_duplicates_across_two_proxies_shared_redis(proxy, upstream, rdb):
     p1, p2 = proxy(), proxy()
     key = new_key()

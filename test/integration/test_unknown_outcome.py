@@ -21,7 +21,7 @@ import pytest
 
 from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, assert_problem,
                       assert_unknown, hone, http_request, in_thread, keyed,
-                      memory_only, metrics_value, new_key, redis_keys, redis_only, redis_state,
+                      memory_only, metrics_value, new_key, redis_keys, redis_only, shared_store, stored_cause, stored_state, redis_state,
                       run_binary, start_held, store_independent, wait_for)
 from fake_upstream import FakeUpstream
 
@@ -183,7 +183,7 @@ def test_late_exchange_survives_the_client_and_shutdown_waits_for_it(proxy, upst
         assert redis_state(p.rdb, key) == "C"
 
 
-@redis_only
+@shared_store
 def test_shutdown_cuts_a_late_exchange_unknown_shared_redis(proxy, upstream, rdb):
     """A late exchange still running at --shutdown-timeout is cut: its key is
     unknown (upstream_timeout) for every other proxy."""
@@ -194,14 +194,14 @@ def test_shutdown_cuts_a_late_exchange_unknown_shared_redis(proxy, upstream, rdb
     assert_problem(p.request(*req), 504, "upstream_timeout")
     p.proc.send_signal(signal.SIGTERM)
     assert p.proc.wait(10) == 0, p.stderr()
-    assert redis_state(rdb, key) == "U"
-    assert rdb.hget(redis_keys(rdb, key)[0], "cause") == b"upstream_timeout"
+    assert stored_state(other, key) == "U"
+    assert stored_cause(other, key) == "upstream_timeout"
     upstream.release(key)
     assert_unknown(other, req, path="/hold")
 
 
 # ------------------------------------------------------------------ the holder lost
-@redis_only
+@shared_store
 def test_frozen_holder_lost_then_comes_back_shared_redis(proxy, upstream, rdb):
     """Two proxies on one Redis. The first is frozen (SIGSTOP) past --lock-ttl
     while its request is at the upstream: the second finds the lease run out:
@@ -224,7 +224,7 @@ def test_frozen_holder_lost_then_comes_back_shared_redis(proxy, upstream, rdb):
         p1.proc.send_signal(signal.SIGCONT)
     st, h, body = first(timeout=10)
     assert st == 200 and hone(h, REPLAY) == "false"
-    wait_for(lambda: redis_state(rdb, key) == "C", timeout=5, what="the holder's complete")
+    wait_for(lambda: stored_state(p2, key) == "C", timeout=5, what="the holder's complete")
     assert_completed(p2, key, req, body=body)
     assert upstream.hits("/hold") == 1
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, in_thread, new_key, redis_only, start_held,
+from conftest import (REPLAY, assert_problem, hone, in_thread, new_key, redis_only, shared_store, start_held,
                       wait_for)
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
@@ -147,14 +147,18 @@ def test_wait_sigterm_answers_held_duplicates(proxy, upstream):
     assert p.stop() == 0
 
 
-@redis_only
+@shared_store
 def test_wait_across_two_proxies_shared_redis(proxy, upstream, rdb):
     """The first runs on one instance, the duplicate is held by another: the
     completing script's notification (pub/sub) wakes it with the replay."""
     a = proxy()
     b = proxy("--wait", "10")
-    wait_for(lambda: rdb.pubsub_numsub("idemproxy:done")[0][1] >= 1, timeout=10,
-             what="the --wait instance to subscribe")
+    if b.store == "redis":
+        wait_for(lambda: rdb.pubsub_numsub("idemproxy:done")[0][1] >= 1, timeout=10,
+                 what="the --wait instance to subscribe")
+    else:  # PostgreSQL: its service connection LISTENs before it is ready
+        wait_for(lambda: b.admin_request("GET", "/readyz")[0] == 200, timeout=10,
+                 what="the --wait instance to LISTEN")
     key = new_key()
     first = start_held(a, key)
     dup = in_thread(b.request, *held_req(key), timeout=30)
