@@ -1,2 +1,4 @@
--- PING (readiness, once a second): the server answers, and is a primary.
-SELECT pg_is_in_recovery()
+-- PING (readiness, once a second): the server answers, is a primary, and
+-- this role may read and write the table.
+SELECT pg_is_in_recovery(),
+       has_table_privilege('idemproxy_keys', 'SELECT, INSERT, UPDATE, DELETE')

@@ -135,10 +135,6 @@ static int check_one_store(const struct config *cfg, char *err, size_t errlen)
                  "--redis-password-file names one too");
         return -EINVAL;
     }
-    if (cfg->redis_url && pg_url_is(cfg->redis_url)) {
-        snprintf(err, errlen, "--redis: a PostgreSQL URL goes in --store");
-        return -EINVAL;
-    }
     return 0;
 }
 

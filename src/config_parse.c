@@ -416,6 +416,8 @@ void config_store_url_why(const char *v, bool any_store, char *why, size_t len)
         why[0] = '\0';
     if (any_store && pg_url_is(v))
         (void)pg_url_check(v, why, len);
+    else if (pg_url_is(v))
+        snprintf(why, len, "a PostgreSQL URL goes in --store");
     else if (redis_url_parse(v, &u, why, len) == 0)
         redis_url_done(&u);
 }

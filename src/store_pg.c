@@ -314,11 +314,17 @@ static int pg_metrics(struct store *base, store_metric_fn *emit, void *ctx)
 
 static void read_ping(struct pg_op *op, int err, const PGresult *res)
 {
-    bool primary = err == 0 && PQntuples(res) == 1 && *PQgetvalue(res, 0, 0) == 0;
+    bool answered = err == 0 && PQntuples(res) == 1 && PQnfields(res) == 2,
+         primary = answered && *PQgetvalue(res, 0, 0) == 0,
+         rights = answered && *PQgetvalue(res, 0, 1) == 1;
 
-    atomic_store(&op->st->up, primary);
-    if (err == 0 && !primary)
+    atomic_store(&op->st->up, primary && rights);
+    if (answered && !primary)
         store_pg_log_failure(op->st, "the server is a standby (read-only) now");
+    else if (answered && !rights)
+        store_pg_log_failure(op->st,
+                             "this role may not read and write the table " PG_TABLE
+                             ": GRANT SELECT, INSERT, UPDATE, DELETE ON " PG_TABLE " TO it");
 }
 
 static void submit_reap(struct store_pg *st);

@@ -135,7 +135,7 @@ static void one_line(const char *msg, char *out, size_t len)
     size_t n = 0;
 
     for (const char *p = msg ? msg : ""; *p && n + 1 < len; p++)
-        out[n++] = *p == '\n' || *p == '\r' ? ' ' : *p;
+        out[n++] = *p == '\n' || *p == '\r' || *p == '\t' ? ' ' : *p;
     while (n > 0 && out[n - 1] == ' ')
         n--;
     out[n] = '\0';

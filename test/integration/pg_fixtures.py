@@ -59,7 +59,10 @@ def _as_owner(cmd, **kw):
 class PgServer:
     """One PostgreSQL server in a folder of its own."""
 
-    def __init__(self, workdir=None, primary=None):
+    def __init__(self, workdir=None, primary=None, tls=None):
+        """<tls>: (certificate, key) files the server presents (ssl = on);
+        plain TCP is still accepted."""
+        self.tls = tls
         self.port = free_port()
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="idemproxy-pg-")
@@ -105,6 +108,16 @@ class PgServer:
         with open(os.path.join(self.data, "postgresql.auto.conf"), "a") as f:
             f.write("listen_addresses = '127.0.0.1'\nport = %d\n"
                     "unix_socket_directories = '%s'\n" % (self.port, self.dir))
+            if self.tls:
+                f.write("ssl = on\nssl_cert_file = 'tls.crt'\nssl_key_file = 'tls.key'\n")
+        if self.tls:  # the server reads them as its user; the key only it may read
+            _, uid, gid = _owner()
+            for src, name in zip(self.tls, ("tls.crt", "tls.key")):
+                dst = os.path.join(self.data, name)
+                shutil.copyfile(src, dst)
+                os.chmod(dst, 0o600)
+                if os.getuid() == 0:
+                    os.chown(dst, uid, gid)
         return self
 
     def start(self):

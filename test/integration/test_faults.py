@@ -584,18 +584,20 @@ def fault_client(proxies, key, path, rng, deadline, tries):
     return last
 
 
-@redis_only
+@shared_store
 @pytest.mark.parametrize("policy", [
     "refuse",
     # the contrast, smaller, and once: that retries run lost answers again needs no cluster
     pytest.param("retry", marks=pytest.mark.single_redis_server)])
 def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
-    """Two proxies on one Redis, concurrent duplicates of many keys sent to
+    """Two proxies on one store, concurrent duplicates of many keys sent to
     either, a proxy SIGKILLed (and replaced) and one SIGSTOPped past
     --lock-ttl while requests of theirs are at the upstream, upstream calls
     that time out with and without a late answer, and resets after the
-    request was read. Every execution is counted by the upstream. refuse: no
-    key executes twice. retry: some do (at least once, by choice)."""
+    request was read; on PostgreSQL, the server killed (SIGKILL) and started
+    again as well: it keeps what it committed. Every execution is counted by
+    the upstream. refuse: no key executes twice. retry: some do (at least
+    once, by choice)."""
     import random
     import threading
 
@@ -631,6 +633,10 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     time.sleep(0.5)
     proxies.append(proxy(*args))            # its replacement
     time.sleep(1.0)
+    if proxies[0].store == "postgresql":    # the store crashes, and comes back
+        proxies[0].pg.kill()
+        time.sleep(0.5)
+        proxies[0].pg.start()
     frozen = proxies[0]
     frozen.proc.send_signal(signal.SIGSTOP)  # past --lock-ttl: its leases run out
     time.sleep(1.6)

@@ -1,0 +1,283 @@
+"""The PostgreSQL store's own behaviour (SPEC §10), on servers of these tests'
+own (pg_fixtures.py): the table created at start and what a role that may not
+create it is told, a role without rights, a wrong password (never logged),
+TLS with sslmode=verify-full and a throwaway CA, a server down at start, the
+server killed (SIGKILL) and started again under load with nothing completed
+lost, a failover to a promoted streaming replica without a restart of the
+proxy, and the background job that deletes expired rows.
+
+The semantics every store shares run on PostgreSQL in the suite's PostgreSQL
+pass (IDEMPROXY_TEST_STORE=postgresql: conftest.py)."""
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import (REPLAY, REPO, assert_problem, hone, metrics_value, new_key,
+                      run_binary, store_independent, wait_for)
+from pg_fixtures import PgServer
+from redis_fixtures import make_pki
+
+SCHEMA = os.path.join(REPO, "contrib", "postgresql", "schema.sql")
+RIGHTS = "GRANT SELECT, INSERT, UPDATE, DELETE ON idemproxy_keys TO app"
+
+
+@pytest.fixture
+def pg():
+    with PgServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
+def readyz(p):
+    return p.admin_request("GET", "/readyz")[0]
+
+
+def executes_then_replays(p, upstream):
+    key = new_key()
+    before = upstream.hits()
+    st, h, body = p.request("POST", "/echo", [("Idempotency-Key", key)], b"pg")
+    assert st == 201 and hone(h, REPLAY) == "false", (st, h, body)
+    st2, h2, body2 = p.request("POST", "/echo", [("Idempotency-Key", key)], b"pg")
+    assert st2 == 201 and hone(h2, REPLAY) == "true" and body2 == body
+    assert upstream.hits() == before + 1
+    return key
+
+
+def refused_503(p, upstream, *needles):
+    """A store that cannot be used: 503 store_unavailable, /readyz 503, the
+    upstream untouched, and each needle in the log."""
+    before = upstream.hits()
+    assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"), 503,
+                   "store_unavailable")
+    assert upstream.hits() == before
+    wait_for(lambda: readyz(p) == 503, timeout=5, what="/readyz 503")
+    for n in needles:
+        wait_for(lambda: n in p.stderr(), timeout=5, what="%r in the log" % n)
+
+
+def run_schema(pg):
+    with open(SCHEMA) as f:
+        pg.sql(f.read())
+
+
+@store_independent
+def test_postgres_creates_its_table_logs_it_and_keeps_keys_across_restarts(proxy, upstream, pg):
+    p = proxy("--store", pg.url)
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
+    assert "created the table idemproxy_keys (contrib/postgresql/schema.sql)" in p.stderr()
+    key = executes_then_replays(p, upstream)
+    rows = pg.sql("SELECT key, state, length(fp), token ~ '^[0-9a-f]{32}$' FROM idemproxy_keys")
+    assert len(rows) == 1 and rows[0][0].endswith(":" + key) and rows[0][1:] == ("C", 32, True)
+    # The proxy restarts: the table is there, the key still replays.
+    p.restart()
+    assert p.stderr().count("created the table") == 1
+    before = upstream.hits()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"pg")
+    assert st == 201 and hone(h, REPLAY) == "true" and upstream.hits() == before
+
+
+@store_independent
+def test_postgres_role_that_may_not_create_the_table_is_told_the_schema_file(proxy, upstream, pg):
+    url = pg.add_role("app", "s3cret").replace("app@", "app:s3cret@")
+    r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if " error " in ln]
+    assert len(lines) == 1, err
+    assert "may not create it" in lines[0] and "contrib/postgresql/schema.sql" in lines[0]
+    assert "s3cret" not in err
+    # A team that manages its DDL: the file, run once by a role that may, and the rights.
+    run_schema(pg)
+    pg.sql(RIGHTS)
+    p = proxy("--store", url)
+    executes_then_replays(p, upstream)
+    assert "created the table" not in p.stderr()
+
+
+@store_independent
+def test_postgres_role_without_rights_is_not_ready_and_says_what_to_grant(proxy, upstream, pg):
+    run_schema(pg)
+    url = pg.add_role("app", "s3cret").replace("app@", "app:s3cret@")
+    p = proxy("--store", url)
+    refused_503(p, upstream, "permission denied for table idemproxy_keys",
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON idemproxy_keys")
+    pg.sql(RIGHTS)  # granted while it runs: no restart
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 once granted")
+    executes_then_replays(p, upstream)
+
+
+@store_independent
+def test_postgres_wrong_password_is_refused_and_never_logged(proxy, upstream, pg, tmp_path):
+    run_schema(pg)
+    base = pg.add_role("app", "s3cret", RIGHTS)
+    p = proxy("--store", base.replace("app@", "app:Wr0ngPass@"))
+    refused_503(p, upstream, "password authentication failed")
+    assert "Wr0ngPass" not in p.stderr() and "app:***@" in p.stderr()
+    # The password file beats the URL's (and libpq's password parameter is masked too).
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    p2 = proxy("--store", base + "?password=Wr0ngInUrl", "--store-password-file", str(pw))
+    executes_then_replays(p2, upstream)
+    assert "Wr0ngInUrl" not in p2.stderr() and "password=***" in p2.stderr()
+    assert "s3cret" not in p.stderr() + p2.stderr()
+
+
+@store_independent
+def test_postgres_tls_verify_full_with_a_throwaway_ca(proxy, upstream, pki):
+    with PgServer(tls=(pki.server_crt, pki.server_key)) as pg, \
+            PgServer(tls=(pki.wrong_crt, pki.wrong_key)) as wrong:
+        url = "postgresql://postgres@localhost:%d/postgres?sslmode=verify-full&sslrootcert=%s"
+        p = proxy("--store", url % (pg.port, pki.ca_crt))
+        wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 over TLS")
+        executes_then_replays(p, upstream)
+        tls = pg.sql("SELECT bool_and(s.ssl), count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a "
+                     "USING (pid) WHERE a.application_name = 'idemproxy'")
+        assert tls[0][0] is True and tls[0][1] >= 2, tls  # a loop's and the service connection
+        # Another CA, and a certificate for another name: refused, with the reason.
+        p2 = proxy("--store", url % (pg.port, pki.other_ca_crt))
+        refused_503(p2, upstream, "certificate verify failed")
+        p3 = proxy("--store", url % (wrong.port, pki.ca_crt))
+        refused_503(p3, upstream, "does not match host name")
+
+
+@store_independent
+def test_postgres_down_at_start_then_up_serves_without_a_restart(proxy, upstream):
+    pg = PgServer()  # its port and folder, no server yet
+    try:
+        p = proxy("--store", pg.url, "--store-timeout", "0.5")
+        assert "not answering yet" in p.stderr()
+        t0 = time.monotonic()
+        refused_503(p, upstream)
+        assert time.monotonic() - t0 < 5
+        pg.init().start()
+        wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 once it is up")
+        executes_then_replays(p, upstream)
+        assert "created the table" in p.stderr()
+    finally:
+        pg.remove()
+
+
+@store_independent
+def test_postgres_killed_and_restarted_under_load_loses_nothing(proxy, upstream, pg):
+    """Clients send new keys while the server is killed (SIGKILL) and started
+    again: every key answered as executed before, during or after replays
+    afterwards (fsync on: a commit it acknowledged survives), and no key runs
+    twice; the proxy serves again without a restart."""
+    p = proxy("--store", pg.url, "--store-timeout", "1")
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
+    stop = threading.Event()
+    answers = {}  # key -> (status, replay header)
+    lock = threading.Lock()
+
+    def client():
+        while not stop.is_set():
+            key = new_key()
+            try:
+                st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x",
+                                     timeout=5)
+            except OSError:
+                continue
+            with lock:
+                answers[key] = (st, hone(h, REPLAY))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    pg.kill()
+    time.sleep(0.5)
+    pg.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    executed = [k for k, (st, rp) in answers.items() if st == 201 and rp == "false"]
+    refused = [k for k, (st, _) in answers.items() if st == 503]
+    print("kill -9 under load: %d keys, %d executed, %d refused (503)"
+          % (len(answers), len(executed), len(refused)))
+    assert len(executed) > 50 and refused, "the load or the crash did not bite"
+    wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 after the restart")
+    before = upstream.hits()
+    for k in executed:
+        st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k)], b"x")
+        assert st == 201 and hone(h, REPLAY) == "true", (k, st)
+    assert upstream.hits() == before, "a completed key ran again after the crash"
+    counts = {}
+    for _m, _t, headers, _b in list(upstream.requests):
+        k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
+        counts[k] = counts.get(k, 0) + 1
+    assert max(counts.values()) == 1
+
+
+@store_independent
+def test_postgres_failover_to_a_promoted_replica_without_a_restart(proxy, upstream, pg):
+    """A multi-host URL with target_session_attrs=read-write: the primary
+    stopped, the streaming replica promoted, the proxy finds it by itself;
+    completed keys it had replicated still replay; /readyz is 503 meanwhile."""
+    replica = pg.replica()
+    try:
+        url = ("postgresql://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres"
+               "?target_session_attrs=read-write" % (pg.port, replica.port))
+        p = proxy("--store", url, "--store-timeout", "1")
+        wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
+        keys = [executes_then_replays(p, upstream) for _ in range(5)]
+        lsn = pg.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+        wait_for(lambda: replica.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn",
+                                     (lsn,))[0][0], timeout=10, what="the replica to catch up")
+        pg.stop()
+        refused_503(p, upstream)
+        replica.promote()
+        wait_for(lambda: readyz(p) == 200, timeout=15, what="/readyz 200 on the new primary")
+        before = upstream.hits()
+        for k in keys:
+            st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k)], b"pg")
+            assert st == 201 and hone(h, REPLAY) == "true", (k, st)
+        assert upstream.hits() == before
+        executes_then_replays(p, upstream)
+    finally:
+        replica.remove()
+
+
+@store_independent
+def test_postgres_expired_rows_are_deleted_in_batches_and_count_for_nothing(proxy, upstream, pg):
+    run_schema(pg)
+    pg.sql("INSERT INTO idemproxy_keys (key, state, fp, token, changed_at, keep_ms, expires_at) "
+           "SELECT 'idem:' || md5(i::text) || ':old-' || i, 'C', '\\x00', 't', now(), 1000, "
+           "now() - interval '1 minute' FROM generate_series(1, 2500) i")
+    p = proxy("--store", pg.url)
+    executes_then_replays(p, upstream)
+    # An expired record of another payload is no record: the key executes.
+    stale = new_key()
+    pg.sql("INSERT INTO idemproxy_keys (key, state, fp, token, changed_at, keep_ms, expires_at) "
+           "SELECT 'idem:' || repeat('0', 32) || ':' || %s, 'C', '\\x01', 't', now(), 1000, "
+           "now() - interval '1 second'", (stale,))
+    before = upstream.hits()
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", stale)], b"new")
+    assert st == 201 and hone(h, REPLAY) == "false" and upstream.hits() == before + 1
+    wait_for(lambda: pg.sql("SELECT count(*) FROM idemproxy_keys WHERE expires_at <= now()")
+             [0][0] == 0, timeout=10, what="the expired rows to be deleted")
+    assert pg.sql("SELECT count(*) FROM idemproxy_keys")[0][0] == 2  # the two live keys
+    assert metrics_value(p.metrics(), "idemproxy_postgres_expired_deleted_total") >= 2500
+
+
+def test_postgres_url_is_checked_at_start_and_redis_options_refused(upstream):
+    def start(*args):
+        return run_binary(["--upstream", upstream.url, "--check-config"] + list(args))
+
+    r = start("--store", "postgresql://u:pw@h/db?nosuch=1")
+    assert r.returncode == 2 and b"--store" in r.stderr and b"nosuch" in r.stderr
+    assert b"u:***@" in r.stderr and b":pw@" not in r.stderr
+    r = start("--redis", "postgresql://h/db")
+    assert r.returncode == 2 and b"a PostgreSQL URL goes in --store" in r.stderr
+    r = start("--store", "postgresql://h/db", "--redis", "redis://127.0.0.1:6379")
+    assert r.returncode == 2 and b"--store and --redis both" in r.stderr
+    r = start("--store", "postgresql://h/db", "--redis-wait-replicas", "1")
+    assert r.returncode == 2 and b"needs a Redis URL" in r.stderr
+    r = start("--store", "postgres://h:5433/db?sslmode=verify-full&target_session_attrs=read-write")
+    assert r.returncode == 0, r.stderr
