@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "idemproxy/pg_url.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <libpq-fe.h>
 #include <stdio.h>
@@ -98,4 +99,63 @@ void pg_url_redact(const char *s, char *out, size_t len)
             c++;
         }
     }
+}
+
+/* Splits the comma-separated <v> into <n> fields of <out> (<cap> bytes
+ * each). Returns how many, or -EINVAL past PG_URL_MAX_HOSTS or a field too long. */
+static int split_list(const char *v, char (*out)[PG_URL_HOST_MAX], size_t cap)
+{
+    int n = 0;
+
+    for (const char *p = v;; n++) {
+        size_t len = strcspn(p, ",");
+
+        if (n == PG_URL_MAX_HOSTS || len >= cap)
+            return -EINVAL;
+        memcpy(out[n], p, len);
+        out[n][len] = '\0';
+        if (!p[len])
+            return n + 1;
+        p += len + 1;
+    }
+}
+
+int pg_url_hosts(const char *s, struct pg_url_hosts *ret)
+{
+    char ports[PG_URL_MAX_HOSTS][PG_URL_HOST_MAX];
+    const char *hosts = NULL, *port = NULL;
+    PQconninfoOption *opts = PQconninfoParse(s, NULL);
+    int nh = 1, np = 0;
+
+    if (!opts)
+        return -EINVAL;
+    memset(ret, 0, sizeof(*ret));
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        if (strcmp(o->keyword, "host") == 0)
+            hosts = o->val;
+        else if (strcmp(o->keyword, "port") == 0)
+            port = o->val;
+        else if (strcmp(o->keyword, "hostaddr") == 0)
+            ret->hostaddr = o->val && o->val[0];
+    }
+    ret->host[0][0] = '\0';
+    if (hosts && hosts[0])
+        nh = split_list(hosts, ret->host, sizeof(ret->host[0]));
+    if (nh > 0 && port && port[0])
+        np = split_list(port, ports, sizeof(ports[0]));
+    PQconninfoFree(opts);
+    if (nh < 0 || np < 0 || (np > 1 && np != nh))
+        return -EINVAL;
+    ret->n = (unsigned)nh;
+    for (int i = 0; i < nh; i++) /* one port for every host, or one each */
+        snprintf(ret->port[i], sizeof(ret->port[i]), "%.7s", np ? ports[np > 1 ? i : 0] : "");
+    return 0;
+}
+
+bool pg_url_host_is_name(const char *host)
+{
+    unsigned char a[16];
+
+    return host[0] && host[0] != '/' && host[0] != '@' && inet_pton(AF_INET, host, a) != 1 &&
+           inet_pton(AF_INET6, host, a) != 1;
 }

@@ -378,6 +378,7 @@ static void tick(void *arg)
     struct pg_op *op;
     uint64_t now = now_ms();
 
+    store_pg_look_up(st); /* for the lanes' next connects */
     if (submit_service(st, SQL_PING, read_ping, &op) == 0)
         (void)store_pg_op_submit(op);
     if (now >= st->next_reap_ms && !atomic_exchange(&st->reaping, true)) {
@@ -396,12 +397,21 @@ static void pg_free(struct store *base)
     if (st->lanes)
         store_pg_lanes_stop(st); /* everything accepted has called back */
     pthread_mutex_destroy(&st->log_mu);
+    pthread_mutex_destroy(&st->addr_mu);
     free(st->url);
     if (st->password) {
         explicit_bzero(st->password, strlen(st->password));
         free(st->password);
     }
     free(st);
+}
+
+/* True when libpq's <msg> refuses a value of the URL (checked before any
+ * connect: "invalid sslmode value", "invalid port number", "could not match
+ * 2 port numbers to 3 hosts"). */
+static bool is_option_error(const char *msg)
+{
+    return strncmp(msg, "invalid ", 8) == 0 || strncmp(msg, "could not match ", 16) == 0;
 }
 
 /* At start, on this thread: connects once to create the table when it is
@@ -421,6 +431,12 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
     conn = PQconnectdbParams(keys, vals, 1);
     if (!conn)
         return -ENOMEM;
+    if (PQstatus(conn) != CONNECTION_OK && is_option_error(PQerrorMessage(conn))) {
+        snprintf(why, why_len, "%.*s", (int)strcspn(PQerrorMessage(conn), "\n"),
+                 PQerrorMessage(conn));
+        PQfinish(conn);
+        return -EINVAL; /* a value libpq refuses before it connects: a bad option */
+    }
     if (PQstatus(conn) != CONNECTION_OK) {
         log_warn("PostgreSQL %s: not answering yet (%.*s); requests get 503 until it does",
                  st->name, (int)strcspn(PQerrorMessage(conn), "\n"), PQerrorMessage(conn));
@@ -491,12 +507,16 @@ int store_pg_new(const struct store_pg_opts *o, struct worker_pool *pool, struct
     st->reap_ms = o->reap_interval_ms ? o->reap_interval_ms : TICK_MS;
     atomic_init(&st->durable, -1);
     pthread_mutex_init(&st->log_mu, NULL);
+    pthread_mutex_init(&st->addr_mu, NULL);
     pg_url_redact(o->url, st->name, sizeof(st->name));
     st->url = strdup(o->url);
     st->password = o->password ? strdup(o->password) : NULL;
     err = !st->url || (o->password && !st->password) ? -ENOMEM : 0;
-    if (err == 0)
+    if (err == 0) {
+        st->names = store_pg_has_names(st->url);
+        store_pg_look_up(st); /* here, before any loop runs; then every tick */
         err = check_schema(st, why, why_len);
+    }
     if (err == 0)
         err = store_pg_lanes_start(st, loops, nloops);
     /* The first tick at once (it waits for the first loop to start): /readyz

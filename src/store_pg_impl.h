@@ -8,6 +8,7 @@
 #ifndef IDEMPROXY_STORE_PG_IMPL_H
 #define IDEMPROXY_STORE_PG_IMPL_H
 
+#include <arpa/inet.h>
 #include <libpq-fe.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +16,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/pg_url.h"
 #include "idemproxy/store.h"
 #include "sql_scripts.h"
 #include "store_impl.h"
@@ -107,6 +109,13 @@ struct pg_lane {
     struct list sent;     /* struct pg_op sent, in the order their answers come */
 };
 
+/* Where a lane connects: libpq's host, hostaddr and port lists (store_pg_hosts.c). */
+struct pg_target {
+    char host[PG_URL_MAX_HOSTS * (PG_URL_HOST_MAX + 1)];
+    char hostaddr[PG_URL_MAX_HOSTS * (INET6_ADDRSTRLEN + 1)];
+    char port[PG_URL_MAX_HOSTS * 9];
+};
+
 struct store_pg {
     struct store base;
     struct worker_pool *pool; /* borrowed */
@@ -115,6 +124,10 @@ struct store_pg {
     char name[512];           /* the URL with its passwords hidden: what the log calls it */
     uint64_t timeout_ms;
     uint64_t reap_ms;
+    bool names; /* the URL names hosts to look up (store_pg_hosts.c); set once */
+    pthread_mutex_t addr_mu;
+    char addrs[PG_URL_MAX_HOSTS][INET6_ADDRSTRLEN]; /* under addr_mu: each host's last address */
+    char resolve_why[400];                          /* under addr_mu: the last lookup's failure */
     atomic_bool up;     /* the last ping answered, and no connection failed since */
     atomic_int durable; /* 1: fsync and synchronous_commit on, as the last setup read; -1: unread */
     atomic_bool stopping;         /* refuse ops called on a loop thread */
@@ -176,6 +189,18 @@ int store_pg_result_err(struct store_pg *st, const PGresult *res);
  * answering again (info). */
 void store_pg_log_failure(struct store_pg *st, const char *why);
 void store_pg_log_ok(struct store_pg *st);
+
+/* ---- store_pg_hosts.c ---- */
+
+/* True when <url> names hosts to look up (and gives no hostaddr itself). */
+bool store_pg_has_names(const char *url);
+
+/* Looks the URL's host names up (blocking: never on a loop thread). */
+void store_pg_look_up(struct store_pg *st);
+
+/* Where to connect now, into <t>. Returns 0: the URL as it is (nothing to
+ * look up); 1: <t>'s lists; -ENXIO with why when no host name resolves. */
+int store_pg_target(struct store_pg *st, struct pg_target *t, char *why, size_t why_len);
 
 /* ---- store_pg.c ---- */
 

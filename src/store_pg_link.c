@@ -362,14 +362,25 @@ static void connect_failed(struct pg_lane *ln, const char *what)
 static void lane_connect(struct pg_lane *ln)
 {
     struct store_pg *st = ln->st;
-    const char *keys[] = { "dbname", "password", "fallback_application_name", NULL };
-    const char *vals[] = { st->url, st->password, "idemproxy", NULL };
+    const char *keys[8], *vals[8];
+    struct pg_target t;
+    char why[400];
+    int n = 0, r = store_pg_target(st, &t, why, sizeof(why));
 
-    if (!st->password) { /* the URL's, or libpq's PGPASSFILE */
-        keys[1] = "fallback_application_name";
-        vals[1] = "idemproxy";
-        keys[2] = vals[2] = NULL;
+    if (r < 0) {
+        lane_drop(ln, r, why);
+        return;
     }
+    keys[n] = "dbname", vals[n++] = st->url; /* the URL, its parameters: the later keys beat it */
+    if (r == 1) {
+        keys[n] = "host", vals[n++] = t.host;
+        keys[n] = "hostaddr", vals[n++] = t.hostaddr;
+        keys[n] = "port", vals[n++] = t.port;
+    }
+    if (st->password) /* else the URL's, or libpq's PGPASSFILE */
+        keys[n] = "password", vals[n++] = st->password;
+    keys[n] = "fallback_application_name", vals[n++] = "idemproxy";
+    keys[n] = vals[n] = NULL;
     ln->conn = PQconnectStartParams(keys, vals, 1);
     if (!ln->conn || PQstatus(ln->conn) == CONNECTION_BAD) {
         connect_failed(ln, NULL);

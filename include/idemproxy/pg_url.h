@@ -16,6 +16,25 @@ bool pg_url_is(const char *s);
  * libpq's reason in <why> (<len> bytes, may be 0). */
 int pg_url_check(const char *s, char *why, size_t len);
 
+#define PG_URL_MAX_HOSTS 16
+#define PG_URL_HOST_MAX 256
+
+/* The servers a URL names, as libpq reads them: its host list (names, IP
+ * addresses, socket folders), each with its port ("" for libpq's default). */
+struct pg_url_hosts {
+    unsigned n;
+    char host[PG_URL_MAX_HOSTS][PG_URL_HOST_MAX];
+    char port[PG_URL_MAX_HOSTS][8];
+    bool hostaddr; /* the URL gives hostaddr itself: nothing to look up */
+};
+
+/* Reads the hosts of <s> into <ret>. Returns 0, -EINVAL (no URL libpq
+ * reads, or more than PG_URL_MAX_HOSTS hosts) or -ENOMEM. */
+int pg_url_hosts(const char *s, struct pg_url_hosts *ret);
+
+/* True when <host> must be looked up: not an IP address, not a socket folder. */
+bool pg_url_host_is_name(const char *host);
+
 /* Writes <s> into <out> (<len> bytes, at least 1) with the password of its
  * user info and the values of its password and sslpassword parameters
  * replaced by "***". */

@@ -147,6 +147,19 @@ def test_postgres_tls_verify_full_with_a_throwaway_ca(proxy, upstream, pki):
 
 
 @store_independent
+def test_postgres_host_names_are_looked_up_off_the_loops(proxy, upstream, pg):
+    """A name is looked up on the pool, and the connect is given its address;
+    a name that does not resolve is said so, and left out of a multi-host
+    URL's connects while another host serves."""
+    p = proxy("--store", "postgresql://postgres@nosuch.invalid:%d,localhost:%d/postgres"
+              % (pg.port, pg.port))
+    wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 through localhost")
+    executes_then_replays(p, upstream)
+    p2 = proxy("--store", "postgresql://postgres@nosuch.invalid:%d/postgres" % pg.port)
+    refused_503(p2, upstream, "the host name nosuch.invalid does not resolve")
+
+
+@store_independent
 def test_postgres_down_at_start_then_up_serves_without_a_restart(proxy, upstream):
     pg = PgServer()  # its port and folder, no server yet
     try:
@@ -281,3 +294,7 @@ def test_postgres_url_is_checked_at_start_and_redis_options_refused(upstream):
     assert r.returncode == 2 and b"needs a Redis URL" in r.stderr
     r = start("--store", "postgres://h:5433/db?sslmode=verify-full&target_session_attrs=read-write")
     assert r.returncode == 0, r.stderr
+    # A value libpq refuses (it reads them when it connects): at start, exit status 2.
+    r = run_binary(["--upstream", upstream.url, "--store",
+                    "postgresql://127.0.0.1:1/db?sslmode=sometimes"], timeout=20)
+    assert r.returncode == 2 and b"invalid sslmode value" in r.stderr, r.stderr
