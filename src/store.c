@@ -111,7 +111,7 @@ const char *store_strerror(int err)
         return "the memory store has no room: requests in flight hold their share of "
                "--memory-max-bytes";
     if (err == -ENXIO)
-        return "the Redis host name does not resolve";
+        return "the store's host name does not resolve";
     if (err == -EREMOTEIO)
         return "too few Redis replicas confirmed the write in time (--redis-wait-replicas, "
                "--redis-wait-timeout)";

@@ -199,5 +199,5 @@ def test_redis_host_name_that_does_not_resolve_is_503_redis(proxy, upstream):
     # said as such in the log, not as a refused connection (SPEC 2.1)
     err = p.stderr()
     assert "no-such-host.invalid does not resolve" in err, err
-    assert "the Redis host name does not resolve" in err, err
+    assert "the store's host name does not resolve" in err, err
     assert "Connection refused" not in err and "No route to host" not in err, err
