@@ -8,10 +8,11 @@ RESULTS has one line per measured run (one wrk, or one per proxy of a target of
 several): label, target, repetition, connections, then key=value fields
 (requests, duration_us, p50_us, p99_us, status_err, socket_err, proxy_ticks,
 redis_each, rss_kib, stored_kib), tab-separated. redis_each is the CPU ticks
-of each redis-server behind the target, comma-separated ("-": none).
+of each store server process behind the target (redis-servers, or PostgreSQL's
+processes), comma-separated ("-": none).
 MEMORY has one line per store of scenario 6: target|records|measure|delta|rss|evictions.
-REDIS_SERVERS has one line per target with redis-servers: target|what they are
-("redis-server", "3 masters", "master+replica").
+REDIS_SERVERS has one line per target with store servers: target|what they are
+("redis-server", "3 masters", "master+replica", "postgres": its processes, summed).
 """
 import sys, statistics, math
 results, memory, redis_servers, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, \
@@ -52,6 +53,8 @@ def redis_cpu(target, rs):
     if not per:
         return "–"
     text = num(med([sum(p) for p in per]), ".1f")
+    if kinds.get(target) == "postgres":
+        return text + " (%d PostgreSQL processes)" % len(per[0])
     if len(per[0]) > 1:
         text += " (%s: %s)" % (kinds.get(target, "%d servers" % len(per[0])),
                                "+".join(num(med([p[i] for p in per]), ".1f")
@@ -62,7 +65,7 @@ print(f"Measured {date} on {machine}; `{command}`.  ")
 print(f"{versions}; nginx `worker_processes {nginx_workers}`. "
       f"Medians of {reps} repetition(s), targets in turn in each; wrk `-t2`, {dur} s per run"
       + (f" ({slow_dur} s in scenario 5)" if slow_dur != "0" else "") + ".\n")
-print("| scenario | target | req/s | × nginx | p50 | p99 | proxy CPU µs/req | redis CPU µs/req | notes |")
+print("| scenario | target | req/s | × nginx | p50 | p99 | proxy CPU µs/req | store CPU µs/req | notes |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---|")
 for label, target in order:
     rs = runs[(label, target)]
@@ -98,7 +101,8 @@ for label, target in order:
 
 mem = [l.strip().split("|") for l in open(memory) if l.strip()]
 if mem:
-    print("\n6. Memory per stored record, after 100,000 stored answers of 1 KiB (`POST /kib`, new keys):\n")
+    print("\n6. Memory per stored record (PostgreSQL: disk), after 100,000 stored answers of 1 KiB "
+          "(`POST /kib`, new keys):\n")
     print("| store | records stored | measure | delta | bytes/record | idemproxy RSS growth/record | evictions |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for target, records, what, delta, rss, ev in mem:
@@ -111,11 +115,13 @@ print("\nCPU µs/req: utime+stime over the run, per request completed, of the pr
       "it: the one redis-server of idemproxy-redis and -rediss (plain TCP and TLS to the same "
       "one); the 3 masters of the Redis Cluster (no replicas) of idemproxy-cluster and -x2, "
       "their sum and each one's share; and of idemproxy-redis-wait (`--redis-wait-replicas 1`: "
-      "a WAIT after each write), its master's and its replica's. "
+      "a WAIT after each write), its master's and its replica's; of idemproxy-postgres, every "
+      "process of the PostgreSQL server (the postmaster and its children: the proxy's "
+      "backends, the WAL writer, the checkpointer), summed. "
       "idemproxy-cluster-x2: two proxies on the one cluster, each driven by its own wrk "
       "(`-t1`, half the connections: the same offered load as the other rows); req/s is the "
-      "sum of the two, p50 and p99 the larger of the two wrks'. The cluster, WAIT and "
-      "routes50 targets run scenarios 1 (64 connections) and 2 only; in 2 (one key) on the "
+      "sum of the two, p50 and p99 the larger of the two wrks'. The cluster, WAIT, PostgreSQL "
+      "and routes50 targets run scenarios 1 (64 connections) and 2 only; in 2 (one key) on the "
       "cluster the master of that key's slot answers every request. idemproxy-routes50 is idemproxy-memory with 50 routes, the "
       "request matching the last: the difference is what route matching costs. "
       "× nginx: the median of the per-repetition ratios.")

@@ -2,17 +2,33 @@
 -- (ms), $5 keep (ms), $6 take over a lapsed lock or an unknown key
 -- (on-unknown-outcome retry; false: a lapsed lock becomes unknown), $7
 -- what an unknown record says of its request. lua/acquire.lua's state
--- machine: a row that expired counts as none. The insert, or the update
--- of a row it may change, answers with the row as it made it; otherwise
--- the row as it is answers. No row at all (a row inserted by another
--- proxy after this statement's snapshot) is answered by sending it again.
+-- machine: a row that expired counts as none.
+-- The row as this statement's snapshot has it answers by itself when no
+-- change follows from it (another fingerprint, completed, in flight, this
+-- token's own lock, unknown without a take-over): then nothing is written
+-- and the commit waits for no disk, which is what a replay costs. Else the
+-- insert, or the update of the row it may change, answers with the row as
+-- it made it. No row at all (a row another proxy inserted after this
+-- statement's snapshot, and would not give up) is answered by sending it
+-- again.
 -- Columns: state, changed (this statement made the row), mismatch, mine
 -- (the token is $3), cause, about, head, body.
-WITH ins AS (
+WITH cur AS (
+    SELECT state, fp, token, lease_until, cause, about, head, body
+    FROM idemproxy_keys
+    WHERE key = $1 AND expires_at > now()
+),
+ins AS (
     INSERT INTO idemproxy_keys AS k
         (key, state, fp, token, changed_at, lease_until, keep_ms, expires_at)
-    VALUES ($1, 'L', $2, $3, now(), now() + $4::bigint * interval '1 millisecond', $5::bigint,
-            now() + ($4::bigint + $5::bigint) * interval '1 millisecond')
+    SELECT $1::text, 'L', $2::bytea, $3::text, now(),
+           now() + $4::bigint * interval '1 millisecond', $5::bigint,
+           now() + ($4::bigint + $5::bigint) * interval '1 millisecond'
+    WHERE NOT EXISTS (
+        SELECT FROM cur
+        WHERE fp <> $2::bytea OR state = 'C'
+           OR (state = 'L' AND (token = $3::text OR lease_until > now()))
+           OR (state = 'U' AND NOT $6::boolean))
     ON CONFLICT (key) DO UPDATE SET
         state = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
                      THEN 'U' ELSE 'L' END,
@@ -37,11 +53,11 @@ WITH ins AS (
        OR (k.fp = EXCLUDED.fp
            AND ((k.state = 'L' AND k.token <> EXCLUDED.token AND k.lease_until <= now())
                 OR (k.state = 'U' AND $6::boolean)))
-    RETURNING k.state, true AS changed, false AS mismatch, k.token = $3 AS mine, k.cause, k.about,
-              NULL::bytea AS head, NULL::bytea AS body
+    RETURNING k.state, true AS changed, false AS mismatch, k.token = $3::text AS mine, k.cause,
+              k.about, NULL::bytea AS head, NULL::bytea AS body
 )
 SELECT * FROM ins
 UNION ALL
-SELECT state, false, fp <> $2, token = $3, cause, about, head, body
-FROM idemproxy_keys
-WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT FROM ins)
+SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about, head, body
+FROM cur
+WHERE NOT EXISTS (SELECT FROM ins)

@@ -224,8 +224,9 @@ class PgServer:
 
 
 def main():
-    """`pg_fixtures.py server`: starts one server, prints its URL, and stops
-    and removes it on SIGTERM (scripts/test's server for the store suite)."""
+    """`pg_fixtures.py server`: starts one server, prints its URL and its
+    postmaster's PID on one line, and stops and removes it on SIGTERM
+    (scripts/test's server for the store suite, scripts/bench's)."""
     import sys
     if sys.argv[1:] != ["server"]:
         print("usage: pg_fixtures.py server", file=sys.stderr)
@@ -233,7 +234,7 @@ def main():
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     with PgServer() as pg:
-        print(pg.url, flush=True)
+        print(pg.url, pg.pid(), flush=True)
         while not stop:
             signal.pause() if hasattr(signal, "pause") else time.sleep(1)
     return 0

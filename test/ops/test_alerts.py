@@ -48,7 +48,7 @@ REQUIRED_ALERTS = {
     "IdemproxyStoreUnavailable", "IdemproxyHigh5xxRatio", "IdemproxyUpstreamErrors",
     "IdemproxyLockLost", "IdemproxyMemoryStoreNearlyFull", "IdemproxyMemoryStoreEvicting",
     "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed", "IdemproxyUnknownOutcome",
-    "IdemproxyStoreNotDurable",
+    "IdemproxyStoreNotDurable", "IdemproxyPostgresDisconnected",
 }
 RUNBOOK = "doc/operations.md, Alert runbook → %s"
 

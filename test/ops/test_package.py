@@ -39,7 +39,8 @@ def test_the_package_holds_the_files_in_debian_s_places(deb):
     for f in ("/usr/bin/idemproxy", "/usr/share/man/man1/idemproxy.1.gz",
               "/lib/systemd/system/idemproxy.service", *CONFFILES,
               "/usr/share/idemproxy/prometheus/idemproxy.rules.yml",
-              "/usr/share/idemproxy/grafana/idemproxy.json", "/usr/share/doc/idemproxy/copyright"):
+              "/usr/share/idemproxy/grafana/idemproxy.json", "/usr/share/doc/idemproxy/copyright",
+              "/usr/share/idemproxy/postgresql/schema.sql"):
         assert f in files, f"{f} is not in the package:\n{listing}"
 
 
