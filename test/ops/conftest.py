@@ -91,6 +91,20 @@ def stop(proc):
 
 
 @pytest.fixture(scope="session")
+def pg_url():
+    """scripts/test's PostgreSQL (IDEMPROXY_TEST_PG_URL), else a server started
+    here (test/integration/pg_fixtures.py)."""
+    if os.environ.get("IDEMPROXY_TEST_PG_URL"):
+        yield os.environ["IDEMPROXY_TEST_PG_URL"]
+        return
+    sys.path.insert(0, str(ROOT / "test" / "integration"))
+    sys.path.insert(0, str(ROOT / "test"))
+    from pg_fixtures import PgServer
+    with PgServer() as pg:
+        yield pg.url
+
+
+@pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     """scripts/test's Redis (IDEMPROXY_TEST_REDIS_URL), else a redis-server
     started here on a free loopback port."""

@@ -11,13 +11,14 @@ exports.
   Grafana's variables replaced by values, passes `promtool check rules` as a
   recording rule;
 - every metric the rules and the dashboard name is in a real scrape of the
-  proxy (memory store, and Redis), the dashboard shows every family the proxy
+  proxy (memory store, Redis and PostgreSQL), the dashboard shows every family the proxy
   exports, and both scrapes pass `promtool check metrics`;
 - the dashboard's JSON is importable: unique ids, a grid position and the
   datasource variable on every panel, the panels doc/operations.md names.
 
 Redis: IDEMPROXY_TEST_REDIS_URL when set (scripts/test exports one), else a
-redis-server started here on a free port.
+redis-server started here on a free port; PostgreSQL: IDEMPROXY_TEST_PG_URL,
+else a server of pg_fixtures.py.
 
 Run: IDEMPROXY_PROMTOOL=build-tools/prometheus/usr/bin/promtool
      IDEMPROXY_BIN=build/src/idemproxy
@@ -58,11 +59,12 @@ REQUIRED_PANELS = {
     "Memory store use", "Memory store entries and reclaims", "Redis connected",
     "Redis failovers and redirections", "Unreplicated writes", "Config reloads", "Locks lost",
     "Keys with an unknown outcome", "Store keeps its keys through a restart",
+    "PostgreSQL connected", "PostgreSQL expired rows deleted",
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# 30 panel targets, 1 annotation query, 2 variable queries: an extraction that
+# 32 panel targets, 1 annotation query, 2 variable queries: an extraction that
 # misses some (or all) of them fails here rather than checking nothing.
-DASHBOARD_QUERIES = 33
+DASHBOARD_QUERIES = 35
 
 # Grafana's variables, as valid PromQL: durations for the built-in ones,
 # a regex matching anything for the dashboard's own (used with =~).
@@ -216,11 +218,12 @@ def rule_exprs():
 
 
 @pytest.fixture(scope="module")
-def scrapes(tmp_path_factory, redis_url):
+def scrapes(tmp_path_factory, redis_url, pg_url):
     """{store: /metrics text} of a real proxy on each store."""
     d = tmp_path_factory.mktemp("proxy")
     return {"memory": scrape_proxy(d, "memory", []),
-            "redis": scrape_proxy(d, "redis", ["--redis", redis_url])}
+            "redis": scrape_proxy(d, "redis", ["--redis", redis_url]),
+            "postgresql": scrape_proxy(d, "postgresql", ["--store", pg_url])}
 
 
 # --------------------------------------------------------------------------- rules
@@ -344,7 +347,7 @@ def test_dashboard_shows_every_exported_family(scrapes):
     assert not set(families) - shown, "families no panel shows: %s" % sorted(set(families) - shown)
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["memory", "redis", "postgresql"])
 def test_scrape_passes_promtool_check_metrics(scrapes, store):
     assert "idemproxy_requests_total{" in scrapes[store]
     out = assert_promtool_ok("check", "metrics", stdin=scrapes[store])
