@@ -76,16 +76,18 @@ static void list_add(char *out, size_t len, bool first, const char *s)
     snprintf(out + used, len - used, "%s%s", first ? "" : ",", s);
 }
 
-int store_pg_target(struct store_pg *st, struct pg_target *t, char *why, size_t why_len)
+int store_pg_target(struct store_pg *st, unsigned rotate, struct pg_target *t, char *why,
+                    size_t why_len)
 {
     struct pg_url_hosts h;
     unsigned n = 0;
 
     t->host[0] = t->hostaddr[0] = t->port[0] = '\0';
-    if (!st->names || pg_url_hosts(st->url, &h) < 0)
-        return 0; /* the URL as it is: nothing to look up */
+    if (pg_url_hosts(st->url, &h) < 0 || h.hostaddr || (!st->names && rotate % h.n == 0))
+        return 0; /* the URL as it is: nothing to look up, nor to reorder */
     pthread_mutex_lock(&st->addr_mu);
-    for (unsigned i = 0; i < h.n; i++) {
+    for (unsigned k = 0; k < h.n; k++) {
+        unsigned i = (k + rotate) % h.n; /* from the host after the one that hung */
         bool name = pg_url_host_is_name(h.host[i]);
 
         if (name && !st->addrs[i][0])

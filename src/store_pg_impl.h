@@ -100,6 +100,7 @@ struct pg_lane {
     uint32_t events;
     enum pg_lane_state state;
     uint64_t connect_deadline_ms;
+    unsigned rotate;      /* the store's <rotate> its connect started from */
     uint64_t retry_at_ms; /* no connect attempt before this */
     uint64_t backoff_ms;  /* the wait after the last failure; 0: it worked */
     int last_err;         /* what ops get inside the backoff */
@@ -124,7 +125,9 @@ struct store_pg {
     char name[512];           /* the URL with its passwords hidden: what the log calls it */
     uint64_t timeout_ms;
     uint64_t reap_ms;
-    bool names; /* the URL names hosts to look up (store_pg_hosts.c); set once */
+    bool names;         /* the URL names hosts to look up (store_pg_hosts.c); set once */
+    atomic_uint rotate; /* connects start from the URL's host of this index: the hosts
+                           before it hung a connect */
     pthread_mutex_t addr_mu;
     char addrs[PG_URL_MAX_HOSTS][INET6_ADDRSTRLEN]; /* under addr_mu: each host's last address */
     char resolve_why[400];                          /* under addr_mu: the last lookup's failure */
@@ -198,9 +201,12 @@ bool store_pg_has_names(const char *url);
 /* Looks the URL's host names up (blocking: never on a loop thread). */
 void store_pg_look_up(struct store_pg *st);
 
-/* Where to connect now, into <t>. Returns 0: the URL as it is (nothing to
- * look up); 1: <t>'s lists; -ENXIO with why when no host name resolves. */
-int store_pg_target(struct store_pg *st, struct pg_target *t, char *why, size_t why_len);
+/* Where to connect now, into <t>: the URL's hosts from its <rotate>th on
+ * (a connect that hung on one host starts from the next), names given
+ * their addresses. Returns 0: the URL as it is (nothing to look up or
+ * reorder); 1: <t>'s lists; -ENXIO with why when no host name resolves. */
+int store_pg_target(struct store_pg *st, unsigned rotate, struct pg_target *t, char *why,
+                    size_t why_len);
 
 /* ---- store_pg.c ---- */
 

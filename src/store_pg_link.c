@@ -365,7 +365,10 @@ static void lane_connect(struct pg_lane *ln)
     const char *keys[8], *vals[8];
     struct pg_target t;
     char why[400];
-    int n = 0, r = store_pg_target(st, &t, why, sizeof(why));
+    int n = 0, r;
+
+    ln->rotate = atomic_load(&st->rotate);
+    r = store_pg_target(st, ln->rotate, &t, why, sizeof(why));
 
     if (r < 0) {
         lane_drop(ln, r, why);
@@ -674,9 +677,18 @@ static void lane_expire(struct pg_lane *ln, uint64_t now)
     struct list expired;
     struct list_node *n, *tmp;
 
-    if ((ln->state == LANE_CONNECTING || (ln->state > LANE_CONNECTING && ln->state < LANE_READY)) &&
-        now >= ln->connect_deadline_ms) {
-        lane_drop(ln, -ETIMEDOUT, "no connection set up in time");
+    if (ln->state > LANE_DOWN && ln->state < LANE_READY && now >= ln->connect_deadline_ms) {
+        char why[400];
+
+        unsigned used = ln->rotate;
+
+        /* A host that swallows packets holds libpq's connect for good: every
+         * lane's next try starts from the host after it (once, however
+         * many lanes hung on it). */
+        snprintf(why, sizeof(why), "no connection set up in time (%.300s did not answer)",
+                 PQhost(ln->conn) ? PQhost(ln->conn) : "the server");
+        atomic_compare_exchange_strong(&ln->st->rotate, &used, used + 1);
+        lane_drop(ln, -ETIMEDOUT, why);
     }
     list_for_each_safe(&ln->sent, n, tmp)
     {

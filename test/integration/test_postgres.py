@@ -9,6 +9,7 @@ proxy, and the background job that deletes expired rows.
 The semantics every store shares run on PostgreSQL in the suite's PostgreSQL
 pass (IDEMPROXY_TEST_STORE=postgresql: conftest.py)."""
 import os
+import socket
 import threading
 import time
 
@@ -255,6 +256,25 @@ def test_postgres_failover_to_a_promoted_replica_without_a_restart(proxy, upstre
         executes_then_replays(p, upstream)
     finally:
         replica.remove()
+
+
+@store_independent
+def test_postgres_host_that_never_answers_is_passed_over(proxy, upstream, pg):
+    """The first host of a multi-host URL accepts connections and never says
+    a word (a machine gone, a black hole): libpq would wait on it for good;
+    the proxy gives up on it after a while and starts from the next host."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        url = ("postgresql://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres"
+               "?target_session_attrs=read-write" % (silent.getsockname()[1], pg.port))
+        p = proxy("--store", url, "--store-timeout", "1")
+        wait_for(lambda: readyz(p) == 200, timeout=20, what="/readyz 200 on the second host")
+        executes_then_replays(p, upstream)
+        assert "no connection set up in time (127.0.0.1 did not answer)" in p.stderr()
+    finally:
+        silent.close()
 
 
 @store_independent
