@@ -14,7 +14,7 @@ MEMORY has one line per store of scenario 6: target|records|measure|delta|rss|ev
 REDIS_SERVERS has one line per target with store servers: target|what they are
 ("redis-server", "3 masters", "master+replica", "postgres": its processes, summed).
 """
-import sys, statistics, math
+import sys, statistics
 results, memory, redis_servers, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, \
     clk = sys.argv[1:]
 tick_us = 1e6 / int(clk)

@@ -159,3 +159,26 @@ bool pg_url_host_is_name(const char *host)
     return host[0] && host[0] != '/' && host[0] != '@' && inet_pton(AF_INET, host, a) != 1 &&
            inet_pton(AF_INET6, host, a) != 1;
 }
+
+size_t pg_text_escape(const char *in, size_t n, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t len = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)in[i];
+        bool plain = c >= 0x20 && c < 0x7f;
+
+        if (len + (plain ? 1 : 3) >= cap)
+            break;
+        if (plain) {
+            out[len++] = (char)c;
+        } else {
+            out[len++] = '%';
+            out[len++] = hex[c >> 4];
+            out[len++] = hex[c & 15];
+        }
+    }
+    out[len] = '\0';
+    return len;
+}

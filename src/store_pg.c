@@ -44,27 +44,15 @@ struct span store_pg_field(const PGresult *res, int row, int col)
 /* ---- parameters ---- */
 
 /* Puts <about> into the op's <head> as text PostgreSQL takes whatever the
- * client sent: a byte outside printable ASCII is written %XX. */
+ * client sent (pg_text_escape(): no byte sequence that is not UTF-8, no NUL). */
 static int op_set_about(struct pg_op *op, const struct store_about *about)
 {
     char raw[STORE_ABOUT_MAX];
     size_t n = store_about_format(about, raw, sizeof(raw));
-    static const char hex[] = "0123456789ABCDEF";
 
     if (buf_reserve(&op->head, n * 3 + 1) < 0)
         return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)raw[i];
-
-        if (c < 0x20 || c >= 0x7f || c == '%') {
-            op->head.data[op->head.len++] = '%';
-            op->head.data[op->head.len++] = hex[c >> 4];
-            op->head.data[op->head.len++] = hex[c & 15];
-        } else {
-            op->head.data[op->head.len++] = (char)c;
-        }
-    }
-    op->head.data[op->head.len] = '\0';
+    op->head.len = pg_text_escape(raw, n, op->head.data, n * 3 + 1);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* PostgreSQL URLs (SPEC §10): libpq's URI form, postgresql:// or
  * postgres://, checked by libpq's own parser, and shown with every password
- * hidden. Pure functions. */
+ * hidden; and client bytes made into text PostgreSQL takes. Pure functions. */
 #ifndef IDEMPROXY_PG_URL_H
 #define IDEMPROXY_PG_URL_H
 
@@ -39,5 +39,12 @@ bool pg_url_host_is_name(const char *host);
  * user info and the values of its password and sslpassword parameters
  * replaced by "***". */
 void pg_url_redact(const char *s, char *out, size_t len);
+
+/* Writes the <n> bytes of <in> into <out> (<cap> bytes, at least 1) as
+ * printable ASCII, which any server encoding takes as text: each byte
+ * outside 0x20-0x7E as %XX (upper-case hex), the rest as they are; stops
+ * before a byte whose form would not fit. NUL-terminated; returns its
+ * length. */
+size_t pg_text_escape(const char *in, size_t n, char *out, size_t cap);
 
 #endif

@@ -225,3 +225,16 @@ for name, v in {
     "composite-bad": 'x\nok\n\na b\n\x7f',
 }.items():
     write("fuzz_keysource", name, v)
+
+# fuzz_pg_url: a PostgreSQL URL (and the same bytes as text to escape).
+for name, v in {
+    "plain": "postgresql://app@db.internal:5432/pay",
+    "password": "postgresql://app:s3cret@db/pay?sslpassword=k&password=p",
+    "hosts": "postgres://a:1,b:2,[::1]:3/db?target_session_attrs=read-write&port=5432",
+    "params": "postgresql:///db?host=/tmp&hostaddr=127.0.0.1&sslmode=verify-full",
+    "bad-param": "postgresql://h/db?nosuch=1",
+    "encoded": "postgresql://a%40b:p%3Aw@h/d%2Fb",
+    "bytes": "postgresql://h/\xff\xfe\x00x?\x7f=\x01",
+    "many-hosts": "postgresql://" + ",".join("h%d" % i for i in range(20)) + "/db",
+}.items():
+    write("fuzz_pg_url", name, v)

@@ -318,3 +318,33 @@ def test_postgres_url_is_checked_at_start_and_redis_options_refused(upstream):
     r = run_binary(["--upstream", upstream.url, "--store",
                     "postgresql://127.0.0.1:1/db?sslmode=sometimes"], timeout=20)
     assert r.returncode == 2 and b"invalid sslmode value" in r.stderr, r.stderr
+
+
+def sf_string(key):
+    """<key> as an RFC 8941 sf-string: quoted, its \\ and " escaped."""
+    return '"%s"' % key.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@store_independent
+def test_postgres_hostile_keys_and_targets_are_parameters(proxy, upstream, pg):
+    """What a client sends reaches PostgreSQL as bound parameters: a key made
+    of SQL, and a target with bytes that are no UTF-8, change nothing but
+    their own row, and read back as they went in."""
+    p = proxy("--store", pg.url)
+    key = "a';DROP-TABLE-idemproxy_keys;--\\\"$1"
+    req = ("POST", "/echo", [("Idempotency-Key", sf_string(key))], b"sql")
+    st, h, body = p.request(*req)
+    assert st == 201 and hone(h, REPLAY) == "false", (st, body)
+    st, h, _ = p.request(*req)
+    assert st == 201 and hone(h, REPLAY) == "true"
+    assert [r[0].split(":", 2)[2] for r in pg.sql("SELECT key FROM idemproxy_keys")] == [key]
+    # A target with bytes that are no UTF-8: its key becomes unknown, kept as %XX.
+    k2 = new_key()
+    raw = (b"POST /reset?x=\xff\xfe%41 HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + k2.encode()
+           + b"\r\nContent-Length: 3\r\nConnection: close\r\n\r\npay")
+    assert p.raw(raw)[0] == 502
+    about = pg.sql("SELECT about FROM idemproxy_keys WHERE state = 'U'")
+    assert about == [("default POST /reset?x=%FF%FE%41",)], about
+    st, _, b = p.raw(raw)  # its duplicate: refused, the upstream not called again
+    assert st == 502 and b"idempotency_outcome_unknown" in b, b
+    assert upstream.hits("/reset") == 1

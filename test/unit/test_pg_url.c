@@ -73,4 +73,26 @@ static void test_pg_url_hosts(void)
     CHECK_EQ_INT(pg_url_hosts("postgresql://h/db?nosuch=1", &h), -EINVAL);
 }
 
-TEST_MAIN(test_pg_url_is_and_check, test_pg_url_redact, test_pg_url_hosts)
+static void test_pg_text_escape(void)
+{
+    char out[32];
+
+    CHECK_EQ_INT(pg_text_escape("POST /a?x=%41", 13, out, sizeof(out)), 13);
+    CHECK_EQ_STR(out, "POST /a?x=%41");
+    CHECK_EQ_INT(pg_text_escape("a\xff"
+                                "\x00"
+                                "b\n",
+                                5, out, sizeof(out)),
+                 11);
+    CHECK_EQ_STR(out, "a%FF%00b%0A");
+    /* cut before a form that would not fit, never inside one */
+    CHECK_EQ_INT(pg_text_escape("ab\xff"
+                                "c",
+                                4, out, 5),
+                 2);
+    CHECK_EQ_STR(out, "ab");
+    CHECK_EQ_INT(pg_text_escape("abc", 3, out, 1), 0);
+    CHECK_EQ_STR(out, "");
+}
+
+TEST_MAIN(test_pg_url_is_and_check, test_pg_url_redact, test_pg_url_hosts, test_pg_text_escape)
