@@ -120,8 +120,8 @@ static const struct opt opts[] = {
       "libpq's URI), or any --redis URL; none: --redis, else the in-process memory store",
       K_STORE, CONFIG_RESTART, F(store_url), 0, NULL, false, false },
     { "--store-password-file", "IDEMPROXY_STORE_PASSWORD_FILE", "FILE", NULL,
-      "the store's password: the file's first line, which beats one in the URL (and stays out "
-      "of the process list)",
+      "the store's password: the file's first line, which beats one in the URL and "
+      "--redis-password-file's (and stays out of the process list)",
       K_PASSWORD_FILE, CONFIG_RESTART | CONFIG_SECRET, F(store_password_file), F(store_password),
       NULL, false, false },
     { "--redis", "IDEMPROXY_REDIS_URL", "URL", NULL,

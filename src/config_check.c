@@ -119,20 +119,13 @@ static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
     return 0;
 }
 
-/* One store: --store, or --redis (an older name for a Redis one), and one
- * password file. */
+/* One store: --store, or --redis (an older name for a Redis one). */
 static int check_one_store(const struct config *cfg, char *err, size_t errlen)
 {
     if (cfg->store_url && cfg->redis_url) {
         snprintf(err, errlen,
                  "--store: give the store's URL once: --store and --redis both name one "
                  "(--store takes Redis URLs too)");
-        return -EINVAL;
-    }
-    if (cfg->store_password_file && cfg->redis_password_file) {
-        snprintf(err, errlen,
-                 "--store-password-file: give the store's password once: "
-                 "--redis-password-file names one too");
         return -EINVAL;
     }
     return 0;

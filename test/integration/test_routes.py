@@ -1575,6 +1575,8 @@ def test_every_help_option_is_a_file_key(tmp_path):
     # options with no default: a valid sample value
     samples = {
         "--upstream": "http://127.0.0.1:3000",
+        "--store": "",  # none: --redis names the store (one of the two, not both)
+        "--store-password-file": str(tmp_path / "password"),
         "--redis": "rediss://127.0.0.1:6380",  # rediss: the TLS options below apply
         "--redis-password-file": str(tmp_path / "password"),
         "--redis-tls-ca-file": str(tmp_path / "ca.pem"),

@@ -32,6 +32,7 @@ INSTALLED = {
     "share/doc/idemproxy/examples/payments-api.yaml",
     "share/idemproxy/prometheus/idemproxy.rules.yml",
     "share/idemproxy/grafana/idemproxy.json",
+    "share/idemproxy/postgresql/schema.sql",
 }
 
 
@@ -163,8 +164,8 @@ def allowed_syscalls(unit):
     return allowed
 
 
-@pytest.fixture(scope="module", params=["memory", "redis"])
-def traced(request, prefix, tmp_path_factory, redis_url):
+@pytest.fixture(scope="module", params=["memory", "redis", "postgresql"])
+def traced(request, prefix, tmp_path_factory, redis_url, pg_url):
     """The installed proxy, started as the unit starts it (IDEMPROXY_CONFIG,
     a config file with a route), under strace -f, through a workload: a new
     key through an upstream named by host name, its replay, the key reused
@@ -178,6 +179,7 @@ def traced(request, prefix, tmp_path_factory, redis_url):
     conf.write_text(f"upstream: http://localhost:{up.port}\nlisten: 127.0.0.1:{port}\n"
                     f"admin-listen: 127.0.0.1:{admin}\n"
                     + (f"redis: {redis_url}\n" if request.param == "redis" else "")
+                    + (f"store: {pg_url}\n" if request.param == "postgresql" else "")
                     + "routes:\n  - name: hooks\n    match: {path: /api/*}\n    key: {json: /id}\n")
     log = tmp_path / "strace.log"
     env = {"PATH": os.environ["PATH"], "IDEMPROXY_CONFIG": str(conf)}

@@ -101,8 +101,10 @@ static void test_config_defaults(void)
     CHECK_EQ_INT(c.route.max_ttl_ms, 604800000);
     CHECK_EQ_STR(c.route.ttl_header, "X-TTL");
     CHECK_EQ_INT(c.route.lock_ttl_ms, 30000);
-    CHECK(c.route.no_cache[500] && c.route.no_cache[503] && c.route.no_cache[599] && c.route.no_cache[429]);
-    CHECK(!c.route.no_cache[200] && !c.route.no_cache[404] && !c.route.no_cache[428] && !c.route.no_cache[499]);
+    CHECK(c.route.no_cache[500] && c.route.no_cache[503] && c.route.no_cache[599] &&
+          c.route.no_cache[429]);
+    CHECK(!c.route.no_cache[200] && !c.route.no_cache[404] && !c.route.no_cache[428] &&
+          !c.route.no_cache[499]);
     CHECK_EQ_INT(c.route.max_body_bytes, 1024 * 1024);
     CHECK_EQ_INT(c.route.max_response_bytes, 4 * 1024 * 1024);
     CHECK_EQ_INT(c.memory_max_bytes, 256 * 1024 * 1024);
@@ -140,13 +142,13 @@ static void test_config_flag_beats_env_beats_default(void)
     CHECK_EQ_INT(c.route.max_body_bytes, 3 * 1024); /* flag */
     CHECK_EQ_INT(c.listen.sa.ss_family, AF_INET);
     CHECK_EQ_INT(addr_port(&c.listen), 7001);    /* flag */
-    CHECK_EQ_INT(c.log_level, LOG_LEVEL_DEBUG); /* env */
+    CHECK_EQ_INT(c.log_level, LOG_LEVEL_DEBUG);  /* env */
     CHECK_EQ_INT(c.log_format, LOG_FORMAT_JSON); /* env */
     CHECK_EQ_INT(c.on_store_error, CONFIG_ON_STORE_ERROR_PASSTHROUGH);
-    CHECK_EQ_STR(c.key_prefix, "env:");                  /* env */
+    CHECK_EQ_STR(c.key_prefix, "env:");                        /* env */
     CHECK(c.route.require_key);                                /* env */
     CHECK_EQ_INT(c.route.wait_ms, 2000);                       /* env */
-    CHECK(!c.route.no_cache[500] && !c.route.no_cache[429]);         /* env "": cache everything */
+    CHECK(!c.route.no_cache[500] && !c.route.no_cache[429]);   /* env "": cache everything */
     CHECK_EQ_INT(c.route.max_response_bytes, 4 * 1024 * 1024); /* default */
     config_done(&c);
 
@@ -692,7 +694,7 @@ static void test_config_errors_name_the_option(void)
         { { "--upstream", "ftp://x" }, NULL, "--upstream: 'ftp://x'", "http://" },
         { { "--upstream", "http://x/?a=1" }, NULL, "--upstream:", NULL },
         { { "--upstream", "http://x/#f" }, NULL, "--upstream:", NULL },
-        { { "--upstream", "http://x/#" }, NULL, "--upstream:", NULL },  /* curl drops an empty one */
+        { { "--upstream", "http://x/#" }, NULL, "--upstream:", NULL }, /* curl drops an empty one */
         { { "--upstream", "http://x/?" }, NULL, "--upstream:", NULL },
         { { "--upstream", "http:/e://t\xa0#" }, NULL, "--upstream:", NULL }, /* fuzz_config */
         { { "--upstream", "http://" }, NULL, "--upstream:", NULL },
@@ -702,7 +704,9 @@ static void test_config_errors_name_the_option(void)
         { { "--upstream", "127.0.0.1:3000" }, NULL, "--upstream:", NULL },
         { { "--redis", "http://x" }, NULL, "--redis: 'http://x'", "redis://" },
         /* the parser's reason, and never the password */
-        { { "--redis", "redis://u:hunter2@h:0" }, NULL, "--redis: 'redis://u:***@h:0'",
+        { { "--redis", "redis://u:hunter2@h:0" },
+          NULL,
+          "--redis: 'redis://u:***@h:0'",
           "1 to 65535" },
         { { "--redis", "redis-sentinel://s1" }, NULL, "--redis:", "needs ?master=NAME" },
         { { "--methods", "" }, NULL, "--methods: ''", "POST,PUT,PATCH" },
@@ -947,7 +951,8 @@ static void test_config_done_is_idempotent(void)
     CHECK(c.upstream == NULL && c.redis_url == NULL && c.key_header == NULL);
     CHECK(c.route.replay_header == NULL && c.key_prefix == NULL && c.route.ttl_header == NULL);
     CHECK(c.route.methods[0] == NULL && c.route.nmethods == 0);
-    CHECK(c.route.scope_headers[0] == NULL && c.route.scope_headers[1] == NULL && c.route.nscope_headers == 0);
+    CHECK(c.route.scope_headers[0] == NULL && c.route.scope_headers[1] == NULL &&
+          c.route.nscope_headers == 0);
     config_done(&c);
     CHECK(c.upstream == NULL);
 }
@@ -1050,7 +1055,8 @@ static void test_config_route_settings_copy_and_options(void)
     CHECK_EQ_STR(copy.replay_header, c.route.replay_header);
     CHECK_EQ_INT(copy.nscope_headers, 1);
     CHECK(copy.scope_headers[0] != c.route.scope_headers[0]);
-    CHECK_EQ_INT(config_set_route_option(&copy, "scope-header", items, 2, true, why, sizeof(why)), 0);
+    CHECK_EQ_INT(config_set_route_option(&copy, "scope-header", items, 2, true, why, sizeof(why)),
+                 0);
     CHECK_EQ_INT(copy.nscope_headers, 2);
     CHECK_EQ_INT(c.route.nscope_headers, 1); /* the original is untouched */
     CHECK_EQ_INT(config_set_route_option(&copy, "listen", items, 1, false, why, sizeof(why)),
@@ -1066,15 +1072,70 @@ static void test_config_route_settings_copy_and_options(void)
     config_done(&c);
 }
 
+static void test_config_store_url_and_password(void)
+{
+    struct config c;
+    char dir[] = "/tmp/idemproxy-test-store-XXXXXX", pw1[64], pw2[64];
+    FILE *f;
+
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(pw1, sizeof(pw1), "%s/store", dir);
+    snprintf(pw2, sizeof(pw2), "%s/redis", dir);
+    f = fopen(pw1, "w");
+    fputs("from-store\n", f);
+    fclose(f);
+    f = fopen(pw2, "w");
+    fputs("from-redis\n", f);
+    fclose(f);
+    /* --store takes PostgreSQL's URLs and Redis's; --redis, Redis's only */
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--store",
+                           "postgresql://app@h1,h2/pay?target_session_attrs=read-write", NULL),
+                 0);
+    CHECK_EQ_STR(config_store_url(&c),
+                 "postgresql://app@h1,h2/pay?target_session_attrs=read-write");
+    CHECK(config_store_password(&c) == NULL);
+    config_done(&c);
+    CHECK_EQ_INT(
+        load_bare(&c, ENV("IDEMPROXY_STORE_URL=redis://h:1"), "--upstream", UPSTREAM, NULL), 0);
+    CHECK_EQ_STR(config_store_url(&c), "redis://h:1");
+    config_done(&c);
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--redis", "redis://h", NULL), 0);
+    CHECK_EQ_STR(config_store_url(&c), "redis://h");
+    config_done(&c);
+    CHECK_EQ_INT(load_bare(&c, NOENV, "--upstream", UPSTREAM, "--redis", "postgresql://h/db", NULL),
+                 -EINVAL);
+    CHECK(strstr(err, "a PostgreSQL URL goes in --store") != NULL);
+    config_done(&c);
+    CHECK_EQ_INT(
+        load_bare(&c, NOENV, "--upstream", UPSTREAM, "--store", "postgresql://h/db?x=1", NULL),
+        -EINVAL);
+    CHECK(strstr(err, "--store: ") == err && strstr(err, "\"x\"") != NULL);
+    config_done(&c);
+    /* one store URL */
+    CHECK_EQ_INT(load(&c, NOENV, "--store", "postgresql://h/db", NULL), -EINVAL);
+    CHECK(strstr(err, "--store: give the store's URL once") == err);
+    config_done(&c);
+    /* the password: --store-password-file's beats --redis-password-file's */
+    CHECK_EQ_INT(load(&c, NOENV, "--redis-password-file", pw2, NULL), 0);
+    CHECK_EQ_STR(config_store_password(&c), "from-redis");
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--redis-password-file", pw2, "--store-password-file", pw1, NULL),
+                 0);
+    CHECK_EQ_STR(config_store_password(&c), "from-store");
+    config_done(&c);
+    unlink(pw1);
+    unlink(pw2);
+    rmdir(dir);
+}
+
 TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_flag_beats_env_beats_default, test_config_ttl_precedence, test_config_enabled,
           test_config_parse_bytes, test_config_parse_seconds, test_config_wait_allows_zero,
-          test_config_redis_wait,
-          test_config_parse_bool, test_config_parse_addr, test_config_parse_status_list,
-          test_config_equals_form, test_config_require_key_forms, test_config_scope_headers,
-          test_config_methods, test_config_upstream_normalized, test_config_errors_name_the_option,
-          test_config_required_options, test_config_help_and_version, test_config_print_help,
-          test_config_secret_files,
+          test_config_redis_wait, test_config_parse_bool, test_config_parse_addr,
+          test_config_parse_status_list, test_config_equals_form, test_config_require_key_forms,
+          test_config_scope_headers, test_config_methods, test_config_upstream_normalized,
+          test_config_errors_name_the_option, test_config_required_options,
+          test_config_help_and_version, test_config_print_help, test_config_secret_files,
           test_config_done_is_idempotent, test_config_diff_names_each_change_with_its_traits,
           test_config_swap_takes_only_what_sighup_may_change,
-          test_config_route_settings_copy_and_options)
+          test_config_route_settings_copy_and_options, test_config_store_url_and_password)
