@@ -854,3 +854,32 @@ def in_thread(fn, *args, **kwargs):
         return box["v"]
 
     return get
+
+
+def readyz(p):
+    """The status of p's /readyz."""
+    return p.admin_request("GET", "/readyz")[0]
+
+
+def executes_then_replays(p, upstream, body=b"x"):
+    """A new key executes once and its duplicate is replayed. Returns the key."""
+    key = new_key()
+    before = upstream.hits()
+    st, h, b = p.request("POST", "/echo", [("Idempotency-Key", key)], body)
+    assert st == 201 and hone(h, REPLAY) == "false", (st, h, b)
+    st2, h2, b2 = p.request("POST", "/echo", [("Idempotency-Key", key)], body)
+    assert st2 == 201 and hone(h2, REPLAY) == "true" and b2 == b
+    assert upstream.hits() == before + 1
+    return key
+
+
+def refused_503(p, upstream, *needles):
+    """A store that cannot be used: 503 store_unavailable, /readyz 503, the
+    upstream untouched, and each needle in the log."""
+    before = upstream.hits()
+    assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"), 503,
+                   "store_unavailable")
+    assert upstream.hits() == before
+    wait_for(lambda: readyz(p) == 503, timeout=5, what="/readyz 503")
+    for n in needles:
+        wait_for(lambda: n in p.stderr(), timeout=5, what="%r in the log" % n)

@@ -7,7 +7,7 @@ to plain TCP; plain TCP against a TLS port and TLS against a plain port
 never work either."""
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, run_binary,
+from conftest import (executes_then_replays, readyz, redis_only, refused_503, run_binary,
                       wait_for)
 from redis_fixtures import RedisInstance, TlsRedisServer, make_pki
 
@@ -49,35 +49,14 @@ def acl_redis(tmp_path_factory):
     srv.stop()
 
 
-def readyz(p):
-    return p.admin_request("GET", "/readyz")[0]
 
 
-def executes_then_replays(p, upstream):
-    key = new_key()
-    before = upstream.hits()
-    st, h, body = p.request("POST", "/echo", [("Idempotency-Key", key)], b"tls")
-    assert st == 201 and hone(h, REPLAY) == "false", (st, h, body)
-    st2, h2, body2 = p.request("POST", "/echo", [("Idempotency-Key", key)], b"tls")
-    assert st2 == 201 and hone(h2, REPLAY) == "true" and body2 == body
-    assert upstream.hits() == before + 1
-    return key
 
 
 def stored_keys(client):
     return [k for k in client.scan_iter(match="idem:*", count=1000)]
 
 
-def refused_503(p, upstream, *needles):
-    """A store that cannot be reached: 503 store_unavailable, /readyz 503, the
-    upstream untouched, and each needle in the log."""
-    before = upstream.hits()
-    assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"), 503,
-                   "store_unavailable")
-    assert upstream.hits() == before
-    wait_for(lambda: readyz(p) == 503, timeout=5, what="/readyz 503")
-    for n in needles:
-        wait_for(lambda: n in p.stderr(), timeout=5, what="%r in the log" % n)
 
 
 @redis_only
