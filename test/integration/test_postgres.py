@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, REPO, executes_then_replays, hone, metrics_value, new_key,
+from conftest import (REPLAY, REPO, executes_then_replays, hone, in_thread, metrics_value, new_key,
                       readyz, refused_503, run_binary, store_independent, wait_for)
 from pg_fixtures import PgServer
 from redis_fixtures import make_pki
@@ -327,3 +327,31 @@ def test_postgres_hostile_keys_and_targets_are_parameters(proxy, upstream, pg):
     st, _, b = p.raw(raw)  # its duplicate: refused, the upstream not called again
     assert st == 502 and b"idempotency_outcome_unknown" in b, b
     assert upstream.hits("/reset") == 1
+
+
+@store_independent
+def test_postgres_row_lives_its_ttl_and_x_ttl(proxy, upstream, pg):
+    """A completed key's row expires --ttl after its answer, or what X-TTL
+    asks (capped by --max-ttl); a lock's row lives its lease and then --ttl."""
+    p = proxy("--store", pg.url, "--ttl", "600", "--max-ttl", "3600", "--lock-ttl", "30")
+
+    def ttl_s(key):
+        return pg.sql("SELECT extract(epoch FROM expires_at - now()) FROM idemproxy_keys "
+                      "WHERE right(key, %s) = %s", (len(key) + 1, ":" + key))[0][0]
+
+    k1, k2, k3 = new_key(), new_key(), new_key()
+    assert p.request("POST", "/echo", [("Idempotency-Key", k1)], b"x")[0] == 201
+    assert 590 < ttl_s(k1) <= 600
+    assert p.request("POST", "/echo", [("Idempotency-Key", k2), ("X-TTL", "120")], b"x")[0] == 201
+    assert 110 < ttl_s(k2) <= 120
+    assert p.request("POST", "/echo", [("Idempotency-Key", k3), ("X-TTL", "999999")],
+                     b"x")[0] == 201
+    assert 3590 < ttl_s(k3) <= 3600
+    # a lock: its lease (30 s) and then the record's keep (600 s)
+    k4 = new_key()
+    get = in_thread(p.request, "POST", "/hold?id=%s" % k4, [("Idempotency-Key", k4)], b"x")
+    wait_for(lambda: upstream.received("Idempotency-Key", k4) == 1, timeout=5,
+             what="the upstream to hold the request")
+    assert 620 < ttl_s(k4) <= 630
+    upstream.release(k4)
+    assert get()[0] == 200
