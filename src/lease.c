@@ -339,16 +339,18 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
     if (err < 0 && err != -ESTALE) {
         metrics_store_error();
         if (!atomic_load(&ls->stopping) && now_ms() < atomic_load(&l->valid_until_ms)) {
+            uint64_t delay = l->backoff_ms;
+
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
             log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l), l->key,
-                     store_strerror(err), (unsigned long long)l->backoff_ms);
+                     store_strerror(err), (unsigned long long)delay);
             finish_told(l);
-            if (worker_submit_after(ls->pool, l->backoff_ms, attempt, l) == 0) {
-                l->backoff_ms = l->backoff_ms * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS
-                                                                          : l->backoff_ms * 2;
+            /* The next backoff is set before the retry is queued: it may run, and
+             * call back on another thread, before worker_submit_after() returns. */
+            l->backoff_ms = delay * 2 > FINISH_BACKOFF_MAX_MS ? FINISH_BACKOFF_MAX_MS : delay * 2;
+            if (worker_submit_after(ls->pool, delay, attempt, l) == 0)
                 return;
-            }
         }
         log_error("store %s of key %s failed (%s); giving up: the lock's lease runs out within "
                   "--lock-ttl",
