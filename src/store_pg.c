@@ -76,11 +76,6 @@ static void give_back_done(void *ctx, int err, const struct store_result *res)
     atomic_fetch_sub(&st->releases_pending, 1);
 }
 
-static void read_give_back(struct pg_op *op, int err, const PGresult *res)
-{
-    read_ok_or_stale(op, err, res);
-}
-
 /* <acq>, an acquire that was sent, failed: its answer was lost, and its
  * statement may have committed all the same. The request will not go
  * upstream, so the lock is given back with its token, retried until the
@@ -91,7 +86,7 @@ static void give_back(const struct pg_op *acq)
     struct pg_op *rel;
 
     if (atomic_fetch_add(&st->releases_pending, 1) >= GIVE_BACK_MAX ||
-        store_pg_op_new(st, SQL_RELEASE, (struct span){ acq->key, acq->key_len }, read_give_back,
+        store_pg_op_new(st, SQL_RELEASE, (struct span){ acq->key, acq->key_len }, read_ok_or_stale,
                         &rel) < 0) {
         atomic_fetch_sub(&st->releases_pending, 1);
         return;
@@ -115,22 +110,23 @@ static int acquire_result(const PGresult *res, struct store_result *r)
          mine = *PQgetvalue(res, 0, 3);
     struct span cause = store_pg_field(res, 0, 4);
 
-    if (mismatch)
+    if (mismatch) {
         r->status = STORE_MISMATCH;
-    else if (state == 'L')
+    } else if (state == 'L') {
         r->status = changed || mine ? STORE_ACQUIRED : STORE_IN_FLIGHT;
-    else if (state == 'C')
-        return record_decode(store_pg_field(res, 0, 6), store_pg_field(res, 0, 7), &r->rec) < 0
-                   ? -EPROTO
-                   : (r->status = STORE_COMPLETED, 0);
-    else if (state == 'U') {
+    } else if (state == 'C') {
+        r->status = STORE_COMPLETED;
+        if (record_decode(store_pg_field(res, 0, 6), store_pg_field(res, 0, 7), &r->rec) < 0)
+            return -EPROTO;
+    } else if (state == 'U') {
         r->status = STORE_UNKNOWN;
         r->became = changed;
         r->about = store_pg_field(res, 0, 5);
         if (store_cause_parse(cause, &r->cause) < 0)
             return -EPROTO;
-    } else
+    } else {
         return -EPROTO;
+    }
     return 0;
 }
 
