@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -29,7 +30,6 @@ import psycopg2
 try:
     from waiting import free_port, wait_for
 except ImportError:  # run as a script: test/waiting.py is one folder up
-    import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from waiting import free_port, wait_for
 
@@ -47,8 +47,22 @@ def _owner():
     raise RuntimeError("no postgres or nobody user to run PostgreSQL as")
 
 
+def _reachable_root():
+    """PostgreSQL will not run as root, and its user must reach its binaries:
+    a root directory of mode 0700 (a chroot made in a folder from mktemp)
+    lets no unprivileged user reach anything, so it is opened as every real
+    system's is (0755), and said so. Nothing changes on a machine whose /
+    others may enter."""
+    mode = os.stat("/").st_mode & 0o777
+    if os.getuid() == 0 and mode & 0o005 != 0o005:
+        os.chmod("/", mode | 0o055)
+        print("pg_fixtures: / was mode %04o, so no unprivileged user could reach anything: "
+              "made it %04o, as on any installed system" % (mode, mode | 0o055), file=sys.stderr)
+
+
 def _as_owner(cmd, **kw):
     """Runs <cmd> as the servers' user (when this process is root)."""
+    _reachable_root()
     name, uid, gid = _owner()
     if os.getuid() == 0:
         cmd = ["setpriv", "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups"] + cmd
@@ -227,7 +241,6 @@ def main():
     """`pg_fixtures.py server`: starts one server, prints its URL and its
     postmaster's PID on one line, and stops and removes it on SIGTERM
     (scripts/test's server for the store suite, scripts/bench's)."""
-    import sys
     if sys.argv[1:] != ["server"]:
         print("usage: pg_fixtures.py server", file=sys.stderr)
         return 2
