@@ -68,6 +68,17 @@ static void read_ok_or_stale(struct pg_op *op, int err, const PGresult *res)
     op->done(op->ctx, err, err == 0 ? &r : NULL);
 }
 
+/* A give-back's answer: it is sent again on any failure of the store until
+ * the lock would have expired by itself. */
+static void read_give_back(struct pg_op *op, int err, const PGresult *res)
+{
+    if (err < 0 && err != -ESTALE && err != -ECANCELED && now_ms() < op->deadline_ms) {
+        op->resend = true;
+        return;
+    }
+    read_ok_or_stale(op, err, res);
+}
+
 static void give_back_done(void *ctx, int err, const struct store_result *res)
 {
     struct store_pg *st = ctx;
@@ -86,7 +97,7 @@ static void give_back(const struct pg_op *acq)
     struct pg_op *rel;
 
     if (atomic_fetch_add(&st->releases_pending, 1) >= GIVE_BACK_MAX ||
-        store_pg_op_new(st, SQL_RELEASE, (struct span){ acq->key, acq->key_len }, read_ok_or_stale,
+        store_pg_op_new(st, SQL_RELEASE, (struct span){ acq->key, acq->key_len }, read_give_back,
                         &rel) < 0) {
         atomic_fetch_sub(&st->releases_pending, 1);
         return;

@@ -168,13 +168,16 @@ int store_pg_result_err(struct store_pg *st, const PGresult *res)
 static void op_finish(struct pg_lane *ln, struct pg_op *op, int err, const PGresult *res)
 {
     op->fn(op, err, err == 0 ? res : NULL);
-    if (op->resend && !atomic_load(&ln->st->stopping)) {
+    if (op->resend) {
         op->resend = false;
-        op->ended = false;
-        PQclear(op->res);
-        op->res = NULL;
-        list_append(&ln->waiting, &op->node);
-        return;
+        if (!atomic_load(&ln->st->stopping)) {
+            op->ended = false;
+            PQclear(op->res);
+            op->res = NULL;
+            list_append(&ln->waiting, &op->node);
+            return;
+        }
+        op->fn(op, -ECANCELED, NULL); /* the store is stopping: it calls back now */
     }
     store_pg_op_free(op);
 }
