@@ -77,6 +77,7 @@ class PgServer:
         """<tls>: (certificate, key) files the server presents (ssl = on);
         plain TCP is still accepted."""
         self.tls = tls
+        self._started = False
         self.port = free_port()
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="idemproxy-pg-")
@@ -135,7 +136,24 @@ class PgServer:
         return self
 
     def start(self):
-        self._ctl("-w", "-t", "30", "start")
+        """pg_ctl start. Its first start takes another free port when the one
+        picked was taken meanwhile (free_port() can only say what was free);
+        a restart keeps its port, which clients name."""
+        for tries_left in (2, 1, 0):
+            logged = os.path.getsize(self.log) if os.path.exists(self.log) else 0
+            r = self._ctl("-w", "-t", "30", "start", check=False)
+            if r.returncode == 0:
+                break
+            with open(self.log, errors="replace") as f:
+                f.seek(logged)
+                taken = "could not bind" in f.read()
+            if not (taken and not self._started and tries_left):
+                raise RuntimeError("pg_ctl start: %s%s\n%s" % (r.stdout, r.stderr,
+                                                                 self.log_text()))
+            self.port = free_port()
+            with open(os.path.join(self.data, "postgresql.auto.conf"), "a") as f:
+                f.write("port = %d\n" % self.port)  # the last setting wins
+        self._started = True
         wait_for(self.ready, timeout=30, what="PostgreSQL on port %d to accept" % self.port)
         return self
 
