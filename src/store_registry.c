@@ -58,12 +58,18 @@ static int open_redis(const struct config *cfg, const struct threads *th, struct
     return store_redis_new(&o, th->pool, th->loops, th->nloops, ret, why, whylen);
 }
 
-static void describe_redis(const struct config *cfg, char *out, size_t outlen)
+/* "<store> <URL, its passwords hidden>". */
+static void describe_url(const char *store, const struct config *cfg, char *out, size_t outlen)
 {
-    size_t n = (size_t)snprintf(out, outlen, "redis ");
+    size_t n = (size_t)snprintf(out, outlen, "%s ", store);
 
     if (n < outlen)
         config_store_url_redact(config_store_url(cfg), out + n, outlen - n);
+}
+
+static void describe_redis(const struct config *cfg, char *out, size_t outlen)
+{
+    describe_url("redis", cfg, out, outlen);
 }
 
 static int open_pg(const struct config *cfg, const struct threads *th, struct store **ret,
@@ -80,10 +86,7 @@ static int open_pg(const struct config *cfg, const struct threads *th, struct st
 
 static void describe_pg(const struct config *cfg, char *out, size_t outlen)
 {
-    size_t n = (size_t)snprintf(out, outlen, "postgresql ");
-
-    if (n < outlen)
-        config_store_url_redact(config_store_url(cfg), out + n, outlen - n);
+    describe_url("postgresql", cfg, out, outlen);
 }
 
 typedef int store_open_fn(const struct config *cfg, const struct threads *th, struct store **ret,
