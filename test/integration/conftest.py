@@ -574,7 +574,23 @@ class Proxy:
     def admin(self):
         return "http://127.0.0.1:%d" % self.admin_port
 
-    def start(self, ready_timeout=10.0):
+    def _ports_taken(self):
+        """After a start that failed: was it because another process took one
+        of the free ports picked for it (free_port() can only say what was
+        free)? If so, and the ports are the factory's own, it picks new ones."""
+        own = ["--listen", "127.0.0.1:%d" % self.port, "--admin-listen",
+               "127.0.0.1:%d" % self.admin_port]
+        if self.args[1:5] != own or "another process listens on it" not in self.stderr():
+            return False
+        self.port = free_port()
+        self.admin_port = free_port()
+        while self.admin_port == self.port:
+            self.admin_port = free_port()
+        self.args[2] = "127.0.0.1:%d" % self.port
+        self.args[4] = "127.0.0.1:%d" % self.admin_port
+        return True
+
+    def start(self, ready_timeout=10.0, tries=3):
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=err,
                                          stdin=subprocess.DEVNULL)
@@ -583,6 +599,8 @@ class Proxy:
             if self.proc.poll() is not None:
                 self.returncode = self.proc.returncode
                 self.proc = None  # reported here, not again at teardown
+                if self._ports_taken() and tries > 1:
+                    return self.start(ready_timeout, tries - 1)
                 pytest.fail("idemproxy exited with %d during start-up:\n%s"
                             % (self.returncode, self.stderr()))
             try:
