@@ -6,6 +6,7 @@
 #include "idemproxy/config_check.h"
 
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -119,6 +120,39 @@ static int check_redis_wait(const struct config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+/* The port of <a>, and whether its address is the wildcard of its family. */
+static unsigned addr_port(const struct config_addr *a, bool *any)
+{
+    if (a->sa.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)&a->sa;
+
+        *any = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr);
+        return ntohs(in6->sin6_port);
+    }
+    *any = ((const struct sockaddr_in *)(const void *)&a->sa)->sin_addr.s_addr == INADDR_ANY;
+    return ntohs(((const struct sockaddr_in *)(const void *)&a->sa)->sin_port);
+}
+
+/* --listen and --admin-listen on one port of one address (a wildcard
+ * overlaps every address): both would bind it (SO_REUSEPORT) and the
+ * kernel would split the connections between the proxy and the admin
+ * listener. */
+static int check_addresses(const struct config *cfg, char *err, size_t errlen)
+{
+    const struct config_addr *a = &cfg->listen, *b = &cfg->admin_listen;
+    bool any_a, any_b;
+    unsigned pa = addr_port(a, &any_a), pb = addr_port(b, &any_b);
+    bool same = a->sa_len == b->sa_len && memcmp(&a->sa, &b->sa, a->sa_len) == 0;
+
+    if (pa != pb || !(same || any_a || any_b))
+        return 0;
+    snprintf(err, errlen,
+             "--admin-listen: %s is where --listen (%s) takes clients too: the kernel would split "
+             "the connections between them; give the admin listener a port of its own",
+             b->text, a->text);
+    return -EINVAL;
+}
+
 /* One store: --store, or --redis (an older name for a Redis one). */
 static int check_one_store(const struct config *cfg, char *err, size_t errlen)
 {
@@ -142,6 +176,8 @@ int config_check_options(const struct config *cfg, char *err, size_t errlen)
         return -EINVAL;
     }
     r = config_check_route(cfg, &cfg->route, err, errlen);
+    if (r == 0)
+        r = check_addresses(cfg, err, errlen);
     if (r == 0)
         r = check_one_store(cfg, err, errlen);
     if (r == 0)

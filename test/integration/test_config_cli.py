@@ -210,6 +210,30 @@ def test_listen_address_held_by_another_process_is_refused():
     assert b"--listen 127.0.0.1:%d: cannot listen there" % port in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("listen,admin", [
+    ("127.0.0.1:{p}", "127.0.0.1:{p}"),
+    ("0.0.0.0:{p}", "127.0.0.1:{p}"),   # a wildcard overlaps every address
+    ("127.0.0.1:{p}", "[::]:{p}"),
+    ("[::1]:{p}", "[::1]:{p}"),
+])
+def test_listen_and_admin_listen_on_one_address_stop_start_up(listen, admin):
+    """--listen and --admin-listen sharing a port of an address: both would
+    bind it and the kernel would split the clients between them (SPEC §11):
+    exit 2, naming the option, before anything listens."""
+    port = free_port()
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--listen", listen.format(p=port),
+                    "--admin-listen", admin.format(p=port)])
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode().count("\n") == 1, r.stderr
+    assert b"--admin-listen: " in r.stderr and b"a port of its own" in r.stderr, r.stderr
+    # other ports, or other addresses of one port, are two listeners
+    other = free_port()
+    assert run_binary(["--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:%d" % port,
+                       "--admin-listen", "127.0.0.2:%d" % port, "--check-config"]).returncode == 0
+    assert run_binary(["--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:%d" % port,
+                       "--admin-listen", "127.0.0.1:%d" % other, "--check-config"]).returncode == 0
+
+
 def test_second_proxy_on_the_same_listen_address_is_refused(proxy, upstream):
     """The front ends share the address between their event loops (SO_REUSEPORT):
     a second idemproxy started there by mistake must not share it (each with its

@@ -1072,6 +1072,26 @@ static void test_config_route_settings_copy_and_options(void)
     config_done(&c);
 }
 
+static void test_config_listen_and_admin_listen_need_their_own_ports(void)
+{
+    struct config c;
+
+    CHECK_EQ_INT(
+        load(&c, NOENV, "--listen", "127.0.0.1:8080", "--admin-listen", "127.0.0.1:8080", NULL),
+        -EINVAL);
+    CHECK(strstr(err, "--admin-listen: 127.0.0.1:8080 is where --listen") == err);
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--listen", "[::]:8080", "--admin-listen", "127.0.0.1:8080", NULL),
+                 -EINVAL);
+    config_done(&c);
+    CHECK_EQ_INT(
+        load(&c, NOENV, "--listen", "127.0.0.1:8080", "--admin-listen", "127.0.0.2:8080", NULL), 0);
+    config_done(&c);
+    CHECK_EQ_INT(
+        load(&c, NOENV, "--listen", "[::1]:8080", "--admin-listen", "127.0.0.1:8080", NULL), 0);
+    config_done(&c);
+}
+
 static void test_config_store_url_and_password(void)
 {
     struct config c;
@@ -1138,4 +1158,5 @@ TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_help_and_version, test_config_print_help, test_config_secret_files,
           test_config_done_is_idempotent, test_config_diff_names_each_change_with_its_traits,
           test_config_swap_takes_only_what_sighup_may_change,
-          test_config_route_settings_copy_and_options, test_config_store_url_and_password)
+          test_config_route_settings_copy_and_options, test_config_store_url_and_password,
+          test_config_listen_and_admin_listen_need_their_own_ports)
