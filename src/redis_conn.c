@@ -581,9 +581,12 @@ static int queue_setup(struct redis_conn *c, const struct redis_conn_opts *o)
 {
     int err = 0;
 
-    if (o->password) {
-        const char *argv[] = { "AUTH", o->user ? o->user : o->password, o->password };
-        size_t lens[] = { 4, strlen(argv[1]), strlen(o->password) };
+    if (o->password || o->user) {
+        /* A user named without a password: AUTH all the same (a nopass user
+         * takes any; another says WRONGPASS), never the default user unasked. */
+        const char *pw = o->password ? o->password : "";
+        const char *argv[] = { "AUTH", o->user ? o->user : pw, pw };
+        size_t lens[] = { 4, strlen(argv[1]), strlen(pw) };
 
         err = setup_command(c, o->user ? 3 : 2, argv, lens);
     }

@@ -208,7 +208,8 @@ static bool is_sentinel_scheme(const char *s)
            strncasecmp(s, "rediss-sentinel://", 18) == 0;
 }
 
-/* USER:PASSWORD, or PASSWORD alone, %-decoded into <u>. */
+/* USER:PASSWORD, :PASSWORD (the password alone) or USER (an ACL user, its
+ * password from elsewhere), %-decoded into <u>. */
 static int parse_userinfo(struct span ui, struct redis_url *u, char *why, size_t why_len)
 {
     const char *colon = memchr(ui.base, ':', ui.len);
@@ -219,8 +220,10 @@ static int parse_userinfo(struct span ui, struct redis_url *u, char *why, size_t
         if (err == 0)
             err = decode((struct span){ colon + 1, ui.len - (size_t)(colon - ui.base) - 1 },
                          &u->password);
+    } else if (ui.len) {
+        err = decode(ui, &u->user);
     } else {
-        err = decode(ui, &u->password);
+        err = 0; /* "@" alone: nothing */
     }
     if (err == -EINVAL)
         return fail(why, why_len, "the user or password has a bad %%-escape or a %%00");
@@ -396,7 +399,7 @@ void redis_url_redact(const char *s, char *out, size_t len)
     query = strchr(at ? at : start, '?');
     if (at) {
         colon = memchr(start, ':', (size_t)(at - start));
-        secret = colon ? colon + 1 : start; /* USER:PASSWORD@, or PASSWORD@ */
+        secret = colon ? colon + 1 : NULL; /* USER:PASSWORD@; USER@ holds no secret */
         secret_end = at;
     }
     for (const char *c = s; c < end;) {

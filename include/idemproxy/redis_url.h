@@ -43,7 +43,8 @@ struct redis_url {
  * the last '@' ends the user info, so a password may hold '@', '/', '?' or
  * '#' unencoded; in a Sentinel URL it is the last '@' before the first '?'
  * (a '?' in its password must be encoded, an '@' in a query value need not).
- * "PASSWORD@" without a colon is a password (as redis-cli reads it). Ports default to 6379 (26379
+ * "USER@" without a colon names an ACL user (as redis-py and node-redis read
+ * it; its password from a file, or none). Ports default to 6379 (26379
  * for a sentinel). Returns 0 with <ret> filled (free it with redis_url_done()), or -EINVAL with a
  * message of at most 160 bytes in <why> (which may be NULL), or -ENOMEM. */
 int redis_url_parse(const char *s, struct redis_url *ret, char *why, size_t why_len);

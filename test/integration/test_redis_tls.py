@@ -11,7 +11,8 @@ from conftest import (executes_then_replays, readyz, redis_only, refused_503, ru
                       wait_for)
 from redis_fixtures import RedisInstance, TlsRedisServer, make_pki
 
-ACL = ["user app on >s3cret ~idem:* &idemproxy:* +@all", "user default off"]
+ACL = ["user app on >s3cret ~idem:* &idemproxy:* +@all",
+       "user open on nopass ~idem:* &idemproxy:* +@all", "user default off"]
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,23 @@ def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstre
     refused_503(p2, upstream, "refused")
     assert "Wr0ngPass" not in p2.stderr() and "s3cret" not in p2.stderr()
     assert "app:***@" in p2.stderr()  # the URL is logged, its password masked
+
+
+@redis_only
+def test_acl_user_named_alone_in_the_url_redis(proxy, upstream, acl_redis, tmp_path):
+    """redis://USER@HOST names an ACL user (SPEC §11): its password comes from
+    --redis-password-file, or there is none (a nopass user); it is never
+    taken for a password, and never masked as one."""
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    p = proxy("--redis-password-file", str(pw),
+              redis_url="redis://app@127.0.0.1:%d" % acl_redis.port)
+    executes_then_replays(p, upstream)
+    assert "redis://app@127.0.0.1" in p.stderr()
+    p2 = proxy(redis_url="redis://open@127.0.0.1:%d" % acl_redis.port)
+    executes_then_replays(p2, upstream)
+    p3 = proxy(redis_url="redis://app@127.0.0.1:%d" % acl_redis.port)  # no password: refused
+    refused_503(p3, upstream, "WRONGPASS")
 
 
 def test_redis_tls_options_are_checked_at_start(tmp_path, pki, upstream):

@@ -53,8 +53,13 @@ static void test_redis_url_server(void)
     CHECK_EQ_STR(u.hosts[0].host, "h");
     redis_url_done(&u);
 
-    CHECK_EQ_INT(redis_url_parse("redis://onlypass@h", &u, why, sizeof(why)), 0);
-    CHECK(u.user == NULL); /* as redis-cli reads it */
+    CHECK_EQ_INT(redis_url_parse("redis://app@h", &u, why, sizeof(why)), 0);
+    CHECK_EQ_STR(u.user, "app"); /* an ACL user, as redis-py and node-redis read it */
+    CHECK(u.password == NULL);
+    redis_url_done(&u);
+
+    CHECK_EQ_INT(redis_url_parse("redis://:onlypass@h", &u, why, sizeof(why)), 0);
+    CHECK(u.user == NULL); /* the password alone */
     CHECK_EQ_STR(u.password, "onlypass");
     redis_url_done(&u);
 
@@ -180,9 +185,9 @@ static void test_redis_url_redact(void)
         { "redis://h:6379/0", "redis://h:6379/0" },
         { "redis://:s3cret@h", "redis://:***@h" },
         { "redis://app:s3cret@h", "redis://app:***@h" },
-        { "redis://onlypass@h", "redis://***@h" },
+        { "redis://app@h", "redis://app@h" },      /* a user alone: no secret */
         { "redis://app:@h", "redis://app:***@h" }, /* an empty password: still masked */
-        { "redis://@h", "redis://***@h" },
+        { "redis://@h", "redis://@h" },
         { "redis://u:a@b?c@h:1/2", "redis://u:***@h:1/2" },
         { "rediss-sentinel://app:pw@s1,s2?master=m&sentinel_password=x@y&sentinel_user=u",
           "rediss-sentinel://app:***@s1,s2?master=m&sentinel_password=***&sentinel_user=u" },
