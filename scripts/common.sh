@@ -25,7 +25,8 @@ BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcu
     libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev curl)
 
 # build DIR [meson options...] configures DIR (again from scratch when it was
-# configured with other options or another compiler) and builds it.
+# configured with other options or another compiler) and builds it: all of
+# it, or the ninja targets BUILD_ONLY names.
 build() {
     local dir=$1 want have
     shift
@@ -40,7 +41,8 @@ build() {
             { cat "$dir.setup.log" >&2; echo "meson setup $dir failed" >&2; return 1; }
         echo "$want" >"$dir/.idemproxy-setup"
     fi
-    ninja -C "$dir" >&2 || { echo "build in $dir failed" >&2; return 1; }
+    # shellcheck disable=SC2086 # BUILD_ONLY: a list of ninja targets
+    ninja -C "$dir" ${BUILD_ONLY:-} >&2 || { echo "build in $dir failed" >&2; return 1; }
 }
 
 say() { echo "==> $*" >&2; }

@@ -200,6 +200,26 @@ int app_up(struct app *app)
     return err;
 }
 
+/* What a request that could carry a key, and does not, gets by default:
+ * an operator should not have to guess that it goes through unprotected. */
+static void say_keyless(const struct config *cfg)
+{
+    char methods[256];
+    size_t n = 0;
+
+    methods[0] = '\0';
+    for (size_t i = 0; i < cfg->route.nmethods && n < sizeof(methods); i++)
+        n += (size_t)snprintf(methods + n, sizeof(methods) - n, "%s%s", i ? "/" : "",
+                              cfg->route.methods[i]);
+    if (cfg->route.require_key)
+        log_info("a %s without %s is refused with 400 (--require-key; a route may say otherwise)",
+                 methods, cfg->key_header);
+    else
+        log_info("a %s without %s is passed through unprotected (--require-key refuses it with "
+                 "400; a route may say otherwise)",
+                 methods, cfg->key_header);
+}
+
 /* The start-up lines: where it listens, what it forwards to, on which store. */
 void app_say_started(struct app *app)
 {
@@ -212,6 +232,8 @@ void app_say_started(struct app *app)
                  "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)");
     log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
              app->cfg.listen.text, app->cfg.admin_listen.text, app->cfg.upstream, store);
+    if (app->cfg.enabled)
+        say_keyless(&app->cfg);
     if (app->cfg.admin_token)
         log_info("admin /keys requires the bearer token of --admin-token-file %s",
                  app->cfg.admin_token_file);

@@ -34,8 +34,8 @@ static void describe_memory(const struct config *cfg, char *out, size_t outlen)
 
     snprintf(out, outlen,
              "memory (%zu %s budget; a restart forgets every key, so a retry after it runs "
-             "again: use --redis for keys that must outlive the process, or to share one store "
-             "between instances)",
+             "again: use --store (Redis or PostgreSQL) for keys that must outlive the process, or "
+             "to share one store between instances)",
              cfg->memory_max_bytes >> (mib ? 20 : 10), mib ? "MiB" : "KiB");
 }
 

@@ -210,6 +210,18 @@ def test_listen_address_held_by_another_process_is_refused():
     assert b"--listen 127.0.0.1:%d: cannot listen there" % port in r.stderr, r.stderr
 
 
+@store_independent
+def test_start_line_says_what_a_keyless_request_gets(proxy, upstream):
+    """An operator need not guess: the start-up lines say whether a POST
+    without a key goes through unprotected or is refused (SPEC §11)."""
+    p = proxy()
+    assert ("a POST/PUT/PATCH without Idempotency-Key is passed through unprotected "
+            "(--require-key refuses it with 400") in p.stderr()
+    p2 = proxy("--require-key", "--methods", "POST", "--key-header", "X-Key")
+    assert "a POST without X-Key is refused with 400 (--require-key" in p2.stderr()
+    assert_problem(p2.request("POST", "/echo", body=b"x"), 400, "idempotency_key_missing", "2.1")
+
+
 @pytest.mark.parametrize("listen,admin", [
     ("127.0.0.1:{p}", "127.0.0.1:{p}"),
     ("0.0.0.0:{p}", "127.0.0.1:{p}"),   # a wildcard overlaps every address
