@@ -595,6 +595,59 @@ static int apply(struct config *cfg, const struct opt *o, bool from_env, const c
 
 static const struct opt *opt_find(const char *name, size_t n);
 
+/* ---- names, and the nearest one to a misspelt name ---- */
+
+enum name_form { NAME_FLAG, NAME_KEY, NAME_ENV };
+
+/* The table's name nearest <s> (<len> bytes) in <form>: a flag, a file's
+ * key (a flag without its dashes) or a variable; NULL when none is near.
+ * The part every name shares ("--", "IDEMPROXY_") is left out of the
+ * comparison, so that it does not make every short name look near. */
+static const char *nearest_name(const char *s, size_t len, enum name_form form)
+{
+    const char *names[ARRAY_SIZE(opts)], *near;
+    size_t skip = form == NAME_FLAG ? 2 : form == NAME_ENV ? 10 : 0;
+
+    for (size_t i = 0; i < ARRAY_SIZE(opts); i++) {
+        const struct opt *o = &opts[i];
+
+        names[i] = NULL;
+        if (form == NAME_ENV && o->env && strncmp(o->env, "IDEMPROXY_", 10) == 0)
+            names[i] = o->env + skip;
+        else if (form != NAME_ENV && o->flag && !o->env_only &&
+                 (form == NAME_FLAG || o->kind != K_ACTION))
+            names[i] = o->flag + 2;
+    }
+    if (len < skip)
+        return NULL;
+    near = config_nearest(s + skip, len - skip, names, ARRAY_SIZE(names));
+    return near ? near - skip : NULL; /* back to the whole name */
+}
+
+size_t config_each_unknown_env(char *const envp[], config_env_fn *fn, void *ctx)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; envp && envp[i]; i++) {
+        const char *e = envp[i], *eq = strchr(e, '=');
+        size_t len = eq ? (size_t)(eq - e) : strlen(e);
+        bool known = false;
+        char name[128];
+
+        if (strncmp(e, "IDEMPROXY_", 10) != 0 || len >= sizeof(name))
+            continue;
+        for (size_t j = 0; j < ARRAY_SIZE(opts) && !known; j++)
+            known = opts[j].env && strlen(opts[j].env) == len && memcmp(opts[j].env, e, len) == 0;
+        if (known)
+            continue;
+        memcpy(name, e, len);
+        name[len] = '\0';
+        fn(ctx, name, nearest_name(name, len, NAME_ENV));
+        n++;
+    }
+    return n;
+}
+
 /* ---- the configuration file's view of the table ---- */
 
 /* The entry a file's key <name> sets: a flag's, without its dashes; not the
@@ -684,7 +737,12 @@ int config_set_option(struct config *cfg, const char *name, const char *const *i
     const struct opt *o = file_opt(name);
 
     if (!o) {
-        set_err(why, whylen, "unknown key '%s'", name);
+        const char *near = nearest_name(name, strlen(name), NAME_KEY);
+
+        if (near)
+            set_err(why, whylen, "unknown key '%s' (did you mean %s?)", name, near);
+        else
+            set_err(why, whylen, "unknown key '%s'", name);
         return -ENOENT;
     }
     return set_named(field_base(o, cfg), o, name, items, n, is_list, why, whylen);
@@ -771,10 +829,13 @@ static int load_flags(struct config *cfg, int argc, char *const argv[], char *er
         if (!o) {
             char val[80];
 
+            const char *near = nearest_name(a, n, NAME_FLAG);
+
             quote_value(a, val, sizeof(val));
             if (eq)
                 val[n < sizeof(val) - 1 ? n : sizeof(val) - 1] = '\0';
-            set_err(err, errlen, "unknown option '%s' (see --help)", val);
+            set_err(err, errlen, "unknown option '%s' (%s%s%ssee --help)", val,
+                    near ? "did you mean " : "", near ? near : "", near ? "? " : "");
             return -EINVAL;
         }
         if (eq) {

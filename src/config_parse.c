@@ -430,6 +430,55 @@ void config_store_url_redact(const char *v, char *out, size_t len)
         redis_url_redact(v, out, len);
 }
 
+/* The edit distance between <a> and <b> (insertions, deletions,
+ * substitutions and swaps of neighbours each count one), up to 64 bytes
+ * each (longer: far). */
+static size_t edit_distance(const char *a, size_t la, const char *b, size_t lb)
+{
+    unsigned char d[65][65];
+
+    if (la > 64 || lb > 64)
+        return SIZE_MAX;
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (unsigned char)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (unsigned char)j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            unsigned best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+
+            if (d[i - 1][j] + 1u < best)
+                best = d[i - 1][j] + 1u;
+            if (d[i][j - 1] + 1u < best)
+                best = d[i][j - 1] + 1u;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1u < best)
+                best = d[i - 2][j - 2] + 1u;
+            d[i][j] = (unsigned char)best;
+        }
+    }
+    return d[la][lb];
+}
+
+const char *config_nearest(const char *s, size_t len, const char *const *names, size_t n)
+{
+    size_t most = len / 3 < 3 ? len / 3 : 3, best = SIZE_MAX;
+    const char *found = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        size_t d;
+
+        if (!names[i])
+            continue;
+        d = edit_distance(s, len, names[i], strlen(names[i]));
+        if (d < best && d > 0 && d <= (most ? most : 1)) {
+            best = d;
+            found = names[i];
+        }
+    }
+    return found;
+}
+
 /* A path this process can read, kept as given. */
 int config_parse_file(char **slot, const char *path)
 {

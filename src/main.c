@@ -156,6 +156,21 @@ static int app_exit(struct app *app, int status)
     return status;
 }
 
+/* An IDEMPROXY_* variable that names no option is ignored: said at start
+ * (stderr with --check-config, whose output is not the log). */
+static void warn_unknown_env(void *ctx, const char *name, const char *near)
+{
+    bool checking = *(bool *)ctx;
+    char hint[128] = "";
+
+    if (near)
+        snprintf(hint, sizeof(hint), " (did you mean %s?)", near);
+    if (checking)
+        fprintf(stderr, "idemproxy: warning: %s names no option and is ignored%s\n", name, hint);
+    else
+        log_warn("environment: %s names no option and is ignored%s", name, hint);
+}
+
 int main(int argc, char **argv)
 {
     struct app app = { 0 };
@@ -167,6 +182,8 @@ int main(int argc, char **argv)
         print_lines(-1, "", err);
         return app_exit(&app, 2);
     }
+    if (app.cfg.check_config)
+        config_each_unknown_env(environ, warn_unknown_env, &app.cfg.check_config);
     if (app.cfg.show_help)
         config_print_help(stdout);
     else if (app.cfg.show_version)
@@ -178,6 +195,7 @@ int main(int argc, char **argv)
     if (app.cfg.show_help || app.cfg.show_version || app.cfg.check_config)
         return app_exit(&app, 0);
     log_setup(app.cfg.log_level, app.cfg.log_format);
+    config_each_unknown_env(environ, warn_unknown_env, &app.cfg.check_config);
 
     /* Signals are taken by the main thread alone: block them before any thread starts. */
     front_raise_fd_limit(&app.cfg);

@@ -168,6 +168,15 @@ void config_swap_reloadable(struct config *cfg, struct config *next);
 /* Writes the usage text: every option, its environment variable and default. */
 void config_print_help(FILE *f);
 
+/* Told of an IDEMPROXY_* variable that names no option: <name>, and the
+ * nearest that does (NULL: none is near). */
+typedef void config_env_fn(void *ctx, const char *name, const char *near);
+
+/* Calls <fn> for each IDEMPROXY_* variable of <envp> that is no option's
+ * (ignored, and worth a warning: a misspelt one is silently unset). Returns
+ * how many. */
+size_t config_each_unknown_env(char *const envp[], config_env_fn *fn, void *ctx);
+
 /* The store's URL: --store, else --redis; NULL: the memory store. */
 const char *config_store_url(const struct config *cfg);
 

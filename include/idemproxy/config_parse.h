@@ -38,6 +38,11 @@ int config_parse_count(const char *s, bool zero_ok, unsigned *ret);
 /* One of the NULL-terminated <choices>: its index. */
 int config_parse_choice(const char *const *choices, const char *s, int *ret);
 
+/* The one of the <n> <names> (NULL ones skipped) nearest the <len> bytes of
+ * <s> by edit distance, when near enough to be the one meant: at most 3
+ * edits, and at most a third of its length. NULL when none is. */
+const char *config_nearest(const char *s, size_t len, const char *const *names, size_t n);
+
 /* Any text. */
 int config_parse_string(char **slot, const char *v);
 /* A header name (a token); "" too with <may_be_empty>. */

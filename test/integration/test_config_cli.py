@@ -211,6 +211,29 @@ def test_listen_address_held_by_another_process_is_refused():
 
 
 @store_independent
+def test_misspelt_names_get_the_nearest_one(proxy, upstream, tmp_path):
+    """An unknown option or file key stops start-up naming the nearest known
+    one; an IDEMPROXY_* variable that names no option is ignored with a
+    warning that does (SPEC §11, Names)."""
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--max-bdy", "1M"])
+    assert r.returncode == 2
+    assert b"unknown option '--max-bdy' (did you mean --max-body? see --help)" in r.stderr
+    f = tmp_path / "c.yaml"
+    f.write_text("upstream: http://127.0.0.1:1\nrequire_key: true\n")
+    r = run_binary(["--config", str(f), "--check-config"])
+    assert r.returncode == 2
+    assert b"unknown key 'require_key' (did you mean require-key?)" in r.stderr, r.stderr
+    r = run_binary(["--upstream", "http://127.0.0.1:1", "--check-config"],
+                   env={"IDEMPROXY_MAX_BDY": "1M"})
+    assert r.returncode == 0
+    assert (b"warning: IDEMPROXY_MAX_BDY names no option and is ignored "
+            b"(did you mean IDEMPROXY_MAX_BODY?)") in r.stderr, r.stderr
+    p = proxy(env={"IDEMPROXY_UPSTRAEM": "http://elsewhere"})
+    assert ("environment: IDEMPROXY_UPSTRAEM names no option and is ignored "
+            "(did you mean IDEMPROXY_UPSTREAM?)") in p.stderr()
+
+
+@store_independent
 def test_start_line_says_what_a_keyless_request_gets(proxy, upstream):
     """An operator need not guess: the start-up lines say whether a POST
     without a key goes through unprotected or is refused (SPEC §11)."""

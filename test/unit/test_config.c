@@ -1092,6 +1092,37 @@ static void test_config_listen_and_admin_listen_need_their_own_ports(void)
     config_done(&c);
 }
 
+static void record_env(void *ctx, const char *name, const char *near)
+{
+    char *out = ctx;
+    size_t n = strlen(out);
+
+    snprintf(out + n, 256 - n, "%s>%s;", name, near ? near : "-");
+}
+
+static void test_config_names_the_nearest_option(void)
+{
+    static const char *const names[] = { "redis", "upstream", NULL, "ttl" };
+    char seen[256] = "";
+    struct config c;
+
+    CHECK_EQ_STR(config_nearest("redsi", 5, names, 4), "redis"); /* a swap is one edit */
+    CHECK_EQ_STR(config_nearest("upstrem", 7, names, 4), "upstream");
+    CHECK(config_nearest("foo", 3, names, 4) == NULL);   /* three edits from ttl: too far */
+    CHECK(config_nearest("redis", 5, names, 4) == NULL); /* a known name is not misspelt */
+    CHECK_EQ_INT(load(&c, NOENV, "--requrie-key", NULL), -EINVAL);
+    CHECK_EQ_STR(err, "unknown option '--requrie-key' (did you mean --require-key? see --help)");
+    config_done(&c);
+    CHECK_EQ_INT(load(&c, NOENV, "--zzz", NULL), -EINVAL);
+    CHECK_EQ_STR(err, "unknown option '--zzz' (see --help)");
+    config_done(&c);
+    CHECK_EQ_INT(config_each_unknown_env(ENV("IDEMPROXY_UPSTRAEM=x", "IDEMPROXY_TTL=5",
+                                             "IDEMPROXY_FOO=1", "OTHER=1", "IDEMPROXY_CONFIG=f"),
+                                         record_env, seen),
+                 2);
+    CHECK_EQ_STR(seen, "IDEMPROXY_UPSTRAEM>IDEMPROXY_UPSTREAM;IDEMPROXY_FOO>-;");
+}
+
 static void test_config_store_url_and_password(void)
 {
     struct config c;
@@ -1159,4 +1190,5 @@ TEST_MAIN(test_config_memory_budget_holds_two_responses, test_config_defaults,
           test_config_done_is_idempotent, test_config_diff_names_each_change_with_its_traits,
           test_config_swap_takes_only_what_sighup_may_change,
           test_config_route_settings_copy_and_options, test_config_store_url_and_password,
-          test_config_listen_and_admin_listen_need_their_own_ports)
+          test_config_listen_and_admin_listen_need_their_own_ports,
+          test_config_names_the_nearest_option)
