@@ -132,9 +132,17 @@ static int start_serving(struct app *app)
         .late_ms = cfg->upstream_late_timeout_ms,
         .max_capture_bytes = app->capture_bytes,
         .max_connections = cfg->max_connections,
+        .tls_ca_file = cfg->upstream_tls_ca_file,
+        .tls_cert_file = cfg->upstream_tls_cert_file,
+        .tls_key_file = cfg->upstream_tls_key_file,
+        .tls_server_name = cfg->upstream_tls_server_name,
+        .tls_insecure = cfg->upstream_tls_insecure,
     };
     int err;
 
+    if (cfg->upstream_tls_insecure)
+        log_warn("--upstream-tls-insecure: the upstream's certificate is not verified; anyone "
+                 "on the path can read and change what is forwarded");
     if (front_address_taken(&cfg->listen)) {
         log_error("--listen %s: cannot listen there: another process listens on it",
                   cfg->listen.text);
@@ -149,8 +157,10 @@ static int start_serving(struct app *app)
         }
         err = front_start(cfg, app->pl, app->loops[i], &app->fronts[i]);
         if (err < 0) {
-            log_error("--listen %s: cannot listen there (address in use, or not this host's?)",
-                      cfg->listen.text);
+            log_error("--listen %s: cannot listen there (address in use, or not this host's?%s)",
+                      cfg->listen.text,
+                      cfg->tls_cert_file ? " or GnuTLS refused --tls-cert-file or --tls-key-file"
+                                         : "");
             return err;
         }
     }
@@ -230,8 +240,10 @@ void app_say_started(struct app *app)
     else
         snprintf(store, sizeof(store),
                  "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)");
-    log_info("idemproxy %s listening on %s, admin on %s, upstream %s, store %s", IDEMPROXY_VERSION,
-             app->cfg.listen.text, app->cfg.admin_listen.text, app->cfg.upstream, store);
+    log_info("idemproxy %s listening on %s%s, admin on %s, upstream %s, store %s",
+             IDEMPROXY_VERSION, app->cfg.listen.text,
+             app->cfg.tls_cert_file ? " (HTTPS: TLS 1.2 and 1.3)" : "", app->cfg.admin_listen.text,
+             app->cfg.upstream, store);
     if (app->cfg.enabled)
         say_keyless(&app->cfg);
     if (app->cfg.admin_token)

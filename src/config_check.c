@@ -12,6 +12,7 @@
 
 #include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/tls_files.h"
 
 static void format_secs(uint64_t ms, char *out, size_t outlen)
 {
@@ -91,6 +92,48 @@ static int check_redis_tls(const struct config *cfg, char *err, size_t errlen)
         return -EINVAL;
     }
     return 0;
+}
+
+/* The upstream's TLS options need an https:// upstream (given with an
+ * http:// one they would be ignored, and the user expects TLS); their files
+ * are loaded as the upstream will load them. */
+static int check_upstream_tls(const struct config *cfg, char *err, size_t errlen)
+{
+    const struct tls_files f = { .ca_file = cfg->upstream_tls_ca_file,
+                                 .cert_file = cfg->upstream_tls_cert_file,
+                                 .key_file = cfg->upstream_tls_key_file,
+                                 .system_cas = !cfg->upstream_tls_insecure,
+                                 .ca_opt = "--upstream-tls-ca-file",
+                                 .cert_opt = "--upstream-tls-cert-file",
+                                 .key_opt = "--upstream-tls-key-file" };
+    const char *given = f.ca_file                       ? f.ca_opt
+                        : f.cert_file                   ? f.cert_opt
+                        : f.key_file                    ? f.key_opt
+                        : cfg->upstream_tls_server_name ? "--upstream-tls-server-name"
+                        : cfg->upstream_tls_insecure    ? "--upstream-tls-insecure"
+                                                        : NULL;
+
+    if (!given)
+        return 0;
+    if (strncmp(cfg->upstream, "https://", 8) != 0) {
+        snprintf(err, errlen, "%s: needs an https:// --upstream (it is %s)", given, cfg->upstream);
+        return -EINVAL;
+    }
+    return tls_files_check(&f, false, err, errlen);
+}
+
+/* --tls-cert-file and --tls-key-file: both or neither, and a pair that
+ * loads (libmicrohttpd reads them again with GnuTLS when it starts). */
+static int check_listen_tls(const struct config *cfg, char *err, size_t errlen)
+{
+    const struct tls_files f = { .cert_file = cfg->tls_cert_file,
+                                 .key_file = cfg->tls_key_file,
+                                 .cert_opt = "--tls-cert-file",
+                                 .key_opt = "--tls-key-file" };
+
+    if (!f.cert_file && !f.key_file)
+        return 0;
+    return tls_files_check(&f, true, err, errlen);
 }
 
 /* WAIT is Redis's: without a Redis URL the option would be ignored. A
@@ -184,6 +227,10 @@ int config_check_options(const struct config *cfg, char *err, size_t errlen)
         r = check_redis_tls(cfg, err, errlen);
     if (r == 0)
         r = check_redis_wait(cfg, err, errlen);
+    if (r == 0)
+        r = check_upstream_tls(cfg, err, errlen);
+    if (r == 0)
+        r = check_listen_tls(cfg, err, errlen);
     return r;
 }
 

@@ -11,6 +11,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -76,7 +78,13 @@ struct front {
     atomic_uint requests;
     struct list heads; /* struct fconn whose header section is due, oldest first */
     bool reserved;     /* on_accept() took a slot that its connection has not started in yet */
+    char *tls_cert;    /* owned: --tls-cert-file's PEM, while the daemon runs */
+    char *tls_key;     /* owned: --tls-key-file's PEM (wiped when freed) */
 };
+
+/* TLS 1.2 and 1.3 only, GnuTLS's default choices within them. */
+#define FRONT_TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+#define FRONT_PEM_MAX (1u << 20)
 
 /* Open client sockets of every front end of the process (one per loop, on
  * one port): --max-connections bounds them together. */
@@ -342,12 +350,16 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, struct freq *q)
         return MHD_NO;
     }
     for (size_t i = 0; i < rec->nheaders; i++) {
+        if (q->answer.id_header && strcasecmp(rec->headers[i].name, q->answer.id_header) == 0)
+            continue; /* a replay's is the first request's: this request's goes below */
         if (MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value) == MHD_NO)
             log_debug("dropped response header %s: refused by the HTTP layer",
                       rec->headers[i].name);
     }
     if (q->answer.replayed)
         (void)MHD_add_response_header(resp, q->answer.replay_header, q->answer.replayed);
+    if (q->answer.id_header)
+        (void)MHD_add_response_header(resp, q->answer.id_header, q->answer.id);
     ret = MHD_queue_response(conn, rec->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -518,9 +530,44 @@ void front_raise_fd_limit(const struct config *cfg)
                  cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
+/* The whole of the PEM file <path> (checked at start), NUL-terminated, in
+ * <ret>. Returns 0, -ENOMEM, or a negative errno of reading it. */
+static int read_pem(const char *path, char **ret)
+{
+    FILE *fp = fopen(path, "re");
+    char *s = fp ? malloc(FRONT_PEM_MAX + 1) : NULL;
+    size_t n = 0;
+    int err = fp ? -ENOMEM : -errno;
+
+    if (s) {
+        n = fread(s, 1, FRONT_PEM_MAX + 1, fp);
+        err = ferror(fp) ? -EIO : n > FRONT_PEM_MAX ? -E2BIG : 0;
+    }
+    if (fp)
+        fclose(fp);
+    if (err < 0) {
+        if (s)
+            explicit_bzero(s, FRONT_PEM_MAX + 1);
+        free(s);
+        return err;
+    }
+    s[n] = '\0';
+    *ret = s;
+    return 0;
+}
+
+static void free_pem(char *s)
+{
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
+
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
                 struct front **ret)
 {
+    struct MHD_OptionItem tls[4] = { { MHD_OPTION_END, 0, NULL } };
     struct front *f = calloc(1, sizeof(*f));
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     unsigned timeout_s = (unsigned)((cfg->client_timeout_ms + 999) / 1000);
@@ -536,6 +583,20 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     list_init(&f->heads);
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    if (cfg->tls_cert_file) {
+        err = read_pem(cfg->tls_cert_file, &f->tls_cert);
+        if (err == 0)
+            err = read_pem(cfg->tls_key_file, &f->tls_key);
+        if (err < 0)
+            goto fail;
+        flags |= MHD_USE_TLS;
+        tls[0] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, f->tls_cert };
+        tls[1] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, f->tls_key };
+        tls[2] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_PRIORITIES, 0,
+                                          (void *)(uintptr_t)FRONT_TLS_PRIORITIES };
+        tls[3] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
+        err = -EADDRINUSE;
+    }
     f->d = MHD_start_daemon(
         flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, &cfg->listen.sa, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
@@ -544,7 +605,7 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
         /* one above ours, so on_accept() refuses before MHD stops accepting */
         MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
         timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)FRONT_CONNECTION_MEMORY, MHD_OPTION_END);
+        (size_t)FRONT_CONNECTION_MEMORY, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!f->d)
         goto fail;
     info = MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_EPOLL_FD);
@@ -569,6 +630,8 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
 fail:
     if (f->d)
         MHD_stop_daemon(f->d);
+    free_pem(f->tls_cert);
+    free_pem(f->tls_key);
     free(f);
     return err;
 }
@@ -602,5 +665,7 @@ void front_stop(struct front *f)
     MHD_stop_daemon(f->d);
     if (f->quiesced_fd >= 0)
         close(f->quiesced_fd);
+    free_pem(f->tls_cert);
+    free_pem(f->tls_key);
     free(f);
 }

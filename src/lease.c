@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "idemproxy/list.h"
@@ -83,6 +84,8 @@ static void lease_unref(struct lease *l)
     free(l);
 }
 
+/* A store that fails every finishing call logs the first, then a count. */
+static struct log_burst finish_failures = LOG_BURST_INIT("failed finishing calls, retried");
 /* What the finishing chain of <l> does, for the log. */
 static const char *finish_name(const struct lease *l)
 {
@@ -343,8 +346,12 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
 
             /* Retrying is safe: the call carries the token. The heartbeat keeps
              * the lock alive meanwhile; the client need not wait for it. */
-            log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l), l->key,
-                     store_strerror(err), (unsigned long long)delay);
+            char kind[160];
+
+            snprintf(kind, sizeof(kind), "store %s: %s", finish_name(l), store_strerror(err));
+            if (log_enabled(LOG_LEVEL_WARN) && log_burst_admit(&finish_failures, kind))
+                log_warn("store %s of key %s failed (%s); retrying in %llu ms", finish_name(l),
+                         l->key, store_strerror(err), (unsigned long long)delay);
             finish_told(l);
             /* The next backoff is set before the retry is queued: it may run, and
              * call back on another thread, before worker_submit_after() returns. */

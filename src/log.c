@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* Log lines to stderr, text or JSON. Any thread may log: each line is built on
  * the caller's stack and written with one write(2), so lines never interleave
- * and no lock is taken. */
+ * and no lock is taken but a burst's own. */
 #include "idemproxy/log.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +221,14 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
     err |= json_object_set_new(obj, "bytes", json_integer((json_int_t)a->bytes));
     if (a->unknown)
         err |= json_object_set_new(obj, "unknown", json_string(a->unknown));
+    if (a->request_id)
+        err |= json_object_set_new(obj, "request_id",
+                                   json_span(span_from_cstr(a->request_id), LOG_FIELD_MAX / 4));
+    if (a->client)
+        err |= json_object_set_new(obj, "client", json_string(a->client));
+    if (a->reason)
+        err |= json_object_set_new(obj, "reason",
+                                   json_span(span_from_cstr(a->reason), LOG_FIELD_MAX / 2));
     n = err ? 0 : json_dumpb(obj, line, linelen - 1, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(obj);
     if (n == 0 || n > linelen - 1)
@@ -261,10 +270,26 @@ void log_access(const struct log_access *a)
         else
             snprintf(num, sizeof(num), " upstream_ms=-");
         put(line, sizeof(line), &n, num, strlen(num));
-        snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu%s%s\n",
+        snprintf(num, sizeof(num), " total_ms=%llu.%03llu bytes=%zu%s%s",
                  (unsigned long long)(a->total_us / 1000), (unsigned long long)(a->total_us % 1000),
                  a->bytes, a->unknown ? " unknown=" : "", a->unknown ? a->unknown : "");
         put(line, sizeof(line), &n, num, strlen(num));
+        if (a->request_id) {
+            put(line, sizeof(line), &n, " request_id=", 12);
+            put_escaped(line, sizeof(line), &n, span_from_cstr(a->request_id), LOG_FIELD_MAX / 4,
+                        true);
+        }
+        if (a->client) {
+            put(line, sizeof(line), &n, " client=", 8);
+            put_escaped(line, sizeof(line), &n, span_from_cstr(a->client), 64, true);
+        }
+        if (a->reason) {
+            put(line, sizeof(line), &n, " reason=\"", 9);
+            put_escaped(line, sizeof(line), &n, span_from_cstr(a->reason), LOG_FIELD_MAX / 2,
+                        false);
+            put(line, sizeof(line), &n, "\"", 1);
+        }
+        put(line, sizeof(line), &n, "\n", 1);
     }
     if (n > 0)
         write_all(line, n);
@@ -304,3 +329,79 @@ void log_write(enum log_level level, const char *fmt, ...)
     if (n > 0)
         write_all(line, n);
 }
+
+/* ---- bursts ---- */
+
+static pthread_mutex_t bursts_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct log_burst *bursts; /* every burst admitted once, for the tick */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u + 1; /* never 0 */
+}
+
+/* Writes the count of <b>'s window; its lock is held. */
+static void burst_summary(struct log_burst *b, uint64_t now_ms)
+{
+    unsigned secs = (unsigned)((now_ms - b->since_ms + 500) / 1000);
+
+    log_warn("%s (%s): %u more in the last %u s", b->subject, b->kind, b->more, secs ? secs : 1);
+    b->more = 0;
+}
+
+bool log_burst_admit_at(struct log_burst *b, const char *kind, uint64_t now_ms)
+{
+    bool write;
+
+    pthread_mutex_lock(&b->mu);
+    if (!b->listed) {
+        pthread_mutex_lock(&bursts_mu);
+        b->next = bursts;
+        bursts = b;
+        pthread_mutex_unlock(&bursts_mu);
+        b->listed = true;
+    }
+    write = !b->since_ms || now_ms - b->since_ms >= LOG_BURST_MS || strcmp(kind, b->kind) != 0;
+    if (write) {
+        if (b->more)
+            burst_summary(b, now_ms);
+        b->since_ms = now_ms;
+        snprintf(b->kind, sizeof(b->kind), "%s", kind);
+    } else {
+        b->more++;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return write;
+}
+
+bool log_burst_admit(struct log_burst *b, const char *kind)
+{
+    return log_burst_admit_at(b, kind, mono_ms());
+}
+
+void log_burst_tick_at(uint64_t now_ms)
+{
+    struct log_burst *b;
+
+    pthread_mutex_lock(&bursts_mu);
+    b = bursts;
+    pthread_mutex_unlock(&bursts_mu);
+    /* Bursts are only ever added at the head: the list from <b> on is fixed. */
+    for (; b; b = b->next) {
+        pthread_mutex_lock(&b->mu);
+        if (b->since_ms && now_ms - b->since_ms >= LOG_BURST_MS) {
+            if (b->more) {
+                burst_summary(b, now_ms);
+                b->since_ms = now_ms; /* still failing: the next count, 10 s from now */
+            } else {
+                b->since_ms = 0; /* quiet: the next failure is written in full */
+            }
+        }
+        pthread_mutex_unlock(&b->mu);
+    }
+}
+
+void log_burst_tick(void) { log_burst_tick_at(mono_ms()); }

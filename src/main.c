@@ -171,6 +171,19 @@ static void warn_unknown_env(void *ctx, const char *name, const char *near)
         log_warn("environment: %s names no option and is ignored%s", name, hint);
 }
 
+/* --check-config: an upstream whose name does not resolve now is a warning
+ * (DNS may differ where it runs), not an error. */
+static void warn_unresolved(const struct config *cfg)
+{
+    char why[512];
+
+    if (upstream_base_resolve(cfg->upstream, why, sizeof(why)) == -ENOENT)
+        fprintf(stderr,
+                "idemproxy: warning: --upstream: %s; until it does, requests get 502 "
+                "upstream_unavailable\n",
+                why);
+}
+
 int main(int argc, char **argv)
 {
     struct app app = { 0 };
@@ -189,6 +202,8 @@ int main(int argc, char **argv)
     else if (app.cfg.show_version)
         printf("idemproxy %s\n", IDEMPROXY_VERSION);
     else if (app.cfg.check_config)
+        warn_unresolved(&app.cfg);
+    if (app.cfg.check_config && !app.cfg.show_help && !app.cfg.show_version)
         printf("idemproxy: the configuration is valid (%s%s%zu routes)\n",
                app.cfg.config_file ? app.cfg.config_file : "no file",
                app.cfg.config_file ? ": " : ", ", app.routes->nroutes);
@@ -217,6 +232,7 @@ int main(int argc, char **argv)
             sig = 0;
         }
         app_watch_memory_store(&app);
+        log_burst_tick();
     } while (!sig);
     if (!shut_down(&app, &set, sig))
         _exit(0);

@@ -26,6 +26,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/common.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/tls_files.h"
 
 #define READ_CHUNK 16384
 
@@ -89,7 +90,13 @@ static void tls_error(char *out, size_t len)
 int redis_tls_new(const struct redis_tls_opts *o, struct redis_tls **ret, char *why, size_t why_len)
 {
     struct redis_tls *t = calloc(1, sizeof(*t));
-    char err[256];
+    const struct tls_files files = { .ca_file = o->ca_file,
+                                     .cert_file = o->cert_file,
+                                     .key_file = o->key_file,
+                                     .system_cas = true,
+                                     .ca_opt = "--redis-tls-ca-file",
+                                     .cert_opt = "--redis-tls-cert-file",
+                                     .key_opt = "--redis-tls-key-file" };
 
     if (!t)
         return -ENOMEM;
@@ -102,39 +109,8 @@ int redis_tls_new(const struct redis_tls_opts *o, struct redis_tls **ret, char *
     SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
     SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_CTX_set_verify(t->ctx, o->insecure ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
-    if (o->ca_file) {
-        if (SSL_CTX_load_verify_locations(t->ctx, o->ca_file, NULL) != 1) {
-            tls_error(err, sizeof(err));
-            snprintf(why, why_len, "cannot load the CA file %s: %s", o->ca_file, err);
-            goto fail;
-        }
-    } else if (SSL_CTX_set_default_verify_paths(t->ctx) != 1) {
-        tls_error(err, sizeof(err));
-        snprintf(why, why_len, "cannot load the system's CA store: %s", err);
+    if (tls_files_load(t->ctx, &files, why, why_len) < 0)
         goto fail;
-    }
-    if (o->cert_file || o->key_file) {
-        if (!o->cert_file || !o->key_file) {
-            snprintf(why, why_len, "a client certificate needs both its certificate and key file");
-            goto fail;
-        }
-        if (SSL_CTX_use_certificate_chain_file(t->ctx, o->cert_file) != 1) {
-            tls_error(err, sizeof(err));
-            snprintf(why, why_len, "cannot load the certificate %s: %s", o->cert_file, err);
-            goto fail;
-        }
-        if (SSL_CTX_use_PrivateKey_file(t->ctx, o->key_file, SSL_FILETYPE_PEM) != 1) {
-            tls_error(err, sizeof(err));
-            snprintf(why, why_len, "cannot load the key %s: %s", o->key_file, err);
-            goto fail;
-        }
-        if (SSL_CTX_check_private_key(t->ctx) != 1) {
-            ERR_clear_error();
-            snprintf(why, why_len, "the key %s does not match the certificate %s", o->key_file,
-                     o->cert_file);
-            goto fail;
-        }
-    }
     *ret = t;
     return 0;
 

@@ -2,8 +2,11 @@
 /* The request object: made by the front end, read by the pipeline. */
 #include "idemproxy/request.h"
 
+#include <openssl/rand.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct request *request_new(const char *target)
 {
@@ -59,4 +62,47 @@ void request_free(struct request *rq)
     free(rq->target_buf);
     free(rq->headers);
     free(rq);
+}
+
+bool request_id_is_valid(struct span v)
+{
+    if (v.len == 0 || v.len > REQUEST_ID_MAX)
+        return false;
+    for (size_t i = 0; i < v.len; i++) {
+        if ((unsigned char)v.base[i] < 0x21 || (unsigned char)v.base[i] > 0x7e)
+            return false;
+    }
+    return true;
+}
+
+bool request_id_pick(const struct request *rq, struct span header, char out[REQUEST_ID_MAX + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t count = 0;
+    const struct span *v = request_header(rq, header, &count);
+    uint8_t rnd[16];
+
+    if (v && count == 1 && request_id_is_valid(*v)) {
+        memcpy(out, v->base, v->len);
+        out[v->len] = '\0';
+        return true;
+    }
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        /* OpenSSL's generator failed: the time and an address still make an
+         * id that tells requests apart in a log, which is all it is for. */
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t a = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        uint64_t b = (uint64_t)(uintptr_t)rq;
+
+        memcpy(rnd, &a, 8);
+        memcpy(rnd + 8, &b, 8);
+    }
+    for (size_t i = 0; i < sizeof(rnd); i++) {
+        out[2 * i] = hex[rnd[i] >> 4];
+        out[2 * i + 1] = hex[rnd[i] & 15];
+    }
+    out[2 * sizeof(rnd)] = '\0';
+    return false;
 }

@@ -4,6 +4,7 @@
  * it while it holds a reference. */
 #include "idemproxy/route.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -161,6 +162,32 @@ uint64_t route_table_min_lock_ttl(const struct route_table *t)
             least = t->routes[i].settings.lock_ttl_ms;
     }
     return least;
+}
+
+int route_table_restart_notes(const struct route_table *t, bool waits_subscribed,
+                              uint64_t min_lock_ttl_ms, char *why, size_t whylen)
+{
+    size_t used = 0;
+
+    why[0] = '\0';
+    for (size_t i = 0; i <= t->nroutes && used < whylen; i++) {
+        const struct route *rt = &t->routes[i];
+        const char *sep = used ? "\n" : "";
+
+        if (rt->settings.wait_ms > 0 && !waits_subscribed)
+            used += (size_t)snprintf(why + used, whylen - used,
+                                     "%sroute %s: wait needs a restart (no route waited at start, "
+                                     "so the notifications of --wait are not subscribed to); it "
+                                     "answers 409 at once until then",
+                                     sep, rt->name);
+        else if (rt->settings.lock_ttl_ms < min_lock_ttl_ms)
+            used += (size_t)snprintf(why + used, whylen - used,
+                                     "%sroute %s: a lock-ttl shorter than at start (%llu ms) needs "
+                                     "a restart for the heartbeat to keep up; the lock may lapse "
+                                     "under a long request until then",
+                                     sep, rt->name, (unsigned long long)min_lock_ttl_ms);
+    }
+    return why[0] ? 1 : 0;
 }
 
 struct route_table *route_table_ref(struct route_table *t)

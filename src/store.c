@@ -115,10 +115,26 @@ const char *store_strerror(int err)
     if (err == -EREMOTEIO)
         return "too few Redis replicas confirmed the write in time (--redis-wait-replicas, "
                "--redis-wait-timeout)";
+    if (err == -EACCES)
+        return "the store refused the proxy's credentials or rights";
+    if (err == -EPROTO)
+        return "the store answered with an error";
     if (err == -EAGAIN)
         return "the Redis cluster is failing over or moving the key's slot (CLUSTERDOWN, "
                "TRYAGAIN)";
     return strerror(-err);
+}
+
+void store_why(struct store *st, int err, char *buf, size_t len)
+{
+    char last[768] = "";
+
+    if (st && st->ops->last_failure)
+        st->ops->last_failure(st, last, sizeof(last));
+    if (last[0])
+        snprintf(buf, len, "%s (%s)", store_strerror(err), last);
+    else
+        snprintf(buf, len, "%s", store_strerror(err));
 }
 
 int store_token_new(struct store_token *ret)

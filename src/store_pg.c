@@ -472,6 +472,7 @@ static const struct store_ops pg_ops = {
     .resolve = store_pg_resolve,
     .set_notify = pg_set_notify,
     .is_ready = pg_is_ready,
+    .last_failure = store_pg_last_failure,
     .metrics = pg_metrics,
     .free = pg_free,
 };

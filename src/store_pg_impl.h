@@ -193,6 +193,9 @@ int store_pg_result_err(struct store_pg *st, const PGresult *res);
 void store_pg_log_failure(struct store_pg *st, const char *why);
 void store_pg_log_ok(struct store_pg *st);
 
+/* The store's last_failure op: "PostgreSQL <name>: <the failure logged>", or "". */
+void store_pg_last_failure(struct store *base, char *buf, size_t len);
+
 /* ---- store_pg_hosts.c ---- */
 
 /* True when <url> names hosts to look up (and gives no hostaddr itself). */

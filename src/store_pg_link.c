@@ -117,6 +117,18 @@ void store_pg_log_failure(struct store_pg *st, const char *why)
         log_warn("PostgreSQL %s: %s", st->name, why);
 }
 
+void store_pg_last_failure(struct store *base, char *buf, size_t len)
+{
+    struct store_pg *st = store_pg_of(base);
+
+    pthread_mutex_lock(&st->log_mu);
+    snprintf(buf, len, "%s%s%s", st->logged_why[0] ? "PostgreSQL " : "",
+             st->logged_why[0] ? st->name : "", st->logged_why[0] ? ": " : "");
+    if (st->logged_why[0])
+        snprintf(buf + strlen(buf), len - strlen(buf), "%s", st->logged_why);
+    pthread_mutex_unlock(&st->log_mu);
+}
+
 void store_pg_log_ok(struct store_pg *st)
 {
     bool was_down;

@@ -279,6 +279,15 @@ static int parse_url(struct store_redis *st, const struct store_redis_opts *o, c
     return st->url.tls ? redis_tls_new(&o->tls, &st->tls, why, why_len) : 0;
 }
 
+void store_redis_last_failure(struct store *base, char *buf, size_t len)
+{
+    struct store_redis *st = store_redis_of(base);
+
+    pthread_mutex_lock(&st->log_mu);
+    snprintf(buf, len, "%s%s", st->logged_why[0] ? "redis " : "", st->logged_why);
+    pthread_mutex_unlock(&st->log_mu);
+}
+
 static const struct store_ops redis_ops = {
     .name = "redis",
     .acquire = redis_acquire,
@@ -292,6 +301,7 @@ static const struct store_ops redis_ops = {
     .resolve = redis_resolve,
     .set_notify = store_redis_set_notify,
     .is_ready = store_redis_is_ready,
+    .last_failure = store_redis_last_failure,
     .metrics = redis_metrics,
     .free = redis_free,
 };

@@ -312,6 +312,9 @@ void store_redis_lane_resend(struct lane *ln, struct op *op);
 /* The connection is set up, and (Sentinel) it is the master: what waits goes out. */
 void store_redis_link_confirmed(struct link *k);
 
+/* The store's last_failure op: "redis <node>: <the failure logged>", or "". */
+void store_redis_last_failure(struct store *base, char *buf, size_t len);
+
 /* Gives the connection up (not from inside its own I/O: from a reply
  * callback, or the loop); what it holds fails with -ECONNRESET. With
  * <backoff> it failed (with Sentinel: ask where the master is now), without

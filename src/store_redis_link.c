@@ -35,6 +35,7 @@
 static void give_back(struct op *acq);
 static void link_on_down(void *ctx, int err, const char *why);
 static void on_op_reply(void *ctx, int err, const redisReply *reply);
+static void log_failure(struct store_redis *st, const struct node *n, const char *why);
 
 /* One WAIT on <link>, covering its writes up to number <seq>. */
 struct wait_call {
@@ -580,8 +581,16 @@ static void on_op_reply(void *ctx, int err, const redisReply *reply)
     /* Redis answers, but an error (LOADING, MISCONF, OOM, NOAUTH…) to one of
      * ours means it cannot serve us; an operator's command (or CLUSTER SLOTS
      * on a server without cluster support) may be refused by a healthy one. */
-    if (!op->raw)
+    if (!op->raw) {
         store_redis_node_set_up(k->node, reply->type != REDIS_REPLY_ERROR);
+        if (reply->type == REDIS_REPLY_ERROR) {
+            char why[300];
+
+            snprintf(why, sizeof(why), "%.*s", (int)(reply->len > 280 ? 280 : reply->len),
+                     reply->str);
+            log_failure(st, k->node, why); /* as Redis said it, once */
+        }
+    }
     op_finish(op, 0, reply);
 }
 

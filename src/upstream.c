@@ -9,7 +9,9 @@
 #include "idemproxy/upstream.h"
 
 #include <limits.h>
+#include <netdb.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
 
@@ -39,6 +41,9 @@ struct xfer {
     struct list_node node; /* in the submit queue, then in the running list */
     uint64_t overdue_ms;   /* with req->overdue: when the client's timeout passes */
     struct list_node overdue_node; /* in up->overdue until then */
+    const char *cause;             /* why it failed, when a callback or the loop knows best */
+    bool refused;                  /* the upstream's TLS refused the handshake: nothing ran */
+    char errbuf[CURL_ERROR_SIZE];  /* curl's words on a failure */
 };
 
 struct upstream {
@@ -47,6 +52,8 @@ struct upstream {
     struct upstream_base base; /* owned: where every transfer connects, and the path prefix */
     uint64_t timeout_ms;
     size_t max_capture_bytes;
+    struct upstream_options tls;   /* the tls_* options, borrowed */
+    struct curl_slist *connect_to; /* owned: --upstream-tls-server-name's "name:port:host:port" */
 
     pthread_mutex_t lock;   /* guards the queue, <posted> and <stopping> */
     struct list queue;      /* struct xfer submitted from other threads */
@@ -102,7 +109,7 @@ static bool xfer_wrote(const struct xfer *x)
  * were written (see upstream_done_fn). */
 static int failure(const struct xfer *x, int err)
 {
-    bool wrote = xfer_wrote(x);
+    bool wrote = xfer_wrote(x) && !x->refused;
 
     switch (err) {
     case -ETIMEDOUT:
@@ -118,6 +125,8 @@ static int failure(const struct xfer *x, int err)
         return err; /* -E2BIG: it answered */
     }
 }
+
+static void tell_why(struct xfer *x, int err);
 
 /* Hands the outcome to the callback and frees <x>. The easy handle goes
  * first, so nothing reads the borrowed request once <done> may free it. */
@@ -140,31 +149,114 @@ static void xfer_finish(struct xfer *x, int err)
             record_filter_hop_by_hop(rec);
         }
     }
-    if (err < 0)
+    if (err < 0) {
         err = failure(x, err);
+        tell_why(x, err);
+    }
     xfer_free(x);
     done(ctx, err, rec);
 }
 
-static int map_curl_error(const struct xfer *x, CURLcode cc)
+/* Whether curl's words <errbuf> tell of a TLS alert that only a handshake
+ * sends: the upstream's TLS refused the client (its certificate, most
+ * often). With TLS 1.3 the client's handshake ends before the server has
+ * checked its certificate, so curl has written the request when the alert
+ * comes; but a server that refuses the handshake never reads it. */
+static bool handshake_refused(const char *errbuf)
 {
+    static const char *const alerts[] = {
+        "alert certificate required",    "alert bad certificate",     "alert unknown ca",
+        "alert certificate unknown",     "alert certificate revoked", "alert certificate expired",
+        "alert unsupported certificate", "alert access denied",       "alert handshake failure",
+    };
+
+    for (size_t i = 0; i < ARRAY_SIZE(alerts); i++) {
+        if (strstr(errbuf, alerts[i]))
+            return true;
+    }
+    return false;
+}
+
+/* The errno of a finished transfer (see upstream_done_fn, before
+ * failure()), and in <x->cause> what failed, in words. */
+static int map_curl_error(struct xfer *x, CURLcode cc)
+{
+    long os = 0;
+    curl_off_t connected = 0;
+
     if (x->err)
         return x->err; /* a callback aborted the transfer and said why */
     switch (cc) {
     case CURLE_OK:
         return 0;
     case CURLE_OPERATION_TIMEDOUT:
+        (void)curl_easy_getinfo(x->easy, CURLINFO_CONNECT_TIME_T, &connected);
+        x->cause = connected == 0  ? "no connection to the upstream within --upstream-timeout"
+                   : xfer_wrote(x) ? "no answer from the upstream within --upstream-timeout"
+                                   : "the TLS handshake with the upstream did not finish within "
+                                     "--upstream-timeout";
         return -ETIMEDOUT;
-    case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_SSL_CONNECT_ERROR:
+        x->cause = "the upstream's host name does not resolve";
+        return -ECONNREFUSED;
+    case CURLE_COULDNT_CONNECT:
+        (void)curl_easy_getinfo(x->easy, CURLINFO_OS_ERRNO, &os);
+        x->cause = os == ECONNREFUSED ? "the upstream refused the connection"
+                   : os == ENETUNREACH || os == EHOSTUNREACH
+                       ? "the upstream's address is unreachable"
+                       : "could not connect to the upstream";
+        return -ECONNREFUSED;
     case CURLE_PEER_FAILED_VERIFICATION:
+        x->cause = "the upstream's TLS certificate failed verification";
+        return -ECONNREFUSED;
+    case CURLE_SSL_CONNECT_ERROR:
+        x->cause = "the TLS handshake with the upstream failed";
         return -ECONNREFUSED; /* the request never left */
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_ENGINE_INITFAILED:
+        x->cause = "the proxy's TLS files for the upstream could not be used";
+        return -ECONNREFUSED;
     case CURLE_OUT_OF_MEMORY:
         return -ENOMEM;
+    case CURLE_GOT_NOTHING:
+        x->cause = "the upstream closed the connection without an answer";
+        return -ECONNRESET;
+    case CURLE_PARTIAL_FILE:
+        x->cause = "the upstream closed the connection before the whole answer";
+        return -ECONNRESET;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+        if (handshake_refused(x->errbuf)) {
+            x->cause = "the upstream refused the TLS handshake";
+            x->refused = true;
+            return -ECONNREFUSED;
+        }
+        x->cause = xfer_wrote(x) ? "the upstream reset the connection after the request was sent"
+                                 : "the upstream reset the connection before the request was sent";
+        return -ECONNRESET;
     default:
-        return -ECONNRESET; /* recv/send error, empty reply, partial body, bad reply */
+        x->cause = "the upstream's answer is malformed";
+        return -ECONNRESET; /* a bad reply, or one curl cannot read */
     }
+}
+
+/* Fills the request's upstream_why, when it asked, for the failure <err>. */
+static void tell_why(struct xfer *x, int err)
+{
+    struct upstream_why *w = x->req->why;
+
+    if (!w || err == 0)
+        return;
+    w->cause = x->cause;
+    if (!w->cause && err == -ECONNRESET)
+        w->cause = "the upstream's answer is malformed";
+    else if (!w->cause && err == -ETIMEDOUT)
+        w->cause = "no connection to the upstream within --upstream-timeout";
+    else if (!w->cause && (err == -ECANCELED || err == -ESHUTDOWN))
+        w->cause = "the exchange was cancelled: the proxy is stopping";
+    snprintf(w->more, sizeof(w->more), "%s", x->errbuf);
 }
 
 /* One raw response header line. A status line starts a new response: the
@@ -217,6 +309,7 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     return total;
 
 malformed:
+    x->cause = "the upstream's answer is malformed";
     x->err = -ECONNRESET;
     return 0;
 }
@@ -332,7 +425,8 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
 
         if (http_is_hop_by_hop(h->name) || http_is_connection_listed(conn->data, h->name) ||
             span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
-            span_eq_nocase(h->name, h_xfh))
+            span_eq_nocase(h->name, h_xfh) ||
+            (req->id_header.len > 0 && span_eq_nocase(h->name, req->id_header)))
             continue;
         if (span_eq_nocase(h->name, h_xff)) {
             if (h->value.len > 0 && join(xff, h->value) < 0)
@@ -364,6 +458,8 @@ static int build_headers(struct upstream *up, const struct upstream_request *req
     if (add_line(&list, line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
         goto out;
     if (host && add_line(&list, line, h_xfh, *host) < 0)
+        goto out;
+    if (req->id_header.len > 0 && add_line(&list, line, req->id_header, req->id) < 0)
         goto out;
 
     *ret = list;
@@ -433,6 +529,36 @@ out:
     free(prefix);
     curl_free(scheme);
     curl_free(path);
+    curl_url_cleanup(u);
+    return r;
+}
+
+int upstream_base_resolve(const char *url, char *why, size_t why_len)
+{
+    CURLU *u = curl_url();
+    char *host = NULL;
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+    size_t len;
+    int r = -ENOMEM, g;
+
+    if (!u)
+        return -ENOMEM;
+    if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK)
+        goto out;
+    len = strlen(host);
+    if (len >= 2 && host[0] == '[') { /* an IPv6 address: no lookup to speak of */
+        r = 0;
+        goto out;
+    }
+    g = getaddrinfo(host, NULL, &hints, &res);
+    r = g == 0 ? 0 : -ENOENT;
+    if (g != 0)
+        snprintf(why, why_len, "the host %s does not resolve now (%s)", host, gai_strerror(g));
+out:
+    if (res)
+        freeaddrinfo(res);
+    curl_free(host);
     curl_url_cleanup(u);
     return r;
 }
@@ -512,6 +638,19 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     SET(CURLOPT_WRITEDATA, x);
     SET(CURLOPT_PREREQFUNCTION, prereq_cb);
     SET(CURLOPT_PREREQDATA, x);
+    SET(CURLOPT_ERRORBUFFER, x->errbuf);
+    if (up->tls.tls_ca_file)
+        SET(CURLOPT_CAINFO, up->tls.tls_ca_file);
+    if (up->tls.tls_cert_file) {
+        SET(CURLOPT_SSLCERT, up->tls.tls_cert_file);
+        SET(CURLOPT_SSLKEY, up->tls.tls_key_file);
+    }
+    if (up->tls.tls_insecure) {
+        SET(CURLOPT_SSL_VERIFYPEER, 0L);
+        SET(CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    if (up->connect_to)
+        SET(CURLOPT_CONNECT_TO, up->connect_to);
 
     if (span_is(req->method, "HEAD")) {
         SET(CURLOPT_NOBODY, 1L);
@@ -781,6 +920,45 @@ static void teardown(void *ctx)
 
 static void nothing(void *ctx) { (void)ctx; }
 
+/* --upstream-tls-server-name: the origin's host becomes <name>, which curl
+ * sends as SNI and verifies in the certificate (and sends as Host when the
+ * client sent none), and the connection still goes to the URL's host and
+ * port ("name:port:host:port"). */
+static int use_server_name(struct upstream *up, const char *name)
+{
+    CURLU *u = curl_url();
+    char *host = NULL, *port = NULL, *origin = NULL, line[600];
+    struct curl_slist *l;
+    int r = -ENOMEM;
+
+    if (!u)
+        return -ENOMEM;
+    if (curl_url_set(u, CURLUPART_URL, up->base.origin, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        curl_url_set(u, CURLUPART_HOST, name, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_URL, &origin, 0) != CURLUE_OK)
+        goto out;
+    if ((size_t)snprintf(line, sizeof(line), "%s:%s:%s:%s", name, port, host, port) >=
+        sizeof(line)) {
+        r = -EINVAL;
+        goto out;
+    }
+    l = curl_slist_append(NULL, line);
+    if (!l)
+        goto out;
+    up->connect_to = l;
+    free(up->base.origin);
+    up->base.origin = strdup(origin);
+    r = up->base.origin ? 0 : -ENOMEM;
+out:
+    curl_free(host);
+    curl_free(port);
+    curl_free(origin);
+    curl_url_cleanup(u);
+    return r;
+}
+
 int upstream_new(const struct upstream_options *opt, struct loop *loop, struct upstream **ret)
 {
     struct upstream *up;
@@ -805,7 +983,10 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
+    up->tls = *opt;
     r = upstream_base_parse(opt->base_url, &up->base);
+    if (r == 0 && opt->tls_server_name)
+        r = use_server_name(up, opt->tls_server_name);
     if (r < 0)
         goto fail;
     r = -ENOMEM;
@@ -860,5 +1041,6 @@ void upstream_free(struct upstream *up)
     buf_done(&up->method);
     pthread_mutex_destroy(&up->lock);
     upstream_base_done(&up->base);
+    curl_slist_free_all(up->connect_to);
     free(up);
 }

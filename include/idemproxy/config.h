@@ -59,6 +59,14 @@ struct config {
     struct config_addr listen;       /* --listen, default 127.0.0.1:8080 */
     struct config_addr admin_listen; /* --admin-listen, default 127.0.0.1:9090 */
     char *upstream; /* --upstream, required: scheme://host[:port][/prefix] without a trailing '/' */
+    char *upstream_tls_ca_file;     /* --upstream-tls-ca-file, NULL: the system's CA store */
+    char *upstream_tls_cert_file;   /* --upstream-tls-cert-file, NULL: no client certificate */
+    char *upstream_tls_key_file;    /* --upstream-tls-key-file */
+    char *upstream_tls_server_name; /* --upstream-tls-server-name, NULL: the URL's host */
+    bool upstream_tls_insecure;     /* --upstream-tls-insecure: no certificate verification */
+    char *tls_cert_file;            /* --tls-cert-file, NULL: --listen is plain HTTP */
+    char *tls_key_file;             /* --tls-key-file */
+    char *request_id_header;        /* --request-id-header, default X-Request-Id, "": none */
     char *store_url;              /* --store / IDEMPROXY_STORE_URL, NULL: see config_store_url() */
     char *store_password_file;    /* --store-password-file, NULL: none */
     char *store_password;         /* its first line: beats a password in the URL */

@@ -4,6 +4,8 @@
 #ifndef IDEMPROXY_LOG_H
 #define IDEMPROXY_LOG_H
 
+#include <pthread.h>
+
 #include "idemproxy/common.h"
 
 enum log_level {
@@ -44,20 +46,59 @@ struct log_access {
     bool has_upstream; /* the request was forwarded: <upstream_us> is meaningful */
     uint64_t upstream_us;
     uint64_t total_us;
-    size_t bytes;        /* response body bytes */
-    const char *unknown; /* the cause, when this request made its key's outcome unknown */
+    size_t bytes;           /* response body bytes */
+    const char *unknown;    /* the cause, when this request made its key's outcome unknown */
+    const char *reason;     /* why it was refused (a problem the proxy answered itself), or NULL */
+    const char *request_id; /* NULL: none */
+    const char *client;     /* the client's address, NULL: unknown */
 };
 
 /* Writes the access line of <a> at info level, its client fields (method,
  * target, key) and route escaped as log_write() escapes a message. Text:
  * "<time> info access <method> <target> <status> <outcome> route=<route>
- * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n> unknown=<cause>"
- * (route= left out when NULL, key= when absent, unknown= unless it applies).
- * JSON: {"time","level","msg":"access","method","target","status","outcome",
- * "route","key","upstream_ms","total_ms","bytes","unknown"} ("route", "key",
- * "upstream_ms" and "unknown" absent when they do not apply).
+ * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n> unknown=<cause>
+ * request_id=<id> client=<address> reason="<why>"" (route= left out when
+ * NULL, key= when absent, unknown=, request_id=, client= and reason= unless
+ * they apply). JSON: {"time","level","msg":"access","method","target",
+ * "status","outcome","route","key","upstream_ms","total_ms","bytes",
+ * "unknown","request_id","client","reason"} (each absent when it does not
+ * apply). The request id and the reason are escaped as client bytes.
  * Milliseconds have three decimals. */
 void log_access(const struct log_access *a);
+
+/* A failure that repeats across requests (the store down, the upstream
+ * refusing) keeps the log readable: the first line of a kind is written; the
+ * same kind again within LOG_BURST_MS is counted instead, and the count is
+ * written at most once every LOG_BURST_MS, as "<subject> (<kind>): 211 more
+ * in the last 10 s" (by log_burst_tick(), or by the next line once the
+ * window is over). Another kind is written at once. Any thread. */
+#define LOG_BURST_MS 10000u
+
+struct log_burst {
+    const char *subject; /* what is counted: "upstream failures" */
+    pthread_mutex_t mu;
+    uint64_t since_ms;      /* when the window began (monotonic); 0: quiet */
+    unsigned more;          /* lines of <kind> counted, not written, in the window */
+    char kind[240];         /* the kind of the last line written */
+    struct log_burst *next; /* in the list log_burst_tick() walks, once admitted */
+    bool listed;
+};
+
+#define LOG_BURST_INIT(subj)                                                                       \
+    {                                                                                              \
+        .subject = (subj), .mu = PTHREAD_MUTEX_INITIALIZER                                         \
+    }
+
+/* Whether the line of <kind> (compared as text) is to be written now: true,
+ * or false when it was counted. A count left from an earlier window is
+ * written first. log_burst_admit_at() takes the monotonic time (tests). */
+bool log_burst_admit(struct log_burst *b, const char *kind);
+bool log_burst_admit_at(struct log_burst *b, const char *kind, uint64_t now_ms);
+
+/* Writes the counts of the windows that are over, and ends the windows that
+ * counted nothing. Call about once a second (main does). */
+void log_burst_tick(void);
+void log_burst_tick_at(uint64_t now_ms);
 
 /* The level is tested before the arguments are formatted. */
 #define LOG(level, ...)                                                                            \

@@ -27,6 +27,10 @@ struct pipeline_answer {
                                   connection */
     const char *replay_header; /* the route's replay-header: valid until pipeline_req_free() */
     const char *replayed;      /* its value ("true"/"false"), or NULL for none */
+    /* The request id (SPEC §11), set on every answer in place of any field
+     * of that name in <rec>: valid until pipeline_req_free(); NULL: none. */
+    const char *id_header;
+    const char *id;
     enum outcome outcome;
 };
 

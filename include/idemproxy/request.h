@@ -35,6 +35,17 @@ int request_add_header(struct request *rq, struct span name, struct span value);
  * there are in <ret_count> (may be NULL). */
 const struct span *request_header(const struct request *rq, struct span name, size_t *ret_count);
 
+#define REQUEST_ID_MAX 200 /* bytes of a request id kept as the client sent it */
+
+/* The request id of <rq> (SPEC §11) into <out>, NUL-terminated: the value of
+ * its one <header> field when that is 1 to REQUEST_ID_MAX bytes of 0x21-0x7E,
+ * else a new one, 128 random bits in hex. Returns true when it was kept,
+ * false when made. */
+bool request_id_pick(const struct request *rq, struct span header, char out[REQUEST_ID_MAX + 1]);
+
+/* Whether <v> may be kept as a request id: 1 to REQUEST_ID_MAX bytes of 0x21-0x7E. */
+bool request_id_is_valid(struct span v);
+
 /* Frees <rq> and what it owns. NULL-safe. */
 void request_free(struct request *rq);
 

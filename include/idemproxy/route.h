@@ -74,6 +74,14 @@ size_t route_table_max_response(const struct route_table *t);
 uint64_t route_table_max_wait(const struct route_table *t);
 uint64_t route_table_min_lock_ttl(const struct route_table *t);
 
+/* What a reload to <t> cannot give until a restart, one line a route into
+ * <why> ("" for nothing): a wait when the process started without the
+ * notifications --wait needs (<waits_subscribed> false, on a store), a
+ * lock-ttl shorter than <min_lock_ttl_ms>, which the heartbeat was set up
+ * for. Returns 1 when it wrote a line, else 0. */
+int route_table_restart_notes(const struct route_table *t, bool waits_subscribed,
+                              uint64_t min_lock_ttl_ms, char *why, size_t whylen);
+
 struct route_table *route_table_ref(struct route_table *t);
 
 /* Drops a reference; the last one frees the table and its routes. NULL-safe. */

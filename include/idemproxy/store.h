@@ -147,6 +147,9 @@ struct store_ops {
                    store_done_fn *done, void *ctx);
     int (*set_notify)(struct store *st, store_notify_fn *fn, void *ctx);
     bool (*is_ready)(struct store *st);
+    /* The last failure the store knows of, in its own words ("<server>:
+     * WRONGPASS ..."), into <buf>; "" when none. NULL: none ever. */
+    void (*last_failure)(struct store *st, char *buf, size_t len);
     int (*metrics)(struct store *st, store_metric_fn *emit, void *ctx); /* NULL: none */
     void (*free)(struct store *st);
 };
@@ -274,6 +277,11 @@ static inline int store_set_notify(struct store *st, store_notify_fn *fn, void *
 
 /* True while the store answers (for /readyz). Cheap, any thread. */
 static inline bool store_is_ready(struct store *st) { return st->ops->is_ready(st); }
+
+/* Why a call failed with <err>, in words for the log: the store's last
+ * failure as its server sent it (Redis's "WRONGPASS ...", PostgreSQL's
+ * message) when it knows one, else store_strerror(<err>). Any thread. */
+void store_why(struct store *st, int err, char *buf, size_t len);
 
 /* Reports the store's own values (the memory store's budget and evictions)
  * through <emit>. Returns 0 or the first error of <emit>. Any thread. */

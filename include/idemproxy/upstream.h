@@ -13,6 +13,15 @@ struct loop;
 struct record;
 struct upstream;
 
+/* Why an exchange failed, in words, filled before the callback runs with an
+ * error (see upstream_done_fn). */
+struct upstream_why {
+    /* Static, a phrase for the client's problem detail and the log: "the
+     * upstream's host name does not resolve"; NULL: none to give. */
+    const char *cause;
+    char more[256]; /* for the log only: curl's own words (a certificate's fault), or "" */
+};
+
 /* What to forward. Everything is borrowed and must stay valid until the
  * callback has run. */
 struct upstream_request {
@@ -27,12 +36,17 @@ struct upstream_request {
     size_t nheaders;
     struct span body;
     const char *client_ip; /* appended to X-Forwarded-For */
-    const char *proto;     /* X-Forwarded-Proto: "http" */
+    const char *proto;     /* X-Forwarded-Proto: "http" or "https" */
+    /* The request id (SPEC §11): the client's fields named <id_header> are
+     * replaced by one carrying <id>. <id_header> empty: none. */
+    struct span id_header;
+    struct span id;
     /* Optional: makes the exchange go on past the timeout, for the late
      * timeout (upstream_options), and runs once, on the loop thread, when the
      * timeout passes while it does: the caller answers its client then,
      * and the callback still runs once at the exchange's end (SPEC §9). */
     void (*overdue)(void *ctx);
+    struct upstream_why *why; /* optional: filled when the exchange fails */
 };
 
 /* Runs exactly once per accepted request, on the loop thread. <err> is 0
@@ -65,6 +79,12 @@ struct upstream_options {
     uint64_t late_ms;         /* how much longer an exchange with overdue goes on */
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
     unsigned max_connections; /* kept-alive connections to the upstream */
+    /* https:// (SPEC §11), borrowed: they must outlive the client. */
+    const char *tls_ca_file;     /* the CAs that verify the upstream, NULL: the system's */
+    const char *tls_cert_file;   /* a client certificate, NULL: none */
+    const char *tls_key_file;    /* its key */
+    const char *tls_server_name; /* the name verified and sent as SNI, NULL: the URL's host */
+    bool tls_insecure;           /* no verification */
 };
 
 /* The fixed part of every upstream request, from --upstream: where to
@@ -79,6 +99,11 @@ struct upstream_base {
  * with the parts in <ret> (free with upstream_base_done()), -EINVAL when <url>
  * is not such a URL (<ret> untouched), or -ENOMEM. Any thread. */
 int upstream_base_parse(const char *url, struct upstream_base *ret);
+
+/* Looks up the host of the upstream URL <url> (checked already) now, as
+ * --check-config does: blocks on the resolver. Returns 0 when it resolves
+ * (or is an address), else -ENOENT with the resolver's words in <why>. */
+int upstream_base_resolve(const char *url, char *why, size_t why_len);
 
 /* Frees what upstream_base_parse() filled. NULL-safe, idempotent. */
 void upstream_base_done(struct upstream_base *b);
@@ -103,8 +128,8 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
  * those named in Connection, Expect, Content-Length and the client's
  * X-Forwarded-Proto/-Host dropped), the client's Host unchanged,
  * X-Forwarded-For appended with req->client_ip, X-Forwarded-Proto and
- * X-Forwarded-Host (the Host sent) set, no Expect: 100-continue, body; to
- * the origin of --upstream only, whatever the target. With req->host, the
+ * X-Forwarded-Host (the Host sent) set, the request id set (req->id_header), no Expect:
+ * 100-continue, body; to the origin of --upstream only, whatever the target. With req->host, the
  * client's Host fields are replaced by it.
  * <req> and everything it points to are borrowed: they must stay unchanged
  * until <done> runs (the loop thread reads them when it starts the

@@ -91,8 +91,9 @@ def hone(headers, name):
 FRAMING = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
-def end_to_end(headers, drop=(REPLAY,)):
-    """Headers without framing ones and the replay header, for comparisons."""
+def end_to_end(headers, drop=(REPLAY, "X-Request-Id")):
+    """Headers without framing ones, the replay header and the request id
+    (each answer carries its own request's), for comparisons."""
     dropl = {d.lower() for d in drop}
     return [(k.lower(), v) for k, v in headers if k.lower() not in FRAMING | dropl]
 
@@ -580,7 +581,9 @@ class Proxy:
         free)? If so, and the ports are the factory's own, it picks new ones."""
         own = ["--listen", "127.0.0.1:%d" % self.port, "--admin-listen",
                "127.0.0.1:%d" % self.admin_port]
-        if self.args[1:5] != own or "another process listens on it" not in self.stderr():
+        err = self.stderr()
+        if self.args[1:5] != own or ("another process listens on it" not in err
+                                     and "cannot listen there" not in err):
             return False
         self.port = free_port()
         self.admin_port = free_port()
@@ -606,7 +609,9 @@ class Proxy:
             try:
                 st, _, _ = http_request("127.0.0.1", self.admin_port, "GET", "/healthz",
                                         timeout=1.0)
-                if st == 200:
+                # Another process may have taken the admin port and answer
+                # for it while this one fails to start: it must still run.
+                if st == 200 and self.proc.poll() is None:
                     return self
             except OSError:
                 pass

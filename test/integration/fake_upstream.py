@@ -228,8 +228,11 @@ class FakeUpstream(ThreadingHTTPServer):
     request_queue_size = 256
     allow_reuse_address = True
 
-    def __init__(self, port=0):
+    def __init__(self, port=0, tls=None):
+        """<tls>: an ssl.SSLContext (server side): the upstream speaks HTTPS,
+        each connection's handshake done in its own thread."""
         super().__init__(("127.0.0.1", port), _Handler)
+        self._tls = tls
         self._lock = threading.Lock()
         self._seq = 0
         self._hits = {}
@@ -253,13 +256,19 @@ class FakeUpstream(ThreadingHTTPServer):
     def handle_error(self, request, client_address):  # quiet
         pass
 
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
     @property
     def port(self):
         return self.server_address[1]
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d" % self.port
+        return "%s://127.0.0.1:%d" % ("https" if self._tls is not None else "http", self.port)
 
     def record(self, path, method, target, headers, body):
         with self._lock:

@@ -361,7 +361,7 @@ def test_access_log_text(proxy, upstream):
     first, second, third = access_lines(p)
     pat = (r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z info access (\S+) (\S+) (\d{3}) (\w+)"
            r" route=([a-z0-9_-]+)( key=\S+)? upstream_ms=(-|\d+\.\d{3}) total_ms=\d+\.\d{3}"
-           r" bytes=(\d+)$")
+           r" bytes=(\d+) request_id=[0-9a-f]{32} client=127\.0\.0\.1$")
     m1, m2, m3 = (re.match(pat, ln) for ln in (first, second, third))
     assert m1 and m2 and m3, (first, second, third)
     assert m1.groups()[:6] == ("POST", "/echo?a=1", "201", "executed", "default", " key=" + key)

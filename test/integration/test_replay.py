@@ -78,6 +78,9 @@ def test_replayed_byte_for_byte(proxy, upstream, rdb):
     assert (st3, b3, end_to_end(h3)) == (st1, b1, end_to_end(h1))
     assert hone(h3, REPLAY) == "true"
     assert upstream.hits("/echo") == 1
+    # Each answer carries its own request's id, a replay too.
+    ids = [hone(h, "X-Request-Id") for h in (h1, h2, h3)]
+    assert all(ids) and len(set(ids)) == 3, ids
 
 
 def test_replay_content_length_matches_body(proxy, upstream):

@@ -20,6 +20,7 @@ import pytest
 from conftest import (REPLAY, assert_problem, free_port, hone, in_thread, metrics_value, new_key,
                       redis_keys, redis_only, run_binary, start_request, store_independent,
                       wait_for)
+from redis_fixtures import make_pki
 
 LINE_RE = r"^(?:idemproxy: )?%s:(\d+):(\d+): (.+)$"
 
@@ -1572,9 +1573,16 @@ def test_every_help_option_is_a_file_key(tmp_path):
     for name in ("password", "ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("x\n")
     (tmp_path / "token").write_text("an-admin-token-of-some-length-0123456789\n")
+    pki = make_pki(str(tmp_path / "pki"))  # TLS files are loaded by --check-config
     # options with no default: a valid sample value
     samples = {
-        "--upstream": "http://127.0.0.1:3000",
+        "--upstream": "https://127.0.0.1:3000",  # https: the upstream TLS options apply
+        "--upstream-tls-ca-file": pki.ca_crt,
+        "--upstream-tls-cert-file": pki.client_crt,
+        "--upstream-tls-key-file": pki.client_key,
+        "--upstream-tls-server-name": "api.example.com",
+        "--tls-cert-file": pki.server_crt,
+        "--tls-key-file": pki.server_key,
         "--store": "",  # none: --redis names the store (one of the two, not both)
         "--store-password-file": str(tmp_path / "password"),
         "--redis": "rediss://127.0.0.1:6380",  # rediss: the TLS options below apply

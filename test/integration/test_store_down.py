@@ -201,3 +201,58 @@ def test_redis_host_name_that_does_not_resolve_is_503_redis(proxy, upstream):
     assert "no-such-host.invalid does not resolve" in err, err
     assert "the store's host name does not resolve" in err, err
     assert "Connection refused" not in err and "No route to host" not in err, err
+
+
+def log_lines(p, needle):
+    """The lines of the whole log (p.stderr() keeps only its end) with <needle>."""
+    with open(p.stderr_path, encoding="utf-8", errors="replace") as f:
+        return [ln for ln in f.read().splitlines() if needle in ln]
+
+
+@single_redis_server
+@redis_only
+def test_log_stays_readable_through_a_redis_outage(proxy, upstream, rdb, redis_server):
+    """200 requests while Redis is down: the failure is logged once, then
+    counted; the count comes within 10 s (and a second), not 200 lines."""
+    p = proxy()
+    wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
+    redis_server.stop()
+    try:
+        for _ in range(200):
+            assert p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")[0] == 503
+        failed = log_lines(p, "store acquire of key")
+        assert len(failed) == 1, failed
+        assert "Connection refused" in failed[0], failed  # the reason, as the system said it
+        wait_for(lambda: log_lines(p, "store failures ("), timeout=13, interval=0.2,
+                 what="the count of the failures not logged")
+        summary = log_lines(p, "store failures (")
+        assert len(summary) == 1 and ": 199 more in the last 1" in summary[0], summary
+        assert len(log_lines(p, " warn ")) < 10, log_lines(p, " warn ")
+        assert len(log_lines(p, " info access ")) == 200  # one access line each, still
+    finally:
+        redis_server.start()
+
+
+@single_redis_server
+@redis_only
+def test_redis_error_is_named_as_redis_sent_it_redis(proxy, upstream, rdb):
+    """A command Redis refuses (an ACL without the scripts) is logged with
+    Redis's own error, not as a protocol error."""
+    rdb.execute_command("ACL", "SETUSER", "noscript", "on", ">pw", "~*", "&*", "+@all",
+                        "-evalsha", "-eval")
+    try:
+        p = proxy(redis_url=redis_url_with_user(rdb, "noscript", "pw"))
+        for _ in range(3):
+            assert_problem(p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x"),
+                           503, "store_unavailable")
+        failed = log_lines(p, "store acquire of key")
+        assert len(failed) == 1 and "NOPERM" in failed[0], p.stderr()
+        assert "protocol error" not in p.stderr().lower()
+        assert upstream.hits() == 0
+    finally:
+        rdb.execute_command("ACL", "DELUSER", "noscript")
+
+
+def redis_url_with_user(rdb, user, password):
+    kw = rdb.connection_pool.connection_kwargs
+    return "redis://%s:%s@%s:%d" % (user, password, kw["host"], kw["port"])

@@ -168,8 +168,10 @@ static void test_log_hostile_bytes_json(void)
             CHECK_EQ_STR(json_string_value(json_object_get(j, "method")), "PO\"ST");
             /* JSON carries the bytes that are UTF-8; the rest, and NUL, is \xHH */
             CHECK(json_string_length(json_object_get(j, "target")) > 60);
-            CHECK(target && strncmp(target, "/a\"b\\c\r\n2026-01-01T00:00:00.000Z error forged "
-                                            "key=x", 48) == 0);
+            CHECK(target && strncmp(target,
+                                    "/a\"b\\c\r\n2026-01-01T00:00:00.000Z error forged "
+                                    "key=x",
+                                    48) == 0);
             CHECK(target && strstr(target, "key=x\\x00zz\x1b[31m\x7f\xc3\xa9\\xff\\xc0\\xaf\\xed"
                                            "\\xa0\\x80 \t"));
             CHECK(json_is_string(key) && json_string_length(key) > 256);
@@ -259,5 +261,87 @@ static void test_log_access_route_json(void)
     }
 }
 
+static void log_refused_access(void)
+{
+    log_access(&(struct log_access){
+        .method = SPAN_LIT("POST"),
+        .target = SPAN_LIT("/x"),
+        .status = 400,
+        .outcome = "bad_request",
+        .route = "default",
+        .total_us = 20,
+        .reason = "a \"quoted\" value\nwith a line end",
+        .request_id = "req-1\x01",
+        .client = "192.0.2.7",
+    });
+}
+
+/* The access line ends with the request id and the client's address, and a
+ * refusal's reason, quoted: one line whatever the client sent. */
+static void test_log_access_request_id_client_reason(void)
+{
+    static const char text[] = " info access POST /x 400 bad_request route=default "
+                               "upstream_ms=- total_ms=0.020 bytes=0 request_id=req-1\\x01 "
+                               "client=192.0.2.7 reason=\"a \\\"quoted\\\" value\\x0awith a "
+                               "line end\"\n";
+    const char *out;
+    json_error_t jerr;
+    json_t *j;
+
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
+    out = capture_stderr(log_refused_access);
+    CHECK_EQ_INT(count_lines(out), 1);
+    CHECK_EQ_STR(out + 24, text);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
+    out = capture_stderr(log_refused_access);
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
+    CHECK_EQ_INT(count_lines(out), 1);
+    j = json_loads(out, 0, &jerr);
+    CHECK(j != NULL);
+    if (j) {
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "client")), "192.0.2.7");
+        CHECK_EQ_STR(json_string_value(json_object_get(j, "reason")),
+                     "a \"quoted\" value\nwith a line end");
+        CHECK(json_object_get(j, "request_id") != NULL);
+        json_decref(j);
+    }
+}
+
+static struct log_burst test_burst = LOG_BURST_INIT("test failures");
+static int burst_written;
+
+/* A burst: the first line of a kind, a count of the rest every 10 s, and a
+ * new kind or a quiet spell written in full again. */
+static void burst_steps(void)
+{
+    uint64_t t = 1000000;
+
+    burst_written = 0;
+    burst_written += log_burst_admit_at(&test_burst, "refused", t); /* written */
+    for (int i = 0; i < 211; i++)
+        burst_written += log_burst_admit_at(&test_burst, "refused", t + 10 + (uint64_t)i);
+    log_burst_tick_at(t + 5000);                                            /* not yet */
+    log_burst_tick_at(t + 10000);                                           /* "211 more" */
+    burst_written += log_burst_admit_at(&test_burst, "refused", t + 11000); /* counted */
+    burst_written += log_burst_admit_at(&test_burst, "reset", t + 11001);   /* another kind */
+    log_burst_tick_at(t + 21001);                                           /* nothing counted */
+    log_burst_tick_at(t + 31002);                                           /* quiet: ends */
+    burst_written += log_burst_admit_at(&test_burst, "reset", t + 31003);   /* written again */
+}
+
+static void test_log_burst(void)
+{
+    const char *out;
+
+    log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
+    out = capture_stderr(burst_steps);
+    CHECK_EQ_INT(burst_written, 3);
+    CHECK(strstr(out, "warn test failures (refused): 211 more in the last 10 s\n") != NULL);
+    /* the one counted before "reset" came is said when it comes */
+    CHECK(strstr(out, "warn test failures (refused): 1 more in the last 1 s\n") != NULL);
+    CHECK_EQ_INT(count_lines(out), 2);
+}
+
 TEST_MAIN(test_log_text_and_json, test_log_hostile_bytes_text, test_log_hostile_bytes_json,
-          test_log_access_route_text, test_log_access_route_json)
+          test_log_access_route_text, test_log_access_route_json,
+          test_log_access_request_id_client_reason, test_log_burst)

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/* What the pipeline's two files share: the pipeline and its request, and
+ * the steps each calls in the other. pipeline.c admits, locks, holds
+ * duplicates and answers; pipeline_upstream.c forwards and ends the lock
+ * with the upstream's answer (stored, released or unknown). */
+#ifndef IDEMPROXY_PIPELINE_IMPL_H
+#define IDEMPROXY_PIPELINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "idemproxy/admission.h"
+#include "idemproxy/pipeline.h"
+#include "idemproxy/request.h"
+#include "idemproxy/store.h"
+#include "idemproxy/upstream.h"
+#include "idemproxy/waitlist.h"
+
+struct pipeline {
+    struct store *st;
+    struct worker_pool *pool;
+    struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
+    struct leases *leases;  /* owned: held locks and their heartbeat (lease.h) */
+    struct pipeline_forwarder fwd;
+    pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
+    struct route_table *routes; /* owned reference: what new requests are matched against */
+    uint64_t min_lock_ttl_ms;   /* the heartbeat was set up for locks this short */
+    const char *key_prefix;     /* --key-prefix, borrowed from the configuration */
+    bool enabled;               /* IDEMPOTENCY_ENABLED */
+    const char *proto;          /* X-Forwarded-Proto: "https" with --tls-cert-file */
+    const char *id_header;      /* --request-id-header, borrowed; NULL: none */
+    atomic_uint late;           /* exchanges going on after their client got its 504 */
+};
+
+/* A request as the pipeline knows it: the request the front end handed over,
+ * what admission decided of it, and the run's own state. The front end holds
+ * a handle on it and sees none of it. */
+struct pipeline_req {
+    struct request *rq;          /* owned: what the front end read */
+    struct pipeline_answer out;  /* the answer, until it is handed over */
+    char id[REQUEST_ID_MAX + 1]; /* its request id, when the pipeline has a header for it */
+    bool decided;                /* the answer was handed over */
+    struct pipeline *pl;
+    /* The front end's reference, and a late exchange's (SPEC §9): the last
+     * one frees it. */
+    atomic_int refs;
+    bool late;            /* answered 504 at --upstream-timeout; its exchange goes on */
+    char *late_method;    /* owned: the method, once late (the front end's copy may go) */
+    const char *unknown;  /* the cause, once this request made its key unknown */
+    const char *reason;   /* why admission refused it, for the access line; NULL: it did not */
+    char *reason_buf;     /* owned: <reason>, when it had to be copied */
+    struct admission adm; /* its route, key, fingerprint and body (admission.h) */
+    struct store_token tok;
+    struct lease *lease;            /* reference while the lock is held */
+    struct upstream_request up_req; /* what is forwarded: borrows from this request */
+    struct upstream_why up_why;     /* why the exchange failed, when it did */
+    uint64_t acquire_sent_ms;
+    uint64_t start_us;         /* metrics_now_us() when the headers were in */
+    uint64_t store_sent_us;    /* the acquire in progress */
+    uint64_t upstream_sent_us; /* when it was forwarded */
+    uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
+    bool forwarded;
+    bool running;               /* pipeline_end() ran it: counted in flight */
+    struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
+    pipeline_answer_fn *answer;
+    void *answer_ctx;
+};
+
+/* pipeline.c */
+
+/* Sets the answer of <r>: <rec> (a reference it takes over), its outcome and
+ * the replay header's value (NULL: none). */
+void pipeline_set_answer(struct pipeline_req *r, struct record *rec, enum outcome o,
+                         const char *replayed);
+
+/* Sets a problem answer; a record that cannot be built (OOM) leaves none:
+ * the front end then drops the connection. */
+void pipeline_set_problem(struct pipeline_req *r, enum problem p, enum outcome o,
+                          const char *detail);
+
+/* Hands <r> back to the front end with its answer, counted and logged
+ * first. The one exit. */
+void pipeline_finish(struct pipeline_req *r);
+
+/* Counts and logs that <r> made its key's outcome unknown for <cause>. */
+void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause);
+
+/* Drops a reference to <r>: the front end's or its late exchange's; the
+ * last frees it. */
+void pipeline_req_unref(struct pipeline_req *r);
+
+/* pipeline_upstream.c */
+
+/* Forwards <r> (keyed under its lock, or passed through); its answer ends
+ * the lock and answers the client. */
+void pipeline_forward(struct pipeline_req *r);
+
+/* Completes the lock of <r> with <rec> (a reference the lease takes over),
+ * or releases it when <rec> is NULL; <r> is answered once the first attempt
+ * has reported back (store failures are retried without it: lease.h). */
+void pipeline_lease_end(struct pipeline_req *r, struct record *rec);
+
+#endif

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: MIT */
+/* The pipeline's steps 5 and 6 (pipeline.c has the first four): a request
+ * forwarded, and the upstream's answer, or its failure, ending the lock:
+ * stored, released, or the key's outcome made unknown (SPEC §9). On the
+ * loop thread of the upstream call; a late exchange (--upstream-late-timeout)
+ * ends there after its client was answered. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idemproxy/config.h"
+#include "idemproxy/lease.h"
+#include "idemproxy/log.h"
+#include "idemproxy/metrics.h"
+#include "idemproxy/problem.h"
+#include "idemproxy/record.h"
+#include "idemproxy/route.h"
+
+#include "pipeline_impl.h"
+
+/* An upstream failure that repeats across requests: the first of a kind is
+ * logged, then a count every 10 s (log.h). */
+static struct log_burst upstream_failures = LOG_BURST_INIT("upstream failures");
+
+/* ---- 5. Forwarding ---- */
+
+static void on_upstream(void *ctx, int err, struct record *rec);
+static void on_overdue(void *ctx);
+
+void pipeline_forward(struct pipeline_req *r)
+{
+    const struct request *in = r->rq;
+    int err;
+
+    r->up_req = (struct upstream_request){
+        .method = in->method,
+        .target = r->adm.fwd_target,
+        .host = r->adm.fwd_host,
+        .headers = in->headers,
+        .nheaders = in->nheaders,
+        .body = buf_span(&r->adm.body),
+        .client_ip = in->client_ip,
+        .proto = r->pl->proto,
+        .id_header = r->out.id_header ? span_from_cstr(r->out.id_header) : (struct span){ 0 },
+        .id = span_from_cstr(r->id),
+        .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
+        .why = &r->up_why,
+    };
+    r->upstream_sent_us = metrics_now_us();
+    err = r->pl->fwd.submit(r->pl->fwd.ctx, in->loop, &r->up_req, on_upstream, r);
+    if (err < 0)
+        on_upstream(r, err, NULL);
+}
+
+/* ---- 6. The upstream's answer: stored, or the lock released ---- */
+
+/* The finishing chain's first attempt has reported back: <r> is answered,
+ * or, when its client got a 504 already, its late exchange is over. */
+static void on_lease_finished(void *ctx)
+{
+    struct pipeline_req *r = ctx;
+
+    if (!r->late) {
+        pipeline_finish(r);
+        return;
+    }
+    atomic_fetch_sub_explicit(&r->pl->late, 1, memory_order_release);
+    pipeline_req_unref(r);
+}
+
+/* Completes the lock of <r> with <rec> (a reference the lease takes over), or
+ * releases it when <rec> is NULL; <r> is answered once the first attempt
+ * has reported back (store failures are retried without it: lease.h). */
+void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
+{
+    struct lease *l = r->lease;
+
+    r->lease = NULL; /* the request's reference now belongs to the finishing chain */
+    lease_finish(l, rec, r->adm.ttl_ms, on_lease_finished, r);
+}
+
+/* The request of <r> may have run upstream and its answer is lost, for
+ * <cause>: the key becomes unknown (refuse), or is released to run again
+ * (retry). */
+static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
+{
+    const struct route_settings *rs = &r->adm.route->settings;
+    struct lease *l = r->lease;
+
+    if (rs->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
+        pipeline_lease_end(r, NULL);
+        return;
+    }
+    pipeline_became_unknown(r, cause);
+    r->lease = NULL;
+    lease_finish_unknown(l, cause,
+                         &(struct store_about){ .route = span_from_cstr(r->adm.route->name),
+                                                .method = r->rq->method,
+                                                .target = r->adm.fwd_target },
+                         r->adm.ttl_ms, on_lease_finished, r);
+}
+
+/* --upstream-timeout passed while a keyed request's exchange goes on (for
+ * --upstream-late-timeout): its client gets its 504 now, and the exchange,
+ * under the same heartbeat-held lock, may still store a late answer. On the
+ * loop thread, as on_upstream(). */
+static void on_overdue(void *ctx)
+{
+    struct pipeline_req *r = ctx;
+    const struct request *in = r->rq;
+
+    r->forwarded = true;
+    r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    log_info("upstream %.*s %.*s: no answer within --upstream-timeout; answered 504, the exchange "
+             "goes on for --upstream-late-timeout",
+             (int)in->method.len, in->method.base,
+             (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base);
+    pipeline_set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
+    /* The method is the front end's memory, which goes with the client. */
+    r->late_method = strndup(in->method.base, in->method.len);
+    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
+    r->late = true;
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
+    pipeline_finish(r);
+}
+
+/* The end of a late exchange: its client has its 504 (and may be gone, with
+ * the front end's part of <r>): the lock is completed, released or made
+ * unknown, and nothing is answered. */
+static void late_end(struct pipeline_req *r, int err, struct record *rec)
+{
+    const struct route_settings *rs = &r->adm.route->settings;
+
+    log_info("key %s: the late exchange ended: %s", r->adm.store_key,
+             err == 0            ? "an answer"
+             : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
+                                 : strerror(-err));
+    if (err == -E2BIG) {
+        pipeline_lease_end(r, record_new_too_large(502)); /* it did answer */
+    } else if (err < 0 && upstream_err_maybe_sent(err)) {
+        lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
+                                                : STORE_CAUSE_UPSTREAM_TIMEOUT);
+    } else if (err < 0 || !config_is_cacheable(rs, rec->status)) {
+        pipeline_lease_end(r, NULL);
+    } else {
+        record_ensure_date(rec);
+        if (rec->body.len > rs->max_response_bytes)
+            pipeline_lease_end(r, record_new_too_large(rec->status));
+        else
+            pipeline_lease_end(r, record_ref(rec));
+    }
+    record_unref(rec);
+}
+
+static void on_upstream(void *ctx, int err, struct record *rec)
+{
+    struct pipeline_req *r = ctx;
+    const struct request *in = r->rq;
+    const struct route_settings *rs = &r->adm.route->settings;
+
+    if (r->late) {
+        late_end(r, err, rec);
+        return;
+    }
+    r->forwarded = true;
+    r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    if (err < 0) {
+        enum problem p = err == -ETIMEDOUT || err == -ENOTCONN ? PROBLEM_UPSTREAM_TIMEOUT
+                         : err == -E2BIG                       ? PROBLEM_RESPONSE_TOO_LARGE
+                                                               : PROBLEM_UPSTREAM_UNAVAILABLE;
+        const char *cause = err == -E2BIG     ? "its answer is larger than the proxy can hold"
+                            : r->up_why.cause ? r->up_why.cause
+                                              : strerror(-err);
+        char detail[160];
+
+        if (log_enabled(LOG_LEVEL_WARN) && log_burst_admit(&upstream_failures, cause))
+            log_warn("upstream %.*s %.*s failed: %s%s%s%s%s", (int)in->method.len, in->method.base,
+                     (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base, cause,
+                     r->up_why.more[0] ? " (" : "", r->up_why.more, r->up_why.more[0] ? ")" : "",
+                     upstream_err_maybe_sent(err) ? "; the request may have reached it" : "");
+        snprintf(detail, sizeof(detail), "%s.", cause);
+        detail[0] = (char)toupper((unsigned char)detail[0]);
+        pipeline_set_problem(r, p, OUTCOME_UPSTREAM_ERROR, err == -E2BIG ? NULL : detail);
+        if (!r->lease) {
+            pipeline_finish(r);
+            return;
+        }
+        if (err == -E2BIG) {
+            /* The upstream did answer: it must never run twice. */
+            r->out.replayed = "false";
+            pipeline_lease_end(r, record_new_too_large(502));
+            return;
+        }
+        if (upstream_err_maybe_sent(err)) {
+            lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
+                                                   : STORE_CAUSE_UPSTREAM_RESET);
+            return;
+        }
+        pipeline_lease_end(r, NULL); /* nothing reached the upstream: a retry may run */
+        return;
+    }
+    if (!r->lease) {
+        pipeline_set_answer(r, rec, r->out.outcome, NULL); /* passthrough, or store_error */
+        pipeline_finish(r);
+        return;
+    }
+    pipeline_set_answer(r, rec, OUTCOME_EXECUTED, "false");
+    if (!config_is_cacheable(rs, rec->status)) {
+        pipeline_lease_end(r, NULL);
+        return;
+    }
+    record_ensure_date(rec);
+    if (rec->body.len > rs->max_response_bytes) {
+        pipeline_lease_end(
+            r, record_new_too_large(rec->status)); /* a NULL marker (OOM) releases instead */
+        return;
+    }
+    pipeline_lease_end(r, record_ref(rec));
+}
