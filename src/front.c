@@ -23,6 +23,7 @@
 #include "idemproxy/list.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/metrics.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/record.h"
 #include "idemproxy/request.h"
@@ -112,6 +113,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
         return MHD_YES;
     }
     atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
+    metrics_connection_refused();
     log_debug("refused a connection: --max-connections (%u) reached", f->cfg->max_connections);
     return MHD_NO;
 }

@@ -191,6 +191,7 @@ int main(int argc, char **argv)
     sigset_t set;
     int sig;
 
+    metrics_process_started();
     if (config_file_load(&app.cfg, &app.routes, argc, argv, environ, err, sizeof(err)) < 0) {
         print_lines(-1, "", err);
         return app_exit(&app, 2);

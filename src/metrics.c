@@ -37,9 +37,18 @@ static const char *const store_op_names[] = {
 #define UNKNOWN_LINE_MAX                                                                           \
     (sizeof("idemproxy_unknown_outcomes_total{route=\"\",cause=\"\"} \n") - 1 +                    \
      METRICS_ROUTE_NAME_MAX + 16 + 20)
+/* A route's two histograms: each bucket line, with "le" of 8 and a 20-digit
+ * count, and the _sum and _count lines; and its responses by class. */
+#define HISTOGRAM_LINE_MAX                                                                         \
+    (sizeof("idemproxy_upstream_duration_seconds_bucket{route=\"\",le=\"\"} \n") - 1 +             \
+     METRICS_ROUTE_NAME_MAX + 8 + 20)
+#define RESPONSES_LINE_MAX                                                                         \
+    (sizeof("idemproxy_responses_total{route=\"\",class=\"5xx\"} \n") - 1 +                        \
+     METRICS_ROUTE_NAME_MAX + 20)
 #define REQUESTS_TEXT_MAX                                                                          \
     ((uint64_t)METRICS_ROUTES_MAX *                                                                \
-     (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX))
+     (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX +                      \
+      2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX + 4 * RESPONSES_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
@@ -50,14 +59,17 @@ _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
 static struct {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
-    struct metrics_histogram request_duration;
-    struct metrics_histogram upstream_duration;
+    _Atomic uint64_t responses[METRICS_ROUTES_MAX][4]; /* 2xx, 3xx, 4xx, 5xx */
+    struct metrics_histogram request_duration[METRICS_ROUTES_MAX];
+    struct metrics_histogram upstream_duration[METRICS_ROUTES_MAX];
     struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
     _Atomic int64_t inflight;
     _Atomic uint64_t lock_lost;
     _Atomic uint64_t reloads[2]; /* SIGHUP: [0] error, [1] ok */
     atomic_bool last_reload_failed;
     _Atomic uint64_t store_errors;
+    _Atomic uint64_t connections_refused;
+    struct timespec started; /* process_start_time_seconds: written once, before threads */
 } m;
 
 /* Route names: route_names[id] for 0 < id < route_count, written once under
@@ -135,17 +147,27 @@ void metrics_histogram_observe(struct metrics_histogram *h, uint64_t us)
     atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
 }
 
-void metrics_request(unsigned route_id, enum outcome o, uint64_t total_us, bool has_upstream,
-                     uint64_t upstream_us)
+void metrics_request(unsigned route_id, enum outcome o, unsigned status, uint64_t total_us,
+                     bool has_upstream, uint64_t upstream_us)
 {
     /* Relaxed is enough: the id reached this thread after its count was stored. */
     assert(route_id < atomic_load_explicit(&route_count, memory_order_relaxed));
     if ((unsigned)o < _OUTCOME_MAX)
         atomic_fetch_add_explicit(&m.requests[route_id][o], 1, memory_order_relaxed);
-    metrics_histogram_observe(&m.request_duration, total_us);
+    if (status >= 200 && status <= 599)
+        atomic_fetch_add_explicit(&m.responses[route_id][status / 100 - 2], 1,
+                                  memory_order_relaxed);
+    metrics_histogram_observe(&m.request_duration[route_id], total_us);
     if (has_upstream)
-        metrics_histogram_observe(&m.upstream_duration, upstream_us);
+        metrics_histogram_observe(&m.upstream_duration[route_id], upstream_us);
 }
+
+void metrics_connection_refused(void)
+{
+    atomic_fetch_add_explicit(&m.connections_refused, 1, memory_order_relaxed);
+}
+
+void metrics_process_started(void) { clock_gettime(CLOCK_REALTIME, &m.started); }
 
 void metrics_store_call(enum metrics_store_op op, uint64_t us)
 {
@@ -265,23 +287,29 @@ static int emit_store(void *ctx, const char *name, const char *labels, const cha
     return err;
 }
 
-/* The request, upstream and store duration histograms. */
-static int format_durations(struct buf *out)
+/* The request and upstream duration histograms, by route, and the store's,
+ * by operation. */
+static int format_durations(struct buf *out, unsigned nroutes)
 {
-    char labels[64];
-    int err;
+    const struct {
+        const char *name, *help;
+        const struct metrics_histogram *h; /* [METRICS_ROUTES_MAX] */
+    } by_route[] = {
+        { "idemproxy_request_duration_seconds",
+          "Time from a request's headers to its answer, by route.", m.request_duration },
+        { "idemproxy_upstream_duration_seconds",
+          "Time the upstream took to answer a forwarded request, by route.", m.upstream_duration },
+    };
+    char labels[METRICS_ROUTE_NAME_MAX + 16];
+    int err = 0;
 
-    err = family(out, "idemproxy_request_duration_seconds", "histogram",
-                 "Time from a request's headers to its answer.");
-    if (err == 0)
-        err = metrics_histogram_format(out, "idemproxy_request_duration_seconds", NULL,
-                                       &m.request_duration);
-    if (err == 0)
-        err = family(out, "idemproxy_upstream_duration_seconds", "histogram",
-                     "Time the upstream took to answer a forwarded request.");
-    if (err == 0)
-        err = metrics_histogram_format(out, "idemproxy_upstream_duration_seconds", NULL,
-                                       &m.upstream_duration);
+    for (size_t f = 0; f < ARRAY_SIZE(by_route) && err == 0; f++) {
+        err = family(out, by_route[f].name, "histogram", by_route[f].help);
+        for (unsigned r = 0; r < nroutes && err == 0; r++) {
+            snprintf(labels, sizeof(labels), "route=\"%s\"", route_name(r));
+            err = metrics_histogram_format(out, by_route[f].name, labels, &by_route[f].h[r]);
+        }
+    }
     if (err == 0)
         err = family(out, "idemproxy_store_duration_seconds", "histogram",
                      "Time one store call took, by operation.");
@@ -290,6 +318,28 @@ static int format_durations(struct buf *out)
         err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels,
                                        &m.store_duration[i]);
     }
+    return err;
+}
+
+/* Answers sent by route and status class, and the connections refused. */
+static int format_responses(struct buf *out, unsigned nroutes)
+{
+    int err = family(out, "idemproxy_responses_total", "counter",
+                     "Answers sent, by route and status class (the upstream's own and the "
+                     "proxy's problems alike).");
+
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (unsigned c = 0; c < 4 && err == 0; c++)
+            err = appendf(
+                out, "idemproxy_responses_total{route=\"%s\",class=\"%uxx\"} %llu\n", route_name(r),
+                c + 2,
+                (unsigned long long)atomic_load_explicit(&m.responses[r][c], memory_order_relaxed));
+    }
+    if (err == 0)
+        err = simple(
+            out, "idemproxy_connections_refused_total", "counter",
+            "Client connections closed at once: --max-connections were open.",
+            (unsigned long long)atomic_load_explicit(&m.connections_refused, memory_order_relaxed));
     return err;
 }
 
@@ -321,7 +371,9 @@ int metrics_format(struct buf *out, struct store *st)
                 (unsigned long long)atomic_load_explicit(&m.unknown[r][c], memory_order_relaxed));
     }
     if (err == 0)
-        err = format_durations(out);
+        err = format_responses(out, nroutes);
+    if (err == 0)
+        err = format_durations(out, nroutes);
     inflight = atomic_load_explicit(&m.inflight, memory_order_relaxed);
     if (err == 0)
         err = simple(out, "idemproxy_inflight", "gauge", "Client requests being handled.",
@@ -350,6 +402,12 @@ int metrics_format(struct buf *out, struct store *st)
                    (unsigned long long)atomic_load_explicit(&m.store_errors, memory_order_relaxed));
     if (err == 0 && st)
         err = store_metrics(st, emit_store, out);
+    if (err == 0)
+        err = family(out, "process_start_time_seconds", "gauge",
+                     "When the process started, in seconds since the Unix epoch.");
+    if (err == 0)
+        err = appendf(out, "process_start_time_seconds %lld.%03ld\n", (long long)m.started.tv_sec,
+                      m.started.tv_nsec / 1000000);
     if (err == 0)
         err = family(out, "idemproxy_build_info", "gauge", "The running version, always 1.");
     if (err == 0)

@@ -73,7 +73,8 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
     struct span key = r->adm.key.sent.base ? r->adm.key.sent : keysource_sent(&rt->key, r->rq);
 
     (void)pl;
-    metrics_request(rt->metrics_id, r->out.outcome, total_us, r->forwarded, r->upstream_us);
+    metrics_request(rt->metrics_id, r->out.outcome, r->out.rec ? r->out.rec->status : 0, total_us,
+                    r->forwarded, r->upstream_us);
     if (!log_enabled(LOG_LEVEL_INFO))
         return;
     log_access(&(struct log_access){

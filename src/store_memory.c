@@ -817,6 +817,11 @@ static int memory_metrics(struct store *base, store_metric_fn *emit, void *ctx)
                    "Bytes the memory store counts against its budget (keys, locks, records).",
                    s.bytes);
     if (err == 0)
+        err = emit(ctx, "idemproxy_memory_store_locked_bytes", NULL, "gauge",
+                   "Of those, bytes held by locks and unknown outcomes: at most half the budget; "
+                   "past it new keys get 503.",
+                   s.lock_bytes);
+    if (err == 0)
         err = emit(ctx, "idemproxy_memory_store_max_bytes", NULL, "gauge",
                    "The memory store's budget (--memory-max-bytes).", s.max_bytes);
     if (err == 0)

@@ -66,8 +66,9 @@ int metrics_histogram_format(struct buf *out, const char *name, const char *labe
 
 /* A limit for the buffer metrics_format() writes into that always holds the
  * whole exposition: METRICS_ROUTES_MAX routes with names of
- * METRICS_ROUTE_NAME_MAX bytes and 20-digit counts take about 1.6 MB. */
-#define METRICS_TEXT_MAX (4u << 20)
+ * METRICS_ROUTE_NAME_MAX bytes, their two histograms and 20-digit counts take
+ * about 8 MB (a scrape of a few routes, a few tens of KB). */
+#define METRICS_TEXT_MAX (16u << 20)
 
 /* Returns the id of the route <name> (a NUL-terminated string), interning it
  * on first use: the same name always gets the same id for the life of the
@@ -82,10 +83,18 @@ int metrics_route_id(const char *name);
 
 /* Counts one client request of route <route_id> (an id metrics_route_id()
  * returned; any other is a bug, caught by assert()) answered with outcome <o>
- * after <total_us>; when <has_upstream>, it was forwarded and the upstream
- * took <upstream_us>. Call once per request. */
-void metrics_request(unsigned route_id, enum outcome o, uint64_t total_us, bool has_upstream,
-                     uint64_t upstream_us);
+ * and <status> (its class counted; 0: no answer was sent) after <total_us>;
+ * when <has_upstream>, it was forwarded and the upstream took <upstream_us>.
+ * Call once per request. */
+void metrics_request(unsigned route_id, enum outcome o, unsigned status, uint64_t total_us,
+                     bool has_upstream, uint64_t upstream_us);
+
+/* Counts a client connection refused over --max-connections. */
+void metrics_connection_refused(void);
+
+/* Notes the time the process started, for process_start_time_seconds: call
+ * once, early in main. */
+void metrics_process_started(void);
 
 /* Counts a key of route <route_id> whose outcome became unknown for <cause>
  * (an enum store_cause: SPEC §9). */

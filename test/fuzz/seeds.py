@@ -238,3 +238,20 @@ for name, v in {
     "many-hosts": "postgresql://" + ",".join("h%d" % i for i in range(20)) + "/db",
 }.items():
     write("fuzz_pg_url", name, v)
+
+# fuzz_request_id: the X-Request-Id values, one a line.
+for name, v in {
+    "kept": "order-7f3a",
+    "symbols": "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    "max-200": "r" * 200,
+    "too-long-201": "r" * 201,
+    "space": "a b",
+    "tab": "a\tb",
+    "nul": "a\x00b",
+    "del": "a\x7fb",
+    "8bit": "caf\xc3\xa9",
+    "two-fields": "one\ntwo",
+    "empty": "",
+    "crlf": "a\r\nX-Injected: 1",
+}.items():
+    write("fuzz_request_id", name, v)

@@ -1,6 +1,7 @@
 """/metrics (Prometheus text format 0.0.4) and the access log (SPEC §3, §5)."""
 import json
 import re
+import socket
 import time
 
 from conftest import (assert_problem, hone, memory_only, metrics_value, new_key, redis_keys,
@@ -199,7 +200,7 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
     p = proxy("--require-key", "--max-body", "100", "--max-response", "1K")
     fams = scrape(p)
     assert set(requests_by_outcome(fams).values()) == {0}, "all ten present at 0 at start"
-    assert histogram_count(fams, "idemproxy_request_duration_seconds") == 0
+    assert histogram_count(fams, "idemproxy_request_duration_seconds", route="default") == 0
     k1, k2, k3, k4 = new_key(), new_key(), new_key(), new_key()
 
     def post(key, path="/echo", body=b"x"):
@@ -232,9 +233,16 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
                    "mismatch": 1, "missing_key": 1, "invalid_key": 1, "too_large": 1,
                    "store_error": 0, "upstream_error": 2, "bad_request": 1,
                    "outcome_unknown": 1}, got
-    assert histogram_count(fams, "idemproxy_request_duration_seconds") == sum(got.values())
+    assert (histogram_count(fams, "idemproxy_request_duration_seconds", route="default")
+            == sum(got.values()))
+    # Every answer by class: 201 201 200 200 201; 422 409 413 400 400 400; 502 x4.
+    classes = {lab["class"]: v for _, lab, v in fams["idemproxy_responses_total"]["samples"]
+               if lab["route"] == "default"}
+    assert classes == {"2xx": 5, "3xx": 0, "4xx": 6, "5xx": 4}, classes
+    assert fams["idemproxy_responses_total"]["type"] == "counter"
+    assert gauge(fams, "idemproxy_connections_refused_total") == 0
     # Forwarded: GET /echo, k1, k2, k3, the keyed /reset and GET /reset.
-    assert histogram_count(fams, "idemproxy_upstream_duration_seconds") == 6
+    assert histogram_count(fams, "idemproxy_upstream_duration_seconds", route="default") == 6
     # Acquired or refused by the store: k1 x3, k2 x2, k3 x2, the keyed /reset x2.
     assert histogram_count(fams, "idemproxy_store_duration_seconds", op="acquire") == 9
     assert histogram_count(fams, "idemproxy_store_duration_seconds", op="complete") == 3
@@ -271,6 +279,7 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
             ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0),
             ("resolve", 0), ("unknown", 0)], unrepl
     if p.store == "memory":
+        assert gauge(fams, "idemproxy_memory_store_locked_bytes") > 0  # kr, unknown
         assert gauge(fams, "idemproxy_memory_store_max_bytes") == 256 * 1024 * 1024
         assert gauge(fams, "idemproxy_memory_store_entries") == 4  # k1, k2, k3's marker, kr
         assert 0 < gauge(fams, "idemproxy_memory_store_bytes") < 256 * 1024 * 1024
@@ -431,3 +440,46 @@ def test_access_log_silenced_at_warn(proxy, upstream):
     wait_for(lambda: "upstream" in p.stderr(), what="the upstream warning")
     assert metrics_value(p.metrics(), "idemproxy_requests_total") == 3
     assert " access " not in p.stderr() and " info " not in p.stderr(), p.stderr()
+
+
+@store_independent
+def test_metrics_of_section_11(proxy, upstream, tmp_path):
+    """The route on both histograms, the process's start time, connections
+    refused over --max-connections, and the memory store's locked bytes."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("routes:\n  - name: pay\n    match: {path: /echo}\n")
+    t0 = time.time()
+    p = proxy("--config", str(routes), "--max-connections", "2")
+    fams = scrape(p)
+    start = gauge(fams, "process_start_time_seconds")
+    assert t0 - 10 < start <= time.time(), start
+    assert fams["process_start_time_seconds"]["type"] == "gauge"
+    assert gauge(fams, "idemproxy_memory_store_locked_bytes") == 0
+    key = new_key()
+    held = start_held(p, key)
+    wait_for(lambda: gauge(scrape(p), "idemproxy_memory_store_locked_bytes") > 0,
+             what="the held lock's bytes")
+    upstream.release(key)
+    assert held()[0] == 200
+    wait_for(lambda: gauge(scrape(p), "idemproxy_memory_store_locked_bytes") == 0,
+             what="the lock's bytes given back")
+    assert p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")[0] == 201
+    fams = scrape(p)
+    assert histogram_count(fams, "idemproxy_request_duration_seconds", route="pay") == 1
+    assert histogram_count(fams, "idemproxy_upstream_duration_seconds", route="pay") == 1
+    assert histogram_count(fams, "idemproxy_request_duration_seconds", route="default") == 1
+    # Two connections held open: a third is closed at once, and counted.
+    conns = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", p.port), timeout=3)
+        try:
+            extra.recv(100)
+        except OSError:
+            pass
+        extra.close()
+    finally:
+        for c in conns:
+            c.close()
+    wait_for(lambda: gauge(scrape(p), "idemproxy_connections_refused_total") == 1,
+             what="the refused connection counted")

@@ -50,6 +50,10 @@ REQUIRED_ALERTS = {
     "IdemproxyLockLost", "IdemproxyMemoryStoreNearlyFull", "IdemproxyMemoryStoreEvicting",
     "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed", "IdemproxyUnknownOutcome",
     "IdemproxyStoreNotDurable", "IdemproxyPostgresDisconnected",
+    # SPEC section 11: the upstream's own 5xx, memory store locks near their
+    # share, a restart that forgot every key.
+    "IdemproxyUpstream5xx", "IdemproxyMemoryStoreLocksNearBudget",
+    "IdemproxyMemoryStoreRestarted",
 }
 RUNBOOK = "doc/operations.md, Alert runbook → %s"
 
@@ -59,12 +63,13 @@ REQUIRED_PANELS = {
     "Memory store use", "Memory store entries and reclaims", "Redis connected",
     "Redis failovers and redirections", "Unreplicated writes", "Config reloads", "Locks lost",
     "Keys with an unknown outcome", "Store keeps its keys through a restart",
-    "PostgreSQL connected", "PostgreSQL expired rows deleted",
+    "PostgreSQL connected", "PostgreSQL expired rows deleted", "Answers by status class",
+    "Connections refused", "Restarts",
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# 32 panel targets, 1 annotation query, 2 variable queries: an extraction that
+# 36 panel targets, 1 annotation query, 2 variable queries: an extraction that
 # misses some (or all) of them fails here rather than checking nothing.
-DASHBOARD_QUERIES = 35
+DASHBOARD_QUERIES = 39
 
 # Grafana's variables, as valid PromQL: durations for the built-in ones,
 # a regex matching anything for the dashboard's own (used with =~).

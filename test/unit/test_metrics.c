@@ -71,8 +71,8 @@ static void test_metrics_format_counts_every_outcome(void)
     struct buf out = BUF_INIT(1 << 20);
     char *text;
 
-    metrics_request(0, OUTCOME_REPLAYED, 1200, false, 0);
-    metrics_request(0, OUTCOME_EXECUTED, 3000, true, 2000);
+    metrics_request(0, OUTCOME_REPLAYED, 200, 1200, false, 0);
+    metrics_request(0, OUTCOME_EXECUTED, 200, 3000, true, 2000);
     metrics_store_call(METRICS_STORE_EXTEND, 700);
     metrics_inflight_add(1);
     metrics_lock_lost();
@@ -88,9 +88,13 @@ static void test_metrics_format_counts_every_outcome(void)
     CHECK(
         strstr(text, "\nidemproxy_requests_total{route=\"default\",outcome=\"passthrough\"} 0\n"));
     CHECK(!strstr(text, "{outcome=")); /* the route label always comes first */
-    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_count 2\n"));
-    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_sum 0.0042\n"));
-    CHECK(strstr(text, "\nidemproxy_upstream_duration_seconds_count 1\n"));
+    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_count{route=\"default\"} 2\n"));
+    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_sum{route=\"default\"} 0.0042\n"));
+    CHECK(strstr(text, "\nidemproxy_upstream_duration_seconds_count{route=\"default\"} 1\n"));
+    CHECK(strstr(text, "\nidemproxy_responses_total{route=\"default\",class=\"2xx\"} 2\n"));
+    CHECK(strstr(text, "\nidemproxy_responses_total{route=\"default\",class=\"5xx\"} 0\n"));
+    CHECK(strstr(text, "\nidemproxy_connections_refused_total 0\n"));
+    CHECK(strstr(text, "\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds "));
     CHECK(
         strstr(text, "\nidemproxy_store_duration_seconds_bucket{op=\"extend\",le=\"0.001\"} 1\n"));
     CHECK(strstr(text, "\nidemproxy_store_duration_seconds_count{op=\"acquire\"} 0\n"));
@@ -165,9 +169,11 @@ static void test_metrics_format_labels_route_and_outcome(void)
     char *text, *p_default, *p_pay, *p_hooks;
 
     CHECK(pay > 0 && hooks > pay);
-    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 100, true, 50);
-    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 100, true, 50);
-    metrics_request((unsigned)hooks, OUTCOME_MISMATCH, 100, false, 0);
+    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 200, 100, true, 50);
+    metrics_request((unsigned)pay, OUTCOME_EXECUTED, 200, 100, true, 50);
+    metrics_request((unsigned)hooks, OUTCOME_MISMATCH, 422, 100, false, 0);
+    metrics_request((unsigned)hooks, OUTCOME_UPSTREAM_ERROR, 502, 100, true, 90);
+    metrics_request((unsigned)hooks, OUTCOME_PASSTHROUGH, 0, 100, true, 90); /* no answer sent */
     CHECK_EQ_INT(metrics_format(&out, NULL), 0);
     text = text_of(&out);
     CHECK(strstr(text, "# HELP idemproxy_requests_total Client requests answered, by route"));
@@ -177,14 +183,24 @@ static void test_metrics_format_labels_route_and_outcome(void)
         text, "\nidemproxy_requests_total{route=\"stripe-webhooks_2\",outcome=\"mismatch\"} 1\n"));
     CHECK(strstr(
         text, "\nidemproxy_requests_total{route=\"stripe-webhooks_2\",outcome=\"executed\"} 0\n"));
-    /* in id order, the family's samples together, histograms unlabelled */
+    CHECK(
+        strstr(text, "\nidemproxy_responses_total{route=\"stripe-webhooks_2\",class=\"4xx\"} 1\n"));
+    CHECK(
+        strstr(text, "\nidemproxy_responses_total{route=\"stripe-webhooks_2\",class=\"5xx\"} 1\n"));
+    CHECK(
+        strstr(text, "\nidemproxy_responses_total{route=\"stripe-webhooks_2\",class=\"2xx\"} 0\n"));
+    CHECK(strstr(text, "\nidemproxy_upstream_duration_seconds_count{route=\"stripe-webhooks_2\"} "
+                       "2\n"));
+    CHECK(strstr(text, "\nidemproxy_upstream_duration_seconds_count{route=\"payments\"} 2\n"));
+    /* in id order, the family's samples together, histograms by route */
     p_default = strstr(text, "{route=\"default\",outcome=\"bad_request\"}");
     p_pay = strstr(text, "{route=\"payments\",outcome=\"passthrough\"}");
     p_hooks = strstr(text, "{route=\"stripe-webhooks_2\",outcome=\"passthrough\"}");
     CHECK(p_default && p_pay && p_hooks && p_default < p_pay && p_pay < p_hooks);
     CHECK(p_hooks && p_hooks < strstr(text, "# HELP idemproxy_request_duration_seconds "));
-    CHECK(strstr(text, "\nidemproxy_request_duration_seconds_bucket{le=\"+Inf\"} "));
-    CHECK(!strstr(text, "duration_seconds_bucket{route="));
+    CHECK(strstr(
+        text, "\nidemproxy_request_duration_seconds_bucket{route=\"payments\",le=\"+Inf\"} 2\n"));
+    CHECK(!strstr(text, "duration_seconds_bucket{le="));
     buf_done(&out);
 }
 
@@ -250,7 +266,7 @@ static void test_metrics_route_id_full_is_e2big(void)
     CHECK_EQ_INT(metrics_route_id("default"), 0);
     CHECK_EQ_INT(metrics_route_id(last), METRICS_ROUTES_MAX - 1);
     CHECK_EQ_INT(metrics_route_id("Bad name"), -EINVAL); /* validated first */
-    metrics_request(METRICS_ROUTES_MAX - 1, OUTCOME_REPLAYED, 1, false, 0);
+    metrics_request(METRICS_ROUTES_MAX - 1, OUTCOME_REPLAYED, 200, 1, false, 0);
     CHECK_EQ_INT(metrics_format(&out, NULL), 0); /* the whole table fits METRICS_TEXT_MAX */
     snprintf(line, sizeof(line),
              "\nidemproxy_requests_total{route=\"%s\",outcome=\"replayed\"} 1\n", last);
