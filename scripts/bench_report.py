@@ -2,7 +2,7 @@
 """Prints scripts/bench's report: the markdown table of the README's
 Performance section, from the raw results scripts/bench wrote.
 
-  bench_report.py RESULTS MEMORY REDIS_SERVERS DATE MACHINE COMMAND REPS DUR SLOW_DUR NGINX_WORKERS VERSIONS CLK_TCK
+  bench_report.py RESULTS MEMORY REDIS_SERVERS WAVE DATE MACHINE COMMAND REPS DUR SLOW_DUR NGINX_WORKERS VERSIONS CLK_TCK
 
 RESULTS has one line per measured run (one wrk, or one per proxy of a target of
 several): label, target, repetition, connections, then key=value fields
@@ -11,11 +11,12 @@ redis_each, rss_kib, stored_kib), tab-separated. redis_each is the CPU ticks
 of each store server process behind the target (redis-servers, or PostgreSQL's
 processes), comma-separated ("-": none).
 MEMORY has one line per store of scenario 6: target|records|measure|delta|rss|evictions.
+WAVE has one line per target of scenario 5's first wave: target|idle_kib|peak_kib|answered=A failed=F.
 REDIS_SERVERS has one line per target with store servers: target|what they are
 ("redis-server", "3 masters", "master+replica", "postgres": its processes, summed).
 """
 import sys, statistics
-results, memory, redis_servers, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, \
+results, memory, redis_servers, wave, date, machine, command, reps, dur, slow_dur, nginx_workers, versions, \
     clk = sys.argv[1:]
 tick_us = 1e6 / int(clk)
 runs = {}      # (label, target) -> [run]
@@ -98,6 +99,18 @@ for label, target in order:
     print(f"| {label} | {target} | {num(med([r['rps'] for r in rs]), ',.0f')} | "
           f"{num(med(ratios), '.2f') if target != 'nginx' else '1'} | {ms(med([r['p50_us'] for r in rs]))} | "
           f"{ms(med([r['p99_us'] for r in rs]))} | {num(cpu, '.1f')} | {rcpu} | {'; '.join(notes)} |")
+
+waves = [l.strip().split("|") for l in open(wave) if l.strip()]
+if waves:
+    print("\n5. One wave of 1000 connections, one POST /slow (1 s) each, new keys, on a fresh "
+          "process (nothing stored before): peak RSS (VmHWM) against the idle RSS before it "
+          "(nginx: master and workers summed)\n")
+    print("| target | idle RSS | peak RSS | 1000 connections cost | answered |")
+    print("|---|---:|---:|---:|---|")
+    for target, idle, peak, got in waves:
+        idle, peak = int(idle), int(peak)
+        print(f"| {target} | {idle / 1024:.1f} MiB | {peak / 1024:.1f} MiB | "
+              f"{(peak - idle) / 1024:.1f} MiB | {got.replace('answered=', '').replace(' failed=', ', failed ')} |")
 
 mem = [l.strip().split("|") for l in open(memory) if l.strip()]
 if mem:

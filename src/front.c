@@ -29,11 +29,12 @@
 #include "idemproxy/request.h"
 
 /* Each client connection's memory pool: its request line and header section,
- * parsed in place, and its answer's header block. MHD clears the pool for
- * every request, and 1000 slow clients hold 1000 of them: 24 KiB takes a
- * header section of about 20 KiB (nginx's default is 8 KiB a line) and
- * answers a larger one with 431. */
-#define FRONT_CONNECTION_MEMORY (24u << 10)
+ * parsed in place, and its answer's header block. MHD clears the whole pool
+ * after every request, so each connection that has been answered holds all
+ * of it, and 1000 slow clients hold 1000: 13 KiB takes a header section of
+ * 8 KiB with an answer head of UPSTREAM_HEAD_MAX (4 KiB) beside it, or a
+ * header section of about 12 KiB alone; a larger one is answered 431. */
+#define FRONT_CONNECTION_MEMORY (13u << 10)
 
 /* A client connection while its header section is due. libmicrohttpd's
  * connection timeout counts idle time only: a client sending one byte a

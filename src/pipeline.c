@@ -141,8 +141,11 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->start_us = metrics_now_us();
     r->out.outcome = OUTCOME_PASSTHROUGH;
     if (pl->id_header) {
-        (void)request_id_pick(rq, span_from_cstr(pl->id_header), r->id);
-        r->out.id_header = pl->id_header;
+        char id[REQUEST_ID_MAX + 1];
+
+        (void)request_id_pick(rq, span_from_cstr(pl->id_header), id);
+        r->id = strdup(id); /* on OOM the answer goes without one */
+        r->out.id_header = r->id ? pl->id_header : NULL;
         r->out.id = r->id;
     }
     pthread_mutex_lock(&pl->routes_mu);
@@ -466,6 +469,8 @@ void pipeline_req_unref(struct pipeline_req *r)
     request_free(r->rq);
     free(r->late_method);
     free(r->reason_buf);
+    free(r->id);
+    free(r->up_why.more);
     admission_done(&r->adm);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
     record_unref(r->out.rec);

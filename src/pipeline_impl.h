@@ -38,7 +38,7 @@ struct pipeline {
 struct pipeline_req {
     struct request *rq;          /* owned: what the front end read */
     struct pipeline_answer out;  /* the answer, until it is handed over */
-    char id[REQUEST_ID_MAX + 1]; /* its request id, when the pipeline has a header for it */
+    char *id;                   /* owned: its request id, when the pipeline has a header for it */
     bool decided;                /* the answer was handed over */
     struct pipeline *pl;
     /* The front end's reference, and a late exchange's (SPEC §9): the last

@@ -43,7 +43,7 @@ void pipeline_forward(struct pipeline_req *r)
         .client_ip = in->client_ip,
         .proto = r->pl->proto,
         .id_header = r->out.id_header ? span_from_cstr(r->out.id_header) : (struct span){ 0 },
-        .id = span_from_cstr(r->id),
+        .id = r->out.id ? span_from_cstr(r->out.id) : (struct span){ 0 },
         .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
         .why = &r->up_why,
     };
@@ -170,15 +170,16 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         enum problem p = err == -ETIMEDOUT || err == -ENOTCONN ? PROBLEM_UPSTREAM_TIMEOUT
                          : err == -E2BIG                       ? PROBLEM_RESPONSE_TOO_LARGE
                                                                : PROBLEM_UPSTREAM_UNAVAILABLE;
-        const char *cause = err == -E2BIG     ? "its answer is larger than the proxy can hold"
-                            : r->up_why.cause ? r->up_why.cause
-                                              : strerror(-err);
+        const char *cause = r->up_why.cause ? r->up_why.cause
+                            : err == -E2BIG ? "its answer is larger than the proxy can hold"
+                                            : strerror(-err);
         char detail[160];
 
         if (log_enabled(LOG_LEVEL_WARN) && log_burst_admit(&upstream_failures, cause))
             log_warn("upstream %.*s %.*s failed: %s%s%s%s%s", (int)in->method.len, in->method.base,
                      (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base, cause,
-                     r->up_why.more[0] ? " (" : "", r->up_why.more, r->up_why.more[0] ? ")" : "",
+                     r->up_why.more ? " (" : "", r->up_why.more ? r->up_why.more : "",
+                     r->up_why.more ? ")" : "",
                      upstream_err_maybe_sent(err) ? "; the request may have reached it" : "");
         snprintf(detail, sizeof(detail), "%s.", cause);
         detail[0] = (char)toupper((unsigned char)detail[0]);

@@ -24,7 +24,12 @@
 #include "idemproxy/record.h"
 
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
-#define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~20 KiB each) */
+#define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~6 KiB each) */
+/* libcurl's receive buffer, one per transfer (its default is 16 KiB): 1000
+ * slow requests hold 1000 of them, and an API's answer mostly fits in one
+ * read of this; a larger body takes more reads, each appended to the record
+ * as it comes. */
+#define UPSTREAM_RECV_BUFFER 2048
 
 struct xfer {
     struct upstream *up;
@@ -36,6 +41,7 @@ struct xfer {
     void *ctx;
     int err;               /* why a callback aborted the transfer, or 0 */
     bool in_head;          /* between a status line and the blank line ending its header block */
+    size_t head_bytes;     /* of the final answer's header block, as the client will get it */
     bool may_resend;       /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests;     /* times curl was about to send the request */
     struct list_node node; /* in the submit queue, then in the running list */
@@ -256,7 +262,8 @@ static void tell_why(struct xfer *x, int err)
         w->cause = "no connection to the upstream within --upstream-timeout";
     else if (!w->cause && (err == -ECANCELED || err == -ESHUTDOWN))
         w->cause = "the exchange was cancelled: the proxy is stopping";
-    snprintf(w->more, sizeof(w->more), "%s", x->errbuf);
+    free(w->more);
+    w->more = x->errbuf[0] ? strdup(x->errbuf) : NULL; /* none on OOM: the cause is enough */
 }
 
 /* One raw response header line. A status line starts a new response: the
@@ -290,6 +297,7 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
             x->rec = fresh;
         }
         x->in_head = true;
+        x->head_bytes = 0;
         return total;
     }
     if (len == 0) {
@@ -301,6 +309,12 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
 
     if (http_parse_field_line((struct span){ .base = data, .len = len }, &name, &value) < 0)
         goto malformed;
+    x->head_bytes += name.len + value.len + 4;
+    if (x->head_bytes > UPSTREAM_HEAD_MAX) {
+        x->cause = "the upstream's answer has a header block larger than the proxy passes on";
+        x->err = -E2BIG; /* it answered: completed with the too-large marker */
+        return 0;
+    }
     r = record_add_header(x->rec, name, value);
     if (r < 0) {
         x->err = r; /* -E2BIG: more headers than a record may keep */
@@ -629,6 +643,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     SET(CURLOPT_HTTP_CONTENT_DECODING, 0L); /* the body goes back byte for byte */
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
+    SET(CURLOPT_BUFFERSIZE, (long)UPSTREAM_RECV_BUFFER);
     SET(CURLOPT_TIMEOUT_MS, timeout);
     SET(CURLOPT_CONNECTTIMEOUT_MS, connect);
     SET(CURLOPT_HTTPHEADER, x->hdrs);

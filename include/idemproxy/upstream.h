@@ -19,8 +19,16 @@ struct upstream_why {
     /* Static, a phrase for the client's problem detail and the log: "the
      * upstream's host name does not resolve"; NULL: none to give. */
     const char *cause;
-    char more[256]; /* for the log only: curl's own words (a certificate's fault), or "" */
+    /* For the log only: curl's own words (a certificate's fault), or NULL;
+     * owned by the caller once filled (free() it). */
+    char *more;
 };
+
+/* The largest header block of an answer the proxy passes on (names, values
+ * and their ": " and CRLF): as nginx's default proxy_buffer_size. It leaves
+ * room in a client connection's memory for a request's header section of
+ * 8 KiB beside it (front.c). A larger one fails the exchange with -E2BIG. */
+#define UPSTREAM_HEAD_MAX 4096
 
 /* What to forward. Everything is borrowed and must stay valid until the
  * callback has run. */
@@ -63,7 +71,8 @@ struct upstream_request {
  *   -ECONNRESET (reset, closed early or a malformed answer), -ETIMEDOUT (no
  *   complete answer within the timeout, and the late timeout with overdue),
  *   -ESHUTDOWN (cancelled, stopping);
- * - it answered: -E2BIG (the body grew past the capture limit). */
+ * - it answered: -E2BIG (the body grew past the capture limit, or its header
+ *   block past UPSTREAM_HEAD_MAX). */
 typedef void upstream_done_fn(void *ctx, int err, struct record *rec);
 
 /* True when <err> (of upstream_done_fn) says that bytes of the request may

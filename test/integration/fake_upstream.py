@@ -10,6 +10,7 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
   /hold?id=NAME         blocks until the test calls release(NAME) or release_all()
                         (at most HOLD_MAX seconds), then 200 JSON with seq
   /big?bytes=N          200 with an N-byte body
+  /big-head?bytes=N     201 with about N bytes of extra header lines (100 bytes each)
   /chunked              200 with a chunked body
   /reset                reads the request, then resets the connection unanswered
   /connection-header    200 with Connection: close, X-Private, Keep-Alive headers
@@ -159,6 +160,11 @@ class _Handler(QuietHandler):
             n = int(query.get("bytes", ["1024"])[0])
             self._answer(200, [("Content-Type", "application/octet-stream"),
                                ("X-Seq", str(seq)), ("Date", fake_date(seq))], big_body(n))
+        elif path == "/big-head":
+            n = int(query.get("bytes", ["1024"])[0])  # header bytes: lines of 100
+            lines = [("X-Pad-%03d" % i, "p" * 88) for i in range(n // 100)]
+            self._answer(201, [("Content-Type", "application/json"), ("X-Seq", str(seq)),
+                               ("Date", fake_date(seq))] + lines, b'{"seq": %d}' % seq)
         elif path == "/chunked":
             self.send_response_only(200)
             self.send_header("Content-Type", "text/plain")

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, keyed,
+from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, hvalues, keyed,
                       new_key, recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
                       start_slow, store_independent, wait_for)
 from fake_upstream import big_body
@@ -33,21 +33,22 @@ def test_body_exactly_max_body_passes(proxy, upstream):
                    413, "payload_too_large")
 
 
-def test_header_section_of_16k_is_forwarded_and_30k_is_431(proxy, upstream):
-    """The front end takes a header section of about 20 KiB (its per-connection
-    memory, kept small so that 1000 slow clients stay cheap); a larger one gets
-    431 before anything is locked or forwarded."""
+def test_header_section_of_8k_is_forwarded_and_16k_is_431(proxy, upstream):
+    """The front end takes a header section of 8 KiB (about 12 KiB without a
+    large answer head beside it: its per-connection memory is 13 KiB, kept
+    small so that 1000 slow clients stay cheap); a larger one gets 431 before
+    anything is locked or forwarded."""
     p = proxy()
     key = new_key()
-    big = [("X-Big-%d" % i, "v" * 4000) for i in range(4)]  # 16 KB of headers
+    big = [("X-Big-%d" % i, "v" * 2000) for i in range(4)]  # 8 KB of headers
     st, h, body = p.request("POST", "/echo", [("Idempotency-Key", key)] + big, b"x")
     assert st == 201 and hone(h, REPLAY) == "false"
     sent = {k.lower(): v for k, v in json.loads(body)["headers"]}
-    assert all(sent["x-big-%d" % i] == "v" * 4000 for i in range(4))
+    assert all(sent["x-big-%d" % i] == "v" * 2000 for i in range(4))
     assert upstream.hits("/echo") == 1
 
     key = new_key()
-    huge = "".join("X-Huge-%d: %s\r\n" % (i, "v" * 6000) for i in range(5))  # 30 KB
+    huge = "".join("X-Huge-%d: %s\r\n" % (i, "v" * 4000) for i in range(4))  # 16 KB
     data = ("POST /echo HTTP/1.1\r\nHost: t\r\nIdempotency-Key: %s\r\n%s"
             "Content-Length: 1\r\n\r\nx" % (key, huge)).encode()
     s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
@@ -65,6 +66,25 @@ def test_header_section_of_16k_is_forwarded_and_30k_is_431(proxy, upstream):
     assert upstream.hits("/echo") == 1
     st, h, _ = assert_free(p, key)
     assert st == 201
+
+
+def test_answer_head_over_4k_is_response_too_large(proxy, upstream):
+    """An answer whose header block is over 4 KiB (UPSTREAM_HEAD_MAX, as
+    nginx's proxy_buffer_size) cannot go back whole: 502 response_too_large,
+    and the request, which ran, is never run again; 3 KiB passes."""
+    p = proxy()
+    key = new_key()
+    st, h, body = p.request("POST", "/big-head?bytes=3000", [("Idempotency-Key", key)], b"x")
+    assert st == 201 and len(hvalues(h, "X-Pad-000")) == 1, (st, body)
+    key = new_key()
+    for _ in range(2):
+        st, h, body = p.request("POST", "/big-head?bytes=5000", [("Idempotency-Key", key)],
+                                b"x")
+        assert st == 502 and hone(h, "X-Pad-000") is None, (st, h)
+        doc = json.loads(body)
+        assert doc["code"] == "response_too_large" and doc["detail"], doc
+    assert upstream.hits("/big-head") == 2  # the 3 KiB one, and the large one once
+    assert "header block larger than the proxy passes on" in p.stderr()
 
 
 @pytest.mark.parametrize("method,is_keyed", [("GET", False), ("DELETE", True), ("POST", False)])

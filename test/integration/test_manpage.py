@@ -9,6 +9,7 @@ import re
 import subprocess
 
 from conftest import IDEMPROXY_BIN, REPO, clean_env, run_binary
+from redis_fixtures import make_pki
 
 MANPAGE = os.path.join(REPO, "doc", "idemproxy.1")
 README = os.path.join(REPO, "doc", "configuration.md")  # the options table, the file
@@ -320,11 +321,20 @@ def test_readme_configuration_examples_are_valid(tmp_path):
     exactly the lines README shows."""
     blocks = re.findall(r"```yaml\n(.*?)```", readme_section("Configuration file"), re.S)
     assert len(blocks) >= 6, blocks
+    pki = None
     for i, block in enumerate(blocks):
+        upstream = "http://127.0.0.1:3000"
+        if "/etc/idemproxy/" in block and (".crt" in block or ".key" in block):
+            # The TLS recipe: its files made here (--check-config loads them).
+            pki = pki or make_pki(str(tmp_path / "pki"))
+            for name, real in (("proxy.crt", pki.server_crt), ("proxy.key", pki.server_key),
+                               ("internal-ca.crt", pki.ca_crt), ("client.crt", pki.client_crt),
+                               ("client.key", pki.client_key)):
+                block = block.replace("/etc/idemproxy/" + name, real)
+            upstream = "https://127.0.0.1:3000"
         path = tmp_path / ("readme%d.yaml" % i)
         path.write_text(block)
-        r = run_binary(["--config", str(path), "--upstream", "http://127.0.0.1:3000",
-                        "--check-config"])
+        r = run_binary(["--config", str(path), "--upstream", upstream, "--check-config"])
         assert r.returncode == 0, (block, r.stderr.decode())
         assert r.stdout.decode().startswith("idemproxy: the configuration is valid (")
     for example in ("idemproxy.yaml", "demo.yaml"):
