@@ -36,10 +36,10 @@ struct pipeline {
  * what admission decided of it, and the run's own state. The front end holds
  * a handle on it and sees none of it. */
 struct pipeline_req {
-    struct request *rq;          /* owned: what the front end read */
-    struct pipeline_answer out;  /* the answer, until it is handed over */
+    struct request *rq;         /* owned: what the front end read */
+    struct pipeline_answer out; /* the answer, until it is handed over */
     char *id;                   /* owned: its request id, when the pipeline has a header for it */
-    bool decided;                /* the answer was handed over */
+    bool decided;               /* the answer was handed over */
     struct pipeline *pl;
     /* The front end's reference, and a late exchange's (SPEC §9): the last
      * one frees it. */
