@@ -16,6 +16,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "idemproxy/config.h"
@@ -534,23 +535,29 @@ void front_raise_fd_limit(const struct config *cfg)
 }
 
 /* The whole of the PEM file <path> (checked at start), NUL-terminated, in
- * <ret>. Returns 0, -ENOMEM, or a negative errno of reading it. */
+ * <ret>: exactly its size, which is at most FRONT_PEM_MAX. Returns 0,
+ * -E2BIG, -ENOMEM, or a negative errno of reading it. */
 static int read_pem(const char *path, char **ret)
 {
     FILE *fp = fopen(path, "re");
-    char *s = fp ? malloc(FRONT_PEM_MAX + 1) : NULL;
+    struct stat sb;
+    char *s = NULL;
     size_t n = 0;
-    int err = fp ? -ENOMEM : -errno;
+    int err;
 
-    if (s) {
-        n = fread(s, 1, FRONT_PEM_MAX + 1, fp);
-        err = ferror(fp) ? -EIO : n > FRONT_PEM_MAX ? -E2BIG : 0;
+    if (!fp)
+        return -errno;
+    err = fstat(fileno(fp), &sb) < 0 ? -errno : sb.st_size > FRONT_PEM_MAX ? -E2BIG : 0;
+    if (err == 0 && !(s = malloc((size_t)sb.st_size + 1)))
+        err = -ENOMEM;
+    if (err == 0) {
+        n = fread(s, 1, (size_t)sb.st_size, fp);
+        err = ferror(fp) ? -EIO : 0;
     }
-    if (fp)
-        fclose(fp);
+    fclose(fp);
     if (err < 0) {
         if (s)
-            explicit_bzero(s, FRONT_PEM_MAX + 1);
+            explicit_bzero(s, (size_t)sb.st_size + 1);
         free(s);
         return err;
     }
