@@ -39,12 +39,16 @@ def main():
                 chunk = b""
             data = pending[s] + chunk
             head, sep, rest = data.partition(b"\r\n\r\n")
-            length = None
+            length, chunked = None, False
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
+                name = name.strip().lower()
+                if name == b"content-length":
                     length = int(value)
-            done = sep and length is not None and len(rest) >= length
+                elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                    chunked = True  # nginx passes the stub's chunked answer on
+            done = sep and ((length is not None and len(rest) >= length)
+                            or (chunked and rest.endswith(b"0\r\n\r\n")))
             if done or not chunk:
                 ok = done and data.startswith(b"HTTP/1.1 2")
                 answered += ok
