@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
@@ -115,7 +116,7 @@ static int check_upstream_tls(const struct config *cfg, char *err, size_t errlen
 
     if (!given)
         return 0;
-    if (strncmp(cfg->upstream, "https://", 8) != 0) {
+    if (strncasecmp(cfg->upstream, "https://", 8) != 0) {
         snprintf(err, errlen, "%s: needs an https:// --upstream (it is %s)", given, cfg->upstream);
         return -EINVAL;
     }
