@@ -2,11 +2,13 @@
 /* The request object: made by the front end, read by the pipeline. */
 #include "idemproxy/request.h"
 
-#include <openssl/rand.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "idemproxy/store.h"
 
 struct request *request_new(const char *target)
 {
@@ -77,32 +79,28 @@ bool request_id_is_valid(struct span v)
 
 bool request_id_pick(const struct request *rq, struct span header, char out[REQUEST_ID_MAX + 1])
 {
-    static const char hex[] = "0123456789abcdef";
     size_t count = 0;
     const struct span *v = request_header(rq, header, &count);
-    uint8_t rnd[16];
+    struct store_token t;
 
     if (v && count == 1 && request_id_is_valid(*v)) {
         memcpy(out, v->base, v->len);
         out[v->len] = '\0';
         return true;
     }
-    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+    /* 128 random bits in hex are a fencing token's shape: drawn from the
+     * same per-thread block of OpenSSL's bytes, not one RAND_bytes a request. */
+    if (store_token_new(&t) < 0) {
         /* OpenSSL's generator failed: the time and an address still make an
          * id that tells requests apart in a log, which is all it is for. */
         struct timespec ts;
 
         clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t a = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-        uint64_t b = (uint64_t)(uintptr_t)rq;
-
-        memcpy(rnd, &a, 8);
-        memcpy(rnd + 8, &b, 8);
+        snprintf(t.hex, sizeof(t.hex), "%016llx%016llx",
+                 (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec,
+                 (unsigned long long)(uintptr_t)rq);
     }
-    for (size_t i = 0; i < sizeof(rnd); i++) {
-        out[2 * i] = hex[rnd[i] >> 4];
-        out[2 * i + 1] = hex[rnd[i] & 15];
-    }
-    out[2 * sizeof(rnd)] = '\0';
+    _Static_assert(STORE_TOKEN_HEX == 32, "a made request id is 32 hex digits");
+    memcpy(out, t.hex, STORE_TOKEN_HEX + 1);
     return false;
 }
