@@ -17,6 +17,7 @@
 #include "idemproxy/log.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
+#include "idemproxy/seal.h"
 #include "idemproxy/store.h"
 
 #define WAIT_MS 10000 /* a SCAN of a large Redis may take a while */
@@ -225,7 +226,40 @@ static void about_json(json_t *o, const char *about)
     }
 }
 
-static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body)
+/* Adds the completed answer <stored> of <store_key> to <o>, opened with <keys>
+ * (seal.h): its status, and its headers and body when <with_body>; the key
+ * id that sealed it; or why it does not open. */
+static void answer_json(json_t *o, const char *store_key, struct record *stored, bool with_body,
+                        const struct seal_keys *keys)
+{
+    struct record *rec = NULL;
+    enum seal_failure why;
+    char id[SEAL_ID_MAX + 1];
+    int err = seal_open(keys, span_from_cstr(store_key), stored, &rec, &why, id);
+
+    if (id[0])
+        json_object_set_new(o, "key_id", json_string(id));
+    if (err < 0) {
+        json_object_set_new(o, "unreadable",
+                            json_string(err == -ENOMEM ? "out of memory" : seal_failure_text(why)));
+        return;
+    }
+    json_object_set_new(o, "status", json_integer(rec->status));
+    json_object_set_new(o, "too_large", json_boolean(rec->too_large));
+    if (with_body) {
+        json_t *hs = json_array();
+
+        for (size_t i = 0; hs && i < rec->nheaders; i++)
+            json_array_append_new(hs,
+                                  json_pack("[s,s]", rec->headers[i].name, rec->headers[i].value));
+        json_object_set_new(o, "headers", hs);
+        json_object_set_new(o, "body_base64", base64_json(&rec->body));
+    }
+    record_unref(rec);
+}
+
+static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body,
+                         const struct seal_keys *keys)
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
@@ -242,19 +276,8 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
         if (info->about)
             about_json(o, info->about);
     }
-    if (!o || !info->completed || !info->rec)
-        return o;
-    json_object_set_new(o, "status", json_integer(info->rec->status));
-    json_object_set_new(o, "too_large", json_boolean(info->rec->too_large));
-    if (with_body) {
-        json_t *hs = json_array();
-
-        for (size_t i = 0; hs && i < info->rec->nheaders; i++)
-            json_array_append_new(
-                hs, json_pack("[s,s]", info->rec->headers[i].name, info->rec->headers[i].value));
-        json_object_set_new(o, "headers", hs);
-        json_object_set_new(o, "body_base64", base64_json(&info->rec->body));
-    }
+    if (o && info->completed && info->rec)
+        answer_json(o, info->store_key, info->rec, with_body, keys);
     return o;
 }
 
@@ -284,7 +307,7 @@ static enum MHD_Result reply_listing_error(struct MHD_Connection *conn, int err)
 }
 
 static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, const char *prefix,
-                                 const char *key, bool with_body)
+                                 const char *key, bool with_body, const struct seal_keys *keys)
 {
     struct waiter *w = waiter_new();
     json_t *records;
@@ -292,12 +315,15 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 
     if (!w)
         return reply_error(conn, 500, "out of memory");
-    err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body, on_listed, w);
+    /* A sealed answer's status is inside it: the whole record is read. */
+    err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body || keys,
+                        on_listed, w);
     if ((err = listed(w, err)) < 0)
         return reply_listing_error(conn, err);
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++)
-        json_array_append_new(records, info_json(&w->list.items[i], strlen(prefix), with_body));
+        json_array_append_new(records,
+                              info_json(&w->list.items[i], strlen(prefix), with_body, keys));
     waiter_unref(w);
     return reply_json(conn, 200, json_pack("{s:s, s:o}", "key", key, "records", records));
 }
@@ -385,7 +411,7 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++) {
         const struct store_info *in = &w->list.items[i];
-        json_t *o = info_json(in, strlen(prefix), false);
+        json_t *o = info_json(in, strlen(prefix), false, NULL); /* unknown: no answer */
         struct span k =
             idemkey_store_key_key(span_from_cstr(in->store_key), span_from_cstr(prefix));
 
@@ -509,6 +535,17 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
         record_unref(rec);
         return reply_error(conn, 500, "out of memory");
     }
+    if (c->keys) {
+        struct record *sealed = NULL;
+
+        err = seal_record(c->keys, span_from_cstr(store_key), rec, &sealed);
+        record_unref(rec);
+        if (err < 0) {
+            free(store_key);
+            return reply_error(conn, 500, "cannot seal the answer");
+        }
+        rec = sealed;
+    }
     w = waiter_new();
     err =
         w ? store_resolve(st, span_from_cstr(store_key), rec, c->ttl_ms, on_resolved, w) : -ENOMEM;
@@ -588,7 +625,7 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
                            "composite key's parts joined by single spaces, percent-encoded in "
                            "the path");
     if (is_get)
-        return list_keys(conn, st, c->prefix, key, body && strcmp(body, "1") == 0);
+        return list_keys(conn, st, c->prefix, key, body && strcmp(body, "1") == 0, c->keys);
     if (is_put)
         return resolve_key(conn, st, c, key, scope);
     return purge_key(conn, st, c->prefix, key, scope);

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "idemproxy/admin.h"
@@ -12,6 +13,7 @@
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/route.h"
+#include "idemproxy/seal.h"
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_registry.h"
@@ -68,6 +70,7 @@ void app_down(struct app *app)
     for (unsigned i = 0; i < app->nloops; i++)
         front_stop(app->fronts[i]);
     pipeline_free(app->pl);
+    seal_keys_free(app->keys);
     for (unsigned i = 0; i < app->nloops; i++)
         loop_free(app->loops[i]);
 }
@@ -174,6 +177,33 @@ static int start_serving(struct app *app)
     return 0;
 }
 
+/* The keys of --store-encryption-key-file, read once (a restart reads them
+ * again). A file others may read is said, not refused: systemd's
+ * credentials are the owner's only. */
+static int load_keys(struct app *app)
+{
+    const char *path = app->cfg.store_encryption_key_file;
+    char why[512];
+    struct stat sb;
+    int err;
+
+    if (!path)
+        return 0;
+    err = seal_keys_load(path, &app->keys, why, sizeof(why));
+    if (err < 0) {
+        log_error("--store-encryption-key-file: %s", err == -ENOMEM ? "out of memory" : why);
+        app->exit_status = 2;
+        return err;
+    }
+    if (stat(path, &sb) == 0 && (sb.st_mode & 077))
+        log_warn("--store-encryption-key-file %s may be read by others (mode %04o): keep it the "
+                 "owner's only (chmod 600), or hand it over as a systemd credential",
+                 path, (unsigned)(sb.st_mode & 07777));
+    log_info("stored answers are sealed with AES-256-GCM under key '%s' (%zu key%s in %s)",
+             app->keys->keys[0].id, app->keys->n, app->keys->n == 1 ? "" : "s", path);
+    return 0;
+}
+
 int app_up(struct app *app)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -196,14 +226,16 @@ int app_up(struct app *app)
     }
     err = open_store(app);
     if (err == 0)
-        err = pipeline_new(&app->cfg, app->routes, app->st, app->pool,
+        err = load_keys(app);
+    if (err == 0)
+        err = pipeline_new(&app->cfg, app->routes, app->st, app->keys, app->pool,
                            &(struct pipeline_forwarder){ .submit = forward_on_loop, .ctx = app },
                            &app->pl);
     if (err == 0)
         err = start_serving(app);
     if (err < 0)
         return err;
-    err = admin_start(&app->cfg, app->st, &app->admin);
+    err = admin_start(&app->cfg, app->st, app->keys, &app->admin);
     if (err < 0)
         log_error("--admin-listen %s: cannot listen there (address in use, or not this host's?)",
                   app->cfg.admin_listen.text);

@@ -139,6 +139,14 @@ static const struct opt opts[] = {
     { "--request-id-header", "IDEMPROXY_REQUEST_ID_HEADER", "NAME", "X-Request-Id",
       "the request id: kept when sane, else made; forwarded, echoed, logged; \"\" disables",
       K_HEADER_OPT, CONFIG_RESTART, F(request_id_header), 0, NULL, false, false },
+    { "--store-encryption-key-file", "IDEMPROXY_STORE_ENCRYPTION_KEY_FILE", "FILE", NULL,
+      "seal stored answers (AES-256-GCM): lines of ID:BASE64-32-BYTE-KEY, the first seals, "
+      "every one opens (rotation)",
+      K_FILE, CONFIG_RESTART, F(store_encryption_key_file), 0, NULL, false, false },
+    { "--storage-header", "IDEMPROXY_STORAGE_HEADER", "NAME", "Idempotency-Storage",
+      "the upstream's answer header no-store or ttl=S (capped by --max-ttl), never passed on; "
+      "\"\" disables",
+      K_HEADER_OPT, CONFIG_RESTART, F(storage_header), 0, NULL, false, false },
     { "--store", "IDEMPROXY_STORE_URL", "URL", NULL,
       "the store: postgresql://user@host[:port][,host[:port]...]/db[?params] (also postgres://; "
       "libpq's URI), or any --redis URL; none: --redis, else the in-process memory store",

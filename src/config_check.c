@@ -13,6 +13,7 @@
 
 #include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/seal.h"
 #include "idemproxy/tls_files.h"
 
 static void format_secs(uint64_t ms, char *out, size_t outlen)
@@ -137,6 +138,23 @@ static int check_listen_tls(const struct config *cfg, char *err, size_t errlen)
     return tls_files_check(&f, true, err, errlen);
 }
 
+/* The key file of --store-encryption-key-file parses as the store will read it. */
+static int check_encryption_keys(const struct config *cfg, char *err, size_t errlen)
+{
+    struct seal_keys *k = NULL;
+    char why[512];
+    int r;
+
+    if (!cfg->store_encryption_key_file)
+        return 0;
+    r = seal_keys_load(cfg->store_encryption_key_file, &k, why, sizeof(why));
+    seal_keys_free(k);
+    if (r < 0)
+        snprintf(err, errlen, "--store-encryption-key-file: %s",
+                 r == -ENOMEM ? "out of memory" : why);
+    return r;
+}
+
 /* WAIT is Redis's: without a Redis URL the option would be ignored. A
  * WAIT holds its connection, and the ops behind it, for up to its timeout,
  * so that timeout must leave room inside --store-timeout. */
@@ -232,6 +250,8 @@ int config_check_options(const struct config *cfg, char *err, size_t errlen)
         r = check_upstream_tls(cfg, err, errlen);
     if (r == 0)
         r = check_listen_tls(cfg, err, errlen);
+    if (r == 0)
+        r = check_encryption_keys(cfg, err, errlen);
     return r;
 }
 

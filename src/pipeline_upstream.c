@@ -5,6 +5,7 @@
  * loop thread of the upstream call; a late exchange (--upstream-late-timeout)
  * ends there after its client was answered. */
 #include <ctype.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/route.h"
+#include "idemproxy/seal.h"
 
 #include "pipeline_impl.h"
 
@@ -80,6 +82,79 @@ void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
     lease_finish(l, rec, r->adm.ttl_ms, on_lease_finished, r);
 }
 
+/* Ends the lock of <r> with <rec> (a reference taken over; NULL releases),
+ * sealed first when answers are (seal.h). An answer that cannot be sealed
+ * is never stored in clear: a bare marker takes its place, which does not
+ * open either, so its duplicates get 503 and nothing runs twice. */
+static void lease_end_sealed(struct pipeline_req *r, struct record *rec)
+{
+    struct record *sealed = NULL;
+    int err;
+
+    if (!rec || !r->pl->keys) {
+        pipeline_lease_end(r, rec);
+        return;
+    }
+    err = seal_record(r->pl->keys, span_from_cstr(r->adm.store_key), rec, &sealed);
+    if (err < 0) {
+        log_error("key %s: cannot seal its answer (%s): a marker without it is stored, and its "
+                  "duplicates get 503 store_unavailable; it does not run again",
+                  r->adm.store_key, strerror(-err));
+        sealed = record_new_too_large(rec->status); /* NULL (OOM): released */
+    }
+    record_unref(rec);
+    pipeline_lease_end(r, sealed);
+}
+
+/* Ends the lock of <r> with the upstream's answer <rec> (borrowed): stored,
+ * or released when it is not kept: a status not cached, or <keep> false
+ * (the API said no-store). */
+static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool keep)
+{
+    const struct route_settings *rs = &r->adm.route->settings;
+
+    if (!keep || !config_is_cacheable(rs, rec->status)) {
+        pipeline_lease_end(r, NULL);
+        return;
+    }
+    record_ensure_date(rec);
+    if (rec->body.len > rs->max_response_bytes)
+        lease_end_sealed(r, record_new_too_large(rec->status)); /* NULL (OOM): released */
+    else
+        lease_end_sealed(r, record_ref(rec));
+}
+
+/* Whether one storage header that says neither no-store nor ttl=S was logged. */
+static atomic_bool storage_said;
+
+/* Takes the storage header (SPEC §12) out of <rec>, the answer of <r>,
+ * which the client never sees, and returns whether the answer may be kept:
+ * false for no-store; ttl=S sets its TTL, capped at the route's max-ttl. */
+static bool take_storage(struct pipeline_req *r, struct record *rec)
+{
+    uint64_t ttl_ms = 0, max_ms = r->adm.route->settings.max_ttl_ms;
+    char value[80];
+
+    if (!r->pl->storage_header)
+        return true;
+    switch (record_take_storage(rec, r->pl->storage_header, &ttl_ms, value, sizeof(value))) {
+    case RECORD_STORAGE_NO_STORE:
+        return false;
+    case RECORD_STORAGE_TTL:
+        r->adm.ttl_ms = ttl_ms < max_ms ? ttl_ms : max_ms;
+        return true;
+    case RECORD_STORAGE_INVALID:
+        if (!atomic_exchange(&storage_said, true))
+            log_warn("upstream answer header %s: '%s' is neither no-store nor ttl=SECONDS, nor "
+                     "given once: ignored (this is said once; later ones are ignored silently)",
+                     r->pl->storage_header, value);
+        return true;
+    case RECORD_STORAGE_DEFAULT:
+        break;
+    }
+    return true;
+}
+
 /* The request of <r> may have run upstream and its answer is lost, for
  * <cause>: the key becomes unknown (refuse), or is released to run again
  * (retry). */
@@ -131,25 +206,19 @@ static void on_overdue(void *ctx)
  * unknown, and nothing is answered. */
 static void late_end(struct pipeline_req *r, int err, struct record *rec)
 {
-    const struct route_settings *rs = &r->adm.route->settings;
-
     log_info("key %s: the late exchange ended: %s", r->adm.store_key,
              err == 0            ? "an answer"
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
                                  : strerror(-err));
     if (err == -E2BIG) {
-        pipeline_lease_end(r, record_new_too_large(502)); /* it did answer */
+        lease_end_sealed(r, record_new_too_large(502)); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
         lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
                                                 : STORE_CAUSE_UPSTREAM_TIMEOUT);
-    } else if (err < 0 || !config_is_cacheable(rs, rec->status)) {
+    } else if (err < 0) {
         pipeline_lease_end(r, NULL);
     } else {
-        record_ensure_date(rec);
-        if (rec->body.len > rs->max_response_bytes)
-            pipeline_lease_end(r, record_new_too_large(rec->status));
-        else
-            pipeline_lease_end(r, record_ref(rec));
+        lease_end_answer(r, rec, take_storage(r, rec));
     }
     record_unref(rec);
 }
@@ -158,7 +227,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
 {
     struct pipeline_req *r = ctx;
     const struct request *in = r->rq;
-    const struct route_settings *rs = &r->adm.route->settings;
+    bool keep;
 
     if (r->late) {
         late_end(r, err, rec);
@@ -191,7 +260,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         if (err == -E2BIG) {
             /* The upstream did answer: it must never run twice. */
             r->out.replayed = "false";
-            pipeline_lease_end(r, record_new_too_large(502));
+            lease_end_sealed(r, record_new_too_large(502));
             return;
         }
         if (upstream_err_maybe_sent(err)) {
@@ -202,21 +271,12 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         pipeline_lease_end(r, NULL); /* nothing reached the upstream: a retry may run */
         return;
     }
+    keep = take_storage(r, rec);
     if (!r->lease) {
         pipeline_set_answer(r, rec, r->out.outcome, NULL); /* passthrough, or store_error */
         pipeline_finish(r);
         return;
     }
     pipeline_set_answer(r, rec, OUTCOME_EXECUTED, "false");
-    if (!config_is_cacheable(rs, rec->status)) {
-        pipeline_lease_end(r, NULL);
-        return;
-    }
-    record_ensure_date(rec);
-    if (rec->body.len > rs->max_response_bytes) {
-        pipeline_lease_end(
-            r, record_new_too_large(rec->status)); /* a NULL marker (OOM) releases instead */
-        return;
-    }
-    pipeline_lease_end(r, record_ref(rec));
+    lease_end_answer(r, rec, keep);
 }

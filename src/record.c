@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -9,7 +10,8 @@
 #define RECORD_MAGIC "IDR1"
 #define RECORD_MAGIC_LEN 4
 #define RECORD_FLAG_TOO_LARGE 0x01u
-#define RECORD_FLAGS_KNOWN RECORD_FLAG_TOO_LARGE
+#define RECORD_FLAG_SEALED 0x02u
+#define RECORD_FLAGS_KNOWN (RECORD_FLAG_TOO_LARGE | RECORD_FLAG_SEALED)
 
 struct record *record_new(size_t max_body)
 {
@@ -184,7 +186,7 @@ static int put_str(struct buf *b, const char *s)
 }
 
 /* Layout, all integers big-endian: "IDR1", u16 status, u8 flags (bit 0:
- * too_large), u32 nheaders, then per header u32 name_len, name, u32
+ * too_large, bit 1: sealed), u32 nheaders, then per header u32 name_len, name, u32
  * value_len, value. The body is stored apart. */
 int record_encode_head(const struct record *rec, struct buf *ret)
 {
@@ -199,7 +201,8 @@ int record_encode_head(const struct record *rec, struct buf *ret)
     r = put_u16(ret, (uint16_t)rec->status);
     if (r < 0)
         goto fail;
-    r = put_u8(ret, rec->too_large ? RECORD_FLAG_TOO_LARGE : 0);
+    r = put_u8(ret, (rec->too_large ? RECORD_FLAG_TOO_LARGE : 0) |
+                        (rec->sealed ? RECORD_FLAG_SEALED : 0));
     if (r < 0)
         goto fail;
     r = put_u32(ret, (uint32_t)rec->nheaders);
@@ -274,9 +277,12 @@ int record_decode(struct span head, struct span body, struct record **ret)
     flags = p[6];
     if (flags & ~RECORD_FLAGS_KNOWN)
         return -EPROTO;
-    if (!(flags & RECORD_FLAG_TOO_LARGE) && (status < 100 || status > 599))
+    if (!(flags & (RECORD_FLAG_TOO_LARGE | RECORD_FLAG_SEALED)) && (status < 100 || status > 599))
         return -EPROTO;
     if (!get_u32(&rd, &n) || n > RECORD_MAX_HEADERS)
+        return -EPROTO;
+    /* A sealed record holds nothing in clear but its sealed body. */
+    if ((flags & RECORD_FLAG_SEALED) && (flags != RECORD_FLAG_SEALED || status != 0 || n != 0))
         return -EPROTO;
     /* Each header takes at least 8 bytes: refuse a count the data cannot hold. */
     if (n > rd.left / 8)
@@ -287,6 +293,7 @@ int record_decode(struct span head, struct span body, struct record **ret)
         return -ENOMEM;
     rec->status = status;
     rec->too_large = flags & RECORD_FLAG_TOO_LARGE;
+    rec->sealed = flags & RECORD_FLAG_SEALED;
     for (uint32_t i = 0; i < n; i++) {
         struct span name, value;
 
@@ -324,4 +331,59 @@ void record_ensure_date(struct record *rec)
     gmtime_r(&t, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
     (void)record_add_header(rec, SPAN_LIT("Date"), span_from_cstr(date));
+}
+
+static bool is_ows(char c) { return c == ' ' || c == '\t'; }
+
+enum record_storage record_storage_parse(struct span v, uint64_t *ret_ttl_ms)
+{
+    static const struct span no_store = SPAN_LIT("no-store"), ttl = SPAN_LIT("ttl=");
+    uint64_t ms = 0;
+
+    while (v.len && is_ows(v.base[0]))
+        v.base++, v.len--;
+    while (v.len && is_ows(v.base[v.len - 1]))
+        v.len--;
+    if (span_eq_nocase(v, no_store))
+        return RECORD_STORAGE_NO_STORE;
+    if (v.len <= ttl.len || !span_eq_nocase((struct span){ v.base, ttl.len }, ttl))
+        return RECORD_STORAGE_INVALID;
+    for (size_t i = ttl.len; i < v.len; i++) {
+        unsigned d = (unsigned)(unsigned char)v.base[i] - '0';
+
+        if (d > 9)
+            return RECORD_STORAGE_INVALID;
+        ms = ms > (UINT64_MAX - d * 1000) / 10 ? UINT64_MAX : ms * 10 + d * 1000;
+    }
+    if (ms == 0)
+        return RECORD_STORAGE_INVALID;
+    *ret_ttl_ms = ms;
+    return RECORD_STORAGE_TTL;
+}
+
+enum record_storage record_take_storage(struct record *rec, const char *name, uint64_t *ret_ttl_ms,
+                                        char *ret_value, size_t len)
+{
+    struct span n = span_from_cstr(name);
+    enum record_storage s = RECORD_STORAGE_DEFAULT;
+    size_t kept = 0;
+
+    ret_value[0] = '\0';
+    for (size_t i = 0; i < rec->nheaders; i++) {
+        struct record_header *h = &rec->headers[i];
+
+        if (!span_eq_nocase(span_from_cstr(h->name), n)) {
+            rec->headers[kept++] = *h;
+            continue;
+        }
+        if (s == RECORD_STORAGE_DEFAULT) {
+            snprintf(ret_value, len, "%s", h->value);
+            s = record_storage_parse(span_from_cstr(h->value), ret_ttl_ms);
+        } else {
+            s = RECORD_STORAGE_INVALID; /* two answers to one question */
+        }
+        header_free(h);
+    }
+    rec->nheaders = kept;
+    return s;
 }

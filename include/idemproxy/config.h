@@ -67,6 +67,9 @@ struct config {
     char *tls_cert_file;            /* --tls-cert-file, NULL: --listen is plain HTTP */
     char *tls_key_file;             /* --tls-key-file */
     char *request_id_header;        /* --request-id-header, default X-Request-Id, "": none */
+    char
+        *store_encryption_key_file; /* --store-encryption-key-file, NULL: answers stored in clear */
+    char *storage_header;           /* --storage-header, default Idempotency-Storage, "": none */
     char *store_url;              /* --store / IDEMPROXY_STORE_URL, NULL: see config_store_url() */
     char *store_password_file;    /* --store-password-file, NULL: none */
     char *store_password;         /* its first line: beats a password in the URL */

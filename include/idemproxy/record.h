@@ -21,6 +21,7 @@ struct record {
     atomic_int refs; /* record_ref()/record_unref() only */
     unsigned status;
     bool too_large; /* the marker of a response over --max-response: no headers, no body */
+    bool sealed;    /* encrypted at rest (seal.h): status 0, no headers, the body seal_record()'s */
     struct record_header *headers; /* owned array of nheaders */
     size_t nheaders, headers_cap;
     struct buf body; /* owned */
@@ -47,6 +48,27 @@ int record_add_header(struct record *rec, struct span name, struct span value);
 
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
+
+/* What an upstream's storage header (SPEC §12) asks of its answer. */
+enum record_storage {
+    RECORD_STORAGE_DEFAULT,  /* no such header: as the route says */
+    RECORD_STORAGE_NO_STORE, /* "no-store": not kept; the lock is released */
+    RECORD_STORAGE_TTL,      /* "ttl=S": kept S seconds (the caller caps them) */
+    RECORD_STORAGE_INVALID,  /* anything else: ignored */
+};
+
+/* Parses a storage header's value <v>: "no-store", or "ttl=" and a positive
+ * whole number of seconds, whose milliseconds go to <ret_ttl_ms> (a number
+ * too large for them saturates at UINT64_MAX); the words in any case,
+ * spaces and tabs around them skipped. */
+enum record_storage record_storage_parse(struct span v, uint64_t *ret_ttl_ms);
+
+/* Removes every header of <rec> named <name> (case-insensitive) and returns
+ * what it asks, as record_storage_parse(); more than one is
+ * RECORD_STORAGE_INVALID. The first one's value, cut to <len> - 1 bytes,
+ * goes to <ret_value> (for the log); "" when there is none. */
+enum record_storage record_take_storage(struct record *rec, const char *name, uint64_t *ret_ttl_ms,
+                                        char *ret_value, size_t len);
 
 /* Adds a Date header of now to <rec> unless it has one: a stored answer
  * needs its original Date, which every replay carries. An answer over

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* A stored record as read back from the store (untrusted: whoever can write
- * to Redis wrote it). Input: a 4-byte big-endian head length, the head, then
- * the body (a length past the end takes the rest as head). A record that
+ * to Redis wrote it; a sealed one too, whose body seal.h opens). Input: a 4-byte big-endian head
+ * length, the head, then the body (a length past the end takes the rest as head). A record that
  * decodes must re-encode to the very same head (the encoding is canonical)
  * and decode again to the same status, flags, headers and body. */
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 
 static void check_same(const struct record *a, const struct record *b)
 {
-    FUZZ_CHECK(a->status == b->status && a->too_large == b->too_large);
+    FUZZ_CHECK(a->status == b->status && a->too_large == b->too_large && a->sealed == b->sealed);
     FUZZ_CHECK(a->nheaders == b->nheaders);
     for (size_t i = 0; i < a->nheaders; i++) {
         FUZZ_CHECK(strcmp(a->headers[i].name, b->headers[i].name) == 0);
@@ -42,7 +42,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(r == -EPROTO && rec == NULL);
         return 0;
     }
-    FUZZ_CHECK(rec->too_large || (rec->status >= 100 && rec->status <= 599));
+    /* A sealed record (seal.h) holds nothing but its sealed body. */
+    FUZZ_CHECK(!rec->sealed || (rec->status == 0 && !rec->too_large && rec->nheaders == 0));
+    FUZZ_CHECK(rec->sealed || rec->too_large || (rec->status >= 100 && rec->status <= 599));
     FUZZ_CHECK(rec->status <= UINT16_MAX && rec->nheaders <= RECORD_MAX_HEADERS);
     FUZZ_CHECK(rec->body.len == body.len);
     FUZZ_CHECK(!body.len || memcmp(rec->body.data, body.base, body.len) == 0);

@@ -110,6 +110,9 @@ write("fuzz_record", "created-json", record_input(
 write("fuzz_record", "repeats-empty-value", record_input(
     record(200, [(b"Set-Cookie", b"a=1"), (b"Set-Cookie", b"b=2"), (b"X-Empty", b"")]), b"body"))
 write("fuzz_record", "too-large", record_input(record(0, [], flags=1), b""))
+write("fuzz_record", "sealed", record_input(record(0, [], flags=2), b"IDS1\x01a" + b"n" * 12 + b"c" * 20))
+write("fuzz_record", "sealed-with-status", record_input(record(200, [], flags=2), b""))
+write("fuzz_record", "sealed-too-large", record_input(record(0, [], flags=3), b""))
 write("fuzz_record", "status-599-8bit", record_input(record(599, [(b"X", b"caf\xe9")]), b"\x00\xff"))
 write("fuzz_record", "bad-magic", record_input(b"IDR2" + record(200, [])[4:], b""))
 write("fuzz_record", "truncated", record_input(record(200, [(b"A", b"bbbb")])[:-2], b""))
@@ -255,3 +258,43 @@ for name, v in {
     "crlf": "a\r\nX-Injected: 1",
 }.items():
     write("fuzz_request_id", name, v)
+
+# fuzz_seal: a key file, a NUL, then an answer's body (sealed and opened) and
+# bytes opened as a stored sealed body.
+K1 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+K2 = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="
+for name, v in {
+    "one-key": "k1:%s\n\x00{\"card\":\"4242\"}" % K1,
+    "rotation": "# new first\nnew:%s\r\n\nold:%s\n\x00body" % (K2, K1),
+    "no-colon": "k1 %s\n\x00" % K1,
+    "short-key": "k1:%s\n\x00" % K1[:-4],
+    "no-padding": "k1:%sA\n\x00" % K1[:-1],
+    "twice": "a:%s\na:%s\n\x00" % (K1, K2),
+    "bad-id": "a b:%s\n\x00" % K1,
+    "long-id": "%s:%s\n\x00" % ("i" * 33, K1),
+    "empty": "\x00",
+    "comments-only": "# k1:%s\n\x00" % K1,
+    "sealed-like": "a:%s\x00IDS1\x01a%s%s" % (K1, "n" * 12, "c" * 40),
+    "sealed-bad-id": "a:%s\x00IDS1\x05a\x01\x02\x03\x04%s%s" % (K1, "n" * 12, "c" * 40),
+    "sealed-id-too-long": "a:%s\x00IDS1\xffa" % K1,
+}.items():
+    write("fuzz_seal", name, v)
+
+# fuzz_storage: the storage header's values, one a line (the first is parsed alone).
+for name, v in {
+    "no-store": "no-store",
+    "no-store-case": "No-Store",
+    "ttl": "ttl=2592000",
+    "ttl-case-ows": " \tTTL=60 ",
+    "ttl-zero": "ttl=0",
+    "ttl-negative": "ttl=-5",
+    "ttl-unit": "ttl=1h",
+    "ttl-empty": "ttl=",
+    "ttl-huge": "ttl=" + "9" * 40,
+    "ttl-edge": "ttl=18446744073709551",
+    "ttl-edge-1": "ttl=18446744073709552",
+    "two": "no-store\nttl=5",
+    "list": "no-store, ttl=5",
+    "empty": "",
+}.items():
+    write("fuzz_storage", name, v)

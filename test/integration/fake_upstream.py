@@ -5,6 +5,9 @@ test process, counting hits per path.
 Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
   /echo                 any method: 201, JSON {seq, method, target, headers, body}
                         with two Set-Cookie headers and a Date unique to seq
+  /answer?status=N&h=Name:Value...
+                        answers as told: status N (201), each h a header, the
+                        request's body as the body
   /status/N             answers status N (JSON body with seq)
   /slow?ms=N&status=S   sleeps N ms, then S (default 200) JSON with seq
   /hold?id=NAME         blocks until the test calls release(NAME) or release_all()
@@ -146,6 +149,13 @@ class _Handler(QuietHandler):
                 ("X-Upstream", "echo"),
                 ("Set-Cookie", "b=2; Path=/"),
             ])
+        elif path == "/answer":
+            # Answers as told: ?status=N (201), each ?h=Name:Value a header,
+            # the request's body as the body.
+            hs = [tuple(h.split(":", 1)) for h in query.get("h", [])]
+            self._answer(int(query.get("status", ["201"])[0]),
+                         [("Content-Type", "application/json"), ("X-Seq", str(seq)),
+                          ("Date", fake_date(seq))] + hs, body)
         elif path.startswith("/status/"):
             status = int(path[len("/status/"):])
             self._json(status, {"seq": seq, "status": status}, seq)

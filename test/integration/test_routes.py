@@ -1573,6 +1573,7 @@ def test_every_help_option_is_a_file_key(tmp_path):
     for name in ("password", "ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("x\n")
     (tmp_path / "token").write_text("an-admin-token-of-some-length-0123456789\n")
+    (tmp_path / "store-keys").write_text("k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n")
     pki = make_pki(str(tmp_path / "pki"))  # TLS files are loaded by --check-config
     # options with no default: a valid sample value
     samples = {
@@ -1592,6 +1593,7 @@ def test_every_help_option_is_a_file_key(tmp_path):
         "--redis-tls-key-file": str(tmp_path / "key.pem"),
         "--redis-tls-server-name": "redis.example.com",
         "--admin-token-file": str(tmp_path / "token"),
+        "--store-encryption-key-file": str(tmp_path / "store-keys"),
     }
     options = help_options()
     assert "--ttl" in options and "--max-body" in options, options

@@ -18,6 +18,7 @@
 #include "idemproxy/record.h"
 #include "idemproxy/request.h"
 #include "idemproxy/route.h"
+#include "idemproxy/seal.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/worker.h"
 
@@ -216,6 +217,7 @@ struct env {
     struct route_table *routes;
     struct worker_pool *pool;
     struct store *st;
+    struct seal_keys *keys; /* NULL: answers in clear */
     struct pipeline *pl;
 };
 
@@ -295,6 +297,8 @@ static bool answered(struct answer *a, unsigned ms)
     return calls == 1;
 }
 
+/* The keys the next env_up() seals answers with (it takes them over); NULL: none. */
+static struct seal_keys *next_keys;
 
 static void env_up(struct env *e, struct store *st, const char *const *args)
 {
@@ -318,7 +322,9 @@ static void env_up(struct env *e, struct store *st, const char *const *args)
         e->st = st;
     else
         CHECK_EQ_INT(store_memory_new(64u << 20, 1000, e->pool, &e->st), 0);
-    CHECK_EQ_INT(pipeline_new(&e->cfg, e->routes, e->st, e->pool,
+    e->keys = next_keys;
+    next_keys = NULL;
+    CHECK_EQ_INT(pipeline_new(&e->cfg, e->routes, e->st, e->keys, e->pool,
                               &(struct pipeline_forwarder){ .submit = fake_submit, .ctx = &fwd },
                               &e->pl),
                  0);
@@ -332,6 +338,7 @@ static void env_down(struct env *e)
     if (e->st != &failing_store && e->st != &stale_store)
         store_free(e->st);
     pipeline_free(e->pl);
+    seal_keys_free(e->keys);
     route_table_unref(e->routes);
     config_done(&e->cfg);
 }
@@ -553,7 +560,7 @@ static void test_pipeline_answers_through_the_callback_only(void)
     pipeline_body(r->pr, "12345", 5);
     CHECK_EQ_INT(b.calls, 0);
     pipeline_body(r->pr, "6789", 4); /* past --max-body 8 */
-    CHECK_EQ_INT(b.calls, 1);          /* inside pipeline_body() */
+    CHECK_EQ_INT(b.calls, 1);        /* inside pipeline_body() */
     CHECK_EQ_INT(r->out.outcome, OUTCOME_TOO_LARGE);
     pipeline_body(r->pr, "more", 4);
     pipeline_end(r->pr);
@@ -897,8 +904,90 @@ static void test_pipeline_late_answers(void)
     env_down(&e);
 }
 
+/* ---- encryption at rest (SPEC §12), read in the memory store itself ---- */
+
+struct listing {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int err;
+    struct store_info_list list;
+};
+
+static void on_listing(void *ctx, int err, struct store_info_list *list)
+{
+    struct listing *l = ctx;
+
+    pthread_mutex_lock(&l->mu);
+    l->err = err;
+    if (list) {
+        l->list = *list;
+        *list = (struct store_info_list){ 0 };
+    }
+    l->done = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* What the store holds of <key>, whole. */
+static struct store_info_list inspect_key(struct store *st, const char *key)
+{
+    struct listing l = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+    CHECK_EQ_INT(store_inspect(st, SPAN_LIT("idem:"), span_from_cstr(key), true, on_listing, &l),
+                 0);
+    pthread_mutex_lock(&l.mu);
+    while (!l.done)
+        pthread_cond_wait(&l.cv, &l.mu);
+    pthread_mutex_unlock(&l.mu);
+    CHECK_EQ_INT(l.err, 0);
+    return l.list;
+}
+
+static void test_pipeline_memory_store_holds_sealed_answers(void)
+{
+    static const char text[] = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n";
+    struct store_info_list held;
+    struct record *rec;
+    struct env e;
+    struct req *r;
+    char why[128];
+    int before;
+
+    CHECK_EQ_INT(seal_keys_parse(SPAN_LIT(text), &next_keys, why, sizeof(why)), 0);
+    env_up(&e, NULL, NULL);
+    before = fwd_calls();
+    r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=1");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_EXECUTED);
+    req_free(r);
+    held = inspect_key(e.st, "k1");
+    CHECK_EQ_INT(held.n, 1);
+    rec = held.n == 1 ? held.items[0].rec : NULL;
+    CHECK(rec && rec->sealed && rec->status == 0 && rec->nheaders == 0);
+    CHECK(rec && !memmem(rec->body.data, rec->body.len, "hello", 5) &&
+          !memmem(rec->body.data, rec->body.len, "text/plain", 10));
+    r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=1");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_REPLAYED);
+    CHECK(r->out.answer && r->out.answer->body.len == 5 &&
+          !memcmp(r->out.answer->body.data, "hello", 5) && !r->out.answer->sealed);
+    CHECK_EQ_STR(record_header_get(r->out.answer, "Content-Type"), "text/plain");
+    req_free(r);
+    /* The store's own record, one bit changed: refused, not run again. */
+    if (rec)
+        rec->body.data[rec->body.len - 1] ^= 0x10;
+    r = run(&e, request(&e, "POST", "/pay", KEY("k1")), "amount=1");
+    CHECK_EQ_INT(r->out.outcome, OUTCOME_STORE_ERROR);
+    CHECK_EQ_INT(status_of(r), 503);
+    CHECK(has_code(r, "store_unavailable"));
+    req_free(r);
+    CHECK_EQ_INT(fwd_calls(), before + 1);
+    store_info_list_done(&held);
+    env_down(&e);
+}
+
 TEST_MAIN(test_pipeline_executed_then_replayed_then_mismatch,
-          test_pipeline_passthrough_and_key_errors, test_pipeline_bad_request_is_decided_first,
+          test_pipeline_memory_store_holds_sealed_answers, test_pipeline_passthrough_and_key_errors,
+          test_pipeline_bad_request_is_decided_first,
           test_pipeline_answers_through_the_callback_only,
           test_pipeline_absolute_form_forwards_its_path_and_host,
           test_pipeline_in_flight_then_completed,
