@@ -9,14 +9,15 @@
 -- The record outlives its lease: a lock's key expires lease + keep from its
 -- last extend, so its lease has run out once its PTTL is keep or less. A
 -- lock made before keep existed has none: its lease is its whole TTL.
--- Returns {"acquired"}, {"mismatch"}, {"in_flight"}, {"completed", head,
--- body} or {"unknown", cause, about, became ("1": made unknown just now)}.
+-- Returns {"acquired"}, {"mismatch", resource ("" when none)}, {"in_flight"},
+-- {"completed", head, body} or {"unknown", cause, about, became ("1": made
+-- unknown just now)}.
 -- One HMGET reads what every answer needs: a replay, the common case of a
 -- known key, costs one call. Sent again with the same token (its connection
 -- was lost before the answer, or a cluster failed over), it finds its own
 -- lock and says "acquired" again.
 local h = redis.call('HMGET', KEYS[1], 'state', 'fp', 'head', 'body', 'token', 'keep', 'cause',
-    'about')
+    'about', 'resource')
 local state, fp = h[1], h[2]
 local function now()
     local t = redis.call('TIME')
@@ -32,7 +33,7 @@ if not state then
     return lock()
 end
 if fp ~= ARGV[1] then
-    return {'mismatch'}
+    return {'mismatch', h[9] or ''}
 end
 if state == 'L' then
     if h[5] == ARGV[2] then

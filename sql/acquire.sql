@@ -12,9 +12,9 @@
 -- statement's snapshot, and would not give up) is answered by sending it
 -- again.
 -- Columns: state, changed (this statement made the row), mismatch, mine
--- (the token is $3), cause, about, head, body.
+-- (the token is $3), cause, about, head, body, resource.
 WITH cur AS (
-    SELECT state, fp, token, lease_until, cause, about, head, body
+    SELECT state, fp, token, lease_until, cause, about, head, body, resource
     FROM idemproxy_keys
     WHERE key = $1 AND expires_at > now()
 ),
@@ -48,16 +48,17 @@ ins AS (
         about = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
                      THEN $7::text END,
         head = NULL,
-        body = NULL
+        body = NULL,
+        resource = NULL
     WHERE k.expires_at <= now()
        OR (k.fp = EXCLUDED.fp
            AND ((k.state = 'L' AND k.token <> EXCLUDED.token AND k.lease_until <= now())
                 OR (k.state = 'U' AND $6::boolean)))
     RETURNING k.state, true AS changed, false AS mismatch, k.token = $3::text AS mine, k.cause,
-              k.about, NULL::bytea AS head, NULL::bytea AS body
+              k.about, NULL::bytea AS head, NULL::bytea AS body, NULL::text AS resource
 )
 SELECT * FROM ins
 UNION ALL
-SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about, head, body
+SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about, head, body, resource
 FROM cur
 WHERE NOT EXISTS (SELECT FROM ins)

@@ -1,11 +1,13 @@
--- COMPLETE: $1 the store key, $2 token, $3 head, $4 body, $5 TTL (ms).
+-- COMPLETE: $1 the store key, $2 token, $3 head, $4 body, $5 TTL (ms), $6 the
+-- resource the answer created ('' when none).
 -- Stores the answer if $2 holds the lock, or held it when the key became
 -- unknown (a holder that comes back), and wakes duplicates held by --wait
 -- (NOTIFY idemproxy_done, delivered at commit). A retry that finds its own
 -- answer stored is answered too. One row: done; none: stale.
 WITH u AS (
     UPDATE idemproxy_keys
-    SET state = 'C', head = $3, body = $4, changed_at = now(), lease_until = NULL,
+    SET state = 'C', head = $3, body = $4, resource = NULLIF($6::text, ''), changed_at = now(),
+        lease_until = NULL,
         cause = NULL, about = NULL, expires_at = now() + $5::bigint * interval '1 millisecond'
     WHERE key = $1 AND token = $2 AND state <> 'C' AND expires_at > now()
     RETURNING key

@@ -278,6 +278,8 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
     }
     if (o && info->completed && info->rec)
         answer_json(o, info->store_key, info->rec, with_body, keys);
+    if (o && info->resource)
+        json_object_set_new(o, "resource", bytes_json(info->resource, strlen(info->resource)));
     return o;
 }
 
@@ -326,6 +328,50 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
                               info_json(&w->list.items[i], strlen(prefix), with_body, keys));
     waiter_unref(w);
     return reply_json(conn, 200, json_pack("{s:s, s:o}", "key", key, "records", records));
+}
+
+/* GET /keys?resource=ID[&scope=S][&body=1]: the records whose answer
+ * created the resource ID (SPEC §12), in any scope or in S. */
+static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *st,
+                                     const char *prefix, const char *resource,
+                                     const struct seal_keys *keys)
+{
+    const char *scope = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "scope");
+    const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
+    bool with_body = body && strcmp(body, "1") == 0, sane = resource[0] != '\0';
+    size_t plen = strlen(prefix);
+    struct waiter *w;
+    json_t *records;
+    int err;
+
+    for (const char *c = resource; sane && *c; c++)
+        sane = *c >= 0x21 && *c <= 0x7e && c - resource < STORE_RESOURCE_MAX;
+    if (!sane)
+        return reply_error(conn, 400, "resource: 1 to 255 bytes of 0x21-0x7E, percent-encoded");
+    if (scope && !idemkey_is_scope(span_from_cstr(scope)))
+        return reply_error(conn, 400, "scope: the 32 hex characters GET /keys/<key> shows");
+    if (!(w = waiter_new()))
+        return reply_error(conn, 500, "out of memory");
+    err = store_find_resource(st, span_from_cstr(prefix), span_from_cstr(resource),
+                              with_body || keys, on_listed, w);
+    if ((err = listed(w, err)) < 0)
+        return reply_listing_error(conn, err);
+    records = json_array();
+    for (size_t i = 0; records && i < w->list.n; i++) {
+        const struct store_info *in = &w->list.items[i];
+        struct span k =
+            idemkey_store_key_key(span_from_cstr(in->store_key), span_from_cstr(prefix));
+        json_t *o;
+
+        if (scope && strncmp(in->store_key + plen, scope, IDEMKEY_SCOPE_HEX) != 0)
+            continue;
+        o = info_json(in, plen, with_body, keys);
+        if (o && k.base)
+            json_object_set_new(o, "key", bytes_json(k.base, k.len));
+        json_array_append_new(records, o);
+    }
+    waiter_unref(w);
+    return reply_json(conn, 200, json_pack("{s:s, s:o}", "resource", resource, "records", records));
 }
 
 /* The operator's address, for the log. */
@@ -396,7 +442,8 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     if (!state || strcmp(state, "unknown") != 0)
         return reply_error(conn, 400,
                            "list with GET /keys?state=unknown (the keys whose outcome is "
-                           "unknown); one key's records with GET /keys/<key>");
+                           "unknown) or GET /keys?resource=ID (the keys whose answer created "
+                           "it); one key's records with GET /keys/<key>");
     w = waiter_new();
     if (!w)
         return reply_error(conn, 500, "out of memory");
@@ -613,8 +660,12 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
         return reply_error(conn, 404, "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
     if (path_len == strlen(ADMIN_KEYS_LIST_PATH) &&
         memcmp(c->target, ADMIN_KEYS_LIST_PATH, path_len) == 0) {
+        const char *resource = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "resource");
+
         if (!is_get)
-            return reply_error(conn, 405, "GET /keys?state=unknown");
+            return reply_error(conn, 405, "GET /keys?state=unknown or GET /keys?resource=ID");
+        if (resource)
+            return find_resource(conn, st, c->prefix, resource, c->keys);
         return list_unknown(conn, st, c->prefix);
     }
     if (!is_get && !is_delete && !is_put)

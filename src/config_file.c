@@ -396,6 +396,34 @@ static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
+/* resource: {header: NAME} or {json: POINTER}, one of them (SPEC §12). */
+static void resource_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v,
+                          void *ctx)
+{
+    struct route *rt = ctx;
+    const char *s = scalar(v);
+
+    if (rt->resource_header || rt->resource_json) {
+        errs_add(e, k, "resource: give one source, header or json");
+    } else if (strcmp(key, "header") == 0) {
+        if (s && http_is_token(span_from_cstr(s)))
+            rt->resource_header = dup_or_oom(e, s);
+        else
+            errs_add(e, v, "resource.header: '%s' is not a header name (a token such as Location)",
+                     s ? s : type_name(v));
+    } else if (strcmp(key, "json") == 0) {
+        if (s && keysource_pointer_check(s) == 0)
+            rt->resource_json = dup_or_oom(e, s);
+        else
+            errs_add(e, v,
+                     "resource.json: '%s' is not a JSON pointer (RFC 6901, such as /id or "
+                     "/data/0/id)",
+                     s ? s : type_name(v));
+    } else {
+        errs_add(e, k, "resource: unknown key '%s' (use header or json)", key);
+    }
+}
+
 static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
 {
     const char *s = scalar(v);
@@ -501,6 +529,8 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         each_pair(e, v, "key", key_pair, &rt->key);
     } else if (strcmp(key, "errors") == 0) {
         parse_errors(e, v, &rt->errors);
+    } else if (strcmp(key, "resource") == 0) {
+        each_pair(e, v, "resource", resource_pair, rt);
     } else if (config_is_route_option(key)) {
         set_option(e, NULL, &rt->settings, key, k, v);
     } else {
@@ -508,8 +538,8 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
 
         config_route_option_names(names, sizeof(names));
         errs_add(e, k,
-                 "route: unknown key '%s' (a route has name, match, enforce, key, errors, and "
-                 "the options %s)",
+                 "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
+                 "resource, and the options %s)",
                  key, names);
     }
 }

@@ -16,6 +16,7 @@
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/record.h"
+#include "idemproxy/seal.h"
 #include "idemproxy/worker.h"
 
 #define FINISH_BACKOFF_MIN_MS 50
@@ -24,9 +25,10 @@
 #define BEAT_CHECK_MAX_MS 1000
 
 struct leases {
-    struct store *st;         /* borrowed */
-    struct worker_pool *pool; /* borrowed */
-    uint64_t lock_ttl_ms;     /* a lease's TTL when lease_start() is given none */
+    struct store *st;             /* borrowed */
+    const struct seal_keys *keys; /* borrowed: seal the too-large marker; NULL: none */
+    struct worker_pool *pool;     /* borrowed */
+    uint64_t lock_ttl_ms;         /* a lease's TTL when lease_start() is given none */
     atomic_bool stopping;
     pthread_mutex_t mu;         /* guards the list and the heartbeat fields of leases */
     struct list list;           /* every active struct lease, each with a reference */
@@ -57,8 +59,10 @@ struct lease {
     uint64_t confirm_sent_ms, confirm_sent_us;
     /* The finishing chain only: */
     uint64_t attempt_sent_us;
-    struct record *rec; /* owned reference to complete with; NULL: release, or unknown */
-    bool unknown;       /* mark the key unknown (SPEC §9) instead */
+    struct record *rec;     /* owned reference to complete with; NULL: release, or unknown */
+    struct store_link link; /* complete: the resource link, in <link_buf> */
+    char *link_buf;         /* owned; NULL: no link */
+    bool unknown;           /* mark the key unknown (SPEC §9) instead */
     enum store_cause cause;
     struct store_about about; /* unknown: its parts, in <about_buf> */
     char *about_buf;          /* owned */
@@ -80,6 +84,7 @@ static void lease_unref(struct lease *l)
         return;
     record_unref(l->rec);
     free(l->about_buf);
+    free(l->link_buf);
     free(l->key);
     free(l);
 }
@@ -191,8 +196,8 @@ static void heartbeat(void *ctx)
     }
 }
 
-int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
-               struct leases **ret)
+int leases_new(struct store *st, const struct seal_keys *keys, struct worker_pool *pool,
+               uint64_t lock_ttl_ms, struct leases **ret)
 {
     struct leases *ls = calloc(1, sizeof(*ls));
     uint64_t check_ms;
@@ -201,6 +206,7 @@ int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
     if (!ls)
         return -ENOMEM;
     ls->st = st;
+    ls->keys = keys;
     ls->pool = pool;
     ls->lock_ttl_ms = lock_ttl_ms;
     check_ms = lock_ttl_ms / 12; /* a quarter of the shortest beat */
@@ -309,6 +315,30 @@ static void finish_told(struct lease *l)
         done(l->finish_ctx);
 }
 
+/* The marker that stands for the answer of <l>, which the store cannot hold
+ * (its status: a sealed answer's is inside it), sealed as answers are. NULL
+ * when out of memory. */
+static struct record *too_large_marker(struct lease *l)
+{
+    struct record *clear = NULL, *marker = NULL;
+    enum seal_failure why;
+    char id[SEAL_ID_MAX + 1];
+    unsigned status = l->rec->status;
+
+    if (l->rec->sealed &&
+        seal_open(l->ls->keys, span_from_cstr(l->key), l->rec, &clear, &why, id) == 0) {
+        status = clear->status;
+        record_unref(clear);
+    }
+    clear = record_new_too_large(status);
+    if (!clear || !l->ls->keys)
+        return clear;
+    if (seal_record(l->ls->keys, span_from_cstr(l->key), clear, &marker) < 0)
+        marker = NULL;
+    record_unref(clear);
+    return marker;
+}
+
 static void on_finished(void *ctx, int err, const struct store_result *res)
 {
     struct lease *l = ctx;
@@ -323,14 +353,12 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
         /* The store can never hold this response (the memory store takes
          * none over half its budget): keep the marker instead, so it is still
          * never run twice. */
-        struct record *marker = record_new(0);
+        struct record *marker = too_large_marker(l);
 
         if (marker) {
             log_warn("key %s: the response (%zu bytes) is larger than the store can hold; "
                      "duplicates get 502 response_too_large",
                      l->key, l->rec->body.len);
-            marker->too_large = true;
-            marker->status = l->rec->status;
             record_unref(l->rec);
             l->rec = marker;
             attempt(l);
@@ -379,7 +407,7 @@ static void attempt(void *ctx)
     l->attempt_sent_us = metrics_now_us();
     if (l->rec)
         err = store_complete(ls->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
-                             on_finished, l);
+                             l->link_buf ? &l->link : NULL, on_finished, l);
     else if (l->unknown)
         err = store_unknown(ls->st, span_from_cstr(l->key), &l->tok, l->cause, &l->about, l->ttl_ms,
                             on_finished, l);
@@ -389,10 +417,16 @@ static void attempt(void *ctx)
         on_finished(l, err, NULL);
 }
 
-void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms, lease_finish_fn *done,
-                  void *ctx)
+void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms,
+                  const struct store_link *link, lease_finish_fn *done, void *ctx)
 {
     atomic_store(&l->finishing, true);
+    if (rec && link && (l->link_buf = malloc(link->resource.len + link->key.len))) {
+        memcpy(l->link_buf, link->resource.base, link->resource.len);
+        memcpy(l->link_buf + link->resource.len, link->key.base, link->key.len);
+        l->link = (struct store_link){ { l->link_buf, link->resource.len },
+                                       { l->link_buf + link->resource.len, link->key.len } };
+    } /* else (out of memory): no link, the answer is what matters */
     l->rec = rec;
     l->ttl_ms = ttl_ms;
     l->backoff_ms = FINISH_BACKOFF_MIN_MS;
@@ -421,7 +455,7 @@ void lease_finish_unknown(struct lease *l, enum store_cause cause, const struct 
             p += from[i]->len;
         }
     } /* else: no words, the state is what matters */
-    lease_finish(l, NULL, keep_ms, done, ctx);
+    lease_finish(l, NULL, keep_ms, NULL, done, ctx);
 }
 
 void lease_abandon(struct lease *l)

@@ -288,6 +288,28 @@ static void answer_stored(struct pipeline_req *r, struct record *stored)
     }
 }
 
+/* The 422 of a key used for another request, naming the resource its
+ * first answer created (SPEC §12) when the store kept a sane one. */
+static void answer_mismatch(struct pipeline_req *r, struct span resource)
+{
+    static const char detail[] =
+        "This Idempotency-Key was used with a different method, target or body.";
+    char id[STORE_RESOURCE_MAX + 1];
+    bool sane = resource.len >= 1 && resource.len <= STORE_RESOURCE_MAX;
+
+    for (size_t i = 0; sane && i < resource.len; i++)
+        sane = resource.base[i] >= 0x21 && resource.base[i] <= 0x7e;
+    if (!sane) {
+        pipeline_set_problem(r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH, detail);
+        return;
+    }
+    memcpy(id, resource.base, resource.len);
+    id[resource.len] = '\0';
+    pipeline_set_answer(
+        r, problem_new_with(PROBLEM_KEY_MISMATCH, r->adm.route->errors, detail, "resource", id),
+        OUTCOME_MISMATCH, NULL);
+}
+
 static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
     struct pipeline_req *r = ctx;
@@ -320,9 +342,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
             r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
             "A request with this Idempotency-Key is still being processed; retry later.");
     } else if (err == 0 && res->status == STORE_MISMATCH) {
-        pipeline_set_problem(
-            r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH,
-            "This Idempotency-Key was used with a different method, target or body.");
+        answer_mismatch(r, res->resource);
     } else if (err == 0 && res->status == STORE_UNKNOWN) {
         answer_unknown(r, res);
     } else if (err == 0 && res->status == STORE_COMPLETED) {
@@ -439,7 +459,7 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
             err = store_set_notify(st, waitlist_notify, pl->waits);
     }
     if (st && err == 0)
-        err = leases_new(st, pool, pl->min_lock_ttl_ms, &pl->leases);
+        err = leases_new(st, keys, pool, pl->min_lock_ttl_ms, &pl->leases);
     if (err < 0) {
         pipeline_free(pl);
         return err;

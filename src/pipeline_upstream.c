@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
@@ -74,25 +75,33 @@ static void on_lease_finished(void *ctx)
 /* Completes the lock of <r> with <rec> (a reference the lease takes over), or
  * releases it when <rec> is NULL; <r> is answered once the first attempt
  * has reported back (store failures are retried without it: lease.h). */
-void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
+static void lease_end_linked(struct pipeline_req *r, struct record *rec,
+                             const struct store_link *link)
 {
     struct lease *l = r->lease;
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
-    lease_finish(l, rec, r->adm.ttl_ms, on_lease_finished, r);
+    lease_finish(l, rec, r->adm.ttl_ms, link, on_lease_finished, r);
+}
+
+void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
+{
+    lease_end_linked(r, rec, NULL);
 }
 
 /* Ends the lock of <r> with <rec> (a reference taken over; NULL releases),
- * sealed first when answers are (seal.h). An answer that cannot be sealed
- * is never stored in clear: a bare marker takes its place, which does not
- * open either, so its duplicates get 503 and nothing runs twice. */
-static void lease_end_sealed(struct pipeline_req *r, struct record *rec)
+ * sealed first when answers are (seal.h), and the resource link <link>
+ * (NULL: none). An answer that cannot be sealed is never stored in clear: a
+ * bare marker takes its place, which does not open either, so its
+ * duplicates get 503 and nothing runs twice. */
+static void lease_end_sealed(struct pipeline_req *r, struct record *rec,
+                             const struct store_link *link)
 {
     struct record *sealed = NULL;
     int err;
 
     if (!rec || !r->pl->keys) {
-        pipeline_lease_end(r, rec);
+        lease_end_linked(r, rec, link);
         return;
     }
     err = seal_record(r->pl->keys, span_from_cstr(r->adm.store_key), rec, &sealed);
@@ -103,7 +112,28 @@ static void lease_end_sealed(struct pipeline_req *r, struct record *rec)
         sealed = record_new_too_large(rec->status); /* NULL (OOM): released */
     }
     record_unref(rec);
-    pipeline_lease_end(r, sealed);
+    lease_end_linked(r, sealed, link);
+}
+
+/* The resource link of <rec>, the answer of <r>, by its route (SPEC §12):
+ * <ret> gets its resource and its key <prefix>r:<scope>:<resource>, in a
+ * new string the caller frees, returned; NULL when there is none. */
+static char *resource_link(struct pipeline_req *r, const struct record *rec, struct store_link *ret)
+{
+    size_t plen = strlen(r->pl->key_prefix), n;
+    char resource[STORE_RESOURCE_MAX + 1], *key;
+
+    n = route_resource(r->adm.route, rec, resource);
+    if (n == 0 || strlen(r->adm.store_key) < plen + IDEMKEY_SCOPE_HEX + 1)
+        return NULL;
+    key = malloc(plen + 2 + IDEMKEY_SCOPE_HEX + 1 + n + 1);
+    if (!key)
+        return NULL; /* the answer is what matters */
+    snprintf(key, plen + 2 + IDEMKEY_SCOPE_HEX + 1 + n + 1, "%sr:%.*s:%s", r->pl->key_prefix,
+             IDEMKEY_SCOPE_HEX, r->adm.store_key + plen, resource);
+    *ret = (struct store_link){ .resource = { key + plen + 2 + IDEMKEY_SCOPE_HEX + 1, n },
+                                .key = span_from_cstr(key) };
+    return key;
 }
 
 /* Ends the lock of <r> with the upstream's answer <rec> (borrowed): stored,
@@ -112,16 +142,20 @@ static void lease_end_sealed(struct pipeline_req *r, struct record *rec)
 static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool keep)
 {
     const struct route_settings *rs = &r->adm.route->settings;
+    struct store_link link;
+    char *link_key;
 
     if (!keep || !config_is_cacheable(rs, rec->status)) {
         pipeline_lease_end(r, NULL);
         return;
     }
     record_ensure_date(rec);
-    if (rec->body.len > rs->max_response_bytes)
-        lease_end_sealed(r, record_new_too_large(rec->status)); /* NULL (OOM): released */
+    link_key = resource_link(r, rec, &link);    /* a marker, too, keeps its answer's link */
+    if (rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
+        lease_end_sealed(r, record_new_too_large(rec->status), link_key ? &link : NULL);
     else
-        lease_end_sealed(r, record_ref(rec));
+        lease_end_sealed(r, record_ref(rec), link_key ? &link : NULL);
+    free(link_key); /* the lease copied it */
 }
 
 /* Whether one storage header that says neither no-store nor ttl=S was logged. */
@@ -211,7 +245,7 @@ static void late_end(struct pipeline_req *r, int err, struct record *rec)
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
                                  : strerror(-err));
     if (err == -E2BIG) {
-        lease_end_sealed(r, record_new_too_large(502)); /* it did answer */
+        lease_end_sealed(r, record_new_too_large(502), NULL); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
         lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
                                                 : STORE_CAUSE_UPSTREAM_TIMEOUT);
@@ -260,7 +294,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         if (err == -E2BIG) {
             /* The upstream did answer: it must never run twice. */
             r->out.replayed = "false";
-            lease_end_sealed(r, record_new_too_large(502));
+            lease_end_sealed(r, record_new_too_large(502), NULL);
             return;
         }
         if (upstream_err_maybe_sent(err)) {

@@ -38,9 +38,10 @@ static json_t *body_object(enum problem p, enum problem_dialect dialect, const c
                      (int)d->status, "detail", detail, "code", d->code);
 }
 
-static char *problem_json(enum problem p, enum problem_dialect dialect, const char *detail)
+static char *problem_json(enum problem p, enum problem_dialect dialect, const char *detail,
+                          const char *name, const char *value)
 {
-    json_t *obj;
+    json_t *obj, *v;
     char *s;
 
     /* json_pack() refuses a detail that is not UTF-8: fall back to the title. */
@@ -49,12 +50,21 @@ static char *problem_json(enum problem p, enum problem_dialect dialect, const ch
         obj = body_object(p, dialect, problems[p].title);
     if (!obj)
         return NULL;
+    if (name && (v = json_string(value))) /* not UTF-8: left out */
+        json_object_set_new(dialect == PROBLEM_DIALECT_STRIPE ? json_object_get(obj, "error") : obj,
+                            name, v);
     s = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     return s;
 }
 
 struct record *problem_new(enum problem p, enum problem_dialect dialect, const char *detail)
+{
+    return problem_new_with(p, dialect, detail, NULL, NULL);
+}
+
+struct record *problem_new_with(enum problem p, enum problem_dialect dialect, const char *detail,
+                                const char *name, const char *value)
 {
     const struct problem_desc *d;
     struct record *rec = NULL;
@@ -65,7 +75,7 @@ struct record *problem_new(enum problem p, enum problem_dialect dialect, const c
         (dialect != PROBLEM_DIALECT_PROBLEM && dialect != PROBLEM_DIALECT_STRIPE))
         return NULL;
     d = &problems[p];
-    body = problem_json(p, dialect, detail);
+    body = problem_json(p, dialect, detail, name, value);
     if (!body)
         return NULL;
     len = strlen(body);

@@ -9,6 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "idemproxy/record.h"
+#include "idemproxy/store.h"
+
 static bool path_matches(const struct route *rt, struct span path)
 {
     size_t n = rt->match_path_len;
@@ -216,6 +219,9 @@ void route_done(struct route *rt)
     rt->match_path = NULL;
     free(rt->match_host);
     rt->match_host = NULL;
+    free(rt->resource_header);
+    free(rt->resource_json);
+    rt->resource_header = rt->resource_json = NULL;
     keysource_done(&rt->key);
     config_route_done(&rt->settings);
 }
@@ -228,4 +234,37 @@ void route_table_unref(struct route_table *t)
         route_done(&t->routes[i]);
     free(t->routes);
     free(t);
+}
+
+size_t route_resource(const struct route *rt, const struct record *rec, char *ret)
+{
+    struct idemkey k;
+    const char *v = NULL;
+    size_t n = 0, len;
+
+    if ((!rt->resource_header && !rt->resource_json) || rec->too_large || rec->status < 200 ||
+        rec->status > 299)
+        return 0;
+    if (rt->resource_json) {
+        if (keysource_json(buf_span(&rec->body), rt->resource_json, &k) < 0)
+            return 0;
+        memcpy(ret, k.buf, k.len);
+        ret[k.len] = '\0';
+        return k.len;
+    }
+    for (size_t i = 0; i < rec->nheaders; i++) {
+        if (strcasecmp(rec->headers[i].name, rt->resource_header) == 0) {
+            v = rec->headers[i].value;
+            n++;
+        }
+    }
+    len = v ? strlen(v) : 0;
+    if (n != 1 || len == 0 || len > STORE_RESOURCE_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
+            return 0;
+    }
+    memcpy(ret, v, len + 1);
+    return len;
 }

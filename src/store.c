@@ -202,15 +202,22 @@ bool store_call_is_valid(struct span key, const struct store_token *tok, store_d
            strnlen(tok->hex, sizeof(tok->hex)) == STORE_TOKEN_HEX;
 }
 
+void store_info_done(struct store_info *info)
+{
+    free(info->store_key);
+    free(info->about);
+    free(info->resource);
+    record_unref(info->rec);
+    info->store_key = info->about = info->resource = NULL;
+    info->rec = NULL;
+}
+
 void store_info_list_done(struct store_info_list *l)
 {
     if (!l)
         return;
-    for (size_t i = 0; i < l->n; i++) {
-        free(l->items[i].store_key);
-        free(l->items[i].about);
-        record_unref(l->items[i].rec);
-    }
+    for (size_t i = 0; i < l->n; i++)
+        store_info_done(&l->items[i]);
     free(l->items);
     l->items = NULL;
     l->n = 0;

@@ -50,6 +50,7 @@ struct store_admin_job {
     char *prefix, *key; /* owned, NUL-terminated copies; purge: <key> is the store key */
     size_t prefix_len, key_len;
     bool unknown_only;             /* list_unknown: any key, unknown ones, a page */
+    bool resource;                 /* find_resource: <key> is the resource id */
     char cursor[STORE_CURSOR_MAX]; /* list_unknown: where the page starts */
     struct record *rec;            /* resolve: own reference */
     uint64_t ttl_ms;               /* resolve */

@@ -156,6 +156,107 @@ static void shard_unlink_completed(struct shard *sh, struct mentry *e)
     shard_update_oldest(sh);
 }
 
+/* ---- the resource index (its entries' shard lock held) ---- */
+
+#define RES_FIRST_BUCKETS 64
+
+static struct mentry **res_bucket(struct store_memory *st, const char *resource)
+{
+    return &st->res_buckets[store_memory_hash(st, resource, strlen(resource)) &
+                            (st->res_nbuckets - 1)];
+}
+
+/* Doubles the index past one entry per bucket; failing to grow only makes
+ * chains longer. */
+static void res_maybe_grow(struct store_memory *st)
+{
+    size_t n = st->res_nbuckets * 2;
+    struct mentry **old = st->res_buckets, **nb;
+
+    if (st->res_count <= st->res_nbuckets || !(nb = calloc(n, sizeof(*nb))))
+        return;
+    st->res_buckets = nb;
+    st->res_nbuckets = n;
+    for (size_t b = 0; b < n / 2; b++) {
+        while (old[b]) {
+            struct mentry *e = old[b], **to = res_bucket(st, e->resource);
+
+            old[b] = e->res_next;
+            e->res_next = *to;
+            *to = e;
+        }
+    }
+    free(old);
+}
+
+static void res_index_add(struct store_memory *st, struct mentry *e)
+{
+    struct mentry **b;
+
+    pthread_mutex_lock(&st->res_mu);
+    b = res_bucket(st, e->resource);
+    e->res_next = *b;
+    *b = e;
+    st->res_count++;
+    res_maybe_grow(st);
+    pthread_mutex_unlock(&st->res_mu);
+}
+
+static void res_index_remove(struct store_memory *st, struct mentry *e)
+{
+    struct mentry **pp;
+
+    pthread_mutex_lock(&st->res_mu);
+    for (pp = res_bucket(st, e->resource); *pp && *pp != e; pp = &(*pp)->res_next)
+        ;
+    if (*pp) {
+        *pp = e->res_next;
+        st->res_count--;
+    }
+    pthread_mutex_unlock(&st->res_mu);
+}
+
+int store_memory_resource_keys(struct store_memory *st, struct span resource, char ***ret,
+                               size_t *ret_n)
+{
+    char **keys = NULL, *r = strndup(resource.base, resource.len);
+    size_t n = 0, cap = 0;
+    uint64_t now = now_ms();
+    int err = r ? 0 : -ENOMEM;
+
+    pthread_mutex_lock(&st->res_mu);
+    for (struct mentry *e = r ? *res_bucket(st, r) : NULL; e && err == 0; e = e->res_next) {
+        if (strcmp(e->resource, r) != 0 || now >= e->expires_ms)
+            continue;
+        if (n == cap) {
+            char **more = realloc(keys, (cap = cap ? cap * 2 : 4) * sizeof(*keys));
+
+            if (!more) {
+                err = -ENOMEM;
+                break;
+            }
+            keys = more;
+        }
+        if (!(keys[n] = strndup(e->key, e->key_len)))
+            err = -ENOMEM;
+        else
+            n++;
+    }
+    pthread_mutex_unlock(&st->res_mu);
+    free(r);
+    if (err < 0) {
+        while (n)
+            free(keys[--n]);
+        free(keys);
+        return err;
+    }
+    *ret = keys;
+    *ret_n = n;
+    return 0;
+}
+
+/* ---- one shard (its lock held by the caller) ---- */
+
 /* Unlinks the entry at <pp> of <sh> (a shard of <st>) and frees it; returns
  * the bytes it held, for the caller to give back to the budget. */
 static size_t shard_remove(struct store_memory *st, struct shard *sh, struct mentry **pp)
@@ -171,8 +272,11 @@ static size_t shard_remove(struct store_memory *st, struct shard *sh, struct men
         sh->locks--;
         atomic_fetch_sub_explicit(&st->lock_bytes, bytes, memory_order_relaxed);
     }
+    if (e->resource)
+        res_index_remove(st, e);
     record_unref(e->rec);
     free(e->about);
+    free(e->resource);
     free(e);
     return bytes;
 }
@@ -404,6 +508,8 @@ static bool answer_known(struct store_memory *st, struct mentry *e, const struct
 {
     if (memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0) {
         res->status = STORE_MISMATCH;
+        if (e->resource)
+            res->resource = span_from_cstr(e->resource); /* copied before the lock goes */
     } else if (e->state == MSTATE_LOCKED && tok_eq(&e->tok, &op->tok)) {
         res->status = STORE_ACQUIRED; /* sent again: its own lock */
     } else if (e->state == MSTATE_LOCKED && now < e->lease_until_ms) {
@@ -465,6 +571,9 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
 
             memcpy(op->about_text, (*pp)->about ? (*pp)->about : "", len + 1);
             res->about = (struct span){ op->about_text, len };
+        } else if (res->status == STORE_MISMATCH && res->resource.len) {
+            memcpy(op->about_text, res->resource.base, res->resource.len);
+            res->resource.base = op->about_text;
         }
         pthread_mutex_unlock(&sh->mu);
         if (reserved)
@@ -525,15 +634,23 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
     struct shard *sh = store_memory_shard_of(st, hash);
     size_t need = record_mem_bytes(op->rec);
+    char *resource = NULL;
     struct mentry *e;
     bool done = false, changed = false;
     int err;
 
+    if (op->link) {
+        resource = strndup(op->link->resource.base, op->link->resource.len);
+        if (!resource)
+            return -ENOMEM;
+        need += op->link->resource.len + 1 + RECORD_MALLOC_OVERHEAD;
+    }
     err = store_memory_budget_reserve(st, need);
     if (err < 0) {
         /* A stale holder hears that it is stale, not that the store is full. */
         int held = holder_check(st, op, &done);
 
+        free(resource);
         if (held < 0)
             return held;
         if (done) {
@@ -562,9 +679,15 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
         e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
         sh->locks--;
         store_memory_link_completed(sh, e);
+        if (resource) {
+            e->resource = resource; /* moves to the entry */
+            resource = NULL;
+            res_index_add(st, e);
+        }
         changed = true;
     }
     pthread_mutex_unlock(&sh->mu);
+    free(resource); /* a retry: the first call indexed it */
     store_memory_budget_give_back(st, need);
     if (changed && st->notify)
         st->notify(st->notify_ctx, key);
@@ -711,15 +834,18 @@ static int memory_unknown(struct store *base, struct span key, const struct stor
 }
 
 static int memory_complete(struct store *base, struct span key, const struct store_token *tok,
-                           struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+                           struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                           store_done_fn *done, void *ctx)
 {
     struct mop op;
 
-    if (!rec || ttl_ms == 0 || !store_call_is_valid(key, tok, done))
+    if (!rec || ttl_ms == 0 || !store_call_is_valid(key, tok, done) ||
+        (link && (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX)))
         return -EINVAL;
     op = mop_make(store_memory_of(base), MOP_COMPLETE, key, tok, done, ctx);
     op.rec = record_ref(rec);
     op.ttl_ms = ttl_ms;
+    op.link = link;
     mop_run(&op);
     return 0;
 }
@@ -799,6 +925,8 @@ static void memory_free(struct store *base)
         pthread_mutex_destroy(&sh->mu);
     }
     pthread_mutex_destroy(&st->evict_mu);
+    pthread_mutex_destroy(&st->res_mu);
+    free(st->res_buckets);
     free(st);
 }
 
@@ -846,6 +974,7 @@ static const struct store_ops memory_ops = {
     .resolve = store_memory_resolve,
     .extend = memory_extend,
     .inspect = store_memory_inspect,
+    .find_resource = store_memory_find_resource,
     .purge = memory_purge,
     .set_notify = memory_set_notify,
     .is_ready = memory_is_ready,
@@ -895,18 +1024,21 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     atomic_init(&st->last_sweep_ms, 0);
     atomic_init(&st->seq, 0);
     pthread_mutex_init(&st->evict_mu, NULL);
+    pthread_mutex_init(&st->res_mu, NULL);
     store_calls_init(&st->calls);
     for (size_t i = 0; i < NSHARDS; i++) {
         pthread_mutex_init(&st->shards[i].mu, NULL);
         atomic_init(&st->shards[i].oldest_seq, NO_COMPLETED);
         list_init(&st->shards[i].completed);
     }
+    st->res_nbuckets = RES_FIRST_BUCKETS;
+    st->res_buckets = calloc(RES_FIRST_BUCKETS, sizeof(*st->res_buckets));
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *sh = &st->shards[i];
 
         sh->nbuckets = FIRST_BUCKETS;
         sh->buckets = calloc(FIRST_BUCKETS, sizeof(*sh->buckets));
-        if (!sh->buckets) {
+        if (!sh->buckets || !st->res_buckets) {
             memory_free(&st->base);
             return -ENOMEM;
         }

@@ -24,8 +24,10 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
         return -ENOMEM;
     fingerprint_hex(e->fp, info->fp_hex);
     info->store_key = strndup(e->key, e->key_len);
-    if (!info->store_key) {
-        free(info->about);
+    if (e->resource)
+        info->resource = strdup(e->resource);
+    if (!info->store_key || (e->resource && !info->resource)) {
+        store_info_done(info);
         return -ENOMEM;
     }
     if (e->rec && with_body) {
@@ -39,8 +41,7 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
             err = record_decode(buf_span(&head), (struct span){ "", 0 }, &info->rec);
         buf_done(&head);
         if (err < 0) {
-            free(info->store_key);
-            free(info->about);
+            store_info_done(info);
             return err;
         }
     }
@@ -79,10 +80,8 @@ static void inspect_run(void *arg)
                          : !idemkey_store_key_matches(k, prefix, key)))
                     continue;
                 err = entry_info(e, now, job->with_body, &info);
-                if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0) {
-                    free(info.store_key);
-                    record_unref(info.rec);
-                }
+                if (err == 0 && (err = store_info_list_add(&list, &cap, &info)) < 0)
+                    store_info_done(&info);
             }
         }
         pthread_mutex_unlock(&sh->mu);
@@ -109,6 +108,58 @@ int store_memory_inspect(struct store *base, struct span prefix, struct span key
         &(struct store_admin_job){
             .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
         prefix, key);
+}
+
+/* FIND RESOURCE: the index gives the keys, each is looked up in its shard. */
+static void find_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    struct store_memory *st = job->st;
+    struct store_info_list list = { 0 };
+    struct span prefix = { job->prefix, job->prefix_len };
+    char **keys = NULL;
+    size_t n = 0, cap = 0;
+    int err = store_memory_resource_keys(st, (struct span){ job->key, job->key_len }, &keys, &n);
+
+    for (size_t i = 0; i < n; i++) {
+        struct span k = span_from_cstr(keys[i]);
+        uint64_t hash = store_memory_hash(st, k.base, k.len), now;
+        struct shard *sh = store_memory_shard_of(st, hash);
+        struct mentry *e;
+        struct store_info info;
+
+        if (err == 0 && idemkey_store_key_is_under(k, prefix)) {
+            pthread_mutex_lock(&sh->mu);
+            now = now_ms();
+            e = *store_memory_lookup_live(st, sh, hash, k, now);
+            if (e && (err = entry_info(e, now, job->with_body, &info)) == 0 &&
+                (err = store_info_list_add(&list, &cap, &info)) < 0)
+                store_info_done(&info);
+            pthread_mutex_unlock(&sh->mu);
+        }
+        free(keys[i]);
+    }
+    free(keys);
+    if (err < 0)
+        store_info_list_done(&list);
+    job->list_done(job->ctx, err, &list);
+    store_info_list_done(&list);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+int store_memory_find_resource(struct store *base, struct span prefix, struct span resource,
+                               bool with_body, store_list_fn *done, void *ctx)
+{
+    struct store_memory *st = store_memory_of(base);
+
+    if (!done || resource.len == 0 || resource.len > STORE_RESOURCE_MAX)
+        return -EINVAL;
+    return store_admin_job_submit(
+        &st->calls, st->pool, find_run,
+        &(struct store_admin_job){
+            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
+        prefix, resource);
 }
 
 int store_memory_list_unknown(struct store *base, struct span prefix, const char *cursor,

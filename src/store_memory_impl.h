@@ -36,6 +36,8 @@ struct mentry {
     size_t bytes;            /* counted in the budget for this entry */
     struct record *rec;      /* completed only: one reference */
     char *about;             /* unknown only: owned "<route> <method> <target>", or NULL */
+    char *resource;          /* completed: owned, the resource its answer created, or NULL */
+    struct mentry *res_next; /* with <resource>: its chain in the store's resource index */
     enum mstate state;
     enum store_cause cause; /* unknown only */
     struct store_token tok;
@@ -69,6 +71,11 @@ struct store_memory {
     store_notify_fn *notify; /* set before any operation, then read-only */
     void *notify_ctx;
     struct worker_every *reaper; /* owned: sweeps expired entries every reap_interval_ms */
+    /* The resource index (SPEC §12): completed entries with a resource, by
+     * its hash. Taken under a shard lock, never the other way round. */
+    pthread_mutex_t res_mu;
+    struct mentry **res_buckets; /* owned array of res_nbuckets chains (res_next) */
+    size_t res_nbuckets, res_count;
     struct shard shards[NSHARDS];
 };
 
@@ -89,6 +96,7 @@ struct mop {
     const struct store_about *about;  /* acquire, unknown: borrowed */
     char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
     struct record *rec;               /* complete: own reference, handed to the entry */
+    const struct store_link *link;    /* complete: borrowed, NULL: none */
     size_t key_len;
     const char *key; /* borrowed from the caller */
 };
@@ -120,6 +128,16 @@ void store_memory_budget_give_back(struct store_memory *st, size_t n);
 
 /* Puts completed <e> last in <sh>'s completion order (its lock held). */
 void store_memory_link_completed(struct shard *sh, struct mentry *e);
+
+/* The store keys of the live entries whose answer created <resource>: a new
+ * array of <ret_n> owned strings in <ret> (free each, then the array).
+ * Returns 0 or -ENOMEM. */
+int store_memory_resource_keys(struct store_memory *st, struct span resource, char ***ret,
+                               size_t *ret_n);
+
+/* store.h's find_resource, for the memory store (store_memory_admin.c). */
+int store_memory_find_resource(struct store *base, struct span prefix, struct span resource,
+                               bool with_body, store_list_fn *done, void *ctx);
 
 /* store.h's inspect, list_unknown and resolve, for the memory store
  * (store_memory_admin.c). */

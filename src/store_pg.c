@@ -123,6 +123,7 @@ static int acquire_result(const PGresult *res, struct store_result *r)
 
     if (mismatch) {
         r->status = STORE_MISMATCH;
+        r->resource = store_pg_field(res, 0, 8);
     } else if (state == 'L') {
         r->status = changed || mine ? STORE_ACQUIRED : STORE_IN_FLIGHT;
     } else if (state == 'C') {
@@ -150,7 +151,7 @@ static void read_acquire(struct pg_op *op, int err, const PGresult *res)
         return;
     }
     if (err == 0)
-        err = PQntuples(res) == 1 && PQnfields(res) == 8 ? acquire_result(res, &r) : -EPROTO;
+        err = PQntuples(res) == 1 && PQnfields(res) == 9 ? acquire_result(res, &r) : -EPROTO;
     if (err < 0 && op->sent)
         give_back(op);
     op->done(op->ctx, err, err == 0 ? &r : NULL);
@@ -210,23 +211,28 @@ static int pg_acquire(struct store *base, struct span key, const uint8_t fp[FING
 }
 
 static int pg_complete(struct store *base, struct span key, const struct store_token *tok,
-                       struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+                       struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                       store_done_fn *done, void *ctx)
 {
     struct pg_op *op;
     int err;
 
-    if (!rec || ttl_ms == 0)
+    if (!rec || ttl_ms == 0 ||
+        (link && (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX)))
         return -EINVAL;
     err = keyed_op(base, SQL_COMPLETE, key, tok, done, ctx, read_ok_or_stale, &op);
     if (err < 0)
         return err;
-    err = store_pg_param_record(
-        op, rec); /* here, so that a record that cannot be stored is refused at once */
+    /* here, so that a record that cannot be stored is refused at once */
+    err = store_pg_param_record(op, rec);
+    if (err == 0 && link && !(op->resource = strndup(link->resource.base, link->resource.len)))
+        err = -ENOMEM;
     if (err < 0) {
         store_pg_op_free(op);
         return err;
     }
     store_pg_param_num(op, 0, ttl_ms);
+    store_pg_param_text(op, op->resource ? op->resource : ""); /* the link: a column, indexed */
     return store_pg_op_submit(op);
 }
 
@@ -438,19 +444,23 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
         PQfinish(conn);
         return 0;
     }
-    r = PQexec(conn, "SELECT to_regclass('" PG_TABLE "') IS NOT NULL");
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQgetvalue(r, 0, 0)[0] == 'f') {
+    r = PQexec(conn, "SELECT to_regclass('" PG_TABLE "') IS NOT NULL, " PG_HAVE_SCHEMA);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQgetvalue(r, 0, 1)[0] == 'f') {
+        bool had = PQgetvalue(r, 0, 0)[0] == 't'; /* a table of an older version */
+
         PQclear(r);
         r = PQexec(conn, sql_scripts[SQL_SCHEMA].src);
         if (PQresultStatus(r) == PGRES_COMMAND_OK) {
-            log_info("PostgreSQL %s: created the table " PG_TABLE " (" PG_SCHEMA_FILE ")",
-                     st->name);
+            log_info("PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
+                     had ? "added the resource column (resource links) to" : "created");
         } else {
             snprintf(why, why_len,
-                     "the table " PG_TABLE " is missing and this role may not create it (%.*s): "
-                     "have it created with " PG_SCHEMA_FILE
+                     "the table " PG_TABLE
+                     " %s and this role may not %s (%.*s): have it %s with " PG_SCHEMA_FILE
                      " (/usr/share/idemproxy/postgresql/schema.sql)",
-                     (int)strcspn(PQresultErrorMessage(r), "\n"), PQresultErrorMessage(r));
+                     had ? "lacks the column resource of this version" : "is missing",
+                     had ? "add it" : "create it", (int)strcspn(PQresultErrorMessage(r), "\n"),
+                     PQresultErrorMessage(r), had ? "brought up to date" : "created");
             err = -EACCES;
         }
     }
@@ -467,6 +477,7 @@ static const struct store_ops pg_ops = {
     .unknown = pg_unknown,
     .extend = pg_extend,
     .inspect = store_pg_inspect,
+    .find_resource = store_pg_find_resource,
     .purge = store_pg_purge,
     .list_unknown = store_pg_list_unknown,
     .resolve = store_pg_resolve,

@@ -65,6 +65,12 @@ static int row_info(const PGresult *res, int row, bool with_body, struct store_i
                       with_body ? store_pg_field(res, row, 9) : (struct span){ NULL, 0 },
                       &in->rec) < 0)
         return -EPROTO;
+    if (in->completed && !PQgetisnull(res, row, 10)) { /* inspect, find_resource */
+        struct span r = store_pg_field(res, row, 10);
+
+        if (!(in->resource = strndup(r.base, r.len)))
+            return -ENOMEM;
+    }
     if (in->unknown) {
         struct span about = store_pg_field(res, row, 7);
 
@@ -93,9 +99,7 @@ static int read_rows(struct pg_op *op, const PGresult *res, struct store_info_li
         if (err == 0)
             err = store_info_list_add(l, &cap, &in);
         if (err < 0) {
-            free(in.store_key);
-            free(in.about);
-            record_unref(in.rec);
+            store_info_done(&in);
             return err;
         }
     }
@@ -136,6 +140,29 @@ int store_pg_inspect(struct store *base, struct span prefix, struct span key, bo
         return -ENOMEM;
     }
     store_pg_param_text(op, op->key);
+    store_pg_param_text(op, with_body ? "t" : "f");
+    return store_pg_op_submit(op);
+}
+
+int store_pg_find_resource(struct store *base, struct span prefix, struct span resource,
+                           bool with_body, store_list_fn *done, void *ctx)
+{
+    struct pg_op *op;
+    int err;
+
+    if (!done || resource.len == 0 || resource.len > STORE_RESOURCE_MAX)
+        return -EINVAL;
+    err = admin_op(base, SQL_FIND_RESOURCE, resource, read_list, &op);
+    if (err < 0)
+        return err;
+    op->list_done = done;
+    op->ctx = ctx;
+    op->with_body = with_body;
+    if (set_range(op, prefix) < 0) {
+        store_pg_op_free(op);
+        return -ENOMEM;
+    }
+    store_pg_param_text(op, op->key); /* the resource */
     store_pg_param_text(op, with_body ? "t" : "f");
     return store_pg_op_submit(op);
 }

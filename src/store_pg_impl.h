@@ -24,6 +24,11 @@
 #define PG_TABLE "idemproxy_keys"
 #define PG_CHANNEL "idemproxy_done" /* the statements NOTIFY it with the key: --wait */
 #define PG_SCHEMA_FILE "contrib/postgresql/schema.sql"
+/* True when the table is there as this version needs it (a table made
+ * before resource links lacks their column: schema.sql adds it). */
+#define PG_HAVE_SCHEMA                                                                             \
+    "(to_regclass('" PG_TABLE "') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute WHERE "         \
+    "attrelid = to_regclass('" PG_TABLE "') AND attname = 'resource' AND NOT attisdropped))"
 #define PG_MAX_PARAMS 7
 #define PG_HEAD_MAX (64u << 20) /* far above what RECORD_MAX_HEADERS headers can need */
 
@@ -65,6 +70,7 @@ struct pg_op {
     struct buf head;    /* complete, resolve: the encoded head; acquire, unknown: about;
                            inspect, list: the text parameters */
     struct record *rec; /* complete, resolve: own reference; its body is a parameter */
+    char *resource;     /* complete: owned, the resource its answer created; NULL: none */
     bool with_body;     /* inspect */
     struct span prefix; /* inspect, list_unknown: in <head> */
     size_t key_len;
@@ -221,6 +227,8 @@ void store_pg_reaped(struct store_pg *st, uint64_t n, bool more);
 int store_pg_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                      store_list_fn *done, void *ctx);
 int store_pg_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx);
+int store_pg_find_resource(struct store *base, struct span prefix, struct span resource,
+                           bool with_body, store_list_fn *done, void *ctx);
 int store_pg_list_unknown(struct store *base, struct span prefix, const char *cursor,
                           store_list_fn *done, void *ctx);
 int store_pg_resolve(struct store *base, struct span store_key, struct record *rec, uint64_t ttl_ms,

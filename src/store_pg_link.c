@@ -25,7 +25,7 @@
 #define BACKOFF_MAX_MS 1000
 #define CONNECT_MIN_MS 5000 /* a connect (TLS, several hosts) may take longer than an op */
 #define CHECK_SQL                                                                                  \
-    "SELECT to_regclass('" PG_TABLE "') IS NOT NULL, current_setting('fsync') = 'on' AND "         \
+    "SELECT " PG_HAVE_SCHEMA ", current_setting('fsync') = 'on' AND "                              \
     "current_setting('synchronous_commit') <> 'off', pg_is_in_recovery()"
 
 static void lane_dispatch(struct pg_lane *ln);
@@ -63,6 +63,7 @@ void store_pg_op_free(struct pg_op *op)
     PQclear(op->res);
     record_unref(op->rec);
     buf_done(&op->head);
+    free(op->resource);
     free(op);
 }
 
@@ -478,8 +479,9 @@ static void setup_result(struct pg_lane *ln, PGresult *r)
             one_line(PQresultErrorMessage(r), msg, sizeof(msg));
             if (ln->state == LANE_CREATING && state && strcmp(state, "42501") == 0)
                 snprintf(ln->setup_why, sizeof(ln->setup_why),
-                         "the table " PG_TABLE " is missing and this role may not create it "
-                         "(%s): have it created with " PG_SCHEMA_FILE
+                         "the table " PG_TABLE " is missing, or lacks a column of this version, "
+                         "and this role may not create or change it (%s): have it created or "
+                         "brought up to date with " PG_SCHEMA_FILE
                          " (/usr/share/idemproxy/postgresql/schema.sql)",
                          msg);
             else

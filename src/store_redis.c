@@ -41,6 +41,118 @@ static int op_set_about(struct op *op, const struct store_about *about)
     return 0;
 }
 
+/* Writes <v> in decimal into <out> (21 bytes at least), NUL-terminated;
+ * returns its length. On every op's path: snprintf() costs several times more. */
+static size_t u64_text(uint64_t v, char *out)
+{
+    char tmp[20];
+    size_t n = 0;
+
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    out[n] = '\0';
+    return n;
+}
+
+/* The arguments of <op>'s script after its key, from argv[<argc>] on: its
+ * token, what it writes, its TTL (<ttl> and <keep> hold the numbers as
+ * text). Returns the new count. */
+static int script_args(const struct op *op, const char **argv, size_t *lens, int argc, char *ttl,
+                       char *keep)
+{
+    switch (op->script) {
+    case LUA_ACQUIRE:
+        argv[argc] = op->fp;
+        lens[argc++] = FINGERPRINT_HEX;
+        argv[argc] = op->tok.hex;
+        lens[argc++] = STORE_TOKEN_HEX;
+        lens[argc] = u64_text(op->ttl_ms, ttl);
+        argv[argc++] = ttl;
+        lens[argc] = u64_text(op->keep_ms, keep);
+        argv[argc++] = keep;
+        argv[argc] = op->take_over ? "1" : "0";
+        lens[argc++] = 1;
+        argv[argc] = op->head.data ? op->head.data : "";
+        lens[argc++] = op->head.len;
+        return argc;
+    case LUA_UNKNOWN:
+        argv[argc] = op->tok.hex;
+        lens[argc++] = STORE_TOKEN_HEX;
+        argv[argc] = store_cause_name(op->cause);
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+        argv[argc] = op->head.data ? op->head.data : "";
+        lens[argc++] = op->head.len;
+        break;
+    case LUA_RESOLVE:
+        argv[argc] = op->head.data;
+        lens[argc++] = op->head.len;
+        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
+        lens[argc++] = op->rec->body.len;
+        break;
+    case LUA_COMPLETE:
+        argv[argc] = op->tok.hex;
+        lens[argc++] = STORE_TOKEN_HEX;
+        argv[argc] = op->head.data;
+        lens[argc++] = op->head.len;
+        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
+        lens[argc++] = op->rec->body.len;
+        lens[argc] = u64_text(op->ttl_ms, ttl);
+        argv[argc++] = ttl;
+        argv[argc] = op->resource ? op->resource : ""; /* "": no resource link */
+        lens[argc++] = op->resource_len;
+        return argc;
+    case LUA_INSPECT:
+        argv[argc] = op->fp; /* "1": with the body, "0": without */
+        lens[argc++] = 1;
+        return argc;
+    default: /* LUA_RELEASE, LUA_EXTEND */
+        argv[argc] = op->tok.hex;
+        lens[argc++] = STORE_TOKEN_HEX;
+        if (op->script == LUA_RELEASE)
+            return argc;
+        break;
+    }
+    lens[argc] = u64_text(op->ttl_ms, ttl);
+    argv[argc++] = ttl;
+    return argc;
+}
+
+int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, char *ttl, char *keep)
+{
+    const struct lua_script *s = &lua_scripts[op->script < _LUA_MAX ? op->script : 0];
+    int argc = 0;
+
+    if (op->script == OP_PING) {
+        argv[0] = "PING";
+        lens[0] = 4;
+        return 1;
+    }
+    if (op->script == OP_RAW) {
+        const char *p = op->head.data;
+
+        for (; argc < op->argc; argc++) {
+            argv[argc] = p;
+            lens[argc] = op->arglen[argc];
+            p += op->arglen[argc];
+        }
+        return argc;
+    }
+    argv[argc] = op->eval ? "EVAL" : "EVALSHA";
+    lens[argc++] = op->eval ? 4 : 7;
+    argv[argc] = op->eval ? s->src : s->sha1;
+    lens[argc++] = op->eval ? s->len : strlen(s->sha1);
+    argv[argc] = "1"; /* one key */
+    lens[argc++] = 1;
+    argv[argc] = op->key;
+    lens[argc++] = op->key_len;
+    return script_args(op, argv, lens, argc, ttl, keep);
+}
+
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
                          const struct store_token *tok, const struct store_lock *lk,
                          store_done_fn *done, void *ctx)
@@ -85,10 +197,11 @@ static int redis_unknown(struct store *base, struct span key, const struct store
     return store_redis_op_submit(op);
 }
 
-/* Submits <script> (complete, resolve) storing <rec> as <key>'s answer. */
+/* Submits <script> (complete, resolve) storing <rec> as <key>'s answer,
+ * with the id of the resource it created (NULL: none). */
 static int submit_record(struct store *base, enum lua_script_id script, struct span key,
                          const struct store_token *tok, struct record *rec, uint64_t ttl_ms,
-                         store_done_fn *done, void *ctx)
+                         const struct span *resource, store_done_fn *done, void *ctx)
 {
     struct op *op;
     int err;
@@ -98,6 +211,11 @@ static int submit_record(struct store *base, enum lua_script_id script, struct s
     err = store_redis_op_new(store_redis_of(base), script, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
+    if (resource && !(op->resource = strndup(resource->base, resource->len))) {
+        store_redis_op_free(op);
+        return -ENOMEM;
+    }
+    op->resource_len = resource ? resource->len : 0;
     /* Encoded here so that a record that cannot be stored is refused at once. */
     err = record_encode_head(rec, &op->head);
     if (err < 0) {
@@ -109,10 +227,73 @@ static int submit_record(struct store *base, enum lua_script_id script, struct s
     return store_redis_op_submit(op);
 }
 
-static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
-                          struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+/* A complete with a resource link: the script, then the link's own key,
+ * SET <link> <store key> PX <ttl> (in a cluster the two are in two slots,
+ * which no script may span). A failed SET fails the complete, whose retry
+ * (its script finds its own answer) writes it again. */
+struct link_write {
+    struct store_redis *st;
+    store_done_fn *done;
+    void *ctx;
+    char ttl[24];
+    size_t key_len, link_len;
+    char bytes[]; /* the link key, then the store key */
+};
+
+static void on_link_set(void *ctx, int err, const redisReply *r)
 {
-    return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, done, ctx);
+    struct link_write *w = ctx;
+    struct store_result res = { .status = STORE_OK };
+
+    if (err == 0 && (!r || r->type != REDIS_REPLY_STATUS))
+        err = -EPROTO;
+    w->done(w->ctx, err, err == 0 ? &res : NULL);
+    free(w);
+}
+
+static void on_completed(void *ctx, int err, const struct store_result *res)
+{
+    struct link_write *w = ctx;
+    const char *argv[] = { "SET", w->bytes, w->bytes + w->link_len, "PX", w->ttl };
+    size_t lens[] = { 3, w->link_len, w->key_len, 2, strlen(w->ttl) };
+
+    (void)res; /* STORE_OK: the answer is stored */
+    if (err == 0)
+        err = store_redis_raw(w->st, OP_RAW, NODE_BY_SLOT, 5, argv, lens, on_link_set, w);
+    if (err == 0)
+        return;
+    w->done(w->ctx, err, NULL);
+    free(w);
+}
+
+static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
+                          struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                          store_done_fn *done, void *ctx)
+{
+    struct link_write *w;
+    int err;
+
+    if (!link)
+        return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
+    if (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX || !link->key.len ||
+        !done)
+        return -EINVAL;
+    w = malloc(sizeof(*w) + link->key.len + key.len);
+    if (!w)
+        return -ENOMEM;
+    *w = (struct link_write){ .st = store_redis_of(base),
+                              .done = done,
+                              .ctx = ctx,
+                              .key_len = key.len,
+                              .link_len = link->key.len };
+    u64_text(ttl_ms, w->ttl);
+    memcpy(w->bytes, link->key.base, link->key.len);
+    memcpy(w->bytes + link->key.len, key.base, key.len);
+    err =
+        submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, &link->resource, on_completed, w);
+    if (err < 0)
+        free(w);
+    return err;
 }
 
 static int redis_resolve(struct store *base, struct span store_key, struct record *rec,
@@ -120,7 +301,7 @@ static int redis_resolve(struct store *base, struct span store_key, struct recor
 {
     static const struct store_token none = { .hex = "00000000000000000000000000000000" };
 
-    return submit_record(base, LUA_RESOLVE, store_key, &none, rec, ttl_ms, done, ctx);
+    return submit_record(base, LUA_RESOLVE, store_key, &none, rec, ttl_ms, NULL, done, ctx);
 }
 
 static int redis_release(struct store *base, struct span key, const struct store_token *tok,
@@ -296,6 +477,7 @@ static const struct store_ops redis_ops = {
     .unknown = redis_unknown,
     .extend = redis_extend,
     .inspect = store_redis_inspect,
+    .find_resource = store_redis_find_resource,
     .purge = store_redis_purge,
     .list_unknown = store_redis_list_unknown,
     .resolve = redis_resolve,

@@ -41,7 +41,7 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
 
     if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
         return 0;
-    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 10)
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 11)
         return -EPROTO;
     el = r->element;
     if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
@@ -81,9 +81,10 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
         }
     }
     info->store_key = strndup(key.base, key.len);
-    if (!info->store_key) {
-        record_unref(info->rec);
-        free(info->about);
+    if (reply_is(el[10], REDIS_REPLY_STRING))
+        info->resource = strndup(el[10]->str, el[10]->len);
+    if (!info->store_key || (reply_is(el[10], REDIS_REPLY_STRING) && !info->resource)) {
+        store_info_done(info);
         return -ENOMEM;
     }
     return 1;
@@ -94,7 +95,8 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
 struct inspect {
     struct store_redis *st;
     struct store_admin_job *job;
-    struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped */
+    struct buf pattern; /* <prefix><32 '?'>:<key>, glob-escaped (find_resource: <prefix>r:...) */
+    struct buf links;   /* find_resource: <prefix>r:, the links' own prefix */
     char cursor[32];
     bool scanned;               /* a SCAN was answered: cursor "0" now means this master's end */
     unsigned masters[NODE_MAX]; /* the nodes to scan, in turn */
@@ -126,6 +128,7 @@ static void inspect_finish(struct inspect *in)
     in->job->list_done(in->job->ctx, in->err < 0 ? in->err : 0, &in->list);
     store_info_list_done(&in->list);
     buf_done(&in->pattern);
+    buf_done(&in->links);
     store_admin_job_free(in->job);
     free(in);
     store_calls_end(&st->calls);
@@ -183,6 +186,44 @@ static void on_inspected(void *ctx, int err, const redisReply *r)
         inspect_next(in);
 }
 
+/* Asks for the record of the store key in <ik> (<in->pending> counts it). */
+static int inspect_one(struct inspect *in, struct inspect_key *ik)
+{
+    const char *argv[] = { ik->key, in->job->with_body ? "1" : "0" };
+    size_t lens[] = { ik->len, 1 };
+
+    return store_redis_raw(in->st, LUA_INSPECT, NODE_BY_SLOT, 2, argv, lens, on_inspected, ik);
+}
+
+/* find_resource: a link's value, the store key it leads to, which must be
+ * under the prefix and in the link's scope; then its record, as inspect's. */
+static void on_link_got(void *ctx, int err, const redisReply *r)
+{
+    struct inspect_key *ik = ctx, *to = NULL;
+    struct inspect *in = ik->in;
+    struct span prefix = { in->job->prefix, in->job->prefix_len };
+    size_t at = in->links.len; /* the link's scope, then ':' */
+
+    if (err == 0 && reply_is(r, REDIS_REPLY_STRING) &&
+        idemkey_store_key_is_under((struct span){ r->str, r->len }, prefix) &&
+        !memcmp(r->str + prefix.len, ik->key + at, IDEMKEY_SCOPE_HEX) &&
+        (to = malloc(sizeof(*to) + r->len))) {
+        to->in = in;
+        to->len = r->len;
+        memcpy(to->key, r->str, r->len);
+        if (inspect_one(in, to) == 0) {
+            free(ik);
+            return; /* on_inspected counts it down */
+        }
+        free(to);
+    }
+    if (err < 0 && in->err == 0)
+        in->err = err;
+    free(ik);
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
 static void on_scan(void *ctx, int err, const redisReply *r)
 {
     struct inspect *in = ctx;
@@ -214,7 +255,9 @@ static void on_scan(void *ctx, int err, const redisReply *r)
         if (!reply_is(k, REDIS_REPLY_STRING) ||
             !(in->job->unknown_only
                   ? idemkey_store_key_is_under((struct span){ k->str, k->len }, prefix)
-                  : idemkey_store_key_matches((struct span){ k->str, k->len }, prefix, key)))
+                  : idemkey_store_key_matches((struct span){ k->str, k->len },
+                                              in->job->resource ? buf_span(&in->links) : prefix,
+                                              key)))
             continue;
         ik = malloc(sizeof(*ik) + k->len);
         if (!ik) {
@@ -224,12 +267,14 @@ static void on_scan(void *ctx, int err, const redisReply *r)
         ik->in = in;
         ik->len = k->len;
         memcpy(ik->key, k->str, k->len);
-        argv[0] = ik->key;
-        lens[0] = k->len;
-        argv[1] = in->job->with_body ? "1" : "0";
-        lens[1] = 1;
+        argv[0] = "GET";
+        lens[0] = 3;
+        argv[1] = ik->key;
+        lens[1] = k->len;
         in->pending++;
-        err = store_redis_raw(in->st, LUA_INSPECT, NODE_BY_SLOT, 2, argv, lens, on_inspected, ik);
+        err = in->job->resource
+                  ? store_redis_raw(in->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_link_got, ik)
+                  : inspect_one(in, ik);
         if (err < 0) {
             in->pending--;
             in->err = err;
@@ -259,6 +304,7 @@ static void inspect_run(void *arg)
     in->st = job->st;
     in->job = job;
     in->pattern = BUF_INIT(64 << 10); /* a composite key, every byte escaped */
+    in->links = BUF_INIT(64 << 10);
     in->nmasters = store_redis_masters(in->st, in->masters);
     snprintf(in->cursor, sizeof(in->cursor), "0");
     err = 0;
@@ -275,8 +321,14 @@ static void inspect_run(void *arg)
             in->scanned = cursor != 0;
         }
     }
+    if (err == 0 && job->resource) /* the links: <prefix>r:<scope>:<resource> */
+        err = buf_append(&in->links, job->prefix, job->prefix_len);
+    if (err == 0 && job->resource)
+        err = buf_append(&in->links, "r:", 2);
     if (err == 0)
-        err = append_glob_escaped(&in->pattern, (struct span){ job->prefix, job->prefix_len });
+        err = append_glob_escaped(&in->pattern,
+                                  job->resource ? buf_span(&in->links)
+                                                : (struct span){ job->prefix, job->prefix_len });
     for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
         err = buf_append(&in->pattern, "?", 1);
     if (err == 0)
@@ -344,6 +396,20 @@ int store_redis_inspect(struct store *base, struct span prefix, struct span key,
         &(struct store_admin_job){
             .st = st, .list_done = done, .ctx = ctx, .with_body = with_body },
         prefix, key);
+}
+
+int store_redis_find_resource(struct store *base, struct span prefix, struct span resource,
+                              bool with_body, store_list_fn *done, void *ctx)
+{
+    struct store_redis *st = store_redis_of(base);
+
+    if (!done || resource.len == 0 || resource.len > STORE_RESOURCE_MAX)
+        return -EINVAL;
+    return store_admin_job_submit(
+        &st->calls, st->pool, inspect_run,
+        &(struct store_admin_job){
+            .st = st, .list_done = done, .ctx = ctx, .with_body = with_body, .resource = true },
+        prefix, resource);
 }
 
 int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)

@@ -202,6 +202,8 @@ struct op {
     bool take_over;               /* acquire */
     enum store_cause cause;       /* unknown */
     struct record *rec;           /* complete: own reference, for the body */
+    char *resource;               /* complete: owned, its resource link's id; NULL: none */
+    size_t resource_len;
     struct buf head;     /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
     redis_reply_fn *raw; /* set: gets the reply as it is (operator calls), not <done> */
     void *raw_ctx;
@@ -210,6 +212,13 @@ struct op {
     size_t key_len;
     char key[];
 };
+
+/* The command <op> sends: PING, an operator's command as given, or its
+ * script (EVALSHA, or EVAL after NOSCRIPT) on its key, into <argv> and
+ * <lens> (10 at least; <ttl> and <keep>, 24 bytes each, hold numbers as
+ * text). Returns the count. */
+int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, char *ttl,
+                        char *keep);
 
 #define SLOT_NONE UINT16_MAX /* no master known for the slot */
 
@@ -359,9 +368,11 @@ int store_redis_target(struct store_redis *st, unsigned index, struct redis_conn
  * <ret> (room for NODE_MAX). Returns how many. */
 unsigned store_redis_masters(struct store_redis *st, unsigned *ret);
 
-/* store.h's inspect and purge, for the Redis store. */
+/* store.h's inspect, find_resource, purge and list_unknown, for the Redis store. */
 int store_redis_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                         store_list_fn *done, void *ctx);
+int store_redis_find_resource(struct store *base, struct span prefix, struct span resource,
+                              bool with_body, store_list_fn *done, void *ctx);
 int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx);
 int store_redis_list_unknown(struct store *base, struct span prefix, const char *cursor,
                              store_list_fn *done, void *ctx);

@@ -67,9 +67,11 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         res->status = STORE_ACQUIRED;
     else if (r->elements == 1 && reply_str_eq(r->element[0], "in_flight"))
         res->status = STORE_IN_FLIGHT;
-    else if (r->elements == 1 && reply_str_eq(r->element[0], "mismatch"))
+    else if (r->elements == 2 && reply_str_eq(r->element[0], "mismatch") &&
+             r->element[1]->type == REDIS_REPLY_STRING) {
         res->status = STORE_MISMATCH;
-    else if (r->elements == 4 && reply_str_eq(r->element[0], "unknown")) {
+        res->resource = (struct span){ r->element[1]->str, r->element[1]->len };
+    } else if (r->elements == 4 && reply_str_eq(r->element[0], "unknown")) {
         h = r->element[1];
         b = r->element[2];
         if (h->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING ||
@@ -118,6 +120,7 @@ void store_redis_op_free(struct op *op)
         return;
     record_unref(op->rec);
     buf_done(&op->head);
+    free(op->resource);
     free(op);
 }
 
@@ -346,119 +349,9 @@ static void on_asking(void *ctx, int err, const redisReply *reply)
     (void)ctx, (void)err, (void)reply; /* the command after it tells */
 }
 
-/* Writes <v> in decimal into <out> (21 bytes at least), NUL-terminated;
- * returns its length. On every op's path: snprintf() costs several times more. */
-static size_t u64_text(uint64_t v, char *out)
-{
-    char tmp[20];
-    size_t n = 0;
-
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++)
-        out[i] = tmp[n - 1 - i];
-    out[n] = '\0';
-    return n;
-}
-
 /* Sends the script of <op> on the link's connection (EVALSHA, or EVAL once
  * Redis said NOSCRIPT): appended to the output, which goes out with every
  * other op of this loop turn in one write (pipelining). */
-/* The arguments of <op>'s script after its key, from argv[<argc>] on: its
- * token, what it writes, its TTL (<ttl> and <keep> hold the numbers as
- * text). Returns the new count. */
-static int script_args(const struct op *op, const char **argv, size_t *lens, int argc, char *ttl,
-                       char *keep)
-{
-    switch (op->script) {
-    case LUA_ACQUIRE:
-        argv[argc] = op->fp;
-        lens[argc++] = FINGERPRINT_HEX;
-        argv[argc] = op->tok.hex;
-        lens[argc++] = STORE_TOKEN_HEX;
-        lens[argc] = u64_text(op->ttl_ms, ttl);
-        argv[argc++] = ttl;
-        lens[argc] = u64_text(op->keep_ms, keep);
-        argv[argc++] = keep;
-        argv[argc] = op->take_over ? "1" : "0";
-        lens[argc++] = 1;
-        argv[argc] = op->head.data ? op->head.data : "";
-        lens[argc++] = op->head.len;
-        return argc;
-    case LUA_UNKNOWN:
-        argv[argc] = op->tok.hex;
-        lens[argc++] = STORE_TOKEN_HEX;
-        argv[argc] = store_cause_name(op->cause);
-        lens[argc] = strlen(argv[argc]);
-        argc++;
-        argv[argc] = op->head.data ? op->head.data : "";
-        lens[argc++] = op->head.len;
-        break;
-    case LUA_RESOLVE:
-        argv[argc] = op->head.data;
-        lens[argc++] = op->head.len;
-        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
-        lens[argc++] = op->rec->body.len;
-        break;
-    case LUA_COMPLETE:
-        argv[argc] = op->tok.hex;
-        lens[argc++] = STORE_TOKEN_HEX;
-        argv[argc] = op->head.data;
-        lens[argc++] = op->head.len;
-        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
-        lens[argc++] = op->rec->body.len;
-        break;
-    case LUA_INSPECT:
-        argv[argc] = op->fp; /* "1": with the body, "0": without */
-        lens[argc++] = 1;
-        return argc;
-    default: /* LUA_RELEASE, LUA_EXTEND */
-        argv[argc] = op->tok.hex;
-        lens[argc++] = STORE_TOKEN_HEX;
-        if (op->script == LUA_RELEASE)
-            return argc;
-        break;
-    }
-    lens[argc] = u64_text(op->ttl_ms, ttl);
-    argv[argc++] = ttl;
-    return argc;
-}
-
-/* The command <op> sends: PING, an operator's command as given, or its
- * script (EVALSHA, or EVAL after NOSCRIPT) on its key. Returns the count. */
-static int op_args(const struct op *op, const char **argv, size_t *lens, char *ttl, char *keep)
-{
-    const struct lua_script *s = &lua_scripts[op->script < _LUA_MAX ? op->script : 0];
-    int argc = 0;
-
-    if (op->script == OP_PING) {
-        argv[0] = "PING";
-        lens[0] = 4;
-        return 1;
-    }
-    if (op->script == OP_RAW) {
-        const char *p = op->head.data;
-
-        for (; argc < op->argc; argc++) {
-            argv[argc] = p;
-            lens[argc] = op->arglen[argc];
-            p += op->arglen[argc];
-        }
-        return argc;
-    }
-    argv[argc] = op->eval ? "EVAL" : "EVALSHA";
-    lens[argc++] = op->eval ? 4 : 7;
-    argv[argc] = op->eval ? s->src : s->sha1;
-    lens[argc++] = op->eval ? s->len : strlen(s->sha1);
-    argv[argc] = "1"; /* one key */
-    lens[argc++] = 1;
-    argv[argc] = op->key;
-    lens[argc++] = op->key_len;
-    return script_args(op, argv, lens, argc, ttl, keep);
-}
-
 static int op_send(struct link *k, struct op *op)
 {
     const char *argv[10];
@@ -476,7 +369,7 @@ static int op_send(struct link *k, struct op *op)
         op->asking = false;
     }
     op->via = -1; /* an ASK holds for one send */
-    argc = op_args(op, argv, lens, ttl, keep);
+    argc = store_redis_op_args(op, argv, lens, ttl, keep);
     err = redis_conn_command(k->conn, argc, argv, lens, on_op_reply, op);
     if (err == 0) {
         op->link = k;

@@ -16,9 +16,20 @@ CREATE TABLE IF NOT EXISTS idemproxy_keys (
     cause       text,                 -- unknown: upstream_timeout, upstream_reset or holder_lost
     about       text,                 -- unknown: "<route> <method> <target>"
     head        bytea,                -- completed: status and headers (idemproxy's encoding)
-    body        bytea                 -- completed: the body
+    body        bytea,                -- completed: the body
+    resource    text                  -- completed: the resource its answer created (a route's resource)
 );
+-- A table made before resource links gets their column.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
+                   AND attname = 'resource' AND NOT attisdropped) THEN
+        ALTER TABLE idemproxy_keys ADD COLUMN resource text;
+    END IF;
+END $$;
 -- The background job deletes expired rows in small batches, oldest first.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_expires_at ON idemproxy_keys (expires_at);
+-- /keys?resource=ID finds the keys whose answer created a resource.
+CREATE INDEX IF NOT EXISTS idemproxy_keys_resource ON idemproxy_keys (resource)
+    WHERE resource IS NOT NULL;
 -- /keys?state=unknown pages through the unknown keys.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_unknown ON idemproxy_keys (id) WHERE state = 'U';

@@ -3,6 +3,7 @@
  *   GET    /keys/<key>[?body=1]     every stored record of <key>, across scopes (JSON)
  *   DELETE /keys/<key>?scope=<hash> removes one, so its request may run again
  *   GET    /keys?state=unknown[&cursor=C]  a page of the keys whose outcome is unknown
+ *   GET    /keys?resource=ID[&scope=<hash>]  the keys whose answer created the resource ID
  *   PUT    /keys/<key>?scope=<hash> completes an unknown key with the answer in the
  *                                   body, which its duplicates then get (SPEC §9) */
 #ifndef IDEMPROXY_ADMIN_KEYS_H

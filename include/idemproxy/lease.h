@@ -15,6 +15,7 @@
 
 struct lease;
 struct leases;
+struct seal_keys;
 struct record;
 struct worker_pool;
 
@@ -32,10 +33,11 @@ typedef void lease_finish_fn(void *ctx);
  * (both borrowed: they must outlive it). <lock_ttl_ms> is the shortest lock
  * TTL its leases will use (the heartbeat looks often enough for it), and
  * the TTL of a lease started without one. A lease is extended when a third
- * of its TTL has passed since its last extend. Returns 0 with it in <ret>,
- * or -ENOMEM. */
-int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
-               struct leases **ret);
+ * of its TTL has passed since its last extend. <keys> (borrowed, NULL:
+ * none) seal the marker that stands for an answer the store cannot hold.
+ * Returns 0 with it in <ret>, or -ENOMEM. */
+int leases_new(struct store *st, const struct seal_keys *keys, struct worker_pool *pool,
+               uint64_t lock_ttl_ms, struct leases **ret);
 
 /* Stops the heartbeat and any retry from touching the store (waits for a
  * heartbeat in progress); call before the pool and the store go. */
@@ -59,11 +61,12 @@ uint64_t lease_valid_until_ms(const struct lease *l);
 void lease_confirm(struct lease *l, lease_confirm_fn *done, void *ctx);
 
 /* Completes the lock with <rec> (a reference the lease takes over; a record
- * the store can never hold becomes the too-large marker) kept <ttl_ms>, or
- * releases it when <rec> is NULL; takes over the caller's reference. <done>
- * runs exactly once, after the first attempt, possibly inside this call. */
-void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms, lease_finish_fn *done,
-                  void *ctx);
+ * the store can never hold becomes the too-large marker) kept <ttl_ms>, with
+ * the resource link <link> (copied; NULL: none), or releases it when <rec>
+ * is NULL; takes over the caller's reference. <done> runs exactly once,
+ * after the first attempt, possibly inside this call. */
+void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms,
+                  const struct store_link *link, lease_finish_fn *done, void *ctx);
 
 /* Marks the key unknown for <cause> (SPEC §9), saying <about> (copied),
  * kept <keep_ms>: the holder cannot tell whether its request ran upstream.

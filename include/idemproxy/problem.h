@@ -24,4 +24,10 @@ enum problem_dialect {
  * <detail> may be NULL for the title. NULL on OOM or an unknown <p>. */
 struct record *problem_new(enum problem p, enum problem_dialect dialect, const char *detail);
 
+/* problem_new() with one more member <name>: <value> (a string), in the
+ * problem object or, in PROBLEM_DIALECT_STRIPE, the error object; none
+ * when <name> is NULL. */
+struct record *problem_new_with(enum problem p, enum problem_dialect dialect, const char *detail,
+                                const char *name, const char *value);
+
 #endif

@@ -18,6 +18,8 @@
 #define ROUTE_MAX 256           /* routes in one file */
 #define ROUTE_DEFAULT "default" /* the route of a request that matches none */
 
+struct record;
+
 struct route {
     char *name;          /* owned: [a-z0-9_-]{1,64}, or "default" */
     unsigned metrics_id; /* metrics_route_id() of <name> */
@@ -31,6 +33,10 @@ struct route {
     /* what the route does */
     bool enforce;         /* false: every request of the route is passthrough */
     struct keysource key; /* owned: where its keys come from */
+    /* resource (SPEC §12): where a completed 2xx answer names what it
+     * created, one of the two or none (NULL) */
+    char *resource_header; /* owned: resource: {header: NAME} */
+    char *resource_json;   /* owned: resource: {json: POINTER} (checked) */
     enum problem_dialect errors;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };
@@ -89,5 +95,13 @@ void route_table_unref(struct route_table *t);
 
 /* Frees what <rt> owns (not <rt>). NULL-safe, idempotent. */
 void route_done(struct route *rt);
+
+/* The resource that <rec>, a completed answer of <rt>, created, by the
+ * route's resource: the value of its one header of that name, or the string
+ * or integer its JSON body holds at the pointer; 1 to STORE_RESOURCE_MAX
+ * bytes of 0x21-0x7E, into <ret> (256 bytes, NUL-terminated). Returns its
+ * length, or 0 when the route names none, the answer is not 2xx, or it
+ * holds no such value. */
+size_t route_resource(const struct route *rt, const struct record *rec, char *ret);
 
 #endif

@@ -50,6 +50,16 @@ struct store_lock {
     struct store_about about; /* borrowed: what the key says if it becomes unknown */
 };
 
+#define STORE_RESOURCE_MAX 255 /* a resource id: 1 to 255 bytes of 0x21-0x7E */
+
+/* A resource link (SPEC §12): the id of what a completed answer created,
+ * kept with its record (a 422 names it), and a link of its own from that id
+ * to the record's key, kept as long as the record. */
+struct store_link {
+    struct span resource; /* the resource id */
+    struct span key;      /* the link's store key: <prefix>r:<scope>:<resource> */
+};
+
 enum store_status {
     STORE_ACQUIRED,  /* acquire: the lock is ours, under the token given */
     STORE_UNKNOWN,   /* acquire: the key's outcome is unknown; res->cause, about, became */
@@ -67,6 +77,9 @@ struct store_result {
     enum store_cause cause;
     bool became;       /* this acquire made it unknown (holder_lost), rather than found it */
     struct span about; /* borrowed for the callback: "<route> <method> <target>", maybe empty */
+    /* STORE_MISMATCH: the resource the key's answer created (borrowed for
+     * the callback), empty when none */
+    struct span resource;
 };
 
 /* Runs exactly once per accepted operation: <err> is 0 and
@@ -93,6 +106,7 @@ struct store_info {
     uint64_t ttl_ms;                  /* left before it expires */
     uint64_t lease_ms;                /* locked: left of its lease (0: it ran out) */
     struct record *rec;               /* completed: own reference; its body only if asked */
+    char *resource; /* completed: owned, the resource its answer created (SPEC §12), or NULL */
 };
 
 #define STORE_CURSOR_MAX 48 /* a page cursor of store_list_unknown(), NUL included */
@@ -102,6 +116,9 @@ struct store_info_list {
     size_t n;
     char cursor[STORE_CURSOR_MAX]; /* store_list_unknown(): the next page's, "" at the end */
 };
+
+/* Frees what <info> owns. */
+void store_info_done(struct store_info *info);
 
 /* Frees what <l> holds and empties it. NULL-safe. */
 void store_info_list_done(struct store_info_list *l);
@@ -130,7 +147,8 @@ struct store_ops {
                    const struct store_token *tok, const struct store_lock *lk, store_done_fn *done,
                    void *ctx);
     int (*complete)(struct store *st, struct span key, const struct store_token *tok,
-                    struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx);
+                    struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                    store_done_fn *done, void *ctx);
     int (*release)(struct store *st, struct span key, const struct store_token *tok,
                    store_done_fn *done, void *ctx);
     int (*unknown)(struct store *st, struct span key, const struct store_token *tok,
@@ -140,6 +158,8 @@ struct store_ops {
                   uint64_t lock_ttl_ms, store_done_fn *done, void *ctx);
     int (*inspect)(struct store *st, struct span prefix, struct span key, bool with_body,
                    store_list_fn *done, void *ctx);
+    int (*find_resource)(struct store *st, struct span prefix, struct span resource, bool with_body,
+                         store_list_fn *done, void *ctx);
     int (*purge)(struct store *st, struct span store_key, store_done_fn *done, void *ctx);
     int (*list_unknown)(struct store *st, struct span prefix, const char *cursor,
                         store_list_fn *done, void *ctx);
@@ -187,13 +207,16 @@ static inline int store_acquire(struct store *st, struct span key,
 
 /* Starts COMPLETE: stores <rec> (the store takes its own reference) as the
  * answer of <key>, kept <ttl_ms>, if <tok> still holds the lock, or the key
- * became unknown while <tok> held it (a holder that comes back). Idempotent
- * per token: a retry that finds its own result stored gets STORE_OK. */
+ * became unknown while <tok> held it (a holder that comes back); with
+ * <link> (copied; NULL: none), its resource is kept with the record and the
+ * link is written, kept <ttl_ms> too, before <done> gets STORE_OK.
+ * Idempotent per token: a retry that finds its own result stored gets
+ * STORE_OK (and writes the link again). */
 static inline int store_complete(struct store *st, struct span key, const struct store_token *tok,
-                                 struct record *rec, uint64_t ttl_ms, store_done_fn *done,
-                                 void *ctx)
+                                 struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                                 store_done_fn *done, void *ctx)
 {
-    return st->ops->complete(st, key, tok, rec, ttl_ms, done, ctx);
+    return st->ops->complete(st, key, tok, rec, ttl_ms, link, done, ctx);
 }
 
 /* Starts RELEASE: removes the lock of <key> if <tok> holds it (or held it
@@ -231,6 +254,16 @@ static inline int store_inspect(struct store *st, struct span prefix, struct spa
                                 bool with_body, store_list_fn *done, void *ctx)
 {
     return st->ops->inspect(st, prefix, key, with_body, done, ctx);
+}
+
+/* Starts FIND RESOURCE (for operators): lists, as store_inspect() does,
+ * the records that the links <prefix>r:<scope>:<resource> of any scope
+ * lead to (a link whose record is gone lists nothing). Returns 0 when
+ * accepted (<done> then runs exactly once) or a negative errno. */
+static inline int store_find_resource(struct store *st, struct span prefix, struct span resource,
+                                      bool with_body, store_list_fn *done, void *ctx)
+{
+    return st->ops->find_resource(st, prefix, resource, with_body, done, ctx);
 }
 
 /* Starts PURGE: deletes the stored key <store_key>, locked or completed, so

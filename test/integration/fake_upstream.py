@@ -5,7 +5,7 @@ test process, counting hits per path.
 Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
   /echo                 any method: 201, JSON {seq, method, target, headers, body}
                         with two Set-Cookie headers and a Date unique to seq
-  /answer?status=N&h=Name:Value...
+  /answer[/...]?status=N&h=Name:Value...
                         answers as told: status N (201), each h a header, the
                         request's body as the body
   /status/N             answers status N (JSON body with seq)
@@ -149,7 +149,7 @@ class _Handler(QuietHandler):
                 ("X-Upstream", "echo"),
                 ("Set-Cookie", "b=2; Path=/"),
             ])
-        elif path == "/answer":
+        elif path == "/answer" or path.startswith("/answer/"):
             # Answers as told: ?status=N (201), each ?h=Name:Value a header,
             # the request's body as the body.
             hs = [tuple(h.split(":", 1)) for h in query.get("h", [])]

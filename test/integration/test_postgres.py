@@ -80,6 +80,33 @@ def test_postgres_role_that_may_not_create_the_table_is_told_the_schema_file(pro
     assert "created the table" not in p.stderr()
 
 
+OLD_TABLE = """CREATE TABLE idemproxy_keys (
+    key text COLLATE "C" PRIMARY KEY, id bigint GENERATED ALWAYS AS IDENTITY,
+    state "char" NOT NULL CHECK (state IN ('L', 'C', 'U')), fp bytea NOT NULL,
+    token text NOT NULL, changed_at timestamptz NOT NULL, lease_until timestamptz,
+    keep_ms bigint NOT NULL, expires_at timestamptz NOT NULL, cause text, about text,
+    head bytea, body bytea)"""
+
+
+@store_independent
+def test_postgres_table_of_an_older_version_gets_the_resource_column(proxy, upstream, pg):
+    """A table made before resource links (SPEC §12): the proxy adds the
+    column when it may; a role that may not is told what to run."""
+    pg.sql(OLD_TABLE)
+    url = pg.add_role("app", "s3cret", RIGHTS).replace("app@", "app:s3cret@")
+    r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert "lacks the column resource of this version and this role may not add it" in err
+    assert "brought up to date with contrib/postgresql/schema.sql" in err
+    p = proxy("--store", pg.url)  # the owner
+    assert "added the resource column (resource links) to the table idemproxy_keys" in p.stderr()
+    executes_then_replays(p, upstream)
+    assert pg.sql("SELECT count(*) FROM pg_indexes WHERE indexname = 'idemproxy_keys_resource'") \
+        == [(1,)]
+    run_schema(pg)  # the file runs again, harmlessly
+
+
 @store_independent
 def test_postgres_role_without_rights_is_not_ready_and_says_what_to_grant(proxy, upstream, pg):
     run_schema(pg)

@@ -278,7 +278,7 @@ def docs_dropins():
 def test_the_docs_drop_ins_verify(prefix, tmp_path):
     """Each drop-in doc/operations.md suggests, added to the unit, still verifies."""
     dropins = docs_dropins()
-    assert len(dropins) == 4, dropins  # Redis's credential, PostgreSQL's, TLS files, a low port
+    assert len(dropins) == 5, dropins  # Redis's credential, PostgreSQL's, the store keys, TLS files, a low port
     for i, dropin in enumerate(dropins):
         unit = tmp_path / str(i) / "idemproxy.service"
         unit.parent.mkdir()

@@ -123,7 +123,7 @@ int main(int argc, char **argv)
                                      on_done, &w));
         if (err == 0 && w.status == STORE_ACQUIRED)
             err = wait_for(&w, store_complete(st, (struct span){ key, key_len }, &tok, rec,
-                                              86400000, on_done, &w));
+                                              86400000, NULL, on_done, &w));
         record_unref(rec); /* the store keeps its own reference */
         if (err < 0 || w.status != STORE_OK) {
             fprintf(stderr, "record %lu: store error %d\n", i, err);

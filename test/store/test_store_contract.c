@@ -93,7 +93,7 @@ struct call {
     struct record *rec; /* own reference */
     int cause;          /* STORE_UNKNOWN: its cause, and the rest */
     bool became;
-    char about[STORE_ABOUT_MAX];
+    char about[STORE_ABOUT_MAX]; /* unknown: its words; mismatch: its resource ("": none) */
 };
 
 /* What a call gave: <ret> is the call's return, the rest its callback's. */
@@ -145,6 +145,11 @@ static void call_done(void *ctx, int err, const struct store_result *res)
     if (res && res->status == STORE_UNKNOWN && res->about.len < sizeof(c->about)) {
         memcpy(c->about, res->about.base ? res->about.base : "", res->about.len);
         c->about[res->about.len] = '\0';
+    }
+    /* A mismatch's resource goes where an unknown key's words go. */
+    if (res && res->status == STORE_MISMATCH && res->resource.len < sizeof(c->about)) {
+        memcpy(c->about, res->resource.base ? res->resource.base : "", res->resource.len);
+        c->about[res->resource.len] = '\0';
     }
     c->bad_res = (err == 0) != (res != NULL) ||
                  (res && (res->status == STORE_COMPLETED) != (res->rec != NULL));
@@ -246,7 +251,20 @@ static struct res complete(struct store *st, const char *key, const struct store
 {
     struct call *c = call_new();
 
-    return call_finish(c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, call_done, c));
+    return call_finish(
+        c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, NULL, call_done, c));
+}
+
+/* A complete that links the resource <resource> to <key> by <link_key>. */
+static struct res complete_linked(struct store *st, const char *key, const struct store_token *tok,
+                                  struct record *rec, uint64_t ttl_ms, const char *resource,
+                                  const char *link_key)
+{
+    struct call *c = call_new();
+    const struct store_link link = { span_from_cstr(resource), span_from_cstr(link_key) };
+
+    return call_finish(
+        c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, &link, call_done, c));
 }
 
 static struct res release(struct store *st, const char *key, const struct store_token *tok)
@@ -860,6 +878,21 @@ static struct store_info_list inspect(struct store *st, const char *prefix, cons
     return l.list;
 }
 
+static struct store_info_list find_resource(struct store *st, const char *prefix,
+                                            const char *resource)
+{
+    struct listed l = { .c = call_new() };
+    struct res r;
+
+    l.c->on_pool = true;
+    r = call_finish(l.c, store_find_resource(st, span_from_cstr(prefix), span_from_cstr(resource),
+                                             true, on_list, &l));
+
+    CHECK_EQ_INT(r.ret, 0);
+    CHECK_EQ_INT(r.err, 0);
+    return l.list;
+}
+
 /* Every page of store_list_unknown() under <prefix>: the store keys found,
  * space-separated and sorted, into <out>; the number of pages in <pages>. */
 static void list_unknown_all(struct store *st, const char *prefix, char *out, size_t outlen,
@@ -907,6 +940,73 @@ static struct res resolve(struct store *st, const char *store_key, struct record
 
     c->on_pool = true;
     return call_finish(c, store_resolve(st, span_from_cstr(store_key), rec, 60000, call_done, c));
+}
+
+/* SPEC §12: a complete with a link keeps the resource with the record (a
+ * mismatch names it) and finds the record from the resource, in every
+ * scope, as long as the record lives. */
+static void test_resource_links_find_the_record(void)
+{
+    struct store *st = store_open();
+    struct record *rec = sample_record(201, "linked");
+    struct store_token t1 = token(), t2 = token(), t3 = token(), t4 = token();
+    char prefix[64], k1[200], k2[200], k3[200], link1[300], link2[300];
+    const char *res = "/v1/pay*ments/pay_?7[x]"; /* glob characters too */
+    struct store_info_list l;
+
+    snprintf(prefix, sizeof(prefix), "test:%ld:res:", (long)getpid());
+    snprintf(k1, sizeof(k1), "%s%032x:order-1", prefix, 1);
+    snprintf(k2, sizeof(k2), "%s%032x:order-2", prefix, 2);
+    snprintf(k3, sizeof(k3), "%s%032x:order-3", prefix, 3);
+    snprintf(link1, sizeof(link1), "%sr:%032x:%s", prefix, 1, res);
+    snprintf(link2, sizeof(link2), "%sr:%032x:%s", prefix, 2, res);
+    CHECK_RES(acquire(st, k1, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, link1), 0, STORE_OK);
+    CHECK_RES(acquire(st, k2, fp_a, &t2, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_linked(st, k2, &t2, rec, 1000, res, link2), 0, STORE_OK);
+    CHECK_RES(acquire(st, k3, fp_a, &t3, 10000), 0, STORE_ACQUIRED);
+    CHECK_RES(complete(st, k3, &t3, rec, 60000), 0, STORE_OK);
+    /* A retry of a linked complete is done too (and writes the link again). */
+    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, link1), 0, STORE_OK);
+
+    l = find_resource(st, prefix, res);
+    CHECK_EQ_INT(l.n, 2);
+    for (size_t i = 0; i < l.n; i++) {
+        const struct store_info *in = &l.items[i];
+
+        CHECK(strcmp(in->store_key, k1) == 0 || strcmp(in->store_key, k2) == 0);
+        CHECK(in->completed && in->rec && record_equal(in->rec, rec));
+        CHECK(in->resource && strcmp(in->resource, res) == 0);
+    }
+    store_info_list_done(&l);
+    l = find_resource(st, prefix, "/v1/payments/pay_x7x");
+    CHECK_EQ_INT(l.n, 0);
+    store_info_list_done(&l);
+    l = find_resource(st, "test:another:", res);
+    CHECK_EQ_INT(l.n, 0);
+    store_info_list_done(&l);
+    l = inspect(st, prefix, "order-1", false);
+    CHECK(l.n == 1 && l.items[0].resource && strcmp(l.items[0].resource, res) == 0);
+    store_info_list_done(&l);
+
+    {
+        struct res r = acquire(st, k1, fp_b, &t4, 10000);
+
+        CHECK_EQ_INT(r.status, STORE_MISMATCH);
+        CHECK_EQ_STR(r.about, res);
+        record_unref(r.rec);
+        r = acquire(st, k3, fp_b, &t4, 10000);
+        CHECK_EQ_INT(r.status, STORE_MISMATCH);
+        CHECK_EQ_STR(r.about, ""); /* completed without a link */
+        record_unref(r.rec);
+    }
+    sleep_ms(1300); /* k2's record, and its link, expire */
+    l = find_resource(st, prefix, res);
+    CHECK_EQ_INT(l.n, 1);
+    CHECK(l.n == 1 && strcmp(l.items[0].store_key, k1) == 0);
+    store_info_list_done(&l);
+    record_unref(rec);
+    store_close(st);
 }
 
 static void test_list_unknown_and_resolve(void)
@@ -1923,6 +2023,7 @@ static const struct test contract_tests[] = {
     TEST(test_complete_and_release_notify_waiters),
     TEST(test_inspect_lists_every_scope_and_purge_frees),
     TEST(test_list_unknown_and_resolve),
+    TEST(test_resource_links_find_the_record),
 };
 
 static const struct test memory_tests[] = {

@@ -47,11 +47,12 @@ static int answer(struct fake *f, int op, const struct store_token *tok, store_d
 }
 
 static int fake_complete(struct store *st, struct span key, const struct store_token *tok,
-                         struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+                         struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                         store_done_fn *done, void *ctx)
 {
     struct fake *f = (struct fake *)st;
 
-    (void)key;
+    (void)key, (void)link;
     pthread_mutex_lock(&f->mu);
     f->last_ttl_ms = ttl_ms;
     f->last_too_large = rec->too_large;
@@ -173,7 +174,6 @@ static void on_confirm(void *ctx, int err)
     pthread_mutex_unlock(&t->mu);
 }
 
-
 /* Each test has a pool of its own: leases_free() may come only once the
  * pool has run its jobs (a finishing chain may still be on one). */
 static struct leases *setup(uint64_t lock_ttl_ms)
@@ -183,7 +183,7 @@ static struct leases *setup(uint64_t lock_ttl_ms)
     memset(&fake.calls, 0, sizeof(fake.calls));
     memset(&fake.nfail, 0, sizeof(fake.nfail));
     CHECK_EQ_INT(worker_pool_new(2, &pool), 0);
-    CHECK_EQ_INT(leases_new(&fake.base, pool, lock_ttl_ms, &ls), 0);
+    CHECK_EQ_INT(leases_new(&fake.base, NULL, pool, lock_ttl_ms, &ls), 0);
     return ls;
 }
 
@@ -206,14 +206,14 @@ static void test_lease_completes_with_its_token_and_tells_once(void)
 
     CHECK(l != NULL && rec != NULL);
     rec->status = 201;
-    lease_finish(l, rec, 5000, on_told, &t);
+    lease_finish(l, rec, 5000, NULL, on_told, &t);
     CHECK_EQ_INT(t.n, 1);
     CHECK_EQ_INT(calls(&fake, OP_COMPLETE), 1);
     CHECK_EQ_INT(calls(&fake, OP_RELEASE), 0);
     CHECK_EQ_STR(fake.last_tok, tok.hex);
     CHECK_EQ_INT(fake.last_ttl_ms, 5000);
     l = lease_start(ls, "idem:s:k2", &tok, now_ms(), 0);
-    lease_finish(l, NULL, 5000, on_told, &t); /* NULL: release */
+    lease_finish(l, NULL, 5000, NULL, on_told, &t); /* NULL: release */
     CHECK_EQ_INT(t.n, 2);
     CHECK_EQ_INT(calls(&fake, OP_RELEASE), 1);
     teardown(ls);
@@ -230,7 +230,7 @@ static void test_lease_finish_retried_until_the_store_answers(void)
 
     fail_next(&fake, OP_COMPLETE, -ECONNRESET);
     fail_next(&fake, OP_COMPLETE, -ETIMEDOUT);
-    lease_finish(l, rec, 1000, on_told, &t);
+    lease_finish(l, rec, 1000, NULL, on_told, &t);
     CHECK_EQ_INT(t.n, 1); /* told after the first attempt, not after the retries */
     CHECK(wait_calls(&fake, OP_COMPLETE, 3));
     sleep_ms(200);
@@ -247,7 +247,7 @@ static void test_lease_stale_complete_counts_lock_lost_once_no_retry(void)
     uint64_t before = lock_lost_total();
 
     fail_next(&fake, OP_COMPLETE, -ESTALE);
-    lease_finish(l, record_new(16), 1000, on_told, &t);
+    lease_finish(l, record_new(16), 1000, NULL, on_told, &t);
     CHECK_EQ_INT(t.n, 1);
     CHECK_EQ_INT(lock_lost_total(), before + 1);
     sleep_ms(100);
@@ -266,7 +266,7 @@ static void test_lease_too_big_for_the_store_keeps_the_marker(void)
 
     rec->status = 200;
     fail_next(&fake, OP_COMPLETE, -E2BIG);
-    lease_finish(l, rec, 1000, on_told, &t);
+    lease_finish(l, rec, 1000, NULL, on_told, &t);
     CHECK_EQ_INT(t.n, 1);
     CHECK_EQ_INT(calls(&fake, OP_COMPLETE), 2);
     CHECK(fake.last_too_large);
@@ -285,7 +285,7 @@ static void test_lease_heartbeat_extends_until_finished(void)
 
     CHECK(wait_calls(&fake, OP_EXTEND, 4));
     CHECK(lease_valid_until_ms(l) > valid0); /* each extend moves it */
-    lease_finish(l, NULL, 1000, on_told, &t);
+    lease_finish(l, NULL, 1000, NULL, on_told, &t);
     n = quiet_extends();
     sleep_ms(200);
     CHECK_EQ_INT(calls(&fake, OP_EXTEND), n); /* none after the one in flight, if any */

@@ -176,9 +176,10 @@ static int stale_acquire(struct store *st, struct span key, const uint8_t fp[FIN
 }
 
 static int stale_complete(struct store *st, struct span key, const struct store_token *tok,
-                          struct record *rec, uint64_t ttl_ms, store_done_fn *done, void *ctx)
+                          struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                          store_done_fn *done, void *ctx)
 {
-    (void)st, (void)key, (void)tok, (void)rec, (void)ttl_ms;
+    (void)st, (void)key, (void)tok, (void)rec, (void)ttl_ms, (void)link;
     __atomic_add_fetch(&stale_completes, 1, __ATOMIC_RELAXED);
     done(ctx, -ESTALE, NULL);
     return 0;
