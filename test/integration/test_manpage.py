@@ -213,7 +213,8 @@ def test_manpage_has_the_sections():
     for name in ("NAME", "SYNOPSIS", "DESCRIPTION"):
         assert "\n.SH %s\n" % name in src
     admin = [tag for tag, _ in sections["ADMIN ENDPOINTS"]]
-    assert admin == ["/healthz", "/readyz", "/metrics", "/keys/key", "/keys?state=unknown"], admin
+    assert admin == ["/healthz", "/readyz", "/metrics", "/keys/key", "/keys?state=unknown",
+                     "/keys?resource=ID"], admin
     exits = [tag for tag, _ in sections["EXIT STATUS"]]
     assert exits == ["0", "1", "2"], exits
     outcomes = " ".join(tag for tag, _ in sections["DESCRIPTION"])
