@@ -945,6 +945,27 @@ static struct store_info_list inspect_key(struct store *st, const char *key)
     return l.list;
 }
 
+static void on_sync(void *ctx, int err, const struct store_result *res)
+{
+    *(int *)ctx = err < 0 ? err : (int)res->status;
+}
+
+/* Locks <key> for <fp> and completes it with <rec> straight in the memory
+ * store (its calls answer before they return): the last status. */
+static int sync_call(struct store *st, const char *key, const uint8_t *fp,
+                     const struct store_token *t, struct record *rec)
+{
+    int got = -1;
+
+    CHECK_EQ_INT(store_acquire(st, span_from_cstr(key), fp, t,
+                               &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, on_sync,
+                               &got),
+                 0);
+    CHECK_EQ_INT(got, STORE_ACQUIRED);
+    CHECK_EQ_INT(store_complete(st, span_from_cstr(key), t, rec, 60000, NULL, on_sync, &got), 0);
+    return got;
+}
+
 static void test_pipeline_memory_store_holds_sealed_answers(void)
 {
     static const char text[] = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n";
@@ -973,6 +994,25 @@ static void test_pipeline_memory_store_holds_sealed_answers(void)
           !memcmp(r->out.answer->body.data, "hello", 5) && !r->out.answer->sealed);
     CHECK_EQ_STR(record_header_get(r->out.answer, "Content-Type"), "text/plain");
     req_free(r);
+    /* The sealed answer of k1 written under k2 for the same request: it
+     * does not open there (the store key is its associated data). */
+    if (rec) {
+        const struct store_info *in = &held.items[0];
+        size_t at = strlen(in->store_key) - 2; /* "...:k1" */
+        char k2[256];
+        uint8_t fp[FINGERPRINT_LEN];
+        struct store_token t;
+
+        snprintf(k2, sizeof(k2), "%.*sk2", (int)at, in->store_key);
+        for (size_t i = 0; i < FINGERPRINT_LEN; i++)
+            sscanf(in->fp_hex + 2 * i, "%2hhx", &fp[i]);
+        CHECK_EQ_INT(store_token_new(&t), 0);
+        CHECK_EQ_INT(sync_call(e.st, k2, fp, &t, rec), STORE_OK);
+        r = run(&e, request(&e, "POST", "/pay", KEY("k2")), "amount=1");
+        CHECK_EQ_INT(r->out.outcome, OUTCOME_STORE_ERROR);
+        CHECK_EQ_INT(status_of(r), 503);
+        req_free(r);
+    }
     /* The store's own record, one bit changed: refused, not run again. */
     if (rec)
         rec->body.data[rec->body.len - 1] ^= 0x10;
