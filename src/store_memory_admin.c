@@ -48,6 +48,18 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
     return 0;
 }
 
+/* Calls <job> back with <list> (dropped when <err>), and ends it. */
+static void list_job_end(struct store_memory *st, struct store_admin_job *job, int err,
+                         struct store_info_list *list)
+{
+    if (err < 0)
+        store_info_list_done(list);
+    job->list_done(job->ctx, err, list);
+    store_info_list_done(list);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
 static void inspect_run(void *arg)
 {
     struct store_admin_job *job = arg;
@@ -88,12 +100,7 @@ static void inspect_run(void *arg)
     }
     if (job->unknown_only && i < NSHARDS)
         snprintf(list.cursor, sizeof(list.cursor), "%zu.0", i);
-    if (err < 0)
-        store_info_list_done(&list);
-    job->list_done(job->ctx, err, &list);
-    store_info_list_done(&list);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
+    list_job_end(st, job, err, &list);
 }
 
 int store_memory_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
@@ -140,12 +147,7 @@ static void find_run(void *arg)
         free(keys[i]);
     }
     free(keys);
-    if (err < 0)
-        store_info_list_done(&list);
-    job->list_done(job->ctx, err, &list);
-    store_info_list_done(&list);
-    store_admin_job_free(job);
-    store_calls_end(&st->calls);
+    list_job_end(st, job, err, &list);
 }
 
 int store_memory_find_resource(struct store *base, struct span prefix, struct span resource,

@@ -121,15 +121,14 @@ static void read_list(struct pg_op *op, int err, const PGresult *res)
     store_info_list_done(&l);
 }
 
-int store_pg_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
-                     store_list_fn *done, void *ctx)
+/* inspect.sql or find_resource.sql: the rows under <prefix> of the key, or
+ * the resource, <what>. */
+static int list_op(struct store *base, enum sql_script_id stmt, struct span prefix,
+                   struct span what, bool with_body, store_list_fn *done, void *ctx)
 {
     struct pg_op *op;
-    int err;
+    int err = admin_op(base, stmt, what, read_list, &op);
 
-    if (!done || !key.len)
-        return -EINVAL;
-    err = admin_op(base, SQL_INSPECT, key, read_list, &op);
     if (err < 0)
         return err;
     op->list_done = done;
@@ -144,27 +143,20 @@ int store_pg_inspect(struct store *base, struct span prefix, struct span key, bo
     return store_pg_op_submit(op);
 }
 
+int store_pg_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
+                     store_list_fn *done, void *ctx)
+{
+    if (!done || !key.len)
+        return -EINVAL;
+    return list_op(base, SQL_INSPECT, prefix, key, with_body, done, ctx);
+}
+
 int store_pg_find_resource(struct store *base, struct span prefix, struct span resource,
                            bool with_body, store_list_fn *done, void *ctx)
 {
-    struct pg_op *op;
-    int err;
-
     if (!done || resource.len == 0 || resource.len > STORE_RESOURCE_MAX)
         return -EINVAL;
-    err = admin_op(base, SQL_FIND_RESOURCE, resource, read_list, &op);
-    if (err < 0)
-        return err;
-    op->list_done = done;
-    op->ctx = ctx;
-    op->with_body = with_body;
-    if (set_range(op, prefix) < 0) {
-        store_pg_op_free(op);
-        return -ENOMEM;
-    }
-    store_pg_param_text(op, op->key); /* the resource */
-    store_pg_param_text(op, with_body ? "t" : "f");
-    return store_pg_op_submit(op);
+    return list_op(base, SQL_FIND_RESOURCE, prefix, resource, with_body, done, ctx);
 }
 
 int store_pg_list_unknown(struct store *base, struct span prefix, const char *cursor,
