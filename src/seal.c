@@ -117,8 +117,9 @@ int seal_keys_parse(struct span text, struct seal_keys **ret, char *why, size_t 
         return -EINVAL;
     }
     k = calloc(1, sizeof(*k));
-    if (!k || !(k->keys = calloc(SEAL_KEYS_MAX, sizeof(*k->keys)))) {
-        free(k);
+    if (!k || !(k->keys = calloc(SEAL_KEYS_MAX, sizeof(*k->keys))) ||
+        !(k->aead = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL))) {
+        seal_keys_free(k);
         return -ENOMEM;
     }
     for (size_t at = 0; at < text.len && err == 0;) {
@@ -201,6 +202,7 @@ void seal_keys_free(struct seal_keys *k)
         OPENSSL_cleanse(k->keys, SEAL_KEYS_MAX * sizeof(*k->keys));
         free(k->keys);
     }
+    EVP_CIPHER_free(k->aead);
     free(k);
 }
 
@@ -232,13 +234,14 @@ static bool crypt_update(EVP_CIPHER_CTX *c, bool enc, unsigned char *out, const 
     return true;
 }
 
-/* Starts <c> for the key <key> and the nonce at <nonce>, and feeds the associated data:
- * the header <hdr> and the store key. */
-static bool crypt_start(EVP_CIPHER_CTX *c, bool enc, const unsigned char *key,
-                        const unsigned char *nonce, struct span hdr, struct span store_key)
+/* Starts <c> with the cipher of <k> for the key <key> and the nonce at
+ * <nonce>, and feeds the associated data: the header <hdr> and the store key. */
+static bool crypt_start(EVP_CIPHER_CTX *c, const struct seal_keys *k, bool enc,
+                        const unsigned char *key, const unsigned char *nonce, struct span hdr,
+                        struct span store_key)
 {
-    if ((enc ? EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, key, nonce)
-             : EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), NULL, key, nonce)) != 1)
+    if ((enc ? EVP_EncryptInit_ex(c, k->aead, NULL, key, nonce)
+             : EVP_DecryptInit_ex(c, k->aead, NULL, key, nonce)) != 1)
         return false;
     return crypt_update(c, enc, NULL, hdr.base, hdr.len) &&
            crypt_update(c, enc, NULL, store_key.base, store_key.len);
@@ -277,7 +280,7 @@ int seal_record(const struct seal_keys *k, struct span store_key, const struct r
         goto out;
     put_u32(len4, (uint32_t)head.len);
     p += hdr_len;
-    if (!crypt_start(c, true, key->key, p - SEAL_NONCE_BYTES,
+    if (!crypt_start(c, k, true, key->key, p - SEAL_NONCE_BYTES,
                      (struct span){ sealed->body.data, hdr_len }, store_key) ||
         !crypt_update(c, true, p, len4, 4) || !crypt_update(c, true, p + 4, head.data, head.len) ||
         !crypt_update(c, true, p + 4 + head.len, rec->body.data, rec->body.len) ||
@@ -328,45 +331,83 @@ static const struct seal_key *find_key(const struct seal_keys *k, const char *id
     return NULL;
 }
 
-/* Decrypts the sealed body <b> with <key> into a new record in <ret>. */
-static int open_with(const struct seal_key *key, struct span store_key, struct span b,
-                     size_t hdr_len, struct record **ret, enum seal_failure *failure)
+/* Decrypts the <len> bytes at <in> through <c> into nothing that is kept,
+ * then checks the tag <tag>: whether it verifies. */
+static bool tag_verifies(EVP_CIPHER_CTX *c, const unsigned char *in, size_t len, unsigned char *tag)
 {
-    size_t plain_len = b.len - hdr_len - SEAL_TAG_BYTES, head_len;
+    unsigned char scratch[4096];
+    int outl;
+    bool ok = true;
+
+    for (size_t n; ok && len; in += n, len -= n) {
+        n = len < sizeof(scratch) ? len : sizeof(scratch);
+        ok = crypt_update(c, false, scratch, in, n);
+    }
+    OPENSSL_cleanse(scratch, sizeof(scratch));
+    return ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_BYTES, tag) == 1 &&
+           EVP_DecryptFinal_ex(c, scratch, &outl) == 1;
+}
+
+/* Decrypts the sealed body <b> with <key> of <k> into a new record in
+ * <ret>: its head apart, its body straight into the record's own buffer,
+ * both used only once the tag verified. */
+static int open_with(const struct seal_keys *k, const struct seal_key *key, struct span store_key,
+                     struct span b, size_t hdr_len, struct record **ret, enum seal_failure *failure)
+{
+    size_t plain_len = b.len - hdr_len - SEAL_TAG_BYTES, head_len, body_len;
     const unsigned char *in = (const unsigned char *)b.base + hdr_len;
-    unsigned char *plain = malloc(plain_len ? plain_len : 1);
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-    unsigned char tag[SEAL_TAG_BYTES];
+    struct buf body = BUF_INIT(0);
+    unsigned char tag[SEAL_TAG_BYTES], len4[4], *head = NULL;
     int err = -ENOMEM, outl;
 
-    if (!plain || !c)
+    *failure = SEAL_TAMPERED;
+    if (!c)
         goto out;
     memcpy(tag, in + plain_len, SEAL_TAG_BYTES);
-    *failure = SEAL_TAMPERED;
     err = -EBADMSG;
-    if (!crypt_start(c, false, key->key, in - SEAL_NONCE_BYTES, (struct span){ b.base, hdr_len },
+    if (!crypt_start(c, k, false, key->key, in - SEAL_NONCE_BYTES, (struct span){ b.base, hdr_len },
                      store_key) ||
-        !crypt_update(c, false, plain, in, plain_len) ||
+        !crypt_update(c, false, len4, in, 4))
+        goto out;
+    /* Not verified yet: bounded, then the tag decides. */
+    head_len = (size_t)len4[0] << 24 | (size_t)len4[1] << 16 | (size_t)len4[2] << 8 | len4[3];
+    if (head_len > plain_len - 4) {
+        if (tag_verifies(c, in + 4, plain_len - 4, tag))
+            *failure = SEAL_MALFORMED;
+        goto out;
+    }
+    body_len = plain_len - 4 - head_len;
+    body = BUF_INIT(body_len);
+    err = -ENOMEM;
+    if (!(head = malloc(head_len ? head_len : 1)) || buf_reserve(&body, body_len) < 0)
+        goto out;
+    err = -EBADMSG;
+    if (!crypt_update(c, false, head, in + 4, head_len) ||
+        !crypt_update(c, false, (unsigned char *)body.data, in + 4 + head_len, body_len) ||
         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_BYTES, tag) != 1 ||
-        EVP_DecryptFinal_ex(c, plain + plain_len, &outl) != 1)
+        EVP_DecryptFinal_ex(c, len4, &outl) != 1)
         goto out;
+    body.len = body_len;
     *failure = SEAL_MALFORMED;
-    head_len = (size_t)plain[0] << 24 | (size_t)plain[1] << 16 | (size_t)plain[2] << 8 | plain[3];
-    if (head_len > plain_len - 4)
-        goto out;
-    err = record_decode(
-        (struct span){ (const char *)plain + 4, head_len },
-        (struct span){ (const char *)plain + 4 + head_len, plain_len - 4 - head_len }, ret);
+    err = record_decode((struct span){ (const char *)head, head_len }, (struct span){ "", 0 }, ret);
     if (err == -EPROTO)
         err = -EBADMSG;
-    if (err == 0)
+    if (err == 0) {
         *failure = SEAL_OK;
+        buf_done(&(*ret)->body);
+        (*ret)->body = body; /* the answer's body, as it was sealed */
+        body = BUF_INIT(0);
+    }
 out:
     EVP_CIPHER_CTX_free(c);
-    if (plain) {
-        OPENSSL_cleanse(plain, plain_len);
-        free(plain);
+    if (head) {
+        OPENSSL_cleanse(head, head_len);
+        free(head);
     }
+    if (body.data)
+        OPENSSL_cleanse(body.data, body.cap);
+    buf_done(&body);
     return err;
 }
 
@@ -402,5 +443,5 @@ int seal_open(const struct seal_keys *k, struct span store_key, struct record *r
     key = k ? find_key(k, ret_id, id_len) : NULL;
     if (!key)
         return -EBADMSG;
-    return open_with(key, store_key, b, hdr_len, ret, failure);
+    return open_with(k, key, store_key, b, hdr_len, ret, failure);
 }

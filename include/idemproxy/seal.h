@@ -27,6 +27,8 @@ struct seal_key {
 struct seal_keys {
     struct seal_key *keys; /* owned array of n, wiped when freed */
     size_t n;
+    struct evp_cipher_st *aead; /* owned: AES-256-GCM, fetched once (OpenSSL 3 looks a
+                                   cipher up under a lock each time it is named) */
 };
 
 /* Parses the text of a key file: lines "ID:KEY", KEY being 32 bytes in
