@@ -176,11 +176,13 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
     assert "http://127.0.0.1:%d/healthz" % admin in text
     assert "memory store" in text
     steps = d.steps()
-    assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7, 8], text
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7, 8, 9], text
     assert "examples/demo.yaml" in text
     for n, (_, cmds) in steps.items():
         for c in cmds:
-            assert "127.0.0.1:%d" % port in c or c.startswith("sleep "), c
+            # the proxy's port; step 9's is the admin listener's
+            assert ("127.0.0.1:%d" % (admin if n == 9 else port) in c
+                    or c.startswith("sleep ")), c
 
     # 1. executed
     (create,) = steps[1][1]
@@ -235,6 +237,7 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
     st, h, body = parse_http(shell(mismatch))
     assert st == 422, body
     assert json.loads(body)["code"] == "idempotency_key_mismatch"
+    assert json.loads(body)["resource"] == "pay_000001"
 
     # 6. invalid key
     (invalid,) = steps[6][1]
@@ -256,6 +259,11 @@ def test_demo_prints_commands_that_show_each_outcome(demo):
     st, h, again = parse_http(shell(hook))
     assert st == 200 and hone(h, REPLAY) == "true" and again == first_hook
     assert json.loads(shell(deliveries)) == {"processed": 1, "events": ["evt_1"]}
+
+    # 9. the key that created pay_000001
+    (which,) = steps[9][1]
+    (rec,) = json.loads(shell(which))["records"]
+    assert rec["key"] == "order-1" and rec["resource"] == "pay_000001", rec
 
     # Two payments in all: nothing ran twice.
     assert json.loads(shell(listing))["count"] == 2
