@@ -204,14 +204,18 @@ static void on_link_got(void *ctx, int err, const redisReply *r)
     struct span prefix = { in->job->prefix, in->job->prefix_len };
     size_t at = in->links.len; /* the link's scope, then ':' */
 
+    /* A link gone meanwhile, or one that leads elsewhere, lists nothing. */
     if (err == 0 && reply_is(r, REDIS_REPLY_STRING) &&
         idemkey_store_key_is_under((struct span){ r->str, r->len }, prefix) &&
-        !memcmp(r->str + prefix.len, ik->key + at, IDEMKEY_SCOPE_HEX) &&
-        (to = malloc(sizeof(*to) + r->len))) {
-        to->in = in;
-        to->len = r->len;
-        memcpy(to->key, r->str, r->len);
-        if (inspect_one(in, to) == 0) {
+        !memcmp(r->str + prefix.len, ik->key + at, IDEMKEY_SCOPE_HEX)) {
+        err = (to = malloc(sizeof(*to) + r->len)) ? 0 : -ENOMEM;
+        if (to) {
+            to->in = in;
+            to->len = r->len;
+            memcpy(to->key, r->str, r->len);
+            err = inspect_one(in, to);
+        }
+        if (err == 0) {
             free(ik);
             return; /* on_inspected counts it down */
         }
