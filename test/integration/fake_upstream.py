@@ -66,6 +66,22 @@ def big_body(n):
     return (pattern * (n // len(pattern) + 1))[:n]
 
 
+def _linger(sock):
+    """After a refused TLS handshake, as nginx's lingering close does: the
+    alert is out; the client may have written its request already (TLS 1.3
+    ends the client's handshake before the server has checked its
+    certificate), and closing with those bytes unread would send a reset that
+    overtakes the alert. So: FIN, then read and drop until the client closes
+    (at most 2 s)."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_WR)
+        sock.settimeout(2.0)
+        while socket.socket.recv(sock, 65536):
+            pass
+    except OSError:
+        pass
+
+
 class QuietHandler(BaseHTTPRequestHandler):
     """What every upstream of the tests shares (test_stripe_sdk.py's too):
     HTTP/1.1 keep-alive, no Nagle, no log, and a client (the proxy) that goes
@@ -277,6 +293,15 @@ class FakeUpstream(ThreadingHTTPServer):
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, addr
+
+    def finish_request(self, request, client_address):
+        if self._tls is not None:
+            try:
+                request.do_handshake()
+            except OSError:
+                _linger(request)
+                return
+        super().finish_request(request, client_address)
 
     @property
     def port(self):
