@@ -48,6 +48,12 @@ import urllib.parse
 import redis
 import redis.cluster
 
+try:
+    import waiting
+except ImportError:  # run as a script: test/waiting.py is one folder up
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import waiting
+
 REDIS_SERVER = "/usr/bin/redis-server"
 REDIS_CLI = "/usr/bin/redis-cli"
 CLUSTER_SLOTS = 16384
@@ -66,13 +72,13 @@ _ports_lock = threading.Lock()
 
 
 def free_port():
-    """A free TCP port on 127.0.0.1 (bound to port 0, then closed), never one
-    this process has handed out before, so the servers of one set never
-    collide with each other."""
+    """A free TCP port on 127.0.0.1 (test/waiting.py's: in a pytest-xdist
+    worker, one of its own below the ephemeral range, which no outgoing
+    connection takes while a server is stopped), never one this process has
+    handed out before, so the servers of one set never collide with each
+    other."""
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
+        port = waiting.free_port()
         with _ports_lock:
             if port not in _used_ports:
                 _used_ports.add(port)
