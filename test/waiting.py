@@ -13,7 +13,8 @@ import pytest
 # every outgoing connection land) that the workers of a pytest-xdist run share
 # out, a slice each: the proxy listens with SO_REUSEPORT, so a port two
 # workers both found free would be bound by both, each proxy then answering
-# some of the other's requests.
+# some of the other's requests; and a server a test stops and restarts on
+# its port would find it taken by another worker or an outgoing connection.
 _WORKER_PORTS = 10000
 _next_port = None
 _port_lock = threading.Lock()
