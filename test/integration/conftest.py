@@ -629,6 +629,13 @@ class Proxy:
         text = data.decode("utf-8", "replace")
         return text if len(text) < 30000 else "...\n" + text[-30000:]
 
+    def wait_log(self, needle, timeout=5.0):
+        """Waits, bounded, until <needle> is in the proxy's stderr, and returns
+        that text: a line written at start-up may come after the listeners
+        answer, so a test never reads it right after start without waiting."""
+        return wait_for(lambda: needle in self.stderr() and self.stderr(), timeout=timeout,
+                        what="%r in the log" % needle)
+
     def request(self, method, path, headers=None, body=None, timeout=15.0):
         return http_request("127.0.0.1", self.port, method, path, headers, body, timeout)
 

@@ -99,7 +99,7 @@ def test_sealed_answers_replay_byte_for_byte(proxy, upstream, tmp_path):
     (rec,) = json.loads(body)["records"]
     assert base64.b64decode(rec["body_base64"]) == SECRET_BODY
     assert ["X-Token", SECRET_HEADER] in rec["headers"]
-    assert "sealed with AES-256-GCM under key 'k1'" in p.stderr()
+    assert "sealed with AES-256-GCM under key 'k1'" in p.wait_log("sealed with AES-256-GCM")
 
 
 @shared_store
@@ -254,4 +254,4 @@ def test_bad_key_file_refused_at_start(tmp_path, upstream):
 def test_key_file_readable_by_others_is_warned(proxy, tmp_path):
     p = proxy("--store-encryption-key-file",
               key_file(tmp_path, "k1:" + new_secret(), mode=0o644))
-    assert "may be read by others (mode 0644)" in p.stderr()
+    assert "may be read by others (mode 0644)" in p.wait_log("may be read by others")
