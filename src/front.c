@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "idemproxy/config.h"
+#include "idemproxy/flow.h"
 #include "idemproxy/http.h"
 #include "idemproxy/list.h"
 #include "idemproxy/log.h"
@@ -62,6 +63,8 @@ struct freq {
     bool answered;                 /* <answer> is set */
     bool begun;                    /* its header section went to the pipeline */
     bool sent;                     /* the answer is queued */
+    bool http10;                   /* an HTTP/1.0 request: a body of unknown length ends with the
+                                      connection */
 };
 
 struct front {
@@ -336,8 +339,79 @@ const char *front_head_hidden(struct span head, struct span method, struct span 
 
 static void record_unref_cb(void *cls) { record_unref(cls); }
 
-/* Queues the answer of <q>. The response borrows the record's body (no copy)
- * and holds a reference on it until MHD is done with it. */
+/* Ends the connection of <q> with a reset (Linux: a TCP socket "connected"
+ * to AF_UNSPEC drops its connection with an RST, and the descriptor stays
+ * libmicrohttpd's to close): the close that follows cannot read as the end
+ * of a body delimited by the connection's close. */
+static void reset_connection(struct freq *q)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(q->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct sockaddr sa = { .sa_family = AF_UNSPEC };
+
+    if (ci)
+        (void)connect(ci->connect_fd, &sa, sizeof(sa));
+}
+
+/* A streamed answer's body, read from its flow as libmicrohttpd asks for it
+ * (doc/guarantees.md, "Streaming"): none there yet suspends the connection
+ * until the flow has some (on_readable()); a body cut upstream closes the
+ * connection without its end (no last chunk, short of Content-Length, or,
+ * delimited by the close, a reset). */
+static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct freq *q = cls;
+    ssize_t n = flow_read(q->answer.body, buf, max);
+
+    (void)pos;
+    if (n > 0)
+        return n;
+    if (n == FLOW_END)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (n == FLOW_CUT) {
+        if (q->http10 && q->answer.body->length == FLOW_LENGTH_UNKNOWN)
+            reset_connection(q);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    MHD_suspend_connection(q->conn);
+    return 0;
+}
+
+/* The flow of a suspended connection has bytes, its end or its cut. */
+static void on_readable(void *ctx)
+{
+    struct freq *q = ctx;
+
+    MHD_resume_connection(q->conn);
+    q->f->rerun = true;
+    q->f->timer.due_ms = 0;
+}
+
+/* The answer of <q> as a response: a streamed one reads its flow, any other
+ * borrows the record's body (no copy) and holds a reference on it until MHD
+ * is done with it. */
+static struct MHD_Response *answer_response(struct freq *q)
+{
+    struct record *rec = q->answer.rec;
+    struct MHD_Response *resp;
+
+    if (q->answer.body) {
+        uint64_t len = q->answer.body->length;
+
+        flow_set_reader(q->answer.body, on_readable, q);
+        /* the block size is the reader's buffer for a known length; a chunked
+         * body is read straight into the connection's write buffer */
+        return MHD_create_response_from_callback(
+            len == FLOW_LENGTH_UNKNOWN ? MHD_SIZE_UNKNOWN : len, 16u << 10, read_body, q, NULL);
+    }
+    resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
+                                                                  record_unref_cb, record_ref(rec));
+    if (!resp)
+        record_unref(rec);
+    return resp;
+}
+
+/* Queues the answer of <q>. */
 static enum MHD_Result send_answer(struct MHD_Connection *conn, struct freq *q)
 {
     struct record *rec = q->answer.rec;
@@ -347,12 +421,9 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, struct freq *q)
     q->sent = true;
     if (!rec)
         return MHD_NO; /* out of memory: drop the connection */
-    resp = MHD_create_response_from_buffer_with_free_callback_cls(rec->body.len, rec->body.data,
-                                                                  record_unref_cb, record_ref(rec));
-    if (!resp) {
-        record_unref(rec);
+    resp = answer_response(q);
+    if (!resp)
         return MHD_NO;
-    }
     for (size_t i = 0; i < rec->nheaders; i++) {
         if (q->answer.id_header && strcasecmp(rec->headers[i].name, q->answer.id_header) == 0)
             continue; /* a replay's is the first request's: this request's goes below */
@@ -418,6 +489,7 @@ static enum MHD_Result begin(struct front *f, struct MHD_Connection *conn, struc
         return MHD_NO;
     client_ip(conn, rq->client_ip, sizeof(rq->client_ip));
     rq->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+    q->http10 = !rq->http11;
     size = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     rq->head_error =
         front_head_hidden((struct span){ .base = method, .len = size ? size->header_size : 0 },

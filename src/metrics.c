@@ -45,10 +45,14 @@ static const char *const store_op_names[] = {
 #define RESPONSES_LINE_MAX                                                                         \
     (sizeof("idemproxy_responses_total{route=\"\",class=\"5xx\"} \n") - 1 +                        \
      METRICS_ROUTE_NAME_MAX + 20)
+#define STREAMED_LINE_MAX                                                                          \
+    (sizeof("idemproxy_streamed_bytes_total{route=\"\",direction=\"down\"} \n") - 1 +              \
+     METRICS_ROUTE_NAME_MAX + 20)
 #define REQUESTS_TEXT_MAX                                                                          \
     ((uint64_t)METRICS_ROUTES_MAX *                                                                \
      (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX +                      \
-      2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX + 4 * RESPONSES_LINE_MAX))
+      2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX + 4 * RESPONSES_LINE_MAX +                   \
+      2 * STREAMED_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
@@ -60,6 +64,7 @@ static struct {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
     _Atomic uint64_t responses[METRICS_ROUTES_MAX][4]; /* 2xx, 3xx, 4xx, 5xx */
+    _Atomic uint64_t streamed[METRICS_ROUTES_MAX][2];  /* [0] down, [1] up */
     struct metrics_histogram request_duration[METRICS_ROUTES_MAX];
     struct metrics_histogram upstream_duration[METRICS_ROUTES_MAX];
     struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
@@ -184,6 +189,12 @@ void metrics_unknown_outcome(unsigned route_id, unsigned cause)
 {
     assert(route_id < METRICS_ROUTES_MAX && cause < STORE_CAUSE_MAX);
     atomic_fetch_add_explicit(&m.unknown[route_id][cause], 1, memory_order_relaxed);
+}
+
+void metrics_streamed(unsigned route_id, bool up, uint64_t bytes)
+{
+    assert(route_id < METRICS_ROUTES_MAX);
+    atomic_fetch_add_explicit(&m.streamed[route_id][up], bytes, memory_order_relaxed);
 }
 
 void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory_order_relaxed); }
@@ -343,6 +354,23 @@ static int format_responses(struct buf *out, unsigned nroutes)
     return err;
 }
 
+/* idemproxy_streamed_bytes_total, a sample per route and direction. */
+static int format_streamed(struct buf *out, unsigned nroutes)
+{
+    int err = family(out, "idemproxy_streamed_bytes_total", "counter",
+                     "Body bytes that streamed through the proxy, by route and direction (up: "
+                     "to the upstream, down: to the client).");
+
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (unsigned d = 0; d < 2 && err == 0; d++)
+            err = appendf(
+                out, "idemproxy_streamed_bytes_total{route=\"%s\",direction=\"%s\"} %llu\n",
+                route_name(r), d ? "up" : "down",
+                (unsigned long long)atomic_load_explicit(&m.streamed[r][d], memory_order_relaxed));
+    }
+    return err;
+}
+
 int metrics_format(struct buf *out, struct store *st)
 {
     unsigned nroutes = atomic_load_explicit(&route_count, memory_order_acquire);
@@ -370,6 +398,8 @@ int metrics_format(struct buf *out, struct store *st)
                 route_name(r), store_cause_name((enum store_cause)c),
                 (unsigned long long)atomic_load_explicit(&m.unknown[r][c], memory_order_relaxed));
     }
+    if (err == 0)
+        err = format_streamed(out, nroutes);
     if (err == 0)
         err = format_responses(out, nroutes);
     if (err == 0)

@@ -72,8 +72,12 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
     uint64_t total_us = metrics_now_us() - r->start_us;
     /* the key as sent, or the one derived (which /keys finds) */
     struct span key = r->adm.key.sent.base ? r->adm.key.sent : keysource_sent(&rt->key, r->rq);
+    uint64_t bytes = r->streamed ? r->flow.taken : r->out.rec ? r->out.rec->body.len : 0;
 
     (void)pl;
+    r->accounted = true;
+    if (r->streamed)
+        metrics_streamed(rt->metrics_id, false, r->flow.taken);
     metrics_request(rt->metrics_id, r->out.outcome, r->out.rec ? r->out.rec->status : 0, total_us,
                     r->forwarded, r->upstream_us);
     if (!log_enabled(LOG_LEVEL_INFO))
@@ -88,7 +92,7 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
         .has_upstream = r->forwarded,
         .upstream_us = r->upstream_us,
         .total_us = total_us,
-        .bytes = r->out.rec ? r->out.rec->body.len : 0,
+        .bytes = bytes,
         .unknown = r->unknown,
         .reason = r->reason,
         .request_id = r->out.id,
@@ -97,17 +101,23 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
 }
 
 /* Hands <r> back to the front end with its answer, counted and logged first:
- * the client may read /metrics as soon as it has the answer. The one exit. */
+ * the client may read /metrics as soon as it has the answer. A streamed
+ * answer is counted when the client's part of it is over
+ * (pipeline_req_free()): its bytes are known then. The one exit. */
 void pipeline_finish(struct pipeline_req *r)
 {
     struct pipeline_answer a = r->out;
 
     assert(!r->decided);
-    account(r->pl, r);
+    if (!r->streamed)
+        account(r->pl, r);
     if (r->running)
         metrics_inflight_add(-1);
     r->decided = true;
-    r->out.rec = NULL; /* the front end's reference now */
+    if (r->streamed)
+        record_ref(a.rec); /* the front end's; this one stays for the access line */
+    else
+        r->out.rec = NULL; /* the front end's reference now */
     r->answer(r->answer_ctx, &a);
 }
 
@@ -141,6 +151,7 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->answer_ctx = ctx;
     r->start_us = metrics_now_us();
     r->out.outcome = OUTCOME_PASSTHROUGH;
+    flow_init(&r->flow);
     if (pl->id_header) {
         char id[REQUEST_ID_MAX + 1];
 
@@ -509,8 +520,14 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
 
 void pipeline_req_free(struct pipeline_req *r)
 {
-    if (r)
-        pipeline_req_unref(r);
+    if (!r)
+        return;
+    if (r->streamed) {
+        flow_reader_gone(&r->flow); /* the exchange may go on: it must not wake the front end */
+        if (!r->accounted)
+            account(r->pl, r);
+    }
+    pipeline_req_unref(r);
 }
 
 /* Drops a reference to <r>: the front end's (pipeline_req_free()) or its late
@@ -528,5 +545,7 @@ void pipeline_req_unref(struct pipeline_req *r)
     admission_done(&r->adm);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
     record_unref(r->out.rec);
+    record_unref(r->capture);
+    flow_done(&r->flow);
     free(r);
 }

@@ -10,6 +10,8 @@
 #include <stdatomic.h>
 
 #include "idemproxy/admission.h"
+#include "idemproxy/flow.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/request.h"
 #include "idemproxy/store.h"
@@ -31,7 +33,9 @@ struct pipeline {
     const char *id_header;        /* --request-id-header, borrowed; NULL: none */
     const char *storage_header;   /* --storage-header, borrowed; NULL: none */
     const struct seal_keys *keys; /* borrowed: --store-encryption-key-file's; NULL: in clear */
-    atomic_uint late;             /* exchanges going on after their client got its 504 */
+    /* Exchanges going on after their client was answered: a 504 at
+     * --upstream-timeout, or a streamed answer's head. */
+    atomic_uint late;
 };
 
 /* A request as the pipeline knows it: the request the front end handed over,
@@ -62,7 +66,16 @@ struct pipeline_req {
     uint64_t upstream_sent_us; /* when it was forwarded */
     uint64_t upstream_us;      /* what the upstream took, once <forwarded> */
     bool forwarded;
-    bool running;               /* pipeline_end() ran it: counted in flight */
+    bool running; /* pipeline_end() ran it: counted in flight */
+    /* A streamed answer (doc/guarantees.md, "Streaming"): its head went to
+     * the front end before its body was in, the body goes through <flow>,
+     * and the exchange holds a reference until it ends. Loop thread. */
+    bool streamed;
+    bool keep;              /* ... keyed, and to be stored when whole */
+    bool accounted;         /* its access line is written */
+    struct flow flow;       /* owned */
+    struct record *capture; /* a keyed streamed answer: its record, whose body is the flow's copy */
+    struct loop_task ended; /* the exchange's end, brought back to the request's loop */
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
     pipeline_answer_fn *answer;
     void *answer_ctx;

@@ -30,6 +30,7 @@ static struct log_burst upstream_failures = LOG_BURST_INIT("upstream failures");
 
 static void on_upstream(void *ctx, int err, struct record *rec);
 static void on_overdue(void *ctx);
+static void on_head(void *ctx, struct record *rec, uint64_t length);
 
 void pipeline_forward(struct pipeline_req *r)
 {
@@ -49,6 +50,8 @@ void pipeline_forward(struct pipeline_req *r)
         .id = r->out.id ? span_from_cstr(r->out.id) : (struct span){ 0 },
         .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
         .why = &r->up_why,
+        .head = on_head,
+        .flow = &r->flow,
     };
     r->upstream_sent_us = metrics_now_us();
     err = r->pl->fwd.submit(r->pl->fwd.ctx, in->loop, &r->up_req, on_upstream, r);
@@ -60,16 +63,37 @@ void pipeline_forward(struct pipeline_req *r)
 
 /* The finishing chain's first attempt has reported back: <r> is answered,
  * or, when its client got a 504 already, its late exchange is over. */
+static void on_lease_finished(void *ctx);
+
+/* The end of an exchange that went on after its client was answered (a
+ * late one, or a streamed one), on the request's loop: a streamed answer
+ * held for its storage may end for the client now. Drops the exchange's
+ * reference. */
+static void exchange_end(void *ctx)
+{
+    struct pipeline_req *r = ctx;
+
+    if (r->streamed)
+        flow_release(&r->flow);
+    atomic_fetch_sub_explicit(&r->pl->late, 1, memory_order_release);
+    pipeline_req_unref(r);
+}
+
 static void on_lease_finished(void *ctx)
 {
     struct pipeline_req *r = ctx;
 
-    if (!r->late) {
+    if (!r->late && !r->streamed) {
         pipeline_finish(r);
         return;
     }
-    atomic_fetch_sub_explicit(&r->pl->late, 1, memory_order_release);
-    pipeline_req_unref(r);
+    /* The store may report on another thread; the flow is the loop's. */
+    if (r->streamed && !loop_on_thread(r->rq->loop)) {
+        r->ended = (struct loop_task){ .fn = exchange_end, .ctx = r };
+        if (loop_post(r->rq->loop, &r->ended) == 0)
+            return; /* else the loop has stopped: nothing else touches the flow */
+    }
+    exchange_end(r);
 }
 
 /* Completes the lock of <r> with <rec> (a reference the lease takes over), or
@@ -138,8 +162,9 @@ static char *resource_link(struct pipeline_req *r, const struct record *rec, str
 
 /* Ends the lock of <r> with the upstream's answer <rec> (borrowed): stored,
  * or released when it is not kept: a status not cached, or <keep> false
- * (the API said no-store). */
-static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool keep)
+ * (the API said no-store). <over>: its body passed --max-response while it
+ * streamed, and was not kept. */
+static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool keep, bool over)
 {
     const struct route_settings *rs = &r->adm.route->settings;
     struct store_link link;
@@ -150,8 +175,8 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
         return;
     }
     record_ensure_date(rec);
-    link_key = resource_link(r, rec, &link);    /* a marker, too, keeps its answer's link */
-    if (rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
+    link_key = resource_link(r, rec, &link);            /* a marker, too, keeps its answer's link */
+    if (over || rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
         lease_end_sealed(r, record_new_too_large(rec->status), link_key ? &link : NULL);
     else
         lease_end_sealed(r, record_ref(rec), link_key ? &link : NULL);
@@ -219,6 +244,20 @@ static void on_overdue(void *ctx)
     struct pipeline_req *r = ctx;
     const struct request *in = r->rq;
 
+    if (r->streamed) {
+        /* Its client has the head and part of the body: that answer is cut
+         * (never taken for whole), and the exchange goes on, copied. */
+        log_warn("upstream %.*s %.*s: its answer stopped for longer than --upstream-timeout "
+                 "after %llu bytes were sent: the client's answer is cut; the exchange goes "
+                 "on for --upstream-late-timeout",
+                 (int)in->method.len, in->method.base,
+                 (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
+                 (unsigned long long)r->flow.taken);
+        r->late = true;
+        r->out.outcome = OUTCOME_UPSTREAM_ERROR; /* what its access line and metrics say */
+        flow_cut(&r->flow);
+        return;
+    }
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     log_info("upstream %.*s %.*s: no answer within --upstream-timeout; answered 504, the exchange "
@@ -252,9 +291,89 @@ static void late_end(struct pipeline_req *r, int err, struct record *rec)
     } else if (err < 0) {
         pipeline_lease_end(r, NULL);
     } else {
-        lease_end_answer(r, rec, take_storage(r, rec));
+        lease_end_answer(r, rec, take_storage(r, rec), false);
     }
     record_unref(rec);
+}
+
+/* The head of an answer whose body is still to come (doc/guarantees.md,
+ * "Streaming"): it goes to the client now, and the body follows through
+ * the flow. A keyed answer is copied into <rec> as it passes, up to the
+ * route's max-response, and its end (the last byte of a known length) is
+ * held from the client until the store has reported: a client that has the
+ * whole answer finds it stored. A request whose client got its 504 already
+ * copies only. On the loop thread. */
+static void on_head(void *ctx, struct record *rec, uint64_t length)
+{
+    struct pipeline_req *r = ctx;
+    struct flow *f = &r->flow;
+    const struct route_settings *rs = &r->adm.route->settings;
+    bool keep = take_storage(r, rec);
+
+    r->streamed = true;
+    r->forwarded = true;
+    if (!r->late)
+        r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    flow_set_length(f, length);
+    if (r->lease)
+        flow_set_to_the_end(f); /* its end decides its key, client or not */
+    flow_write(f, rec->body.data,
+               rec->body.len); /* the bytes read with the head: within the window */
+    r->keep = r->lease && keep && config_is_cacheable(rs, rec->status);
+    if (r->keep) {
+        r->capture = record_ref(rec);
+        flow_set_copy(f, &rec->body, rs->max_response_bytes);
+    } else {
+        buf_done(&rec->body); /* the answer's head only, from here */
+    }
+    if (r->late) { /* the exchange holds its reference since the 504 */
+        flow_cut(f);
+        record_unref(rec);
+        return;
+    }
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); /* the exchange's */
+    atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
+    if (r->lease) {
+        flow_hold(f);
+        pipeline_set_answer(r, rec, OUTCOME_EXECUTED, "false");
+    } else {
+        pipeline_set_answer(r, rec, r->out.outcome, NULL); /* passthrough, or store_error */
+    }
+    r->out.body = f;
+    pipeline_finish(r);
+}
+
+/* A streamed answer's exchange is over: whole (<err> 0) or cut. The client's
+ * body ends so; a keyed one ends its lock as a whole answer would, or
+ * becomes unknown when the request may have run and its answer is not
+ * whole (a reset, or a silence past the late timeout). */
+static void stream_end(struct pipeline_req *r, int err)
+{
+    const struct request *in = r->rq;
+    struct flow *f = &r->flow;
+
+    if (!r->late)
+        r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    if (err < 0 && !f->reader_gone && !f->cut)
+        r->out.outcome = OUTCOME_UPSTREAM_ERROR; /* what its access line and metrics say */
+    if (err < 0 && !f->reader_gone && !f->cut && log_enabled(LOG_LEVEL_WARN))
+        log_warn("upstream %.*s %.*s: its answer was cut after %llu bytes were sent to the "
+                 "client: %s",
+                 (int)in->method.len, in->method.base,
+                 (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
+                 (unsigned long long)f->taken, r->up_why.cause ? r->up_why.cause : strerror(-err));
+    flow_end(f, err == 0);
+    if (!r->lease) { /* passthrough: nothing to end */
+        exchange_end(r);
+        return;
+    }
+    if (err == 0 && r->keep)
+        lease_end_answer(r, r->capture, true, f->copy_over);
+    else if (err == 0 || !upstream_err_maybe_sent(err))
+        pipeline_lease_end(r, NULL);
+    else
+        lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
+                                               : STORE_CAUSE_UPSTREAM_RESET);
 }
 
 static void on_upstream(void *ctx, int err, struct record *rec)
@@ -263,6 +382,10 @@ static void on_upstream(void *ctx, int err, struct record *rec)
     const struct request *in = r->rq;
     bool keep;
 
+    if (r->streamed) {
+        stream_end(r, err);
+        return;
+    }
     if (r->late) {
         late_end(r, err, rec);
         return;
@@ -312,5 +435,5 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         return;
     }
     pipeline_set_answer(r, rec, OUTCOME_EXECUTED, "false");
-    lease_end_answer(r, rec, keep);
+    lease_end_answer(r, rec, keep, false);
 }

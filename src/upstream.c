@@ -9,7 +9,6 @@
 #include "idemproxy/upstream.h"
 
 #include <limits.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +17,13 @@
 #include <curl/curl.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/flow.h"
 #include "idemproxy/http.h"
 #include "idemproxy/list.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/record.h"
+
+#include "upstream_impl.h"
 
 #define UPSTREAM_SCRATCH_LIMIT (1u << 30) /* header lines come from MHD, already bounded */
 #define UPSTREAM_IDLE_HANDLES 256         /* easy handles kept for reuse (~6 KiB each) */
@@ -41,15 +43,26 @@ struct xfer {
     void *ctx;
     int err;               /* why a callback aborted the transfer, or 0 */
     bool in_head;          /* between a status line and the blank line ending its header block */
+    unsigned status;       /* of the last status line */
+    bool head_done;        /* the final answer's header block is in */
+    bool streaming;        /* its head went to req->head: the body goes to req->flow */
+    bool paused;           /* the flow had no room: curl's receiving is paused */
+    bool waking;           /* in up->wakes */
+    bool late;             /* past --upstream-timeout with req->overdue: the late window runs */
     size_t head_bytes;     /* of the final answer's header block, as the client will get it */
     bool may_resend;       /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests;     /* times curl was about to send the request */
     struct list_node node; /* in the submit queue, then in the running list */
-    uint64_t overdue_ms;   /* with req->overdue: when the client's timeout passes */
-    struct list_node overdue_node; /* in up->overdue until then */
-    const char *cause;             /* why it failed, when a callback or the loop knows best */
-    bool refused;                  /* the upstream's TLS refused the handshake: nothing ran */
-    char errbuf[CURL_ERROR_SIZE];  /* curl's words on a failure */
+    /* The watchdog (SPEC's timeouts bound silences): in up->silent, or once
+     * late in up->late, until <deadline_ms> passes with nothing received;
+     * out of both while paused. */
+    uint64_t deadline_ms;
+    struct list_node watch_node;
+    struct list_node fresh_node;  /* in up->fresh: its head came in the current read */
+    struct list_node wake_node;   /* in up->wakes: its flow woke it */
+    const char *cause;            /* why it failed, when a callback or the loop knows best */
+    bool refused;                 /* the upstream's TLS refused the handshake: nothing ran */
+    char errbuf[CURL_ERROR_SIZE]; /* curl's words on a failure */
 };
 
 struct upstream {
@@ -70,15 +83,21 @@ struct upstream {
     /* Loop thread only: */
     struct list running;     /* struct xfer added to <multi> */
     struct loop_timer timer; /* curl's timer */
-    /* Transfers with req->overdue whose client timeout is still to come, in
-     * the order they started, which is the order of their deadlines (one
-     * timeout for all), and the timer of the first. */
-    struct list overdue;
-    struct loop_timer overdue_timer;
+    /* The watchdog: transfers waiting for bytes, in the order of their
+     * deadlines (each list has one timeout for all, and a transfer moves to
+     * its tail whenever bytes come), and the timer of each first. */
+    struct list silent;
+    struct loop_timer silent_timer;
+    struct list late;
+    struct loop_timer late_timer;
     uint64_t late_ms;
-    CURL **idle; /* easy handles kept for reuse, <nidle> of them */
+    struct list fresh;            /* transfers whose head came in the current read */
+    struct list wakes;            /* transfers whose flow woke them, for <wake_timer> */
+    struct loop_timer wake_timer; /* runs them outside the flow's caller */
+    CURL **idle;                  /* easy handles kept for reuse, <nidle> of them */
     size_t nidle;
-    struct buf conn, xff, line, target, method; /* scratch, reused */
+    struct upstream_scratch scratch; /* reused */
+    struct buf target, method;       /* scratch, reused */
 };
 
 /* Frees <x> and what it owns, keeping its easy handle for reuse; the handle
@@ -98,7 +117,9 @@ static void xfer_free(struct xfer *x)
     }
     curl_slist_free_all(x->hdrs);
     record_unref(x->rec);
-    list_remove(&x->overdue_node);
+    list_remove(&x->watch_node);
+    list_remove(&x->fresh_node);
+    list_remove(&x->wake_node);
     free(x);
 }
 
@@ -142,7 +163,11 @@ static void xfer_finish(struct xfer *x, int err)
     void *ctx = x->ctx;
     struct record *rec = NULL;
 
-    if (err == 0) {
+    if (x->streaming)
+        flow_set_writer(x->req->flow, NULL, NULL); /* the flow outlives the transfer */
+    if (err == 0 && x->streaming) {
+        /* the body went to the flow */
+    } else if (err == 0) {
         long code = 0;
 
         if (curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK || code < 100 ||
@@ -266,6 +291,40 @@ static void tell_why(struct xfer *x, int err)
     w->more = x->errbuf[0] ? strdup(x->errbuf) : NULL; /* none on OOM: the cause is enough */
 }
 
+/* Bytes came for <x> (or it starts, or resumes): its silence is measured
+ * from now, against --upstream-timeout, or once late against
+ * --upstream-late-timeout. Its list stays in deadline order: every entry of
+ * it got the same timeout, each later than the one before. */
+static void watch_touch(struct xfer *x)
+{
+    struct upstream *up = x->up;
+    struct list *l = x->late ? &up->late : &up->silent;
+    struct loop_timer *t = x->late ? &up->late_timer : &up->silent_timer;
+
+    list_remove(&x->watch_node);
+    x->deadline_ms = now_ms() + (x->late ? up->late_ms : up->timeout_ms);
+    if (list_is_empty(l) || t->due_ms > x->deadline_ms)
+        t->due_ms = x->deadline_ms;
+    list_append(l, &x->watch_node);
+}
+
+/* What a silence past its timeout means for <x>, in words. */
+static const char *timeout_cause(struct xfer *x)
+{
+    curl_off_t connected = 0;
+
+    if (x->streaming)
+        return x->late ? "the upstream's answer stopped for longer than --upstream-late-timeout"
+                       : "the upstream's answer stopped for longer than --upstream-timeout";
+    if (xfer_wrote(x))
+        return x->late ? "no answer from the upstream within --upstream-late-timeout either"
+                       : "no answer from the upstream within --upstream-timeout";
+    (void)curl_easy_getinfo(x->easy, CURLINFO_CONNECT_TIME_T, &connected);
+    return connected == 0 ? "no connection to the upstream within --upstream-timeout"
+                          : "the TLS handshake with the upstream did not finish within "
+                            "--upstream-timeout";
+}
+
 /* One raw response header line. A status line starts a new response: the
  * headers of an interim 1xx answer must not reach the record. Lines after the
  * final header block are trailers, dropped. */
@@ -276,6 +335,8 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     struct span name, value;
     int r;
 
+    if (!x->late)
+        watch_touch(x);
     if (len > 0 && data[len - 1] == '\n') {
         len--;
         if (len > 0 && data[len - 1] == '\r')
@@ -298,9 +359,17 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
         }
         x->in_head = true;
         x->head_bytes = 0;
+        x->status = status;
         return total;
     }
     if (len == 0) {
+        /* The final answer's head is in (not an interim 1xx one): with a
+         * streamed answer it goes out once this read is over, unless the
+         * whole answer came with it. */
+        if (x->in_head && x->status >= 200 && !x->head_done && x->req->head) {
+            x->head_done = true;
+            list_append(&x->up->fresh, &x->fresh_node);
+        }
         x->in_head = false;
         return total;
     }
@@ -334,6 +403,27 @@ static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
     curl_off_t expect = -1;
     int r;
 
+    if (x->streaming) {
+        struct flow *f = x->req->flow;
+
+        if (!flow_wants_bytes(f)) {
+            x->cause = "the client went away";
+            x->err = -ECANCELED;
+            return 0; /* nobody reads and nothing is kept: the upstream's connection is closed */
+        }
+        if (size * n > 0 && flow_write(f, data, size * n) == 0) {
+            /* The client reads slower than the upstream sends: curl keeps
+             * these bytes and stops reading until the flow has room. */
+            list_remove(&x->watch_node);
+            x->paused = true;
+            return CURL_WRITEFUNC_PAUSE;
+        }
+        if (!x->late)
+            watch_touch(x);
+        return size * n;
+    }
+    if (!x->late)
+        watch_touch(x);
     /* A body of announced length gets its whole buffer at once: no realloc
      * while it arrives, and a stored record holds no spare capacity. */
     if (x->rec->body.cap == 0 &&
@@ -371,249 +461,12 @@ static int prereq_cb(void *userdata, char *primary_ip, char *local_ip, int prima
     return CURL_PREREQFUNC_OK;
 }
 
-/* Appends "<name>: <value>", or "<name>;" for an empty value (curl's syntax:
- * "<name>:" would remove the header instead). <scratch> is reused. */
-static int add_line(struct curl_slist **list, struct buf *scratch, struct span name,
-                    struct span value)
-{
-    struct curl_slist *l;
-
-    scratch->len = 0;
-    if (buf_append(scratch, name.base, name.len) < 0 ||
-        (value.len ? buf_append(scratch, ": ", 2) : buf_append(scratch, ";", 1)) < 0 ||
-        buf_append(scratch, value.base, value.len) < 0 || buf_append(scratch, "", 1) < 0)
-        return -ENOMEM;
-    l = curl_slist_append(*list, scratch->data);
-    if (!l)
-        return -ENOMEM;
-    *list = l;
-    return 0;
-}
-
-/* Appends a raw line such as "Expect:" that tells curl to leave a header out. */
-static int add_raw(struct curl_slist **list, const char *line)
-{
-    struct curl_slist *l = curl_slist_append(*list, line);
-
-    if (!l)
-        return -ENOMEM;
-    *list = l;
-    return 0;
-}
-
-/* Appends <s> to <b>, after ", " unless <b> is empty. */
-static int join(struct buf *b, struct span s)
-{
-    if (b->len > 0 && buf_append(b, ", ", 2) < 0)
-        return -ENOMEM;
-    return buf_append(b, s.base, s.len) < 0 ? -ENOMEM : 0;
-}
-
-/* Builds in <ret> the header list sent to the upstream (see upstream_submit()). */
-static int build_headers(struct upstream *up, const struct upstream_request *req,
-                         struct curl_slist **ret)
-{
-    static const struct span h_connection = SPAN_LIT("Connection"), h_expect = SPAN_LIT("Expect"),
-                             h_xff = SPAN_LIT("X-Forwarded-For"),
-                             h_xfp = SPAN_LIT("X-Forwarded-Proto"),
-                             h_xfh = SPAN_LIT("X-Forwarded-Host"), h_host = SPAN_LIT("Host"),
-                             h_accept = SPAN_LIT("Accept"), h_ctype = SPAN_LIT("Content-Type");
-    struct buf *conn = &up->conn, *xff = &up->xff, *line = &up->line;
-    struct curl_slist *list = NULL;
-    const struct span *host = req->host.base ? &req->host : NULL;
-    bool has_accept = false, has_ctype = false;
-    int r = -ENOMEM;
-
-    conn->len = xff->len = 0;
-    /* Every Connection header counts, as if they were one comma-separated list. */
-    for (size_t i = 0; i < req->nheaders; i++) {
-        if (span_eq_nocase(req->headers[i].name, h_connection) &&
-            join(conn, req->headers[i].value) < 0)
-            goto out;
-    }
-    if (buf_append(conn, "", 1) < 0)
-        goto out;
-
-    for (size_t i = 0; i < req->nheaders; i++) {
-        const struct http_header *h = &req->headers[i];
-
-        if (http_is_hop_by_hop(h->name) || http_is_connection_listed(conn->data, h->name) ||
-            span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
-            span_eq_nocase(h->name, h_xfh) ||
-            (req->id_header.len > 0 && span_eq_nocase(h->name, req->id_header)))
-            continue;
-        if (span_eq_nocase(h->name, h_xff)) {
-            if (h->value.len > 0 && join(xff, h->value) < 0)
-                goto out;
-            continue; /* one merged X-Forwarded-For goes out below */
-        }
-        if (span_eq_nocase(h->name, h_host)) {
-            if (req->host.base)
-                continue; /* replaced by the absolute-form target's authority, below */
-            host = &h->value;
-        }
-        has_accept = has_accept || span_eq_nocase(h->name, h_accept);
-        has_ctype = has_ctype || span_eq_nocase(h->name, h_ctype);
-        if (add_line(&list, line, h->name, h->value) < 0)
-            goto out;
-    }
-
-    /* Keep curl from inventing headers the client did not send. */
-    if (req->host.base && add_line(&list, line, h_host, req->host) < 0)
-        goto out;
-    if ((!has_accept && add_raw(&list, "Accept:") < 0) ||
-        (!has_ctype && add_raw(&list, "Content-Type:") < 0) || add_raw(&list, "Expect:") < 0)
-        goto out;
-
-    if (req->client_ip && join(xff, span_from_cstr(req->client_ip)) < 0)
-        goto out;
-    if (xff->len > 0 && add_line(&list, line, h_xff, buf_span(xff)) < 0)
-        goto out;
-    if (add_line(&list, line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
-        goto out;
-    if (host && add_line(&list, line, h_xfh, *host) < 0)
-        goto out;
-    if (req->id_header.len > 0 && add_line(&list, line, req->id_header, req->id) < 0)
-        goto out;
-
-    *ret = list;
-    list = NULL;
-    r = 0;
-out:
-    curl_slist_free_all(list);
-    return r;
-}
-
-static bool span_is(struct span s, const char *lit)
-{
-    size_t n = strlen(lit);
-
-    return s.len == n && memcmp(s.base, lit, n) == 0; /* methods are case-sensitive */
-}
-
-int upstream_base_parse(const char *url, struct upstream_base *ret)
-{
-    static const CURLUPart gone[] = { CURLUPART_USER, CURLUPART_PASSWORD, CURLUPART_OPTIONS,
-                                      CURLUPART_QUERY, CURLUPART_FRAGMENT };
-    CURLU *u = curl_url();
-    char *scheme = NULL, *path = NULL, *origin = NULL, *prefix = NULL, *part;
-    const char *authority;
-    size_t len;
-    int r = -EINVAL;
-
-    if (!u)
-        return -ENOMEM;
-    /* libcurl reads "http:///api" as the host "api": an authority must be there. */
-    authority = url ? strstr(url, "://") : NULL;
-    if (!authority || strchr("/:?#", authority[3]))
-        goto out;
-    if (curl_url_set(u, CURLUPART_URL, url, CURLU_PATH_AS_IS) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-        (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0))
-        goto out;
-    for (size_t i = 0; i < ARRAY_SIZE(gone); i++) {
-        part = NULL;
-        if (curl_url_get(u, gone[i], &part, 0) == CURLUE_OK) {
-            curl_free(part);
-            goto out; /* user info, query or fragment: no place in an upstream */
-        }
-    }
-    if (curl_url_get(u, CURLUPART_HOST, &part, 0) != CURLUE_OK)
-        goto out;
-    curl_free(part);
-    if (curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
-        goto out;
-    r = -ENOMEM;
-    if (curl_url_set(u, CURLUPART_PATH, "/", 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_URL, &part, 0) != CURLUE_OK)
-        goto out;
-    origin = strdup(part);
-    curl_free(part);
-    len = strlen(path);
-    while (len > 0 && path[len - 1] == '/')
-        len--; /* the target brings its own '/' */
-    prefix = strndup(path, len);
-    if (!origin || !prefix)
-        goto out;
-    *ret = (struct upstream_base){ .origin = origin, .prefix = prefix };
-    origin = prefix = NULL;
-    r = 0;
-out:
-    free(origin);
-    free(prefix);
-    curl_free(scheme);
-    curl_free(path);
-    curl_url_cleanup(u);
-    return r;
-}
-
-int upstream_base_resolve(const char *url, char *why, size_t why_len)
-{
-    CURLU *u = curl_url();
-    char *host = NULL;
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
-    size_t len;
-    int r = -ENOMEM, g;
-
-    if (!u)
-        return -ENOMEM;
-    if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK)
-        goto out;
-    len = strlen(host);
-    if (len >= 2 && host[0] == '[') { /* an IPv6 address: no lookup to speak of */
-        r = 0;
-        goto out;
-    }
-    g = getaddrinfo(host, NULL, &hints, &res);
-    r = g == 0 ? 0 : -ENOENT;
-    if (g != 0)
-        snprintf(why, why_len, "the host %s does not resolve now (%s)", host, gai_strerror(g));
-out:
-    if (res)
-        freeaddrinfo(res);
-    curl_free(host);
-    curl_url_cleanup(u);
-    return r;
-}
-
-void upstream_base_done(struct upstream_base *b)
-{
-    if (!b)
-        return;
-    free(b->origin);
-    free(b->prefix);
-    b->origin = b->prefix = NULL;
-}
-
-int upstream_request_target(struct span prefix, struct span target, struct buf *out)
-{
-    size_t start = out->len;
-    bool asterisk = target.len == 1 && target.base[0] == '*';
-    int r;
-
-    if (!asterisk && !http_is_origin_form(target))
-        return -EINVAL;
-    if (asterisk && prefix.len > 0)
-        target = (struct span){ .base = "", .len = 0 };
-    r = buf_append(out, prefix.base, prefix.len);
-    if (r == 0)
-        r = buf_append(out, target.base, target.len);
-    if (r == 0)
-        r = buf_append(out, "", 1);
-    if (r < 0)
-        out->len = start;
-    return r;
-}
-
 /* Sets every option of <x>'s easy handle for <req>. */
 static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
 {
     CURL *e = x->easy;
     struct buf *target = &up->target, *method = &up->method;
     CURLcode cc = CURLE_OK;
-    uint64_t total = up->timeout_ms + (req->overdue ? up->late_ms : 0);
-    long timeout = total > LONG_MAX ? LONG_MAX : (long)total;
     long connect = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
     int r;
 
@@ -644,7 +497,8 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     SET(CURLOPT_HTTP_CONTENT_DECODING, 0L); /* the body goes back byte for byte */
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
     SET(CURLOPT_BUFFERSIZE, (long)UPSTREAM_RECV_BUFFER);
-    SET(CURLOPT_TIMEOUT_MS, timeout);
+    /* No CURLOPT_TIMEOUT_MS: --upstream-timeout bounds each silence, not the
+     * exchange (the watchdog: watch_touch()). */
     SET(CURLOPT_CONNECTTIMEOUT_MS, connect);
     SET(CURLOPT_HTTPHEADER, x->hdrs);
     SET(CURLOPT_HEADERFUNCTION, header_cb);
@@ -667,14 +521,14 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     if (up->connect_to)
         SET(CURLOPT_CONNECT_TO, up->connect_to);
 
-    if (span_is(req->method, "HEAD")) {
+    if (upstream_method_is(req->method, "HEAD")) {
         SET(CURLOPT_NOBODY, 1L);
-    } else if (span_is(req->method, "GET") && req->body.len == 0) {
+    } else if (upstream_method_is(req->method, "GET") && req->body.len == 0) {
         SET(CURLOPT_HTTPGET, 1L);
     } else {
         SET(CURLOPT_CUSTOMREQUEST, method->data);
-        if (req->body.len > 0 || span_is(req->method, "POST") || span_is(req->method, "PUT") ||
-            span_is(req->method, "PATCH")) {
+        if (req->body.len > 0 || upstream_method_is(req->method, "POST") ||
+            upstream_method_is(req->method, "PUT") || upstream_method_is(req->method, "PATCH")) {
             /* Borrowed, not copied: the request outlives the transfer. An
              * empty body still sends Content-Length: 0. */
             SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
@@ -682,8 +536,9 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
         }
     }
 #undef SET
-    x->may_resend = span_is(req->method, "GET") || span_is(req->method, "HEAD") ||
-                    span_is(req->method, "OPTIONS") || span_is(req->method, "TRACE");
+    x->may_resend =
+        upstream_method_is(req->method, "GET") || upstream_method_is(req->method, "HEAD") ||
+        upstream_method_is(req->method, "OPTIONS") || upstream_method_is(req->method, "TRACE");
     return cc == CURLE_OK ? 0 : -ENOMEM; /* curl copied the strings */
 }
 
@@ -744,47 +599,141 @@ static int xfer_start(struct upstream *up, struct xfer *x)
     x->rec = record_new(up->max_capture_bytes);
     if (!x->easy || !x->rec)
         return -ENOMEM;
-    r = build_headers(up, x->req, &x->hdrs);
+    r = upstream_build_headers(x->req, &up->scratch, &x->hdrs);
     if (r == 0)
         r = setup_easy(up, x, x->req);
     if (r == 0 && curl_multi_add_handle(up->multi, x->easy) != CURLM_OK)
         r = -ENOMEM;
-    if (r == 0 && x->req->overdue && up->late_ms > 0) {
-        x->overdue_ms = now_ms() + up->timeout_ms;
-        if (list_is_empty(&up->overdue))
-            up->overdue_timer.due_ms = x->overdue_ms;
-        list_append(&up->overdue, &x->overdue_node);
-    }
+    if (r == 0)
+        watch_touch(x);
     return r;
 }
 
-/* The client timeout of the first transfers with overdue has passed: each
- * is told, and goes on. */
-static void on_overdue(void *ctx)
+/* Ends <x> for a silence past its timeout: what it says is <cause>. */
+static void time_out(struct upstream *up, struct xfer *x)
 {
-    struct upstream *up = ctx;
+    x->cause = timeout_cause(x);
+    (void)curl_multi_remove_handle(up->multi, x->easy);
+    list_remove(&x->node);
+    xfer_finish(x, -ETIMEDOUT);
+}
+
+/* The first entries of <l> whose deadline has passed, taken off it one by
+ * one for <fn>; <t> re-armed for the next. */
+static void watch_expire(struct upstream *up, struct list *l, struct loop_timer *t,
+                         void (*fn)(struct upstream *up, struct xfer *x))
+{
     uint64_t now = now_ms();
     struct list_node *n;
 
-    while ((n = list_first(&up->overdue))) {
-        struct xfer *x = list_entry(n, struct xfer, overdue_node);
+    while ((n = list_first(l))) {
+        struct xfer *x = list_entry(n, struct xfer, watch_node);
 
-        if (x->overdue_ms > now) {
-            up->overdue_timer.due_ms = x->overdue_ms;
+        if (x->deadline_ms > now) {
+            t->due_ms = x->deadline_ms;
             return;
         }
         list_remove(n);
-        if (!xfer_wrote(x)) {
-            /* Not sent yet (still connecting, or waiting for a connection):
-             * nothing can come late, so it ends here, released. */
+        fn(up, x);
+    }
+    t->due_ms = UINT64_MAX;
+}
+
+/* --upstream-timeout passed with nothing received. A request not sent yet
+ * (still connecting, or waiting for a connection) ends here: nothing can
+ * come late. One with req->overdue goes on, late; the others end. */
+static void silent_one(struct upstream *up, struct xfer *x)
+{
+    if (!xfer_wrote(x) || !x->req->overdue || up->late_ms == 0) {
+        time_out(up, x);
+        return;
+    }
+    x->late = true;
+    watch_touch(x);
+    x->req->overdue(x->ctx);
+}
+
+static void on_silent(void *ctx)
+{
+    struct upstream *up = ctx;
+
+    watch_expire(up, &up->silent, &up->silent_timer, silent_one);
+}
+
+static void on_late(void *ctx)
+{
+    struct upstream *up = ctx;
+
+    watch_expire(up, &up->late, &up->late_timer, time_out);
+}
+
+/* The flow of <x> woke it (loop thread, inside the flow's caller): it is
+ * run from the wake timer, outside. */
+static void on_flow_wake(void *ctx)
+{
+    struct xfer *x = ctx;
+    struct upstream *up = x->up;
+
+    if (x->waking)
+        return;
+    x->waking = true;
+    list_append(&up->wakes, &x->wake_node);
+    up->wake_timer.due_ms = 0;
+}
+
+/* Hands the heads that came in the last read to their requests: those
+ * transfers still run, so their answers stream (the others got their whole
+ * answer through <done> already). Runs after every curl call that may read. */
+static void tell_heads(struct upstream *up)
+{
+    struct list_node *n;
+
+    while ((n = list_first(&up->fresh))) {
+        struct xfer *x = list_entry(n, struct xfer, fresh_node);
+        curl_off_t length = -1;
+        struct record *rec = x->rec;
+
+        list_remove(n);
+        (void)curl_easy_getinfo(x->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+        x->rec = NULL;
+        rec->status = x->status;
+        record_filter_hop_by_hop(rec);
+        x->streaming = true;
+        flow_set_writer(x->req->flow, on_flow_wake, x);
+        x->req->head(x->ctx, rec, length >= 0 ? (uint64_t)length : FLOW_LENGTH_UNKNOWN);
+    }
+}
+
+static void drain_done(struct upstream *up);
+
+/* The transfers whose flow woke them: a paused one resumes once its flow
+ * has room; one whose flow wants no more bytes (the client is gone, nothing
+ * is kept) ends, and its connection with it. */
+static void on_wakes(void *ctx)
+{
+    struct upstream *up = ctx;
+    struct list_node *n;
+
+    up->wake_timer.due_ms = UINT64_MAX;
+    while ((n = list_first(&up->wakes))) {
+        struct xfer *x = list_entry(n, struct xfer, wake_node);
+
+        list_remove(n);
+        x->waking = false;
+        if (!flow_wants_bytes(x->req->flow)) {
+            x->cause = "the client went away";
             (void)curl_multi_remove_handle(up->multi, x->easy);
             list_remove(&x->node);
-            xfer_finish(x, -ETIMEDOUT);
-            continue;
+            xfer_finish(x, -ECANCELED);
+        } else if (x->paused) {
+            x->paused = false;
+            if (!x->late)
+                watch_touch(x);
+            (void)curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may write at once */
         }
-        x->req->overdue(x->ctx);
     }
-    up->overdue_timer.due_ms = UINT64_MAX;
+    drain_done(up);
+    tell_heads(up);
 }
 
 /* Reports every transfer curl has finished. */
@@ -854,6 +803,7 @@ static void on_sock_events(void *ctx, uint32_t events)
         flags |= CURL_CSELECT_ERR;
     (void)curl_multi_socket_action(up->multi, sk->watch.fd, flags, &still); /* may free <sk> */
     drain_done(up);
+    tell_heads(up);
 }
 
 /* curl's socket callback: keeps the loop's epoll set in step with the sockets
@@ -904,6 +854,7 @@ static void on_timer_due(void *ctx)
 
     (void)curl_multi_socket_action(up->multi, CURL_SOCKET_TIMEOUT, 0, &still);
     drain_done(up);
+    tell_heads(up);
 }
 
 /* Ends every transfer with -ECANCELED and lets the sockets go; refuses new
@@ -930,7 +881,9 @@ static void teardown(void *ctx)
     curl_multi_cleanup(up->multi); /* its sockets leave the loop */
     up->multi = NULL;
     loop_timer_del(up->loop, &up->timer);
-    loop_timer_del(up->loop, &up->overdue_timer);
+    loop_timer_del(up->loop, &up->silent_timer);
+    loop_timer_del(up->loop, &up->late_timer);
+    loop_timer_del(up->loop, &up->wake_timer);
 }
 
 static void nothing(void *ctx) { (void)ctx; }
@@ -991,10 +944,16 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     list_init(&up->queue);
     up->drain = (struct loop_task){ .fn = on_drain, .ctx = up };
     up->timer = (struct loop_timer){ .fn = on_timer_due, .ctx = up, .due_ms = UINT64_MAX };
-    up->overdue_timer = (struct loop_timer){ .fn = on_overdue, .ctx = up, .due_ms = UINT64_MAX };
-    list_init(&up->overdue);
+    up->silent_timer = (struct loop_timer){ .fn = on_silent, .ctx = up, .due_ms = UINT64_MAX };
+    up->late_timer = (struct loop_timer){ .fn = on_late, .ctx = up, .due_ms = UINT64_MAX };
+    up->wake_timer = (struct loop_timer){ .fn = on_wakes, .ctx = up, .due_ms = UINT64_MAX };
+    list_init(&up->silent);
+    list_init(&up->late);
+    list_init(&up->fresh);
+    list_init(&up->wakes);
     up->late_ms = opt->late_ms;
-    up->conn = up->xff = up->line = up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    up->scratch.conn = up->scratch.xff = up->scratch.line = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
+    up->target = up->method = BUF_INIT(UPSTREAM_SCRATCH_LIMIT);
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->timeout_ms = opt->timeout_ms;
     up->max_capture_bytes = opt->max_capture_bytes;
@@ -1021,7 +980,11 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
     }
     r = loop_timer_add(loop, &up->timer);
     if (r == 0)
-        r = loop_timer_add(loop, &up->overdue_timer);
+        r = loop_timer_add(loop, &up->silent_timer);
+    if (r == 0)
+        r = loop_timer_add(loop, &up->late_timer);
+    if (r == 0)
+        r = loop_timer_add(loop, &up->wake_timer);
     if (r < 0)
         goto fail;
     *ret = up;
@@ -1049,9 +1012,9 @@ void upstream_free(struct upstream *up)
     while (up->nidle > 0)
         curl_easy_cleanup(up->idle[--up->nidle]);
     free(up->idle);
-    buf_done(&up->conn);
-    buf_done(&up->xff);
-    buf_done(&up->line);
+    buf_done(&up->scratch.conn);
+    buf_done(&up->scratch.xff);
+    buf_done(&up->scratch.line);
     buf_done(&up->target);
     buf_done(&up->method);
     pthread_mutex_destroy(&up->lock);

@@ -100,6 +100,11 @@ void metrics_process_started(void);
  * (an enum store_cause: SPEC §9). */
 void metrics_unknown_outcome(unsigned route_id, unsigned cause);
 
+/* Counts <bytes> of a streamed body of route <route_id> (doc/guarantees.md,
+ * "Streaming"): <up> from the client to the upstream, else from the
+ * upstream to the client. */
+void metrics_streamed(unsigned route_id, bool up, uint64_t bytes);
+
 /* Records one store call of kind <op> that took <us>. */
 void metrics_store_call(enum metrics_store_op op, uint64_t us);
 

@@ -12,6 +12,7 @@
 #include "idemproxy/upstream.h"
 
 struct config;
+struct flow;
 struct loop;
 struct pipeline;
 struct pipeline_req;
@@ -33,6 +34,12 @@ struct pipeline_answer {
     const char *id_header;
     const char *id;
     enum outcome outcome;
+    /* A streamed answer's body (flow.h; doc/guarantees.md, "Streaming"):
+     * <rec> gives the status and headers only, and the body is read from
+     * here with flow_read() until FLOW_END or FLOW_CUT, the front end being
+     * its reader (flow_set_reader()); its announced length is body->length.
+     * Valid until pipeline_req_free(). NULL: the body is <rec>'s. */
+    struct flow *body;
 };
 
 /* How the answer comes out, the one way it does: runs exactly once per
@@ -83,8 +90,11 @@ void pipeline_body(struct pipeline_req *r, const char *p, size_t n);
  * was already decided, in which case it does nothing. */
 void pipeline_end(struct pipeline_req *r);
 
-/* The front end is done with <r> (answered, or the client is gone). Must
- * not be called between pipeline_end() and the answer. NULL-safe. */
+/* The front end is done with <r> (answered, or the client is gone): a
+ * streamed answer's body has no reader from now (a passthrough exchange is
+ * ended upstream, a keyed one goes on and is stored), and its access line
+ * is written with the bytes the client took. Must not be called between
+ * pipeline_end() and the answer. NULL-safe. */
 void pipeline_req_free(struct pipeline_req *r);
 
 /* Makes <t> (a reference is taken) the routes of the requests that begin

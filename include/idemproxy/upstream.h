@@ -9,6 +9,7 @@
 #include "idemproxy/http.h"
 
 struct buf;
+struct flow;
 struct loop;
 struct record;
 struct upstream;
@@ -49,11 +50,27 @@ struct upstream_request {
      * replaced by one carrying <id>. <id_header> empty: none. */
     struct span id_header;
     struct span id;
-    /* Optional: makes the exchange go on past the timeout, for the late
-     * timeout (upstream_options), and runs once, on the loop thread, when the
-     * timeout passes while it does: the caller answers its client then,
-     * and the callback still runs once at the exchange's end (SPEC §9). */
+    /* Optional: makes the exchange go on past a silence of the timeout, for
+     * the late timeout (upstream_options), and runs once, on the loop
+     * thread, when such a silence passes after the request was sent: the
+     * caller answers its client then (or cuts its streamed answer), and the
+     * callback still runs once at the exchange's end (doc/guarantees.md). */
     void (*overdue)(void *ctx);
+    /* Optional: the answer streams (doc/guarantees.md, "Streaming"). When
+     * its body does not come whole in the read that completed its head,
+     * <head> runs once, on the loop thread, with the head in <rec> (a
+     * reference passed over: status, headers as for upstream_done_fn, and
+     * the body bytes read so far) and the announced body length in
+     * <length> (FLOW_LENGTH_UNKNOWN: none). The rest of the body is written
+     * to <flow> (borrowed until the callback has run), paused while it has
+     * no room, and ended when nobody reads it any more and nothing is
+     * copied (the client is gone). The callback then runs with <rec> NULL:
+     * <err> 0 for a whole body, or negative when it was cut (as below;
+     * -ETIMEDOUT for a silence past the timeout). Without <head>, or when
+     * the body came whole with its head, the callback gets the whole
+     * answer. */
+    void (*head)(void *ctx, struct record *rec, uint64_t length);
+    struct flow *flow;
     struct upstream_why *why; /* optional: filled when the exchange fails */
 };
 
@@ -84,8 +101,8 @@ static inline bool upstream_err_maybe_sent(int err)
 
 struct upstream_options {
     const char *base_url;     /* scheme://host[:port][/prefix], no trailing '/' */
-    uint64_t timeout_ms;      /* bounds the whole exchange as the client sees it */
-    uint64_t late_ms;         /* how much longer an exchange with overdue goes on */
+    uint64_t timeout_ms;      /* bounds the wait for the answer's head and each silence after */
+    uint64_t late_ms;         /* how much longer an exchange with overdue may stay silent */
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
     unsigned max_connections; /* kept-alive connections to the upstream */
     /* https:// (SPEC §11), borrowed: they must outlive the client. */

@@ -66,6 +66,9 @@ DRAFT = "draft-ietf-httpapi-idempotency-key-header"
 REPLAY = "X-Idempotency-Replayed"
 ON_CLUSTER = os.environ.get("IDEMPROXY_TEST_REDIS_KIND", "server") == "cluster"
 ON_PG = os.environ.get("IDEMPROXY_TEST_STORE") == "postgresql"
+# scripts/test's sanitizer passes: the tests that move hundreds of MiB (heavy) run
+# once, in the plain build.
+SANITIZED = os.environ.get("IDEMPROXY_TEST_SANITIZED") == "1"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -736,6 +739,12 @@ def single_redis_server(fn):
     return pytest.mark.single_redis_server(fn)
 
 
+def heavy(fn):
+    """The test moves hundreds of MiB: it runs in the plain build only, not in
+    scripts/test's sanitizer passes (IDEMPROXY_TEST_SANITIZED=1)."""
+    return pytest.mark.heavy(fn)
+
+
 def store_independent(fn):
     """The test does not depend on the store: it runs once, on the memory store
     (the default store)."""
@@ -747,6 +756,7 @@ def pytest_configure(config):
                             "memory store, because it does not depend on the store")
     config.addinivalue_line("markers", "single_redis_server: the test needs the suite's Redis "
                             "to be one server; it does not run on a cluster")
+    config.addinivalue_line("markers", "heavy: the test moves hundreds of MiB: plain build only")
     config.addinivalue_line("markers", "concurrency: the test exercises threads racing (duplicates, "
                             "--wait, reload, heartbeats, failover): scripts/test runs it under "
                             "ThreadSanitizer too")
@@ -777,6 +787,11 @@ def pytest_collection_modifyitems(config, items):
                         "(or mark it @store_independent)" % item.nodeid)
     if bad:
         raise pytest.UsageError("\n".join(sorted(bad)))
+    if SANITIZED:
+        drop = [i for i in items if i.get_closest_marker("heavy")]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = [i for i in items if i not in drop]
     if ON_PG:
         # The PostgreSQL pass: the tests of the "postgresql" store only.
         keep = [i for i in items if getattr(i, "callspec", None) is not None

@@ -28,6 +28,16 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
                         (BAD_STATUS[K]: a status line curl must refuse, or
                         bytes that are not HTTP at all), then closes
   /bad-chunked          200 chunked, then a chunk size that is not hex, then closes
+  /stream?n=N&size=S&ms=M&length=1&status=C&reset=K&stall=MS&id=NAME
+                        C (200) streaming N pieces of S bytes (big_body), M ms
+                        apart; with length=1 announced by Content-Length, else
+                        chunked (each piece a chunk); reset=K: an RST after K
+                        pieces; stall=MS: a silence of MS before the last piece.
+                        A write that fails (the proxy closed the connection) is
+                        noted: stream_closed(NAME) says when (time.monotonic())
+  /sse?n=N&ms=M&id=NAME text/event-stream, chunked: N events M ms apart, each
+                        "id: i\ndata: event i of NAME\n\n" written when due;
+                        sent_at(NAME) lists when each went out
   anything else         200 JSON {"unknown": path}
 
 Every fault endpoint counts as a hit like the others (the request did arrive).
@@ -228,6 +238,10 @@ class _Handler(QuietHandler):
             self._raw_then_close(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                                  b"Transfer-Encoding: chunked\r\n\r\n"
                                  b"5\r\nhello\r\nzz\r\nnot a chunk\r\n0\r\n\r\n")
+        elif path == "/stream":
+            self._stream(query)
+        elif path == "/sse":
+            self._sse(query)
         elif path == "/connection-header":
             self._json(200, {"seq": seq}, seq, extra=[
                 ("Connection", "close, X-Private"),
@@ -239,6 +253,64 @@ class _Handler(QuietHandler):
         else:
             self._json(200, {"seq": seq, "unknown": path, "target": self.path,
                              "method": self.command}, seq)
+
+    def _stream(self, query):
+        q = {k: v[0] for k, v in query.items()}
+        n, size, ms = int(q.get("n", "4")), int(q.get("size", "1024")), int(q.get("ms", "0"))
+        length, name = q.get("length") == "1", q.get("id", "")
+        reset, stall = int(q.get("reset", "-1")), int(q.get("stall", "0"))
+        piece = big_body(size)
+        self.send_response_only(int(q.get("status", "200")))
+        self.send_header("Content-Type", "application/octet-stream")
+        if length:
+            self.send_header("Content-Length", str(n * size))
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            self.wfile.flush()
+            for i in range(n):
+                if i == reset:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if ms and i:
+                    time.sleep(ms / 1000.0)
+                if stall and i == n - 1:
+                    time.sleep(stall / 1000.0)
+                self.wfile.write(piece if length else b"%x\r\n%s\r\n" % (size, piece))
+                self.wfile.flush()
+            if not length:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:
+            self.server.note_closed(name)
+            self.close_connection = True
+
+    def _sse(self, query):
+        q = {k: v[0] for k, v in query.items()}
+        n, ms, name = int(q.get("n", "5")), int(q.get("ms", "500")), q.get("id", "")
+        self.send_response_only(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            self.wfile.flush()
+            for i in range(n):
+                if i:
+                    time.sleep(ms / 1000.0)
+                ev = b"id: %d\ndata: event %d of %s\n\n" % (i, i, name.encode())
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                self.wfile.flush()
+                self.server.note_sent(name)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.server.note_closed(name)
+            self.close_connection = True
 
     def _raw_then_close(self, data):
         """Writes raw bytes (no framing of ours), then closes with a FIN."""
@@ -273,6 +345,24 @@ class FakeUpstream(ThreadingHTTPServer):
         self._conns = set()
         self.connections = 0  # accepted connections, to check keep-alive reuse
         self._holds = {}  # /hold id -> threading.Event
+        self._closed = {}  # /stream, /sse id -> when a write found the connection closed
+        self._sent = {}  # /sse id -> when each event went out
+
+    def note_closed(self, name):
+        with self._lock:
+            self._closed.setdefault(name, time.monotonic())
+
+    def stream_closed(self, name):
+        with self._lock:
+            return self._closed.get(name)
+
+    def note_sent(self, name):
+        with self._lock:
+            self._sent.setdefault(name, []).append(time.monotonic())
+
+    def sent_at(self, name):
+        with self._lock:
+            return list(self._sent.get(name, []))
 
     def process_request(self, request, client_address):
         with self._lock:

@@ -1,0 +1,323 @@
+"""Streaming (doc/guarantees.md, "Streaming"): answers go to the client as
+they come, with backpressure; passthrough answers are never captured; keyed
+answers are copied as they pass and replayed byte for byte; an answer cut
+upstream is visibly cut; a client gone mid-stream ends a passthrough
+exchange upstream and leaves a keyed one to be stored."""
+import hashlib
+import http.client
+import os
+import socket
+import time
+
+import pytest
+
+from conftest import (REPLAY, assert_problem, heavy, hone, in_thread, metrics_value, new_key,
+                      shared_store, store_independent, wait_for)
+from fake_upstream import big_body
+
+pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+
+
+def open_stream(p, method, target, headers=(), body=None, timeout=15.0):
+    """Sends one request on a fresh connection and returns (connection,
+    response) once the answer's head is in."""
+    c = http.client.HTTPConnection("127.0.0.1", p.port, timeout=timeout)
+    c.request(method, target, body=body, headers=dict(headers))
+    return c, c.getresponse()
+
+
+def read_events(r, n):
+    """Reads <n> server-sent events from the streamed answer <r>: a list of
+    (monotonic time it was complete, its bytes)."""
+    out, pending = [], b""
+    while len(out) < n:
+        data = r.read1(65536)
+        if not data:
+            break
+        pending += data
+        while b"\n\n" in pending:
+            ev, pending = pending.split(b"\n\n", 1)
+            out.append((time.monotonic(), ev + b"\n\n"))
+    return out
+
+
+def vm_kib(p, field):
+    with open("/proc/%d/status" % p.proc.pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, p.proc.pid))
+
+
+def stream_digest(n, size):
+    """What /stream?n=N&size=S sends: its length and SHA-256."""
+    h, piece = hashlib.sha256(), big_body(size)
+    for _ in range(n):
+        h.update(piece)
+    return n * size, h.hexdigest()
+
+
+def read_all(r, pace=None):
+    """Reads the whole body of <r>: its length and SHA-256; <pace> bytes a
+    second at most."""
+    h, total, t0 = hashlib.sha256(), 0, time.monotonic()
+    while True:
+        data = r.read1(65536 if pace is None else 16384)
+        if not data:
+            return total, h.hexdigest()
+        h.update(data)
+        total += len(data)
+        if pace is not None:
+            ahead = total / pace - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
+@store_independent
+def test_server_sent_events_pass_as_they_are_sent(proxy, upstream):
+    p = proxy()
+    name = new_key()
+    c, r = open_stream(p, "GET", "/sse?n=5&ms=400&id=" + name)
+    try:
+        assert r.status == 200 and hone(r.getheaders(), "Content-Type") == "text/event-stream"
+        assert hone(r.getheaders(), "Transfer-Encoding") == "chunked"
+        events = read_events(r, 5)
+    finally:
+        c.close()
+    sent = upstream.sent_at(name)
+    assert [e for _, e in events] == [b"id: %d\ndata: event %d of %s\n\n" % (i, i, name.encode())
+                                      for i in range(5)]
+    for (got, _), out in zip(events, sent):
+        assert got - out < 0.3, (got - out)  # each arrives when it is sent, not at the end
+    gaps = [b[0] - a[0] for a, b in zip(events, events[1:])]
+    assert all(0.25 < g < 0.6 for g in gaps), gaps
+
+
+def test_keyed_event_stream_streams_then_replays_byte_for_byte(proxy, upstream):
+    p = proxy()
+    key, name = new_key(), new_key()
+    target = "/sse?n=4&ms=400&id=" + name
+    c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"go")
+    try:
+        assert r.status == 200 and hone(r.getheaders(), REPLAY) == "false"
+        events = read_events(r, 4)
+        assert r.read() == b""
+    finally:
+        c.close()
+    sent = upstream.sent_at(name)
+    assert len(events) == 4 and len(sent) == 4
+    for (got, _), out in zip(events, sent):
+        assert got - out < 0.3, (got - out)
+    first = b"".join(e for _, e in events)
+    st, h, body = p.request("POST", target, [("Idempotency-Key", key)], b"go")
+    assert st == 200 and hone(h, REPLAY) == "true" and body == first
+    assert hone(h, "Content-Type") == "text/event-stream"
+    assert upstream.hits("/sse") == 1
+
+
+@store_independent
+def test_download_streams_with_and_without_length(proxy, upstream):
+    p = proxy()
+    for length in ("1", "0"):
+        c, r = open_stream(p, "GET", "/stream?n=64&size=65536&ms=0&length=" + length)
+        try:
+            assert r.status == 200
+            if length == "1":
+                assert hone(r.getheaders(), "Content-Length") == str(64 * 65536)
+            else:
+                assert hone(r.getheaders(), "Transfer-Encoding") == "chunked"
+            assert read_all(r) == stream_digest(64, 65536)
+        finally:
+            c.close()
+
+
+@heavy
+@store_independent
+def test_256_mib_download_in_bounded_memory(proxy, upstream):
+    """Any size passes through (no response_too_large), and the proxy's peak
+    memory grows by less than 32 MiB for it (doc/guarantees.md)."""
+    p = proxy("--max-response", "1048576")
+    assert p.request("GET", "/stream?n=4&size=65536")[0] == 200  # warm
+    before = vm_kib(p, "VmHWM")
+    for length in ("1", "0"):
+        c, r = open_stream(p, "GET", "/stream?n=4096&size=65536&length=" + length, timeout=60)
+        try:
+            assert r.status == 200
+            assert read_all(r) == stream_digest(4096, 65536)
+        finally:
+            c.close()
+    grown = vm_kib(p, "VmHWM") - before
+    assert grown < 32 * 1024, "peak RSS grew by %d KiB" % grown
+
+
+@heavy
+@store_independent
+def test_slow_reader_slows_the_upstream_read(proxy, upstream):
+    """A reader of 64 KiB/s: the proxy holds at most its window, not the
+    answer (the upstream waits on its socket)."""
+    p = proxy()
+    before = vm_kib(p, "VmHWM")
+    c, r = open_stream(p, "GET", "/stream?n=64&size=65536&length=1", timeout=60)
+    try:
+        got = in_thread(read_all, r, 64 * 1024 * 4)  # 4 MiB at 256 KiB/s: 16 s
+        time.sleep(2)
+        mid = vm_kib(p, "VmRSS")
+        assert got(timeout=60) == stream_digest(64, 65536)
+    finally:
+        c.close()
+    assert mid - before < 3 * 1024, "RSS grew by %d KiB while a slow client read" % (mid - before)
+
+
+def test_keyed_answer_over_max_response_streams_whole_then_too_large(proxy, upstream):
+    p = proxy("--max-response", "100000")
+    key = new_key()
+    target = "/stream?n=6&size=50000&ms=50"  # 300000 bytes: 3 x --max-response
+    c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+    try:
+        assert r.status == 200
+        assert read_all(r) == stream_digest(6, 50000)
+    finally:
+        c.close()
+    assert_problem(p.request("POST", target, [("Idempotency-Key", key)], b"x"), 502,
+                   "response_too_large")
+    assert upstream.hits("/stream") == 1
+
+
+def test_reset_mid_body_cuts_the_answer_and_makes_the_key_unknown(proxy, upstream):
+    p = proxy()
+    key = new_key()
+    target = "/stream?n=6&size=10000&ms=100&reset=3"
+    c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+    try:
+        assert r.status == 200
+        with pytest.raises(http.client.IncompleteRead):
+            r.read()  # no last chunk: cut, never taken for whole
+    finally:
+        c.close()
+    wait_for(lambda: p.request("POST", target, [("Idempotency-Key", key)], b"x")[0] == 502,
+             what="the key unknown")
+    assert_problem(p.request("POST", target, [("Idempotency-Key", key)], b"x"), 502,
+                   "idempotency_outcome_unknown")
+    assert upstream.hits("/stream") == 1
+    log = p.wait_log("its answer was cut after")
+    assert "the upstream reset the connection" in log
+
+
+@store_independent
+def test_cut_with_content_length_arrives_short(proxy, upstream):
+    p = proxy()
+    c, r = open_stream(p, "GET", "/stream?n=6&size=10000&ms=100&reset=3&length=1")
+    try:
+        assert hone(r.getheaders(), "Content-Length") == "60000"
+        with pytest.raises(http.client.IncompleteRead) as e:
+            r.read()
+        assert len(e.value.partial) == 30000
+    finally:
+        c.close()
+
+
+@store_independent
+def test_http10_client_gets_a_close_delimited_body_and_a_reset_when_cut(proxy, upstream):
+    p = proxy()
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        s.sendall(b"GET /stream?n=3&size=1000&ms=50 HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            data += d
+    finally:
+        s.close()
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert b"chunked" not in head.lower() and b"content-length" not in head.lower()
+    assert body == big_body(1000) * 3
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        s.sendall(b"GET /stream?n=6&size=1000&ms=100&reset=3 HTTP/1.0\r\nHost: x\r\n\r\n")
+        with pytest.raises(ConnectionResetError):
+            while s.recv(65536):
+                pass
+    finally:
+        s.close()
+
+
+@store_independent
+def test_flowing_stream_outlives_the_upstream_timeout_and_a_silence_cuts(proxy, upstream):
+    p = proxy("--upstream-timeout", "1")
+    c, r = open_stream(p, "GET", "/sse?n=6&ms=600")  # 3 s, never 1 s silent
+    try:
+        assert len(read_events(r, 6)) == 6 and r.read() == b""
+    finally:
+        c.close()
+    c, r = open_stream(p, "GET", "/stream?n=3&size=1000&ms=100&stall=2500")
+    try:
+        assert r.status == 200
+        with pytest.raises(http.client.IncompleteRead):
+            r.read()
+    finally:
+        c.close()
+    assert "stopped for longer than --upstream-timeout" in p.wait_log("its answer was cut")
+
+
+def test_keyed_stream_silent_past_the_timeout_completes_late(proxy, upstream):
+    """A keyed answer silent past --upstream-timeout: its client's answer is
+    cut, and the exchange, still copied, completes the key when it ends
+    within --upstream-late-timeout."""
+    p = proxy("--upstream-timeout", "1", "--upstream-late-timeout", "10")
+    key = new_key()
+    target = "/stream?n=3&size=1000&ms=100&stall=2000"
+    c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+    try:
+        with pytest.raises(http.client.IncompleteRead):
+            r.read()
+    finally:
+        c.close()
+    st = wait_for(lambda: (lambda a: a if a[0] != 409 else None)(
+        p.request("POST", target, [("Idempotency-Key", key)], b"x")), timeout=10,
+        what="the late answer stored")
+    assert st[0] == 200 and hone(st[1], REPLAY) == "true" and st[2] == big_body(1000) * 3
+    assert upstream.hits("/stream") == 1
+
+
+def test_keyed_client_gone_mid_stream_is_stored_and_replayed(proxy, upstream):
+    p = proxy()
+    key = new_key()
+    target = "/stream?n=5&size=20000&ms=200"
+    c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+    assert r.status == 200 and r.read1(65536)
+    c.close()  # gone after the first piece
+    st = wait_for(lambda: (lambda a: a if a[0] != 409 else None)(
+        p.request("POST", target, [("Idempotency-Key", key)], b"x")), timeout=10,
+        what="the answer stored")
+    assert st[0] == 200 and hone(st[1], REPLAY) == "true"
+    assert st[2] == big_body(20000) * 5
+    assert upstream.hits("/stream") == 1
+
+
+@store_independent
+def test_passthrough_client_gone_closes_the_upstream_within_a_second(proxy, upstream):
+    p = proxy()
+    name = new_key()
+    c, r = open_stream(p, "GET", "/stream?n=100&size=1000&ms=100&id=" + name)
+    assert r.status == 200 and r.read1(65536)
+    c.close()
+    gone = time.monotonic()
+    wait_for(lambda: upstream.stream_closed(name), timeout=5, what="the upstream's connection closed")
+    assert upstream.stream_closed(name) - gone < 1.0
+
+
+@store_independent
+def test_streamed_bytes_are_counted_and_logged(proxy, upstream):
+    p = proxy()
+    c, r = open_stream(p, "GET", "/stream?n=4&size=30000&ms=50")
+    try:
+        assert read_all(r) == stream_digest(4, 30000)
+    finally:
+        c.close()
+    wait_for(lambda: metrics_value(p.metrics(), "idemproxy_streamed_bytes_total",
+                                   {"route": "default", "direction": "down"}) == 120000,
+             what="the streamed bytes counted")
+    assert " bytes=120000 " in p.wait_log("GET /stream?n=4&size=30000")
