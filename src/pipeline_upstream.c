@@ -235,6 +235,19 @@ static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
                          r->adm.ttl_ms, on_lease_finished, r);
 }
 
+/* The exchange of <r> may outlive its client: the method, the front end's
+ * memory, which goes with the client, is copied (the target is the
+ * request's own). */
+static void keep_method(struct pipeline_req *r)
+{
+    const struct request *in = r->rq;
+
+    if (r->late_method)
+        return;
+    r->late_method = strndup(in->method.base, in->method.len);
+    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
+}
+
 /* --upstream-timeout passed while a keyed request's exchange goes on (for
  * --upstream-late-timeout): its client gets its 504 now, and the exchange,
  * under the same heartbeat-held lock, may still store a late answer. On the
@@ -265,9 +278,7 @@ static void on_overdue(void *ctx)
              (int)in->method.len, in->method.base,
              (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base);
     pipeline_set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
-    /* The method is the front end's memory, which goes with the client. */
-    r->late_method = strndup(in->method.base, in->method.len);
-    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
+    keep_method(r);
     r->late = true;
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
@@ -312,6 +323,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
 
     r->streamed = true;
     r->forwarded = true;
+    keep_method(r);
     if (!r->late)
         r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     flow_set_length(f, length);

@@ -109,7 +109,9 @@ static void xfer_free(struct xfer *x)
     if (!x)
         return;
     up = x->up;
-    if (x->easy && up->nidle < UPSTREAM_IDLE_HANDLES && up->idle) {
+    /* A streamed transfer may end paused or cut mid-body: its handle is not
+     * trusted to start the next one clean. */
+    if (x->easy && !x->streaming && up->nidle < UPSTREAM_IDLE_HANDLES && up->idle) {
         curl_easy_reset(x->easy);
         up->idle[up->nidle++] = x->easy;
     } else {
