@@ -231,8 +231,9 @@ static const struct opt opts[] = {
       "budget of the memory store", K_BYTES, CONFIG_RESTART, F(memory_max_bytes), 0, NULL, false,
       false },
     { "--upstream-timeout", "IDEMPROXY_UPSTREAM_TIMEOUT", "S", "30",
-      "bound on the wait for an answer's head and each silence in its body (504, or the streamed answer cut, after)", K_SECONDS, CONFIG_RESTART,
-      F(upstream_timeout_ms), 0, NULL, false, false },
+      "bound on the wait for an answer's head (504 after) and each silence in its body (the "
+      "answer cut after)",
+      K_SECONDS, CONFIG_RESTART, F(upstream_timeout_ms), 0, NULL, false, false },
     { "--upstream-late-timeout", "IDEMPROXY_UPSTREAM_LATE_TIMEOUT", "S", "60",
       "after the 504 of --upstream-timeout, how much longer a keyed exchange may go on: a late "
       "answer is still stored; 0: none",
