@@ -337,8 +337,7 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     struct span name, value;
     int r;
 
-    if (!x->late)
-        watch_touch(x);
+    watch_touch(x);
     if (len > 0 && data[len - 1] == '\n') {
         len--;
         if (len > 0 && data[len - 1] == '\r')
@@ -420,12 +419,10 @@ static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
             x->paused = true;
             return CURL_WRITEFUNC_PAUSE;
         }
-        if (!x->late)
-            watch_touch(x);
+        watch_touch(x);
         return size * n;
     }
-    if (!x->late)
-        watch_touch(x);
+    watch_touch(x);
     /* A body of announced length gets its whole buffer at once: no realloc
      * while it arrives, and a stored record holds no spare capacity. */
     if (x->rec->body.cap == 0 &&
@@ -729,8 +726,7 @@ static void on_wakes(void *ctx)
             xfer_finish(x, -ECANCELED);
         } else if (x->paused) {
             x->paused = false;
-            if (!x->late)
-                watch_touch(x);
+            watch_touch(x);
             (void)curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may write at once */
         }
     }
