@@ -235,8 +235,8 @@ static const struct opt opts[] = {
       "answer cut after)",
       K_SECONDS, CONFIG_RESTART, F(upstream_timeout_ms), 0, NULL, false, false },
     { "--upstream-late-timeout", "IDEMPROXY_UPSTREAM_LATE_TIMEOUT", "S", "60",
-      "after the 504 of --upstream-timeout, how much longer a keyed exchange may go on: a late "
-      "answer is still stored; 0: none",
+      "after the 504 of --upstream-timeout, how long a keyed exchange may stay silent and go on: "
+      "a late answer is still stored; 0: none",
       K_SECONDS0, CONFIG_RESTART, F(upstream_late_timeout_ms), 0, NULL, false, false },
     { "--on-unknown-outcome", "IDEMPROXY_ON_UNKNOWN_OUTCOME", "refuse|retry", "refuse",
       "a request that may have run upstream without an answer (timeout, reset, a holder lost): "
