@@ -273,7 +273,22 @@ int admission_head(struct admission *a, struct route_table *t, const struct requ
                ret))
         return 1;
     v = request_header(rq, SPAN_LIT("Content-Length"), NULL);
-    if (v && parse_uint(*v, &announced) == 0 && announced > rs->max_body_bytes)
+    if (v && parse_uint(*v, &announced) < 0)
+        v = NULL; /* check_head() let only one sane Content-Length through */
+    if (!a->enforced && !a->key_deferred) {
+        /* Passthrough, known from the head: --max-body is a keyed request's. */
+        size_t max = rs->max_passthrough_body_bytes;
+
+        if (v && max > 0 && announced > max)
+            return refuse(ret, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
+                          ADMISSION_PASSTHROUGH_TOO_LARGE);
+        a->body_length = v ? announced : UINT64_MAX;
+        a->streams = v ? announced > ADMISSION_STREAM_MIN
+                       : request_header(rq, SPAN_LIT("Transfer-Encoding"), NULL) != NULL;
+        a->body.limit = SIZE_MAX; /* a body read whole is at most ADMISSION_STREAM_MIN */
+        return 0;
+    }
+    if (v && announced > rs->max_body_bytes)
         return refuse(ret, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
     return 0;
 }

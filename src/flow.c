@@ -33,6 +33,24 @@ void flow_set_copy(struct flow *f, struct buf *copy, size_t limit)
 
 void flow_set_length(struct flow *f, uint64_t length) { f->length = length; }
 
+void flow_set_over(struct flow *f, flow_wake_fn *fn, void *ctx)
+{
+    f->over = fn;
+    f->over_ctx = ctx;
+}
+
+/* Tells <over> once the reader's body is over: cut, or ended, released and
+ * all taken (a reader of a known length asks no more after its last byte). */
+static void tell_over(struct flow *f)
+{
+    if (f->over_told || !f->over)
+        return;
+    if (!f->cut && !(f->ended && !f->held && unread(f) == 0))
+        return;
+    f->over_told = true;
+    f->over(f->over_ctx);
+}
+
 void flow_set_to_the_end(struct flow *f) { f->to_the_end = true; }
 
 void flow_set_reader(struct flow *f, flow_wake_fn *fn, void *ctx)
@@ -107,6 +125,7 @@ void flow_end(struct flow *f, bool whole)
     f->ended = true;
     f->whole = whole;
     wake_reader(f);
+    tell_over(f);
 }
 
 void flow_hold(struct flow *f) { f->held = true; }
@@ -117,6 +136,7 @@ void flow_release(struct flow *f)
         return;
     f->held = false;
     wake_reader(f);
+    tell_over(f);
 }
 
 void flow_cut(struct flow *f)
@@ -124,6 +144,7 @@ void flow_cut(struct flow *f)
     f->cut = true;
     f->off = f->q.len = 0;
     wake_reader(f);
+    tell_over(f);
     if (f->writer_paused)
         wake_writer(f); /* nothing is queued any more */
 }
@@ -162,6 +183,7 @@ ssize_t flow_read(struct flow *f, char *p, size_t n)
     /* The writer goes on once half the window is free: fewer, larger steps. */
     if (was_full && unread(f) <= FLOW_WINDOW / 2)
         wake_writer(f);
+    tell_over(f);
     return (ssize_t)n;
 }
 

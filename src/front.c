@@ -58,7 +58,9 @@ struct freq {
     struct request *rq;            /* owned until pipeline_begin() takes it */
     struct pipeline_req *pr;       /* the pipeline's, from pipeline_begin() on */
     const char *head_uri;          /* where libmicrohttpd parsed the target, in its buffer */
-    struct MHD_Connection *conn;   /* once it waits, suspended, for the answer */
+    struct MHD_Connection *conn;   /* from its head on */
+    bool waiting;                  /* the body is in: it waits, suspended, for the answer */
+    bool body_paused;              /* suspended: the upstream has no room for its body yet */
     struct pipeline_answer answer; /* its record is a reference of ours */
     bool answered;                 /* <answer> is set */
     bool begun;                    /* its header section went to the pipeline */
@@ -463,14 +465,28 @@ static void on_answer(void *ctx, const struct pipeline_answer *a)
 
     q->answer = *a;
     q->answered = true;
-    if (!q->conn)
-        return;
+    if (!q->waiting)
+        return; /* its body is still coming: the last of it sends the answer */
     MHD_resume_connection(q->conn);
     if (loop_on_thread(f->loop)) {
         f->rerun = true;
         f->timer.due_ms = 0;
     } else if (!atomic_exchange(&f->kick_posted, true) && loop_post(f->loop, &f->kick) < 0)
         atomic_store(&f->kick_posted, false); /* stopped: no connection is left to serve */
+}
+
+/* The upstream has room for more of a streamed body, or wants no more of
+ * it: the connection suspended for it reads on. Loop thread. */
+static void on_body_room(void *ctx)
+{
+    struct freq *q = ctx;
+
+    if (!q->body_paused)
+        return;
+    q->body_paused = false;
+    MHD_resume_connection(q->conn);
+    q->f->rerun = true;
+    q->f->timer.due_ms = 0;
 }
 
 /* The head is in: the request goes to the pipeline. */
@@ -482,6 +498,7 @@ static enum MHD_Result begin(struct front *f, struct MHD_Connection *conn, struc
 
     heads_unlink(conn_fconn(conn)); /* the header section is in */
     q->begun = true;
+    q->conn = conn;
     rq->method = span_from_cstr(method);
     /* MHD counts the header whose copy failed too: a request is never
      * forwarded with some of its headers missing. */
@@ -499,6 +516,7 @@ static enum MHD_Result begin(struct front *f, struct MHD_Connection *conn, struc
     q->pr = pipeline_begin(f->pl, rq, on_answer, q);
     if (!q->pr)
         return MHD_NO;
+    pipeline_set_body_wake(q->pr, on_body_room, q);
     if (q->answered)
         return send_answer(conn, q); /* refused: the body is not read */
     return MHD_YES;
@@ -521,17 +539,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!q->begun)
         return begin(f, conn, q, method, version);
     if (*upload_data_size) {
-        pipeline_body(q->pr, upload_data, *upload_data_size);
-        *upload_data_size = 0;
+        *upload_data_size -= pipeline_body(q->pr, upload_data, *upload_data_size);
+        if (*upload_data_size > 0) {
+            /* A streamed body the upstream has no room for yet: libmicrohttpd
+             * keeps the rest and hands it again once resumed. */
+            q->body_paused = true;
+            MHD_suspend_connection(conn);
+        }
         return MHD_YES;
     }
     /* The body is complete: an answer decided while it was read, or the one
      * a resumed connection comes back with, goes out now. */
     if (q->answered)
         return send_answer(conn, q);
-    if (q->conn)
+    if (q->waiting)
         return MHD_YES; /* still waiting */
-    q->conn = conn;
+    q->waiting = true;
     MHD_suspend_connection(conn);
     pipeline_end(q->pr);
     return MHD_YES;

@@ -78,6 +78,8 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
     r->accounted = true;
     if (r->streamed)
         metrics_streamed(rt->metrics_id, false, r->flow.taken);
+    if (r->body_streaming)
+        metrics_streamed(rt->metrics_id, true, r->up_flow.taken);
     metrics_request(rt->metrics_id, r->out.outcome, r->out.rec ? r->out.rec->status : 0, total_us,
                     r->forwarded, r->upstream_us);
     if (!log_enabled(LOG_LEVEL_INFO))
@@ -102,18 +104,33 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
 
 /* Hands <r> back to the front end with its answer, counted and logged first:
  * the client may read /metrics as soon as it has the answer. A streamed
- * answer is counted when the client's part of it is over
- * (pipeline_req_free()): its bytes are known then. The one exit. */
+ * answer is counted when the client's part of it is over (its flow
+ * tells, before the client has the last bytes; or the client went:
+ * pipeline_req_free()): its bytes are known then. The one exit. */
+void pipeline_account(struct pipeline_req *r)
+{
+    if (!r->accounted)
+        account(r->pl, r);
+}
+
 void pipeline_finish(struct pipeline_req *r)
 {
     struct pipeline_answer a = r->out;
 
     assert(!r->decided);
-    if (!r->streamed)
+    if (!r->streamed && !r->accounted)
         account(r->pl, r);
     if (r->running)
         metrics_inflight_add(-1);
     r->decided = true;
+    if (r->front_gone) {
+        /* Its client went while its body streamed: nobody takes the answer,
+         * and the front end's reference is dropped here. */
+        if (r->streamed)
+            flow_reader_gone(&r->flow);
+        pipeline_req_unref(r);
+        return;
+    }
     if (r->streamed)
         record_ref(a.rec); /* the front end's; this one stays for the access line */
     else
@@ -152,6 +169,7 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->start_us = metrics_now_us();
     r->out.outcome = OUTCOME_PASSTHROUGH;
     flow_init(&r->flow);
+    flow_init(&r->up_flow);
     if (pl->id_header) {
         char id[REQUEST_ID_MAX + 1];
 
@@ -168,12 +186,66 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     return r;
 }
 
-void pipeline_body(struct pipeline_req *r, const char *p, size_t n)
+void pipeline_set_body_wake(struct pipeline_req *r, void (*fn)(void *ctx), void *ctx)
+{
+    flow_set_writer(&r->up_flow, fn, ctx);
+}
+
+/* A streamed body's bytes: to the upstream, within max-passthrough-body. */
+static size_t body_stream(struct pipeline_req *r, const char *p, size_t n)
+{
+    struct flow *f = &r->up_flow;
+    size_t max = r->adm.route->settings.max_passthrough_body_bytes;
+
+    if (r->body_over || f->ended || n == 0)
+        return n; /* discarded */
+    if (max > 0 && (f->written > max || n > max - f->written)) {
+        /* A chunked body crossed the limit: the exchange ends (the upstream
+         * sees its request cut), and the answer is 413. */
+        r->body_over = true;
+        flow_end(f, false);
+        return n;
+    }
+    return flow_write(f, p, n);
+}
+
+/* A body that may stream passed ADMISSION_STREAM_MIN: the exchange starts,
+ * the bytes read so far first. Before, a malformed or cut body is the
+ * client's alone: nothing of it has gone. */
+static void body_start(struct pipeline_req *r)
+{
+    r->body_streaming = true;
+    flow_set_length(&r->up_flow, r->adm.body_length);
+    (void)flow_write(&r->up_flow, r->adm.body.data, r->adm.body.len); /* an empty flow takes it */
+    buf_done(&r->adm.body);
+    r->running = true;
+    metrics_inflight_add(1);
+    pipeline_forward(r);
+}
+
+size_t pipeline_body(struct pipeline_req *r, const char *p, size_t n)
 {
     struct admission_refusal ref;
+    size_t max = r->adm.route->settings.max_passthrough_body_bytes;
 
-    if (!r->decided && admission_body(&r->adm, p, n, &ref))
+    if (r->body_streaming)
+        return body_stream(r, p, n);
+    if (r->decided)
+        return n;
+    if (r->adm.streams && max > 0 && n > max - r->adm.body.len) {
+        r->reason = "its body passed --max-passthrough-body";
+        pipeline_set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
+                             ADMISSION_PASSTHROUGH_TOO_LARGE);
+        pipeline_finish(r);
+        return n;
+    }
+    if (r->adm.streams && n > ADMISSION_STREAM_MIN - r->adm.body.len) {
+        body_start(r);
+        return body_stream(r, p, n);
+    }
+    if (admission_body(&r->adm, p, n, &ref))
         refuse(r, &ref); /* and what comes after is discarded */
+    return n;
 }
 
 /* ---- 3. The run: the lock first, when the key is enforced ---- */
@@ -184,6 +256,10 @@ void pipeline_end(struct pipeline_req *r)
 
     if (r->decided)
         return;
+    if (r->body_streaming) { /* running since its body passed ADMISSION_STREAM_MIN */
+        flow_end(&r->up_flow, true);
+        return;
+    }
     r->running = true;
     metrics_inflight_add(1);
     if (admission_end(&r->adm, r->rq, &ref))
@@ -522,6 +598,17 @@ void pipeline_req_free(struct pipeline_req *r)
 {
     if (!r)
         return;
+    if (r->body_streaming)
+        flow_end(&r->up_flow, false); /* a body not whole by now never will be: cut */
+    if (r->body_streaming && !r->decided) {
+        /* Its client went while its body streamed: the exchange, cut, ends
+         * and drops this reference (pipeline_finish()). */
+        r->front_gone = true;
+        r->reason = "the client went away before the answer";
+        pipeline_keep_method(r);
+        account(r->pl, r);
+        return;
+    }
     if (r->streamed) {
         flow_reader_gone(&r->flow); /* the exchange may go on: it must not wake the front end */
         if (!r->accounted)
@@ -547,5 +634,6 @@ void pipeline_req_unref(struct pipeline_req *r)
     record_unref(r->out.rec);
     record_unref(r->capture);
     flow_done(&r->flow);
+    flow_done(&r->up_flow);
     free(r);
 }

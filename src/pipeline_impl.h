@@ -76,6 +76,15 @@ struct pipeline_req {
     struct flow flow;       /* owned */
     struct record *capture; /* a keyed streamed answer: its record, whose body is the flow's copy */
     struct loop_task ended; /* the exchange's end, brought back to the request's loop */
+    /* A streamed request body (adm.streams): the front end writes, the
+     * upstream reads. Its client may go before the answer (front_gone):
+     * the answer is then dropped. */
+    struct flow up_flow;
+    bool body_streaming; /* it passed ADMISSION_STREAM_MIN: it goes through <up_flow> */
+    bool front_gone;
+    bool body_over; /* it passed max-passthrough-body: the exchange was ended, 413 */
+    void (*body_wake)(void *ctx);
+    void *body_wake_ctx;
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */
     pipeline_answer_fn *answer;
     void *answer_ctx;
@@ -96,6 +105,13 @@ void pipeline_set_problem(struct pipeline_req *r, enum problem p, enum outcome o
 /* Hands <r> back to the front end with its answer, counted and logged
  * first. The one exit. */
 void pipeline_finish(struct pipeline_req *r);
+
+/* The exchange of <r> may outlive its client: its method, the front end's
+ * memory, is copied (the target is the request's own). */
+void pipeline_keep_method(struct pipeline_req *r);
+
+/* Counts <r> in the metrics and writes its access line, once. */
+void pipeline_account(struct pipeline_req *r);
 
 /* Counts and logs that <r> made its key's outcome unknown for <cause>. */
 void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause);

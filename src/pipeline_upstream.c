@@ -52,9 +52,12 @@ void pipeline_forward(struct pipeline_req *r)
         .why = &r->up_why,
         .head = on_head,
         .flow = &r->flow,
+        .body_flow = r->body_streaming ? &r->up_flow : NULL,
     };
     r->upstream_sent_us = metrics_now_us();
     err = r->pl->fwd.submit(r->pl->fwd.ctx, in->loop, &r->up_req, on_upstream, r);
+    if (err < 0 && r->body_streaming)
+        flow_reader_gone(&r->up_flow); /* nobody will read the rest of the body */
     if (err < 0)
         on_upstream(r, err, NULL);
 }
@@ -235,10 +238,7 @@ static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
                          r->adm.ttl_ms, on_lease_finished, r);
 }
 
-/* The exchange of <r> may outlive its client: the method, the front end's
- * memory, which goes with the client, is copied (the target is the
- * request's own). */
-static void keep_method(struct pipeline_req *r)
+void pipeline_keep_method(struct pipeline_req *r)
 {
     const struct request *in = r->rq;
 
@@ -278,7 +278,7 @@ static void on_overdue(void *ctx)
              (int)in->method.len, in->method.base,
              (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base);
     pipeline_set_problem(r, PROBLEM_UPSTREAM_TIMEOUT, OUTCOME_UPSTREAM_ERROR, NULL);
-    keep_method(r);
+    pipeline_keep_method(r);
     r->late = true;
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
@@ -307,6 +307,16 @@ static void late_end(struct pipeline_req *r, int err, struct record *rec)
     record_unref(rec);
 }
 
+/* The client's streamed answer is over, before it has its last bytes: it is
+ * counted and logged now, as a whole answer is before it goes (a client may
+ * read /metrics as soon as it has its answer). */
+static void on_answer_over(void *ctx)
+{
+    struct pipeline_req *r = ctx;
+
+    pipeline_account(r);
+}
+
 /* The head of an answer whose body is still to come (doc/guarantees.md,
  * "Streaming"): it goes to the client now, and the body follows through
  * the flow. A keyed answer is copied into <rec> as it passes, up to the
@@ -323,7 +333,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
 
     r->streamed = true;
     r->forwarded = true;
-    keep_method(r);
+    pipeline_keep_method(r);
     if (!r->late)
         r->upstream_us = metrics_now_us() - r->upstream_sent_us;
     flow_set_length(f, length);
@@ -343,6 +353,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
         record_unref(rec);
         return;
     }
+    flow_set_over(f, on_answer_over, r);
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); /* the exchange's */
     atomic_fetch_add_explicit(&r->pl->late, 1, memory_order_relaxed);
     if (r->lease) {
@@ -404,6 +415,13 @@ static void on_upstream(void *ctx, int err, struct record *rec)
     }
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    if (err < 0 && r->body_over) { /* passthrough: there is no lock */
+        r->reason = "its body passed --max-passthrough-body";
+        pipeline_set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,
+                             ADMISSION_PASSTHROUGH_TOO_LARGE);
+        pipeline_finish(r);
+        return;
+    }
     if (err < 0) {
         enum problem p = err == -ETIMEDOUT || err == -ENOTCONN ? PROBLEM_UPSTREAM_TIMEOUT
                          : err == -E2BIG                       ? PROBLEM_RESPONSE_TOO_LARGE

@@ -47,6 +47,7 @@ struct xfer {
     bool head_done;        /* the final answer's header block is in */
     bool streaming;        /* its head went to req->head: the body goes to req->flow */
     bool paused;           /* the flow had no room: curl's receiving is paused */
+    bool upload_paused;    /* the body flow had no bytes: curl's sending is paused */
     bool waking;           /* in up->wakes */
     bool late;             /* past --upstream-timeout with req->overdue: the late window runs */
     size_t head_bytes;     /* of the final answer's header block, as the client will get it */
@@ -111,7 +112,8 @@ static void xfer_free(struct xfer *x)
     up = x->up;
     /* A streamed transfer may end paused or cut mid-body: its handle is not
      * trusted to start the next one clean. */
-    if (x->easy && !x->streaming && up->nidle < UPSTREAM_IDLE_HANDLES && up->idle) {
+    if (x->easy && !x->streaming && !x->req->body_flow && up->nidle < UPSTREAM_IDLE_HANDLES &&
+        up->idle) {
         curl_easy_reset(x->easy);
         up->idle[up->nidle++] = x->easy;
     } else {
@@ -167,6 +169,10 @@ static void xfer_finish(struct xfer *x, int err)
 
     if (x->streaming)
         flow_set_writer(x->req->flow, NULL, NULL); /* the flow outlives the transfer */
+    if (x->req->body_flow) { /* nobody reads the rest of the body: its writer drops it */
+        flow_set_reader(x->req->body_flow, NULL, NULL);
+        flow_reader_gone(x->req->body_flow);
+    }
     if (err == 0 && x->streaming) {
         /* the body went to the flow */
     } else if (err == 0) {
@@ -440,6 +446,32 @@ static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
     return size * n;
 }
 
+/* A streamed request body: curl takes what the flow has, pauses its sending
+ * while it has none (the client is slow: not a silence of the upstream, so
+ * the watchdog stops meanwhile), and ends the exchange when it was cut. */
+static size_t read_cb(char *buf, size_t size, size_t n, void *userdata)
+{
+    struct xfer *x = userdata;
+    ssize_t r = flow_read(x->req->body_flow, buf, size * n);
+
+    if (r > 0) {
+        watch_touch(x);
+        return (size_t)r;
+    }
+    if (r == FLOW_END) {
+        watch_touch(x); /* the wait for the answer starts */
+        return 0;
+    }
+    if (r == FLOW_CUT) {
+        x->cause = "the request body did not come whole from the client";
+        x->err = -ECANCELED;
+        return CURL_READFUNC_ABORT;
+    }
+    list_remove(&x->watch_node);
+    x->upload_paused = true;
+    return CURL_READFUNC_PAUSE;
+}
+
 /* Runs before curl sends the request. A second call means curl is retrying it
  * on a fresh connection after a reused one died: only a safe method may be
  * sent twice, the proxy never re-sends anything else on its own, unless not
@@ -461,6 +493,48 @@ static int prereq_cb(void *userdata, char *primary_ip, char *local_ip, int prima
 }
 
 /* Sets every option of <x>'s easy handle for <req>. */
+/* Sets <opt> on the easy handle <e> unless an earlier one failed (<cc>). */
+#define SET(opt, val)                                                                              \
+    do {                                                                                           \
+        if (cc == CURLE_OK) {                                                                      \
+            cc = curl_easy_setopt(e, opt, val);                                                    \
+        }                                                                                          \
+    } while (0)
+
+/* The method (<method>, NUL-terminated) and the body of <req> on <x>'s
+ * handle: none for HEAD and a bodiless GET, a streamed one from the body
+ * flow (its Content-Length, or chunked), else the buffered one. */
+static CURLcode setup_body(struct xfer *x, const struct upstream_request *req, const char *method)
+{
+    CURL *e = x->easy;
+    CURLcode cc = CURLE_OK;
+
+    if (upstream_method_is(req->method, "HEAD")) {
+        SET(CURLOPT_NOBODY, 1L);
+    } else if (upstream_method_is(req->method, "GET") && req->body.len == 0 && !req->body_flow) {
+        SET(CURLOPT_HTTPGET, 1L);
+    } else if (req->body_flow) {
+        uint64_t len = req->body_flow->length;
+
+        SET(CURLOPT_CUSTOMREQUEST, method);
+        SET(CURLOPT_POST, 1L);
+        SET(CURLOPT_READFUNCTION, read_cb);
+        SET(CURLOPT_READDATA, x);
+        SET(CURLOPT_POSTFIELDSIZE_LARGE,
+            len == FLOW_LENGTH_UNKNOWN || len > INT64_MAX ? (curl_off_t)-1 : (curl_off_t)len);
+    } else {
+        SET(CURLOPT_CUSTOMREQUEST, method);
+        if (req->body.len > 0 || upstream_method_is(req->method, "POST") ||
+            upstream_method_is(req->method, "PUT") || upstream_method_is(req->method, "PATCH")) {
+            /* Borrowed, not copied: the request outlives the transfer. An
+             * empty body still sends Content-Length: 0. */
+            SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
+            SET(CURLOPT_POSTFIELDS, req->body.base ? req->body.base : "");
+        }
+    }
+    return cc;
+}
+
 static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream_request *req)
 {
     CURL *e = x->easy;
@@ -468,13 +542,6 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     CURLcode cc = CURLE_OK;
     long connect = up->timeout_ms > LONG_MAX ? LONG_MAX : (long)up->timeout_ms;
     int r;
-
-#define SET(opt, val)                                                                              \
-    do {                                                                                           \
-        if (cc == CURLE_OK) {                                                                      \
-            cc = curl_easy_setopt(e, opt, val);                                                    \
-        }                                                                                          \
-    } while (0)
 
     target->len = method->len = 0;
     r = upstream_request_target(span_from_cstr(up->base.prefix), req->target, target);
@@ -519,21 +586,8 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
     }
     if (up->connect_to)
         SET(CURLOPT_CONNECT_TO, up->connect_to);
-
-    if (upstream_method_is(req->method, "HEAD")) {
-        SET(CURLOPT_NOBODY, 1L);
-    } else if (upstream_method_is(req->method, "GET") && req->body.len == 0) {
-        SET(CURLOPT_HTTPGET, 1L);
-    } else {
-        SET(CURLOPT_CUSTOMREQUEST, method->data);
-        if (req->body.len > 0 || upstream_method_is(req->method, "POST") ||
-            upstream_method_is(req->method, "PUT") || upstream_method_is(req->method, "PATCH")) {
-            /* Borrowed, not copied: the request outlives the transfer. An
-             * empty body still sends Content-Length: 0. */
-            SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
-            SET(CURLOPT_POSTFIELDS, req->body.base ? req->body.base : "");
-        }
-    }
+    if (cc == CURLE_OK)
+        cc = setup_body(x, req, method->data);
 #undef SET
     x->may_resend =
         upstream_method_is(req->method, "GET") || upstream_method_is(req->method, "HEAD") ||
@@ -542,6 +596,7 @@ static int setup_easy(struct upstream *up, struct xfer *x, const struct upstream
 }
 
 static int xfer_start(struct upstream *up, struct xfer *x);
+static void on_flow_wake(void *ctx);
 
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx)
@@ -601,6 +656,8 @@ static int xfer_start(struct upstream *up, struct xfer *x)
     r = upstream_build_headers(x->req, &up->scratch, &x->hdrs);
     if (r == 0)
         r = setup_easy(up, x, x->req);
+    if (r == 0 && x->req->body_flow)
+        flow_set_reader(x->req->body_flow, on_flow_wake, x);
     if (r == 0 && curl_multi_add_handle(up->multi, x->easy) != CURLM_OK)
         r = -ENOMEM;
     if (r == 0)
@@ -719,15 +776,17 @@ static void on_wakes(void *ctx)
 
         list_remove(n);
         x->waking = false;
-        if (!flow_wants_bytes(x->req->flow)) {
+        if (x->streaming && !flow_wants_bytes(x->req->flow)) {
             x->cause = "the client went away";
             (void)curl_multi_remove_handle(up->multi, x->easy);
             list_remove(&x->node);
             xfer_finish(x, -ECANCELED);
-        } else if (x->paused) {
-            x->paused = false;
+        } else if (x->paused || x->upload_paused) {
+            /* Either flow woke it: both directions go on, and one that still
+             * cannot pauses again in its callback. */
+            x->paused = x->upload_paused = false;
             watch_touch(x);
-            (void)curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may write at once */
+            (void)curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may read or write at once */
         }
     }
     drain_done(up);

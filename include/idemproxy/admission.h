@@ -35,9 +35,15 @@ struct admission {
     const char *key_prefix;     /* borrowed: --key-prefix */
     bool enforced;              /* the idempotency rules apply (a key was given, or may be) */
     bool key_deferred;          /* the key comes from the body: decided by admission_end() */
-    struct keysource_key key;   /* its key, once read (owns what it derived) */
-    char *store_key;            /* owned: <prefix><scope>:<key> */
-    uint64_t ttl_ms;            /* how long a completed answer is kept */
+    /* Passthrough decided from the head, with a body of unknown length or
+     * over ADMISSION_STREAM_MIN: once past ADMISSION_STREAM_MIN the body
+     * streams to the upstream as it comes (doc/guarantees.md, "Streaming"),
+     * within the route's max-passthrough-body, and is never held whole. */
+    bool streams;
+    uint64_t body_length;     /* its Content-Length, or UINT64_MAX: none (chunked) */
+    struct keysource_key key; /* its key, once read (owns what it derived) */
+    char *store_key;          /* owned: <prefix><scope>:<key> */
+    uint64_t ttl_ms;          /* how long a completed answer is kept */
     /* What is forwarded and fingerprinted: the target in origin-form (or
      * "*"), borrowing the request's target or <fwd_target_buf>, and the
      * Host an absolute-form target names (base NULL: the client's Host). */
@@ -49,10 +55,22 @@ struct admission {
     uint8_t digest[FINGERPRINT_LEN]; /* once admission_end() made it */
 };
 
+/* A passthrough body is read whole before it goes when it is at most this
+ * long: it comes in a few reads anyway, is forwarded in one piece, and a
+ * malformed or cut one never reaches the upstream. A longer one streams
+ * from there on. */
+#define ADMISSION_STREAM_MIN (64u << 10)
+
+/* The 413's detail for a passthrough body over max-passthrough-body. */
+#define ADMISSION_PASSTHROUGH_TOO_LARGE                                                            \
+    "The request body is larger than this proxy passes on (--max-passthrough-body)."
+
 /* The head of <rq> is in: matches its route in <t> (a reference it takes over),
  * checks it (SPEC §7), decides passthrough or enforcement (<enabled> false:
  * every request is passthrough), reads its key (store keys start with
- * <key_prefix>, borrowed) and checks the announced body size. Returns 0 to
+ * <key_prefix>, borrowed) and checks the announced body size against the
+ * route's max-body (keyed) or max-passthrough-body (passthrough, which sets
+ * <a>->streams for a large body or one of unknown length). Returns 0 to
  * read the body, or 1 with the refusal in <ret> (a->route set even then: its
  * dialect and its metrics). */
 int admission_head(struct admission *a, struct route_table *t, const struct request *rq,

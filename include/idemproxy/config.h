@@ -42,16 +42,17 @@ struct route_settings {
     bool require_key;                     /* require-key */
     char *scope_headers[CONFIG_MAX_LIST]; /* scope-header (repeatable), default Authorization */
     size_t nscope_headers;
-    uint64_t ttl_ms;           /* ttl, default 86400 s */
-    uint64_t max_ttl_ms;       /* max-ttl, default 604800 s */
-    char *ttl_header;          /* ttl-header, default X-TTL; "" disables */
-    uint64_t lock_ttl_ms;      /* lock-ttl, default 30 s */
-    uint64_t wait_ms;          /* wait, default 0 */
-    bool no_cache[600];        /* no-cache-status: no_cache[status] is true when not cached (default
-                                  5xx,408,409,429) */
-    size_t max_body_bytes;     /* max-body, default 1 MiB */
-    size_t max_response_bytes; /* max-response, default 4 MiB */
-    char *replay_header;       /* replay-header, default X-Idempotency-Replayed */
+    uint64_t ttl_ms;       /* ttl, default 86400 s */
+    uint64_t max_ttl_ms;   /* max-ttl, default 604800 s */
+    char *ttl_header;      /* ttl-header, default X-TTL; "" disables */
+    uint64_t lock_ttl_ms;  /* lock-ttl, default 30 s */
+    uint64_t wait_ms;      /* wait, default 0 */
+    bool no_cache[600];    /* no-cache-status: no_cache[status] is true when not cached (default
+                              5xx,408,409,429) */
+    size_t max_body_bytes; /* max-body, default 1 MiB: keyed requests */
+    size_t max_passthrough_body_bytes; /* max-passthrough-body, default 0: no limit */
+    size_t max_response_bytes;         /* max-response, default 4 MiB */
+    char *replay_header;               /* replay-header, default X-Idempotency-Replayed */
     enum config_on_unknown on_unknown; /* on-unknown-outcome, default refuse */
 };
 

@@ -55,6 +55,9 @@ struct flow {
         *writer_wake; /* the writer, paused or not, wants to hear of room or of the reader gone */
     void *writer_ctx;
     bool writer_paused; /* the last write found the window full */
+    flow_wake_fn *over; /* the reader's body is over, whole or cut: told once */
+    void *over_ctx;
+    bool over_told;
 };
 
 /* Makes <f> an empty flow of unknown length. */
@@ -82,6 +85,12 @@ void flow_set_reader(struct flow *f, flow_wake_fn *fn, void *ctx);
  * (flow_wants_bytes() false: the writer should stop). NULL: none (the
  * writer is gone). */
 void flow_set_writer(struct flow *f, flow_wake_fn *fn, void *ctx);
+
+/* <fn>(<ctx>) runs once, from inside the call that makes it so, when the
+ * reader's body is over: the reader took its last byte and the end is known
+ * (whole, released when held), or it is cut. Its bytes are known then, and
+ * the reader has not sent the last of them yet. */
+void flow_set_over(struct flow *f, flow_wake_fn *fn, void *ctx);
 
 /* Writes <n> bytes at <p>: copied (flow_set_copy()) and queued for the
  * reader, or only copied when the reader is gone or cut. Returns <n>, or 0

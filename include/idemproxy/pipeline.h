@@ -82,9 +82,23 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
 struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
                                     pipeline_answer_fn *answer, void *ctx);
 
-/* Feeds <n> body bytes: buffered (once) and hashed. Past --max-body the body is
- * dropped and a 413 decided; bytes fed after a decision are discarded. */
-void pipeline_body(struct pipeline_req *r, const char *p, size_t n);
+/* Feeds <n> body bytes. A keyed request's (or a small passthrough one's) are
+ * buffered (once) and hashed: past --max-body the body is dropped and a 413
+ * decided. A large passthrough body streams (doc/guarantees.md,
+ * "Streaming"): its request was forwarded from pipeline_begin() on, and the
+ * bytes go to the upstream as they come; past the route's
+ * max-passthrough-body the exchange is ended and answered 413. Bytes fed
+ * after a decision, or once the exchange is over, are discarded. Returns the
+ * bytes taken: <n>, or fewer when the upstream has no room for them yet
+ * (only a streamed body): the body wake-up (pipeline_set_body_wake()) runs
+ * once it has, and the rest is fed again then. */
+size_t pipeline_body(struct pipeline_req *r, const char *p, size_t n);
+
+/* The front end's wake-up for a streamed body that pipeline_body() did not
+ * take whole: <fn>(<ctx>) runs on the request's loop, from inside the
+ * upstream's calls (it notes and schedules). Set it once, after
+ * pipeline_begin(). */
+void pipeline_set_body_wake(struct pipeline_req *r, void (*fn)(void *ctx), void *ctx);
 
 /* The body is complete: runs the request (store, upstream) unless its answer
  * was already decided, in which case it does nothing. */
@@ -94,7 +108,9 @@ void pipeline_end(struct pipeline_req *r);
  * streamed answer's body has no reader from now (a passthrough exchange is
  * ended upstream, a keyed one goes on and is stored), and its access line
  * is written with the bytes the client took. Must not be called between
- * pipeline_end() and the answer. NULL-safe. */
+ * pipeline_end() and the answer, but for a request whose body streams: its
+ * client may go before its answer, which then never comes (the exchange is
+ * ended upstream). NULL-safe. */
 void pipeline_req_free(struct pipeline_req *r);
 
 /* Makes <t> (a reference is taken) the routes of the requests that begin

@@ -71,6 +71,12 @@ struct upstream_request {
      * answer. */
     void (*head)(void *ctx, struct record *rec, uint64_t length);
     struct flow *flow;
+    /* Optional: the body streams from here instead of <body> (borrowed
+     * until the callback has run; its length, or FLOW_LENGTH_UNKNOWN:
+     * chunked): read as the upstream takes it, curl's sending paused while
+     * it is empty. A cut body ends the exchange. When the exchange ends the
+     * flow's reader is gone (flow_reader_gone()): its writer drops the rest. */
+    struct flow *body_flow;
     struct upstream_why *why; /* optional: filled when the exchange fails */
 };
 

@@ -35,6 +35,12 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
                         pieces; stall=MS: a silence of MS before the last piece.
                         A write that fails (the proxy closed the connection) is
                         noted: stream_closed(NAME) says when (time.monotonic())
+  /upload?rate=R&answer_at=K
+                        reads the request body as it comes (Content-Length or
+                        chunked), at most R bytes a second (default: no limit),
+                        without keeping it: 200 JSON {bytes, sha256, chunked}; with
+                        answer_at=K it answers 413 after K bytes without reading
+                        the rest, and closes
   /sse?n=N&ms=M&id=NAME text/event-stream, chunked: N events M ms apart, each
                         "id: i\ndata: event i of NAME\n\n" written when due;
                         sent_at(NAME) lists when each went out
@@ -43,6 +49,7 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
 Every fault endpoint counts as a hit like the others (the request did arrive).
 """
 import email.utils
+import hashlib
 import json
 import socket
 import struct
@@ -154,8 +161,11 @@ class _Handler(QuietHandler):
 
     def _dispatch(self):
         srv = self.server
-        body = self._read_body()
         split = urlsplit(self.path)
+        if split.path.split("/api", 1)[-1] == "/upload" or split.path == "/upload":
+            srv.record("/upload", self.command, self.path, self.headers.items(), b"")
+            return self._upload({k: v[0] for k, v in parse_qs(split.query).items()})
+        body = self._read_body()
         path = split.path
         if path.startswith("/api/"):
             path = path[4:]
@@ -253,6 +263,52 @@ class _Handler(QuietHandler):
         else:
             self._json(200, {"seq": seq, "unknown": path, "target": self.path,
                              "method": self.command}, seq)
+
+    def _body_pieces(self):
+        """The request body as it comes, in pieces, without keeping it."""
+        te = self.headers.get("Transfer-Encoding", "")
+        if "chunked" in te.lower():
+            while True:
+                line = self.rfile.readline(65537)
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return
+                while size > 0:
+                    piece = self.rfile.read(min(size, 65536))
+                    if not piece:
+                        return
+                    size -= len(piece)
+                    yield piece
+                self.rfile.readline(65537)
+        else:
+            left = int(self.headers.get("Content-Length", "0") or "0")
+            while left > 0:
+                piece = self.rfile.read(min(left, 65536))
+                if not piece:
+                    return
+                left -= len(piece)
+                yield piece
+
+    def _upload(self, q):
+        rate, answer_at = float(q.get("rate", "0")), int(q.get("answer_at", "-1"))
+        h, total, t0 = hashlib.sha256(), 0, time.monotonic()
+        for piece in self._body_pieces():
+            h.update(piece)
+            total += len(piece)
+            if answer_at >= 0 and total >= answer_at:
+                self.close_connection = True
+                self._answer(413, [("Content-Type", "application/json")], b'{"early": true}')
+                return
+            if rate:
+                ahead = total / rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        body = json.dumps({"bytes": total, "sha256": h.hexdigest(), "chunked": chunked,
+                           "expect": self.headers.get("Expect")}).encode()
+        self._answer(200, [("Content-Type", "application/json")], body)
 
     def _stream(self, query):
         q = {k: v[0] for k, v in query.items()}

@@ -5,6 +5,7 @@ upstream is visibly cut; a client gone mid-stream ends a passthrough
 exchange upstream and leaves a keyed one to be stored."""
 import hashlib
 import http.client
+import json
 import os
 import socket
 import time
@@ -321,3 +322,153 @@ def test_streamed_bytes_are_counted_and_logged(proxy, upstream):
                                    {"route": "default", "direction": "down"}) == 120000,
              what="the streamed bytes counted")
     assert " bytes=120000 " in p.wait_log("GET /stream?n=4&size=30000")
+
+
+# ------------------------------------------------------------ request bodies
+
+def send_upload(p, total, chunked, target="/upload", headers=(), piece_size=65536,
+                timeout=60, head_only=False):
+    """POSTs <total> bytes of a known pattern (Content-Length, or chunked);
+    returns (status, body as JSON or bytes, the pattern's SHA-256). With
+    <head_only> the body is not sent: for an answer expected before it (a
+    server that refuses a body it will not read closes the connection, and a
+    client still writing it could lose the answer to the reset)."""
+    piece, h = big_body(piece_size), hashlib.sha256()
+    c = http.client.HTTPConnection("127.0.0.1", p.port, timeout=timeout)
+    try:
+        c.putrequest("POST", target)
+        for k, v in headers:
+            c.putheader(k, v)
+        if chunked:
+            c.putheader("Transfer-Encoding", "chunked")
+        else:
+            c.putheader("Content-Length", str(total))
+        c.endheaders()
+        left = 0 if head_only else total
+        while left > 0:
+            part = piece[:min(left, piece_size)]
+            h.update(part)
+            c.send(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            left -= len(part)
+        if chunked and not head_only:
+            c.send(b"0\r\n\r\n")
+        r = c.getresponse()
+        body = r.read()
+    finally:
+        c.close()
+    try:
+        body = json.loads(body)
+    except ValueError:
+        pass
+    return r.status, body, h.hexdigest()
+
+
+@heavy
+@store_independent
+def test_512_mib_upload_streams_in_bounded_memory(proxy, upstream):
+    p = proxy()
+    assert send_upload(p, 100000, False)[0] == 200  # warm
+    before = vm_kib(p, "VmHWM")
+    for chunked in (False, True):
+        st, got, digest = send_upload(p, 512 << 20, chunked, timeout=120)
+        assert st == 200 and got["bytes"] == 512 << 20 and got["sha256"] == digest
+        assert got["chunked"] == chunked
+    grown = vm_kib(p, "VmHWM") - before
+    assert grown < 32 * 1024, "peak RSS grew by %d KiB" % grown
+    wait_for(lambda: metrics_value(p.metrics(), "idemproxy_streamed_bytes_total",
+                                   {"route": "default", "direction": "up"})
+             == 100000 + 2 * (512 << 20),
+             what="the streamed bytes counted")
+
+
+@store_independent
+def test_upload_slowed_by_its_upstream_holds_only_the_window(proxy, upstream):
+    p = proxy()
+    before = vm_kib(p, "VmHWM")
+    st, got, digest = send_upload(p, 12 << 20, False, target="/upload?rate=%d" % (4 << 20))
+    assert st == 200 and got["bytes"] == 12 << 20 and got["sha256"] == digest
+    grown = vm_kib(p, "VmHWM") - before
+    assert grown < 4 * 1024, "peak RSS grew by %d KiB while the upstream read slowly" % grown
+
+
+@store_independent
+def test_upload_honours_expect_100_continue(proxy, upstream):
+    p = proxy("--max-passthrough-body", "1M")
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 200000\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(big_body(200000))
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        got = json.loads(r.read())
+        assert r.status == 200 and got["bytes"] == 200000 and got["expect"] is None
+    finally:
+        s.close()
+    # over the limit: 413 at once, no 100, nothing forwarded
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        assert r.status == 413 and json.loads(r.read())["code"] == "payload_too_large"
+    finally:
+        s.close()
+    assert upstream.hits("/upload") == 1
+
+
+@store_independent
+def test_max_passthrough_body(proxy, upstream):
+    p = proxy("--max-passthrough-body", "300K", "--max-body", "1K")
+    # within it: forwarded whole (--max-body is a keyed request's)
+    st, got, digest = send_upload(p, 300 << 10, True)
+    assert st == 200 and got["bytes"] == 300 << 10 and got["sha256"] == digest
+    assert upstream.hits("/upload") == 1
+    # a Content-Length over it: 413 before anything is forwarded
+    st, got, _ = send_upload(p, (300 << 10) + 1, False, head_only=True)
+    assert st == 413 and got["code"] == "payload_too_large"
+    assert "--max-passthrough-body" in got["detail"]
+    assert upstream.hits("/upload") == 1
+    # a chunked body crossing it mid-way: the exchange is ended, 413
+    st, got, _ = send_upload(p, 1 << 20, True)
+    assert st == 413 and got["code"] == "payload_too_large"
+    # a keyed request is bound by --max-body instead
+    st, got, _ = send_upload(p, 2048, False, target="/echo",
+                             headers=[("Idempotency-Key", new_key())], head_only=True)
+    assert st == 413 and "--max-body" in got["detail"]
+
+
+@store_independent
+def test_small_chunked_body_over_the_limit_is_never_forwarded(proxy, upstream):
+    """A body of unknown length is held until it passes 64 KiB: one that
+    crosses a smaller limit before is refused with nothing forwarded."""
+    p = proxy("--max-passthrough-body", "10K")
+    st, got, _ = send_upload(p, 20 << 10, True, piece_size=4096)
+    assert st == 413 and got["code"] == "payload_too_large"
+    assert upstream.hits("/upload") == 0
+
+
+@store_independent
+def test_upstream_answering_before_the_upload_ends(proxy, upstream):
+    p = proxy()
+    st, got, _ = send_upload(p, 4 << 20, False, target="/upload?answer_at=300000")
+    assert st == 413 and got == {"early": True}  # the upstream's own answer
+    assert p.request("GET", "/echo")[0] == 201  # the proxy goes on
+
+
+@store_independent
+def test_client_gone_mid_upload_cuts_the_upstream_request(proxy, upstream):
+    p = proxy()
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 4000000\r\n\r\n")
+    s.sendall(big_body(1000000))
+    time.sleep(0.3)
+    s.close()
+    p.wait_log("the client went away before the answer")
+    wait_for(lambda: metrics_value(p.metrics(), "idemproxy_inflight") == 0,
+             what="nothing in flight")
+    req = [r for r in upstream.requests if r[1] == "/upload"]
+    assert len(req) == 1  # it went, and was cut: never taken for a whole request
+    assert p.request("GET", "/echo")[0] == 201

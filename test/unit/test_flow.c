@@ -199,7 +199,45 @@ static void test_flow_reader_gone_wakes_the_writer_and_wants_no_bytes(void)
     flow_done(&f);
 }
 
+static void over(void *ctx) { (*(int *)ctx)++; }
+
+static void test_flow_tells_once_when_the_readers_body_is_over(void)
+{
+    struct flow f;
+    struct wakes w;
+    char out[16];
+    int told = 0;
+
+    setup(&f, &w);
+    flow_set_over(&f, over, &told);
+    flow_set_length(&f, 3);
+    flow_hold(&f);
+    CHECK_EQ_INT(flow_write(&f, "abc", 3), 3);
+    CHECK_EQ_INT(flow_read(&f, out, sizeof(out)), 2);
+    flow_end(&f, true);
+    CHECK_EQ_INT(told, 0); /* held: its last byte is not taken */
+    flow_release(&f);
+    CHECK_EQ_INT(told, 0);
+    CHECK_EQ_INT(flow_read(&f, out, sizeof(out)),
+                 1); /* the last byte: a known length asks no more */
+    CHECK_EQ_INT(told, 1);
+    CHECK_EQ_INT(flow_read(&f, out, sizeof(out)), FLOW_END);
+    CHECK_EQ_INT(told, 1);
+    flow_done(&f);
+
+    setup(&f, &w);
+    told = 0;
+    flow_set_over(&f, over, &told);
+    CHECK_EQ_INT(flow_write(&f, "x", 1), 1);
+    flow_cut(&f);
+    CHECK_EQ_INT(told, 1);
+    flow_end(&f, false);
+    CHECK_EQ_INT(told, 1);
+    flow_done(&f);
+}
+
 TEST_MAIN(test_flow_passes_bytes_in_order_then_ends,
+          test_flow_tells_once_when_the_readers_body_is_over,
           test_flow_window_pauses_the_writer_until_half_is_read,
           test_flow_takes_one_large_write_into_an_empty_window,
           test_flow_copy_stops_past_its_limit_and_the_reader_gets_all,
