@@ -598,6 +598,7 @@ void pipeline_req_free(struct pipeline_req *r)
 {
     if (!r)
         return;
+    flow_set_writer(&r->up_flow, NULL, NULL); /* the front end's wake-up goes with it */
     if (r->body_streaming)
         flow_end(&r->up_flow, false); /* a body not whole by now never will be: cut */
     if (r->body_streaming && !r->decided) {
