@@ -381,6 +381,7 @@ def test_512_mib_upload_streams_in_bounded_memory(proxy, upstream):
              what="the streamed bytes counted")
 
 
+@heavy  # a memory bound: the sanitizers' own memory would blur it
 @store_independent
 def test_upload_slowed_by_its_upstream_holds_only_the_window(proxy, upstream):
     p = proxy()
