@@ -158,15 +158,29 @@ def test_slow_reader_slows_the_upstream_read(proxy, upstream):
     answer (the upstream waits on its socket)."""
     p = proxy()
     before = vm_kib(p, "VmHWM")
-    c, r = open_stream(p, "GET", "/stream?n=64&size=65536&length=1", timeout=60)
+    c, r = open_stream(p, "GET", "/stream?n=16&size=65536&length=1", timeout=60)
     try:
-        got = in_thread(read_all, r, 64 * 1024 * 4)  # 4 MiB at 256 KiB/s: 16 s
-        time.sleep(2)
+        got = in_thread(read_all, r, 64 * 1024)  # 1 MiB at 64 KiB/s: 16 s
+        time.sleep(4)
         mid = vm_kib(p, "VmRSS")
-        assert got(timeout=60) == stream_digest(64, 65536)
+        assert got(timeout=60) == stream_digest(16, 65536)
     finally:
         c.close()
     assert mid - before < 3 * 1024, "RSS grew by %d KiB while a slow client read" % (mid - before)
+
+
+def test_keyed_stream_of_a_status_not_cached_is_not_stored(proxy, upstream):
+    p = proxy()
+    key = new_key()
+    target = "/stream?n=3&size=20000&ms=100&status=503"
+    for n in (1, 2):
+        c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+        try:
+            assert r.status == 503 and hone(r.getheaders(), REPLAY) == "false"
+            assert read_all(r) == stream_digest(3, 20000)
+        finally:
+            c.close()
+        wait_for(lambda: upstream.hits("/stream") == n, what="the request run again")
 
 
 def test_keyed_answer_over_max_response_streams_whole_then_too_large(proxy, upstream):
