@@ -45,11 +45,11 @@ struct pipeline_req {
     struct request *rq;         /* owned: what the front end read */
     struct pipeline_answer out; /* the answer, until it is handed over */
     char *id;                   /* owned: its request id, when the pipeline has a header for it */
-    bool decided;               /* the answer was handed over */
     struct pipeline *pl;
     /* The front end's reference, and a late exchange's (SPEC §9): the last
      * one frees it. */
     atomic_int refs;
+    bool decided;         /* the answer was handed over */
     bool late;            /* answered 504 at --upstream-timeout; its exchange goes on */
     char *late_method;    /* owned: the method, once late (the front end's copy may go) */
     const char *unknown;  /* the cause, once this request made its key unknown */
@@ -73,16 +73,16 @@ struct pipeline_req {
     bool streamed;
     bool keep;              /* ... keyed, and to be stored when whole */
     bool accounted;         /* its access line is written */
-    struct flow flow;       /* owned */
+    bool body_streaming;    /* its body passed ADMISSION_STREAM_MIN: it goes through <up_flow> */
+    bool front_gone;        /* its client went while its body streamed (below) */
+    bool body_over;         /* its body passed max-passthrough-body: the exchange was ended, 413 */
+    struct flow *flow;      /* owned, once it streams: small requests stay in one tcache size */
     struct record *capture; /* a keyed streamed answer: its record, whose body is the flow's copy */
     struct loop_task ended; /* the exchange's end, brought back to the request's loop */
     /* A streamed request body (adm.streams): the front end writes, the
      * upstream reads. Its client may go before the answer (front_gone):
      * the answer is then dropped. */
-    struct flow up_flow;
-    bool body_streaming; /* it passed ADMISSION_STREAM_MIN: it goes through <up_flow> */
-    bool front_gone;
-    bool body_over; /* it passed max-passthrough-body: the exchange was ended, 413 */
+    struct flow *up_flow; /* owned, once it streams */
     void (*body_wake)(void *ctx);
     void *body_wake_ctx;
     struct waitlist_entry wait; /* --wait: a duplicate held until the first request ends */

@@ -30,7 +30,7 @@ static struct log_burst upstream_failures = LOG_BURST_INIT("upstream failures");
 
 static void on_upstream(void *ctx, int err, struct record *rec);
 static void on_overdue(void *ctx);
-static void on_head(void *ctx, struct record *rec, uint64_t length);
+static int on_head(void *ctx, struct record *rec, uint64_t length);
 
 void pipeline_forward(struct pipeline_req *r)
 {
@@ -51,13 +51,13 @@ void pipeline_forward(struct pipeline_req *r)
         .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
         .why = &r->up_why,
         .head = on_head,
-        .flow = &r->flow,
-        .body_flow = r->body_streaming ? &r->up_flow : NULL,
+        .flow = NULL, /* made when its head comes (on_head()) */
+        .body_flow = r->body_streaming ? r->up_flow : NULL,
     };
     r->upstream_sent_us = metrics_now_us();
     err = r->pl->fwd.submit(r->pl->fwd.ctx, in->loop, &r->up_req, on_upstream, r);
     if (err < 0 && r->body_streaming)
-        flow_reader_gone(&r->up_flow); /* nobody will read the rest of the body */
+        flow_reader_gone(r->up_flow); /* nobody will read the rest of the body */
     if (err < 0)
         on_upstream(r, err, NULL);
 }
@@ -77,7 +77,7 @@ static void exchange_end(void *ctx)
     struct pipeline_req *r = ctx;
 
     if (r->streamed)
-        flow_release(&r->flow);
+        flow_release(r->flow);
     atomic_fetch_sub_explicit(&r->pl->late, 1, memory_order_release);
     pipeline_req_unref(r);
 }
@@ -262,13 +262,13 @@ static void on_overdue(void *ctx)
          * (never taken for whole), and the exchange goes on, copied. */
         log_warn("upstream %.*s %.*s: its answer stopped for longer than --upstream-timeout "
                  "after %llu bytes were sent: the client's answer is cut; the exchange goes "
-                 "on for --upstream-late-timeout",
+                 "on while it is not silent for --upstream-late-timeout",
                  (int)in->method.len, in->method.base,
                  (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
-                 (unsigned long long)r->flow.taken);
+                 (unsigned long long)r->flow->taken);
         r->late = true;
         r->out.outcome = OUTCOME_UPSTREAM_ERROR; /* what its access line and metrics say */
-        flow_cut(&r->flow);
+        flow_cut(r->flow);
         return;
     }
     r->forwarded = true;
@@ -324,13 +324,21 @@ static void on_answer_over(void *ctx)
  * held from the client until the store has reported: a client that has the
  * whole answer finds it stored. A request whose client got its 504 already
  * copies only. On the loop thread. */
-static void on_head(void *ctx, struct record *rec, uint64_t length)
+static int on_head(void *ctx, struct record *rec, uint64_t length)
 {
     struct pipeline_req *r = ctx;
-    struct flow *f = &r->flow;
+    struct flow *f = malloc(sizeof(*f));
     const struct route_settings *rs = &r->adm.route->settings;
-    bool keep = take_storage(r, rec);
+    bool keep;
 
+    if (!f) {
+        record_unref(rec);
+        return -ENOMEM; /* the exchange ends */
+    }
+    flow_init(f);
+    r->flow = f;
+    r->up_req.flow = f;
+    keep = take_storage(r, rec);
     r->streamed = true;
     r->forwarded = true;
     pipeline_keep_method(r);
@@ -339,8 +347,8 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
     flow_set_length(f, length);
     if (r->lease)
         flow_set_to_the_end(f); /* its end decides its key, client or not */
-    flow_write(f, rec->body.data,
-               rec->body.len); /* the bytes read with the head: within the window */
+    /* The bytes read with the head: an empty flow takes them whole. */
+    flow_write(f, rec->body.data, rec->body.len);
     r->keep = r->lease && keep && config_is_cacheable(rs, rec->status);
     if (r->keep) {
         r->capture = record_ref(rec);
@@ -351,7 +359,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
     if (r->late) { /* the exchange holds its reference since the 504 */
         flow_cut(f);
         record_unref(rec);
-        return;
+        return 0;
     }
     flow_set_over(f, on_answer_over, r);
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); /* the exchange's */
@@ -364,6 +372,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
     }
     r->out.body = f;
     pipeline_finish(r);
+    return 0;
 }
 
 /* A streamed answer's exchange is over: whole (<err> 0) or cut. The client's
@@ -373,7 +382,7 @@ static void on_head(void *ctx, struct record *rec, uint64_t length)
 static void stream_end(struct pipeline_req *r, int err)
 {
     const struct request *in = r->rq;
-    struct flow *f = &r->flow;
+    struct flow *f = r->flow;
 
     if (!r->late)
         r->upstream_us = metrics_now_us() - r->upstream_sent_us;

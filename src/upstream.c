@@ -754,9 +754,14 @@ static void tell_heads(struct upstream *up)
         x->rec = NULL;
         rec->status = x->status;
         record_filter_hop_by_hop(rec);
+        if (x->req->head(x->ctx, rec, length >= 0 ? (uint64_t)length : FLOW_LENGTH_UNKNOWN) < 0) {
+            (void)curl_multi_remove_handle(up->multi, x->easy);
+            list_remove(&x->node);
+            xfer_finish(x, -ENOMEM);
+            continue;
+        }
         x->streaming = true;
         flow_set_writer(x->req->flow, on_flow_wake, x);
-        x->req->head(x->ctx, rec, length >= 0 ? (uint64_t)length : FLOW_LENGTH_UNKNOWN);
     }
 }
 

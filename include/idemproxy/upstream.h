@@ -61,15 +61,16 @@ struct upstream_request {
      * <head> runs once, on the loop thread, with the head in <rec> (a
      * reference passed over: status, headers as for upstream_done_fn, and
      * the body bytes read so far) and the announced body length in
-     * <length> (FLOW_LENGTH_UNKNOWN: none). The rest of the body is written
-     * to <flow> (borrowed until the callback has run), paused while it has
+     * <length> (FLOW_LENGTH_UNKNOWN: none); it sets <flow> and returns 0,
+     * or returns -ENOMEM and the exchange ends with it. The rest of the
+     * body is written to <flow> (borrowed until the callback has run), paused while it has
      * no room, and ended when nobody reads it any more and nothing is
      * copied (the client is gone). The callback then runs with <rec> NULL:
      * <err> 0 for a whole body, or negative when it was cut (as below;
      * -ETIMEDOUT for a silence past the timeout). Without <head>, or when
      * the body came whole with its head, the callback gets the whole
      * answer. */
-    void (*head)(void *ctx, struct record *rec, uint64_t length);
+    int (*head)(void *ctx, struct record *rec, uint64_t length);
     struct flow *flow;
     /* Optional: the body streams from here instead of <body> (borrowed
      * until the callback has run; its length, or FLOW_LENGTH_UNKNOWN:
