@@ -39,8 +39,8 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
                         reads the request body as it comes (Content-Length or
                         chunked), at most R bytes a second (default: no limit),
                         without keeping it: 200 JSON {bytes, sha256, chunked}; with
-                        answer_at=K it answers 413 after K bytes without reading
-                        the rest, and closes
+                        answer_at=K it answers 413 after K bytes, then drops what
+                        else comes until the client stops sending, and closes
   /sse?n=N&ms=M&id=NAME text/event-stream, chunked: N events M ms apart, each
                         "id: i\ndata: event i of NAME\n\n" written when due;
                         sent_at(NAME) lists when each went out
@@ -291,6 +291,16 @@ class _Handler(QuietHandler):
                 left -= len(piece)
                 yield piece
 
+    def _body_pieces_left(self):
+        """What is left of a body _upload stopped reading, dropped, until the
+        client stops sending (at most 2 s)."""
+        try:
+            self.connection.settimeout(2.0)
+            while self.connection.recv(65536):
+                yield
+        except OSError:
+            return
+
     def _upload(self, q):
         rate, answer_at = float(q.get("rate", "0")), int(q.get("answer_at", "-1"))
         h, total, t0 = hashlib.sha256(), 0, time.monotonic()
@@ -298,8 +308,13 @@ class _Handler(QuietHandler):
             h.update(piece)
             total += len(piece)
             if answer_at >= 0 and total >= answer_at:
+                # As servers do (nginx's lingering close): the answer goes
+                # out, and the rest of the body is read and dropped until
+                # the client stops sending, so that no reset overtakes it.
                 self.close_connection = True
                 self._answer(413, [("Content-Type", "application/json")], b'{"early": true}')
+                for _ in self._body_pieces_left():
+                    pass
                 return
             if rate:
                 ahead = total / rate - (time.monotonic() - t0)

@@ -42,6 +42,16 @@ def read_events(r, n):
     return out
 
 
+def retry_until_stored(p, target, key):
+    """Retries the keyed POST of <target> until it is no longer 409 (the
+    exchange still running): the answer a retry then gets."""
+    def answer():
+        a = p.request("POST", target, [("Idempotency-Key", key)], b"x")
+        return a if a[0] != 409 else None
+
+    return wait_for(answer, timeout=10, what="the answer stored")
+
+
 def vm_kib(p, field):
     with open("/proc/%d/status" % p.proc.pid) as f:
         for line in f:
@@ -290,9 +300,7 @@ def test_keyed_stream_silent_past_the_timeout_completes_late(proxy, upstream):
             r.read()
     finally:
         c.close()
-    st = wait_for(lambda: (lambda a: a if a[0] != 409 else None)(
-        p.request("POST", target, [("Idempotency-Key", key)], b"x")), timeout=10,
-        what="the late answer stored")
+    st = retry_until_stored(p, target, key)
     assert st[0] == 200 and hone(st[1], REPLAY) == "true" and st[2] == big_body(1000) * 3
     assert upstream.hits("/stream") == 1
 
@@ -304,9 +312,7 @@ def test_keyed_client_gone_mid_stream_is_stored_and_replayed(proxy, upstream):
     c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
     assert r.status == 200 and r.read1(65536)
     c.close()  # gone after the first piece
-    st = wait_for(lambda: (lambda a: a if a[0] != 409 else None)(
-        p.request("POST", target, [("Idempotency-Key", key)], b"x")), timeout=10,
-        what="the answer stored")
+    st = retry_until_stored(p, target, key)
     assert st[0] == 200 and hone(st[1], REPLAY) == "true"
     assert st[2] == big_body(20000) * 5
     assert upstream.hits("/stream") == 1
