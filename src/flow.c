@@ -88,6 +88,8 @@ bool flow_wants_bytes(const struct flow *f)
     return f->to_the_end || f->copy || !(f->reader_gone || f->cut);
 }
 
+static size_t put(struct flow *f, const char *p, size_t n);
+
 size_t flow_write(struct flow *f, const char *p, size_t n)
 {
     bool queue = !(f->reader_gone || f->cut);
@@ -99,6 +101,20 @@ size_t flow_write(struct flow *f, const char *p, size_t n)
         f->writer_paused = true;
         return 0;
     }
+    return put(f, p, n);
+}
+
+void flow_push(struct flow *f, const char *p, size_t n)
+{
+    if (n > 0)
+        (void)put(f, p, n);
+}
+
+/* Copies and queues <n> > 0 bytes, the window checked or not. */
+static size_t put(struct flow *f, const char *p, size_t n)
+{
+    bool queue = !(f->reader_gone || f->cut);
+
     if (f->copy && (n > f->copy_limit - f->copy->len || buf_append(f->copy, p, n) < 0))
         drop_copy(f); /* past --max-response (or out of memory): the client still gets it all */
     f->written += n;

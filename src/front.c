@@ -549,9 +549,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     /* The body is complete: an answer decided while it was read, or the one
-     * a resumed connection comes back with, goes out now. */
-    if (q->answered)
+     * a resumed connection comes back with, goes out now (a streamed body is
+     * told its end first: its upstream may still be reading it). */
+    if (q->answered) {
+        if (!q->waiting)
+            pipeline_end(q->pr);
         return send_answer(conn, q);
+    }
     if (q->waiting)
         return MHD_YES; /* still waiting */
     q->waiting = true;

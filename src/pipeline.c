@@ -268,12 +268,12 @@ void pipeline_end(struct pipeline_req *r)
 {
     struct admission_refusal ref;
 
-    if (r->decided)
-        return;
-    if (r->body_streaming) { /* running since its body passed ADMISSION_STREAM_MIN */
-        flow_end(r->up_flow, true);
+    if (r->body_streaming) {        /* running since its body passed ADMISSION_STREAM_MIN */
+        flow_end(r->up_flow, true); /* whole, even when the answer came first */
         return;
     }
+    if (r->decided)
+        return;
     r->running = true;
     metrics_inflight_add(1);
     if (admission_end(&r->adm, r->rq, &ref))

@@ -401,8 +401,8 @@ static void stream_end(struct pipeline_req *r, int err)
     }
     if (err == 0 && r->keep)
         lease_end_answer(r, r->capture, true, f->copy_over);
-    else if (err == 0 || !upstream_err_maybe_sent(err))
-        pipeline_lease_end(r, NULL);
+    else if (err == 0 || !r->keep || !upstream_err_maybe_sent(err))
+        pipeline_lease_end(r, NULL); /* a head not to be kept (a 5xx, no-store) is released */
     else
         lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
                                                : STORE_CAUSE_UPSTREAM_RESET);

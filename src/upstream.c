@@ -48,6 +48,7 @@ struct xfer {
     bool streaming;        /* its head went to req->head: the body goes to req->flow */
     bool paused;           /* the flow had no room: curl's receiving is paused */
     bool upload_paused;    /* the body flow had no bytes: curl's sending is paused */
+    bool body_sent;        /* the body flow's end was sent */
     bool waking;           /* in up->wakes */
     bool late;             /* past --upstream-timeout with req->overdue: the late window runs */
     size_t head_bytes;     /* of the final answer's header block, as the client will get it */
@@ -344,6 +345,8 @@ static size_t header_cb(char *data, size_t size, size_t n, void *userdata)
     int r;
 
     watch_touch(x);
+    if (!x->rec)
+        return total; /* a streamed answer's trailers (its record went with its head): dropped */
     if (len > 0 && data[len - 1] == '\n') {
         len--;
         if (len > 0 && data[len - 1] == '\r')
@@ -418,7 +421,17 @@ static size_t write_cb(char *data, size_t size, size_t n, void *userdata)
             x->err = -ECANCELED;
             return 0; /* nobody reads and nothing is kept: the upstream's connection is closed */
         }
-        if (size * n > 0 && flow_write(f, data, size * n) == 0) {
+        if (x->req->body_flow && !x->body_sent) {
+            /* No answer goes out before the client's body is in (libmicrohttpd): a
+             * pause could stop the upstream reading it. Held, up to the capture limit. */
+            if (f->q.len - f->off + size * n > x->up->max_capture_bytes) {
+                x->cause = "the upstream's answer outgrew what the proxy holds while the "
+                           "request's body was still being sent";
+                x->err = -E2BIG;
+                return 0;
+            }
+            flow_push(f, data, size * n);
+        } else if (size * n > 0 && flow_write(f, data, size * n) == 0) {
             /* The client reads slower than the upstream sends: curl keeps
              * these bytes and stops reading until the flow has room. */
             list_remove(&x->watch_node);
@@ -459,6 +472,7 @@ static size_t read_cb(char *buf, size_t size, size_t n, void *userdata)
         return (size_t)r;
     }
     if (r == FLOW_END) {
+        x->body_sent = true;
         watch_touch(x); /* the wait for the answer starts */
         return 0;
     }

@@ -99,6 +99,10 @@ void flow_set_over(struct flow *f, flow_wake_fn *fn, void *ctx);
  * was taken, the writer pauses, and its wake-up runs when there is room. */
 size_t flow_write(struct flow *f, const char *p, size_t n);
 
+/* As flow_write(), but whatever the window holds: for a writer that must
+ * not pause (the caller bounds what it pushes). */
+void flow_push(struct flow *f, const char *p, size_t n);
+
 /* Whether the writer should go on: a reader still reads, a copy is kept, or
  * it is to go on to the end. */
 bool flow_wants_bytes(const struct flow *f);

@@ -101,7 +101,8 @@ size_t pipeline_body(struct pipeline_req *r, const char *p, size_t n);
 void pipeline_set_body_wake(struct pipeline_req *r, void (*fn)(void *ctx), void *ctx);
 
 /* The body is complete: runs the request (store, upstream) unless its answer
- * was already decided, in which case it does nothing. */
+ * was already decided, in which case it does nothing, but for a body that
+ * streams to an upstream that answered first: it is ended whole. */
 void pipeline_end(struct pipeline_req *r);
 
 /* The front end is done with <r> (answered, or the client is gone): a

@@ -40,7 +40,9 @@ Endpoints (an optional "/api" prefix is ignored, for --upstream prefix tests):
                         chunked), at most R bytes a second (default: no limit),
                         without keeping it: 200 JSON {bytes, sha256, chunked}; with
                         answer_at=K it answers 413 after K bytes, then drops what
-                        else comes until the client stops sending, and closes
+                        else comes until the client stops sending, and closes;
+                        early=1: 200 chunked at once, each piece echoed as it
+                        comes, then "\n" and the JSON
   /sse?n=N&ms=M&id=NAME text/event-stream, chunked: N events M ms apart, each
                         "id: i\ndata: event i of NAME\n\n" written when due;
                         sent_at(NAME) lists when each went out
@@ -304,9 +306,19 @@ class _Handler(QuietHandler):
     def _upload(self, q):
         rate, answer_at = float(q.get("rate", "0")), int(q.get("answer_at", "-1"))
         h, total, t0 = hashlib.sha256(), 0, time.monotonic()
+        early = q.get("early") == "1"
+        if early:  # the head now, and each piece echoed as it comes
+            self.send_response_only(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
         for piece in self._body_pieces():
             h.update(piece)
             total += len(piece)
+            if early:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.flush()
             if answer_at >= 0 and total >= answer_at:
                 # As servers do (nginx's lingering close): the answer goes
                 # out, and the rest of the body is read and dropped until
@@ -323,6 +335,10 @@ class _Handler(QuietHandler):
         chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         body = json.dumps({"bytes": total, "sha256": h.hexdigest(), "chunked": chunked,
                            "expect": self.headers.get("Expect")}).encode()
+        if early:  # the echo, then a line with the summary
+            self.wfile.write(b"%x\r\n\n%s\r\n0\r\n\r\n" % (len(body) + 1, body))
+            self.wfile.flush()
+            return
         self._answer(200, [("Content-Type", "application/json")], body)
 
     def _stream(self, query):
@@ -353,8 +369,9 @@ class _Handler(QuietHandler):
                     time.sleep(stall / 1000.0)
                 self.wfile.write(piece if length else b"%x\r\n%s\r\n" % (size, piece))
                 self.wfile.flush()
-            if not length:
-                self.wfile.write(b"0\r\n\r\n")
+            if not length:  # trailer=1: a trailer field that looks like a status line
+                trailer = b"HTTP/1.1 200 OK\r\n" if q.get("trailer") == "1" else b""
+                self.wfile.write(b"0\r\n%s\r\n" % trailer)
                 self.wfile.flush()
         except OSError:
             self.server.note_closed(name)

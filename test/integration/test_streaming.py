@@ -193,6 +193,53 @@ def test_keyed_stream_of_a_status_not_cached_is_not_stored(proxy, upstream):
         wait_for(lambda: upstream.hits("/stream") == n, what="the request run again")
 
 
+def test_keyed_stream_of_a_5xx_cut_releases_its_key(proxy, upstream):
+    """An answer the API said it failed (a 5xx) is never kept: a reset in its
+    body leaves the key free, not unknown."""
+    p = proxy()
+    key = new_key()
+    target = "/stream?n=6&size=10000&ms=100&reset=3&status=500"
+    for n in (1, 2):
+        c, r = open_stream(p, "POST", target, [("Idempotency-Key", key)], b"x")
+        try:
+            assert r.status == 500
+            with pytest.raises(http.client.IncompleteRead):
+                r.read()
+        finally:
+            c.close()
+        wait_for(lambda: upstream.hits("/stream") == n, what="the request run again")
+
+
+@store_independent
+def test_trailers_after_a_streamed_body_are_dropped(proxy, upstream):
+    """A trailer line shaped like a status line, after a body that streamed:
+    its record went with its head, and nothing reads it any more (curl may
+    refuse the line and cut the answer; the proxy stays up either way)."""
+    p = proxy()
+    c, r = open_stream(p, "GET", "/stream?n=3&size=20000&ms=100&trailer=1")
+    try:
+        assert r.status == 200
+        try:
+            assert read_all(r) == stream_digest(3, 20000)
+        except http.client.IncompleteRead:
+            assert "its answer was cut" in p.wait_log("its answer was cut")
+    finally:
+        c.close()
+    assert p.request("GET", "/echo")[0] == 201 and p.alive()  # still up
+
+
+@store_independent
+def test_upload_whose_answer_streams_before_the_body_ends(proxy, upstream):
+    """The upstream answers with its head and streams its answer while the
+    client's chunked body is still coming: the body is still ended (its last
+    chunk sent), and the answer, held meanwhile, follows it."""
+    p = proxy()
+    st, got, digest = send_upload(p, 1 << 20, True, target="/upload?early=1")
+    echo, _, summary = got.rpartition(b"\n")
+    assert st == 200 and hashlib.sha256(echo).hexdigest() == digest
+    assert json.loads(summary)["bytes"] == 1 << 20
+
+
 def test_keyed_answer_over_max_response_streams_whole_then_too_large(proxy, upstream):
     p = proxy("--max-response", "100000")
     key = new_key()
