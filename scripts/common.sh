@@ -22,7 +22,7 @@ ensure_packages() {
 
 # curl: the demo of scripts/run prints curl commands, and the integration suite runs them.
 BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcurl4-openssl-dev
-    libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev curl)
+    libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev libhttp-parser-dev curl)
 
 # build DIR [meson options...] configures DIR (again from scratch when it was
 # configured with other options or another compiler) and builds it: all of

@@ -131,6 +131,8 @@ static int start_serving(struct app *app)
     const struct config *cfg = &app->cfg;
     struct upstream_options uo = {
         .base_url = cfg->upstream,
+        .client = cfg->upstream_client == CONFIG_UPSTREAM_CLIENT_CURL ? UPSTREAM_CLIENT_CURL
+                                                                      : UPSTREAM_CLIENT_OWN,
         .timeout_ms = cfg->upstream_timeout_ms,
         .late_ms = cfg->upstream_late_timeout_ms,
         .max_capture_bytes = app->capture_bytes,

@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The option table of SPEC §3. One static table drives the defaults, the
+/* The options (doc/configuration.md): one static table drives the defaults, the
  * environment, the flags, the file's keys, --help, and every loop over a
- * configuration (free, copy, diff, reload), so no option is listed twice.
- * Runs on the main thread: at start, and on SIGHUP. */
+ * configuration (free, copy, diff, reload); main thread, at start and on SIGHUP. */
 #include "idemproxy/config.h"
 
 #include <stdarg.h>
@@ -93,11 +92,13 @@ struct opt {
 
 static const char *const on_store_error_names[] = { "reject", "passthrough", NULL };
 static const char *const on_unknown_names[] = { "refuse", "retry", NULL };
+static const char *const upstream_client_names[] = { "auto", "curl", NULL };
 static const char *const log_format_names[] = { "text", "json", NULL };
 static const char *const log_level_names[] = { "error", "warn", "info", "debug", NULL };
 
 /* K_CHOICE writes the index through an int. */
 _Static_assert(sizeof(enum config_on_store_error) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum config_upstream_client) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_on_unknown) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
@@ -243,6 +244,9 @@ static const struct opt opts[] = {
       "after the 504 of --upstream-timeout, how long a keyed exchange may stay silent and go on: "
       "a late answer is still stored; 0: none",
       K_SECONDS0, CONFIG_RESTART, F(upstream_late_timeout_ms), 0, NULL, false, false },
+    { "--upstream-client", "IDEMPROXY_UPSTREAM_CLIENT", "auto|curl", "auto",
+      "auto: our own HTTP client for http://, libcurl for https://; curl: libcurl for both",
+      K_CHOICE, CONFIG_RESTART, F(upstream_client), 0, upstream_client_names, false, false },
     { "--on-unknown-outcome", "IDEMPROXY_ON_UNKNOWN_OUTCOME", "refuse|retry", "refuse",
       "a request that may have run upstream without an answer (timeout, reset, a holder lost): "
       "its key answers 502 idempotency_outcome_unknown (refuse), or runs again (retry)",

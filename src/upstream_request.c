@@ -11,16 +11,23 @@
 #include <curl/curl.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/flow.h"
 #include "idemproxy/http.h"
 #include "idemproxy/upstream.h"
 
 #include "upstream_impl.h"
 
 /* Appends "<name>: <value>", or "<name>;" for an empty value (curl's syntax:
- * "<name>:" would remove the header instead). <scratch> is reused. */
-static int add_line(struct curl_slist **list, struct buf *scratch, struct span name,
-                    struct span value)
+ * "<name>:" would remove the header instead). */
+struct curl_lines {
+    struct curl_slist *list;
+    struct buf *scratch; /* reused */
+};
+
+static int add_line(void *ctx, struct span name, struct span value)
 {
+    struct curl_lines *c = ctx;
+    struct buf *scratch = c->scratch;
     struct curl_slist *l;
 
     scratch->len = 0;
@@ -28,21 +35,21 @@ static int add_line(struct curl_slist **list, struct buf *scratch, struct span n
         (value.len ? buf_append(scratch, ": ", 2) : buf_append(scratch, ";", 1)) < 0 ||
         buf_append(scratch, value.base, value.len) < 0 || buf_append(scratch, "", 1) < 0)
         return -ENOMEM;
-    l = curl_slist_append(*list, scratch->data);
+    l = curl_slist_append(c->list, scratch->data);
     if (!l)
         return -ENOMEM;
-    *list = l;
+    c->list = l;
     return 0;
 }
 
 /* Appends a raw line such as "Expect:" that tells curl to leave a header out. */
-static int add_raw(struct curl_slist **list, const char *line)
+static int add_raw(struct curl_lines *c, const char *line)
 {
-    struct curl_slist *l = curl_slist_append(*list, line);
+    struct curl_slist *l = curl_slist_append(c->list, line);
 
     if (!l)
         return -ENOMEM;
-    *list = l;
+    c->list = l;
     return 0;
 }
 
@@ -54,78 +61,122 @@ static int join(struct buf *b, struct span s)
     return buf_append(b, s.base, s.len) < 0 ? -ENOMEM : 0;
 }
 
-int upstream_build_headers(const struct upstream_request *req, struct upstream_scratch *s,
-                           struct curl_slist **ret)
+/* Whether the client's field <name> is left out: hop-by-hop, named in
+ * Connection (<conn>), Expect, or one the proxy sets itself. */
+static bool left_out(const struct upstream_request *req, const char *conn, struct span name)
 {
-    static const struct span h_connection = SPAN_LIT("Connection"), h_expect = SPAN_LIT("Expect"),
+    static const struct span h_expect = SPAN_LIT("Expect"), h_xfp = SPAN_LIT("X-Forwarded-Proto"),
+                             h_xfh = SPAN_LIT("X-Forwarded-Host");
+
+    return http_is_hop_by_hop(name) || http_is_connection_listed(conn, name) ||
+           span_eq_nocase(name, h_expect) || span_eq_nocase(name, h_xfp) ||
+           span_eq_nocase(name, h_xfh) ||
+           (req->id_header.len > 0 && span_eq_nocase(name, req->id_header));
+}
+
+int upstream_each_field(const struct upstream_request *req, struct upstream_scratch *s,
+                        upstream_field_fn *fn, void *ctx, struct upstream_fields_seen *seen)
+{
+    static const struct span h_connection = SPAN_LIT("Connection"),
                              h_xff = SPAN_LIT("X-Forwarded-For"),
                              h_xfp = SPAN_LIT("X-Forwarded-Proto"),
                              h_xfh = SPAN_LIT("X-Forwarded-Host"), h_host = SPAN_LIT("Host"),
                              h_accept = SPAN_LIT("Accept"), h_ctype = SPAN_LIT("Content-Type");
-    struct buf *conn = &s->conn, *xff = &s->xff, *line = &s->line;
-    struct curl_slist *list = NULL;
+    struct buf *conn = &s->conn, *xff = &s->xff;
     const struct span *host = req->host.base ? &req->host : NULL;
-    bool has_accept = false, has_ctype = false;
-    int r = -ENOMEM;
+    int r;
 
+    *seen = (struct upstream_fields_seen){ 0 };
     conn->len = xff->len = 0;
     /* Every Connection header counts, as if they were one comma-separated list. */
     for (size_t i = 0; i < req->nheaders; i++) {
         if (span_eq_nocase(req->headers[i].name, h_connection) &&
             join(conn, req->headers[i].value) < 0)
-            goto out;
+            return -ENOMEM;
     }
     if (buf_append(conn, "", 1) < 0)
-        goto out;
+        return -ENOMEM;
 
     for (size_t i = 0; i < req->nheaders; i++) {
         const struct http_header *h = &req->headers[i];
 
-        if (http_is_hop_by_hop(h->name) || http_is_connection_listed(conn->data, h->name) ||
-            span_eq_nocase(h->name, h_expect) || span_eq_nocase(h->name, h_xfp) ||
-            span_eq_nocase(h->name, h_xfh) ||
-            (req->id_header.len > 0 && span_eq_nocase(h->name, req->id_header)))
+        if (left_out(req, conn->data, h->name))
             continue;
         if (span_eq_nocase(h->name, h_xff)) {
             if (h->value.len > 0 && join(xff, h->value) < 0)
-                goto out;
+                return -ENOMEM;
             continue; /* one merged X-Forwarded-For goes out below */
         }
         if (span_eq_nocase(h->name, h_host)) {
             if (req->host.base)
                 continue; /* replaced by the absolute-form target's authority, below */
             host = &h->value;
+            seen->host = true;
         }
-        has_accept = has_accept || span_eq_nocase(h->name, h_accept);
-        has_ctype = has_ctype || span_eq_nocase(h->name, h_ctype);
-        if (add_line(&list, line, h->name, h->value) < 0)
-            goto out;
+        seen->accept = seen->accept || span_eq_nocase(h->name, h_accept);
+        seen->content_type = seen->content_type || span_eq_nocase(h->name, h_ctype);
+        if ((r = fn(ctx, h->name, h->value)) < 0)
+            return r;
     }
+    if (req->host.base) {
+        if ((r = fn(ctx, h_host, req->host)) < 0)
+            return r;
+        seen->host = true;
+    }
+    if (req->client_ip && join(xff, span_from_cstr(req->client_ip)) < 0)
+        return -ENOMEM;
+    if (xff->len > 0 && (r = fn(ctx, h_xff, buf_span(xff))) < 0)
+        return r;
+    if ((r = fn(ctx, h_xfp, span_from_cstr(req->proto ? req->proto : "http"))) < 0)
+        return r;
+    if (host && (r = fn(ctx, h_xfh, *host)) < 0)
+        return r;
+    if (req->id_header.len > 0 && (r = fn(ctx, req->id_header, req->id)) < 0)
+        return r;
+    return 0;
+}
+
+int upstream_build_headers(const struct upstream_request *req, struct upstream_scratch *s,
+                           struct curl_slist **ret)
+{
+    struct curl_lines c = { .scratch = &s->line };
+    struct upstream_fields_seen seen;
+    int r = upstream_each_field(req, s, add_line, &c, &seen);
 
     /* Keep curl from inventing headers the client did not send. */
-    if (req->host.base && add_line(&list, line, h_host, req->host) < 0)
-        goto out;
-    if ((!has_accept && add_raw(&list, "Accept:") < 0) ||
-        (!has_ctype && add_raw(&list, "Content-Type:") < 0) || add_raw(&list, "Expect:") < 0)
-        goto out;
+    if (r == 0 &&
+        ((!seen.accept && add_raw(&c, "Accept:") < 0) ||
+         (!seen.content_type && add_raw(&c, "Content-Type:") < 0) || add_raw(&c, "Expect:") < 0))
+        r = -ENOMEM;
+    if (r < 0) {
+        curl_slist_free_all(c.list);
+        return r;
+    }
+    *ret = c.list;
+    return 0;
+}
 
-    if (req->client_ip && join(xff, span_from_cstr(req->client_ip)) < 0)
-        goto out;
-    if (xff->len > 0 && add_line(&list, line, h_xff, buf_span(xff)) < 0)
-        goto out;
-    if (add_line(&list, line, h_xfp, span_from_cstr(req->proto ? req->proto : "http")) < 0)
-        goto out;
-    if (host && add_line(&list, line, h_xfh, *host) < 0)
-        goto out;
-    if (req->id_header.len > 0 && add_line(&list, line, req->id_header, req->id) < 0)
-        goto out;
+enum upstream_framing upstream_body_framing(const struct upstream_request *req, uint64_t *ret_len)
+{
+    *ret_len = 0;
+    if (upstream_method_is(req->method, "HEAD") ||
+        (upstream_method_is(req->method, "GET") && req->body.len == 0 && !req->body_flow))
+        return UPSTREAM_NO_BODY;
+    if (req->body_flow) {
+        uint64_t len = req->body_flow->length;
 
-    *ret = list;
-    list = NULL;
-    r = 0;
-out:
-    curl_slist_free_all(list);
-    return r;
+        if (len == FLOW_LENGTH_UNKNOWN || len > INT64_MAX)
+            return UPSTREAM_CHUNKED;
+        *ret_len = len;
+        return UPSTREAM_LENGTH;
+    }
+    /* An empty body of a method that carries one still says Content-Length: 0. */
+    if (req->body.len > 0 || upstream_method_is(req->method, "POST") ||
+        upstream_method_is(req->method, "PUT") || upstream_method_is(req->method, "PATCH")) {
+        *ret_len = req->body.len;
+        return UPSTREAM_LENGTH;
+    }
+    return UPSTREAM_NO_BODY;
 }
 
 int upstream_base_parse(const char *url, struct upstream_base *ret)

@@ -20,6 +20,12 @@ enum config_on_store_error {
     CONFIG_ON_STORE_ERROR_PASSTHROUGH,
 };
 
+/* Which HTTP client carries the exchanges with the upstream (doc/performance.md). */
+enum config_upstream_client {
+    CONFIG_UPSTREAM_CLIENT_AUTO, /* idemproxy's own for http://, libcurl for https:// */
+    CONFIG_UPSTREAM_CLIENT_CURL, /* libcurl for both */
+};
+
 enum config_on_unknown {
     CONFIG_ON_UNKNOWN_REFUSE, /* the key becomes unknown: 502 for every duplicate */
     CONFIG_ON_UNKNOWN_RETRY,  /* the lock is released or taken over: at least once */
@@ -83,22 +89,23 @@ struct config {
     char *redis_tls_server_name;  /* --redis-tls-server-name, NULL: the URL's host */
     bool redis_tls_insecure;      /* --redis-tls-insecure: no certificate verification */
     unsigned redis_wait_replicas; /* --redis-wait-replicas, default 0: no WAIT */
-    uint64_t redis_wait_timeout_ms;            /* --redis-wait-timeout, default 0.1 s */
-    char *key_header;                          /* --key-header, default Idempotency-Key */
-    char *key_prefix;                          /* --key-prefix, default "idem:" */
-    size_t memory_max_bytes;                   /* --memory-max-bytes, default 256 MiB */
-    uint64_t upstream_timeout_ms;              /* --upstream-timeout, default 30 s */
-    uint64_t upstream_late_timeout_ms;         /* --upstream-late-timeout, default 60 s, 0: none */
-    uint64_t client_timeout_ms;                /* --client-timeout, default 30 s */
-    uint64_t shutdown_timeout_ms;              /* --shutdown-timeout, default 10 s */
-    uint64_t store_timeout_ms;                 /* --store-timeout, default 1 s */
-    enum config_on_store_error on_store_error; /* --on-store-error, default reject */
-    unsigned max_connections;                  /* --max-connections, default 4096 */
-    enum log_format log_format;                /* --log-format, default text */
-    enum log_level log_level;                  /* --log-level, default info */
-    bool enabled;                              /* IDEMPOTENCY_ENABLED, default true */
-    char *admin_token_file;                    /* --admin-token-file, NULL: none */
-    char *admin_token;                         /* its first line: the secret /keys asks for */
+    uint64_t redis_wait_timeout_ms;    /* --redis-wait-timeout, default 0.1 s */
+    char *key_header;                  /* --key-header, default Idempotency-Key */
+    char *key_prefix;                  /* --key-prefix, default "idem:" */
+    size_t memory_max_bytes;           /* --memory-max-bytes, default 256 MiB */
+    uint64_t upstream_timeout_ms;      /* --upstream-timeout, default 30 s */
+    uint64_t upstream_late_timeout_ms; /* --upstream-late-timeout, default 60 s, 0: none */
+    enum config_upstream_client upstream_client; /* --upstream-client, default auto */
+    uint64_t client_timeout_ms;                  /* --client-timeout, default 30 s */
+    uint64_t shutdown_timeout_ms;                /* --shutdown-timeout, default 10 s */
+    uint64_t store_timeout_ms;                   /* --store-timeout, default 1 s */
+    enum config_on_store_error on_store_error;   /* --on-store-error, default reject */
+    unsigned max_connections;                    /* --max-connections, default 4096 */
+    enum log_format log_format;                  /* --log-format, default text */
+    enum log_level log_level;                    /* --log-level, default info */
+    bool enabled;                                /* IDEMPOTENCY_ENABLED, default true */
+    char *admin_token_file;                      /* --admin-token-file, NULL: none */
+    char *admin_token;                           /* its first line: the secret /keys asks for */
     char *config_file; /* --config / IDEMPROXY_CONFIG: the YAML file (SPEC §6), NULL: none */
     bool check_config; /* --check-config: validate, print the problems, exit 0 or 2 */
     bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */

@@ -37,6 +37,12 @@ static inline struct list_node *list_first(const struct list *l)
     return list_is_empty(l) ? NULL : l->head.next;
 }
 
+/* The last node of <l>, or NULL when it is empty. */
+static inline struct list_node *list_last(const struct list *l)
+{
+    return list_is_empty(l) ? NULL : l->head.prev;
+}
+
 /* The node after <n> in <l>, or NULL when <n> is the last. */
 static inline struct list_node *list_next(const struct list *l, const struct list_node *n)
 {
@@ -50,6 +56,15 @@ static inline void list_append(struct list *l, struct list_node *n)
     n->next = &l->head;
     l->head.prev->next = n;
     l->head.prev = n;
+}
+
+/* Puts the unlinked node <n> first in <l>. */
+static inline void list_prepend(struct list *l, struct list_node *n)
+{
+    n->next = l->head.next;
+    n->prev = &l->head;
+    l->head.next->prev = n;
+    l->head.next = n;
 }
 
 /* Takes <n> out of its list; nothing when it is not in one. */

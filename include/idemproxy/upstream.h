@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* Forwarding to the upstream: a libcurl multi handle driven by one event-loop
- * thread; connections kept alive and reused. Requests are handed over from
- * any thread; their callbacks run on the event loop's thread. */
+/* Forwarding to the upstream, on one event loop's thread: over HTTP/1.1
+ * connections of idemproxy's own for http:// (a keep-alive pool, answers
+ * framed by libhttp-parser), or with libcurl's multi handle for https://
+ * and when asked (doc/performance.md); connections kept alive and reused
+ * either way. Requests are handed over from any thread; their callbacks run
+ * on the event loop's thread. */
 #ifndef IDEMPROXY_UPSTREAM_H
 #define IDEMPROXY_UPSTREAM_H
 
@@ -85,8 +88,8 @@ struct upstream_request {
  * and <rec> the response (status, headers in order without hop-by-hop ones
  * and Content-Length, body; ownership of this reference passes to the
  * callback), or <err> is negative and <rec> NULL. Whether a byte of the
- * request can have reached the upstream is known from what curl wrote to
- * the connection (CURLINFO_REQUEST_SIZE), and told apart:
+ * request can have reached the upstream is known from what was written to
+ * the connection, and told apart:
  * - nothing was written: -ECONNREFUSED (no connection: refused, a name that
  *   does not resolve, a failed TLS handshake, a reset before the request),
  *   -ENOTCONN (the connection was not up within the timeout), -ECANCELED
@@ -106,8 +109,16 @@ static inline bool upstream_err_maybe_sent(int err)
     return err == -ECONNRESET || err == -ETIMEDOUT || err == -ESHUTDOWN;
 }
 
+/* Which client carries the exchanges of an http:// upstream (https:// is
+ * always libcurl's). */
+enum upstream_client {
+    UPSTREAM_CLIENT_OWN,
+    UPSTREAM_CLIENT_CURL,
+};
+
 struct upstream_options {
-    const char *base_url;     /* scheme://host[:port][/prefix], no trailing '/' */
+    const char *base_url; /* scheme://host[:port][/prefix], no trailing '/' */
+    enum upstream_client client;
     uint64_t timeout_ms;      /* bounds the wait for the answer's head and each silence after */
     uint64_t late_ms;         /* how much longer an exchange with overdue may stay silent */
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */

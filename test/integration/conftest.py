@@ -700,6 +700,24 @@ def store(request):
     return request.param
 
 
+# The two upstream clients (doc/performance.md): idemproxy's own HTTP/1.1
+# exchange, the default for http://, and libcurl (--upstream-client curl).
+CLIENTS = ("own", "curl")
+
+
+@pytest.fixture
+def upstream_client(request):
+    """The client the proxy factory asks for: "own" unless the test's module
+    is marked both_clients, which runs its tests on each."""
+    return getattr(request, "param", "own")
+
+
+def pytest_generate_tests(metafunc):
+    if (metafunc.definition.get_closest_marker("both_clients")
+            and "proxy" in metafunc.fixturenames):
+        metafunc.parametrize("upstream_client", CLIENTS, indirect=True)
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """The suite's PostgreSQL server (one per worker), for the PostgreSQL pass."""
@@ -757,6 +775,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "single_redis_server: the test needs the suite's Redis "
                             "to be one server; it does not run on a cluster")
     config.addinivalue_line("markers", "heavy: the test moves hundreds of MiB: plain build only")
+    config.addinivalue_line("markers", "both_clients: the module's tests run on both upstream "
+                            "clients, idemproxy's own and libcurl's (plain pass, memory store)")
     config.addinivalue_line("markers", "concurrency: the test exercises threads racing (duplicates, "
                             "--wait, reload, heartbeats, failover): scripts/test runs it under "
                             "ThreadSanitizer too")
@@ -787,6 +807,21 @@ def pytest_collection_modifyitems(config, items):
                         "(or mark it @store_independent)" % item.nodeid)
     if bad:
         raise pytest.UsageError("\n".join(sorted(bad)))
+    # libcurl's client runs the both_clients tests in the plain pass, once:
+    # on the memory store, or on the store a test is bound to.
+    drop = []
+    for item in items:
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if not params or params.get("upstream_client") != "curl":
+            continue
+        name = item.originalname or item.name
+        if (SANITIZED or ON_PG or ON_CLUSTER
+                or (params.get("store") == "redis" and "redis" not in name
+                    and "shared" not in name)):
+            drop.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
     if SANITIZED:
         drop = [i for i in items if i.get_closest_marker("heavy")]
         if drop:
@@ -828,10 +863,11 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def proxy(request, store, upstream, redis_server, rdb, tmp_path):
+def proxy(request, store, upstream, redis_server, rdb, tmp_path, upstream_client):
     """proxy(*extra_args, env=None, upstream_url=None, redis_url=None, store=None,
     redis_arg=None, start=True): starts idemproxy against the upstream fixture, on
-    the store of the `store` fixture unless store= says otherwise.
+    the store of the `store` fixture unless store= says otherwise, and on the
+    upstream client of the `upstream_client` fixture.
     upstream_url=False omits --upstream. On "redis", --redis is the suite's Redis
     (or redis_url); on "memory" there is no --redis. redis_arg=False omits --redis
     even on Redis (the URL then comes from env)."""
@@ -851,6 +887,8 @@ def proxy(request, store, upstream, redis_server, rdb, tmp_path):
         pg = request.getfixturevalue("pgdb") if kind == "postgresql" else None
         if pg is not None:
             args += ["--store", pg.url]
+        if upstream_client == "curl":
+            args += ["--upstream-client", "curl"]
         args += list(extra)
         p = Proxy(args, env, str(tmp_path), "proxy%d" % len(started), store=kind, rdb=rdb,
                   upstream=upstream if upstream_url in (None, False) else None, pg=pg)

@@ -27,7 +27,8 @@ from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert
                       start_held, wait_completed, wait_for)
 from fake_upstream import BAD_STATUS, big_body
 
-pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+# Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
+pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]
 
 STORE_ERRORS = "idemproxy_store_errors_total"
 LOCK_LOST = "idemproxy_lock_lost_total"

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import REPLAY, hone, hvalues, new_key, redis_record, store_independent
 
+pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
+
 
 def echo_headers(body):
     return [(k, v) for k, v in json.loads(body)["headers"]]

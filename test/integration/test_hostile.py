@@ -23,6 +23,8 @@ import pytest
 from conftest import (REPLAY, assert_completed, assert_free, hone, in_thread, keyed, new_key,
                       recv_until_closed, redis_keys, store_independent, wait_for)
 
+pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
+
 # A complete request that a smuggling shape hides where one reading of the
 # framing sees body bytes and another sees the next request.
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"

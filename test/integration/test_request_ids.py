@@ -10,6 +10,8 @@ import pytest
 from conftest import (REPLAY, assert_problem, hone, hvalues, new_key, raw_request,
                       store_independent, wait_for)
 
+pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
+
 MADE = re.compile(r"^[0-9a-f]{32}$")
 
 

@@ -16,7 +16,8 @@ from conftest import (REPLAY, assert_problem, heavy, hone, in_thread, metrics_va
                       shared_store, store_independent, wait_for)
 from fake_upstream import big_body
 
-pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+# Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
+pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]
 
 
 def open_stream(p, method, target, headers=(), body=None, timeout=15.0):

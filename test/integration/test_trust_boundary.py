@@ -31,6 +31,8 @@ from conftest import (REPLAY, assert_free, assert_nothing_stored, assert_problem
                       wait_for)
 from fake_upstream import FakeUpstream
 
+pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
+
 
 # --------------------------------------------------------------------------- helpers
 class Tripwire:

@@ -25,7 +25,8 @@ from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, asse
                       run_binary, start_held, store_independent, wait_for)
 from fake_upstream import FakeUpstream
 
-pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
+# Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
+pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]
 
 
 def unknown_count(p, cause, route="default"):

@@ -3,10 +3,14 @@ key's outcome is unknown, or a late answer completes it) (SPEC §1, §5, §9).""
 import json
 import time
 
+import pytest
+
 from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
                       assert_unknown, free_port, hone, keyed, metrics_value, new_key, redis_keys,
                       redis_state, store_independent, wait_for)
 from fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 
 
 def test_upstream_unreachable_then_up(proxy, rdb):
