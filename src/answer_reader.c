@@ -25,6 +25,21 @@ static int fail(struct answer_reader *r, int err, const char *cause)
     return -1;
 }
 
+/* The header block cannot be passed on (too large, a field the proxy does
+ * not pass): said once the parser has read the whole block, so that its
+ * own verdict on the bytes (malformed) comes first, however they were cut
+ * into reads. Nothing more is kept meanwhile. */
+static int fail_head(struct answer_reader *r, int err, const char *cause)
+{
+    if (!r->head_err) {
+        r->head_err = err;
+        r->head_cause = cause;
+    }
+    return 0;
+}
+
+#define TOO_LARGE "the upstream's answer has a header block larger than the proxy passes on"
+
 /* <s> without the spaces and tabs around it. */
 static struct span trim(struct span s)
 {
@@ -41,6 +56,8 @@ static struct span trim(struct span s)
 static int end_field(struct answer_reader *r)
 {
     struct span name = r->name, value = r->value;
+    size_t size = r->field_len + 4; /* as it came: the same whatever the reads */
+    bool over = r->spill_over;
     int err;
 
     if (!r->pending)
@@ -50,37 +67,60 @@ static int end_field(struct answer_reader *r)
         value =
             (struct span){ .base = r->spill.data + r->name_len, .len = r->spill.len - r->name_len };
     }
-    r->pending = r->spilled = r->in_value = false;
-    r->spill.len = r->name_len = 0;
+    r->pending = r->spilled = r->spill_over = r->in_value = false;
+    r->spill.len = r->name_len = r->field_len = 0;
     r->name = r->value = (struct span){ 0 };
-    value = trim(value);
-    if (!http_is_token(name) || !http_is_field_value(value))
-        return fail(r, -ECONNRESET, MALFORMED);
-    r->head_bytes += name.len + value.len + 4;
-    if (r->head_bytes > r->max_head)
-        return fail(r, -E2BIG,
-                    "the upstream's answer has a header block larger than the proxy passes on");
-    err = record_add_header(r->rec, name, value);
-    if (err < 0)
-        return fail(r, err,
-                    err == -E2BIG ? "the upstream's answer has more header fields than the proxy "
-                                    "keeps"
-                                  : NULL);
-    return 0;
+    if (r->head_err)
+        return 0;
+    r->head_bytes += size;
+    if (r->head_bytes > r->max_head || over)
+        return fail_head(r, -E2BIG, TOO_LARGE);
+    if (!http_is_token(name))
+        return fail_head(r, -ECONNRESET, MALFORMED); /* a value without a name */
+    err = record_add_header(r->rec, name, trim(value));
+    if (err == -E2BIG)
+        return fail_head(r, err,
+                         "the upstream's answer has more header fields than the proxy keeps");
+    return err < 0 ? fail(r, err, NULL) : 0;
 }
 
-/* Appends a piece of the field being read: to <spill> once it is there,
- * else as a view (a piece comes whole within one feed). */
-static int add_piece(struct answer_reader *r, struct span *in_place, const char *p, size_t n)
+static int spill(struct answer_reader *r);
+
+/* Appends a piece of the field being read, of its name or its value: to
+ * <spill> once it is there, else as a view while the pieces are
+ * contiguous (one feed's bytes). An obs-fold continuation is a piece apart:
+ * it joins the value with its leading space. */
+static int add_piece(struct answer_reader *r, bool name, const char *p, size_t n)
 {
+    struct span *in_place = name ? &r->name : &r->value, piece = { .base = p, .len = n };
+
     r->pending = true;
+    r->field_len += n;
+    if (r->head_err || n == 0) /* a read that ended at the piece's end gives an empty one */
+        return 0;
+    /* Checked byte by byte as they come, before any limit is: the verdict
+     * is the same however the bytes were cut into reads. */
+    if (name ? !http_is_token(piece) : !http_is_field_value(piece))
+        return fail_head(r, -ECONNRESET, MALFORMED);
+    if (r->spill_over)
+        return 0;
+    if (!r->spilled && in_place->len > 0) {
+        if (p == in_place->base + in_place->len) {
+            in_place->len += n;
+            return 0;
+        }
+        spill(r);
+        if (r->spill_over)
+            return 0;
+    }
     if (r->spilled) {
         if (buf_append(&r->spill, p, n) < 0)
-            return fail(r, -E2BIG,
-                        "the upstream's answer has a header block larger than the proxy passes on");
+            r->spill_over = true; /* past the limit: said at the field's end */
+        else if (name)
+            r->name_len += n;
         return 0;
     }
-    *in_place = (struct span){ .base = p, .len = n };
+    *in_place = piece;
     return 0;
 }
 
@@ -92,11 +132,7 @@ static int on_field(http_parser *p, const char *at, size_t n)
         return 0; /* a trailer: dropped */
     if (r->in_value && end_field(r) < 0)
         return -1;
-    if (add_piece(r, &r->name, at, n) < 0)
-        return -1;
-    if (r->spilled)
-        r->name_len += n;
-    return 0;
+    return add_piece(r, true, at, n);
 }
 
 static int on_value(http_parser *p, const char *at, size_t n)
@@ -106,7 +142,7 @@ static int on_value(http_parser *p, const char *at, size_t n)
     if (r->head_done)
         return 0;
     r->in_value = true;
-    return add_piece(r, &r->value, at, n);
+    return add_piece(r, false, at, n);
 }
 
 static int on_headers_complete(http_parser *p)
@@ -116,6 +152,8 @@ static int on_headers_complete(http_parser *p)
 
     if (end_field(r) < 0)
         return -1;
+    if (r->head_err)
+        return fail(r, r->head_err, r->head_cause);
     if (status < 100 || status == 101)
         return fail(r, -ECONNRESET, MALFORMED); /* no upgrade was asked for */
     if (status < 200) {
@@ -198,41 +236,88 @@ void answer_reader_set_sink(struct answer_reader *r, answer_body_fn *fn, void *c
     r->sink_ctx = ctx;
 }
 
-/* A feed ends inside a header field: its pieces so far are copied, since
- * the bytes they view go away. */
+/* A feed ends inside a header field (or a piece of it is apart): its
+ * pieces so far are copied, since the bytes they view go away. */
 static int spill(struct answer_reader *r)
 {
-    if (!r->pending || r->spilled)
+    if (!r->pending || r->spilled || r->spill_over || r->head_err)
         return 0;
     r->spill.len = 0;
     if (buf_append(&r->spill, r->name.base, r->name.len) < 0 ||
-        buf_append(&r->spill, r->value.base, r->value.len) < 0)
-        return fail(r, -E2BIG,
-                    "the upstream's answer has a header block larger than the proxy passes on");
+        buf_append(&r->spill, r->value.base, r->value.len) < 0) {
+        r->spill_over = true; /* past the limit: said at the field's end */
+        return 0;
+    }
     r->name_len = r->name.len;
     r->spilled = true;
     return 0;
 }
 
+/* Gives the parser the <n> bytes at <p>. Returns how many it took (fewer
+ * once the answer is done), or a negative errno. */
+static ssize_t parse(struct answer_reader *r, const char *p, size_t n)
+{
+    size_t used = http_parser_execute(&r->parser, &settings, p, n);
+    enum http_errno e = HTTP_PARSER_ERRNO(&r->parser);
+
+    if (r->err)
+        return r->err;
+    if (e == HPE_PAUSED && r->done)
+        return (ssize_t)used;
+    if (e != HPE_OK || used != n || r->parser.upgrade)
+        return fail(r, -ECONNRESET, MALFORMED), r->err;
+    return (ssize_t)n;
+}
+
+/* How many of the <n> bytes at <p> belong to the head being read: up to
+ * and with the empty line that ends it, or all. A CR not followed by LF
+ * makes the head malformed (-1): libhttp-parser would take it for a line's
+ * end in one read and not in another (RFC 9112 says to refuse it). */
+static ssize_t head_part(struct answer_reader *r, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+
+        if (r->scan_cr && c != '\n')
+            return -1;
+        r->scan_cr = c == '\r';
+        if (c == '\n') {
+            bool empty = r->scan_line == 0;
+
+            r->scan_line = 0;
+            if (empty)
+                return (ssize_t)(i + 1);
+        } else if (c != '\r') {
+            r->scan_line++;
+        }
+    }
+    return (ssize_t)n;
+}
+
 ssize_t answer_reader_feed(struct answer_reader *r, const char *p, size_t n)
 {
-    size_t used;
-    enum http_errno e;
+    size_t off = 0;
+    ssize_t part, used;
 
     if (r->err)
         return r->err;
     if (n == 0 || r->done)
         return 0;
     r->started = true;
-    used = http_parser_execute(&r->parser, &settings, p, n);
-    e = HTTP_PARSER_ERRNO(&r->parser);
-    if (r->err)
-        return r->err;
-    if (e == HPE_PAUSED && r->done)
-        return (ssize_t)used;
-    if (e != HPE_OK || used != n || r->parser.upgrade) {
-        (void)fail(r, -ECONNRESET, MALFORMED);
-        return r->err;
+    /* A head (the final one, or an interim 1xx one) at a time, checked. */
+    while (off < n && !r->head_done) {
+        part = head_part(r, p + off, n - off);
+        if (part < 0)
+            return fail(r, -ECONNRESET, MALFORMED), r->err;
+        used = parse(r, p + off, (size_t)part);
+        if (used < 0 || r->done)
+            return used < 0 ? used : (ssize_t)(off + (size_t)used);
+        off += (size_t)part;
+    }
+    if (off < n) {
+        used = parse(r, p + off, n - off);
+        if (used < 0 || r->done)
+            return used < 0 ? used : (ssize_t)(off + (size_t)used);
     }
     if (spill(r) < 0)
         return r->err;

@@ -36,17 +36,23 @@ struct answer_reader {
      * copied into <spill>, name first (<name_len> bytes) then value. */
     struct span name, value;
     bool in_value, spilled, pending;
+    bool spill_over;  /* the field outgrew <spill>: too large, its bytes dropped */
+    size_t field_len; /* its bytes so far, name and value, as they came */
     struct buf spill;
     size_t name_len;
-    size_t head_bytes;    /* of the header block, as the client will get it */
-    bool started;         /* a byte of the answer came */
-    bool head_done;       /* the final (not 1xx) answer's head is in <rec> */
-    bool done;            /* ... and its whole body */
-    unsigned status;      /* of the final answer, once head_done */
-    uint64_t length;      /* its announced body length, or UINT64_MAX */
-    int err;              /* why reading failed, or 0 */
-    const char *cause;    /* ... in words, static */
-    answer_body_fn *sink; /* NULL: the body goes into <rec> */
+    size_t head_bytes;      /* of the header block, as the client will get it */
+    int head_err;           /* why the block cannot be passed on, said at its end, or 0 */
+    const char *head_cause; /* ... in words */
+    size_t scan_line;       /* bytes of the head's current line so far (not CR or LF) */
+    bool scan_cr;           /* the last byte of the head was a CR */
+    bool started;           /* a byte of the answer came */
+    bool head_done;         /* the final (not 1xx) answer's head is in <rec> */
+    bool done;              /* ... and its whole body */
+    unsigned status;        /* of the final answer, once head_done */
+    uint64_t length;        /* its announced body length, or UINT64_MAX */
+    int err;                /* why reading failed, or 0 */
+    const char *cause;      /* ... in words, static */
+    answer_body_fn *sink;   /* NULL: the body goes into <rec> */
     void *sink_ctx;
 };
 

@@ -298,3 +298,28 @@ for name, v in {
     "empty": "",
 }.items():
     write("fuzz_storage", name, v)
+
+
+# fuzz_answer: a flags byte (bit 0: the request was a HEAD; bit 1: a 64-byte
+# header limit), a byte that seeds the reads' sizes, then the upstream's bytes.
+for name, v in {
+    "length": "\x00\x07HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+    "length-then-next": "\x00\x05HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"
+                        "Content-Length: 4\r\n\r\nnext",
+    "chunked-trailer": "\x00\x03HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nwiki\r\n"
+                       "5;ext=1\r\npedia\r\n0\r\nX-Trailer: t\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+    "close-delimited": "\x00\x09HTTP/1.0 200 OK\r\nServer: old\r\n\r\nuntil the close",
+    "interim-1xx": "\x00\x11HTTP/1.1 100 Continue\r\nX-Early: 1\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+                   "Link: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    "head": "\x01\x02HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n",
+    "no-content": "\x00\x02HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\nHTTP/1.1 200 OK\r\n",
+    "te-and-length": "\x00\x04HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
+                     "\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    "two-lengths": "\x00\x04HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    "obs-fold": "\x00\x06HTTP/1.1 200 OK\r\nX-A: one\r\n two\r\nContent-Length: 0\r\n\r\n",
+    "small-limit": "\x02\x06HTTP/1.1 200 OK\r\nX-Long: " + "v" * 80 + "\r\nContent-Length: 0\r\n\r\n",
+    "upgrade": "\x00\x08HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\nraw",
+    "hop-by-hop": "\x00\x0aHTTP/1.1 200 OK\r\nConnection: close, X-Drop\r\nKeep-Alive: 5\r\n"
+                  "X-Drop: 1\r\nContent-Length: 1\r\n\r\nZ",
+}.items():
+    write("fuzz_answer", name, v)
