@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <openssl/evp.h>
 
+#include "idemproxy/digest.h"
 #include "idemproxy/fingerprint.h"
 
 /* Feeds <s> after its length, so ("POS", "T/a") and ("POST", "/a") differ. */
@@ -24,7 +25,7 @@ int fingerprint_init(struct fingerprint *fp, struct span method, struct span tar
 
     if (!md)
         return -ENOMEM;
-    if (EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    if (EVP_DigestInit_ex(md, digest_sha256(), NULL) != 1) {
         r = -EIO;
         goto fail;
     }

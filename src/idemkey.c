@@ -4,6 +4,7 @@
 
 #include <openssl/evp.h>
 
+#include "idemproxy/digest.h"
 #include "idemproxy/idemkey.h"
 
 static bool key_byte_ok(unsigned char c) { return c >= 0x21 && c <= 0x7e; }
@@ -70,7 +71,7 @@ int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HE
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+    bool ok = ctx && EVP_DigestInit_ex(ctx, digest_sha256(), NULL) == 1;
 
     for (size_t i = 0; ok && i < n; i++) {
         uint8_t present = values[i].base != NULL;
