@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* The process's metrics: one static set of relaxed atomics that any thread
- * updates without a lock, read by the admin thread when /metrics is asked.
- * A scrape may see a request counted in one family and not yet in another;
+/* The process's metrics: relaxed atomics that any thread updates without a
+ * lock, read by the admin thread when /metrics is asked. What every request
+ * counts is counted in a shard of the thread's own (allocated on its first
+ * count, kept for the process's life), summed when scraped: no counter is
+ * written by two threads at once, so no cache line moves between cores per
+ * request. A scrape may see a request counted in one family and not yet in another;
  * within a histogram, _count is computed from the buckets read, so it always
  * equals the +Inf bucket. Route names are interned under a mutex and
  * published by a release store of their count, so a reader that loads the
@@ -11,7 +14,9 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "idemproxy/buf.h"
@@ -56,11 +61,12 @@ static const char *const store_op_names[] = {
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
-/* The counters are static: BSS pages are only made resident when first
- * written, so the 1024 x 11 counters (~90 KB) and names (~65 KB) cost memory
- * for the routes in use only, and a route id is an index that needs no
- * allocation, no failure path and no pointer to publish. */
-static struct {
+/* What every request counts, one shard per thread that counts: a large
+ * calloc(), so the kernel makes its pages resident only when first written,
+ * and the 1024 routes' counters cost memory for the routes in use only. A
+ * route id is an index that needs no allocation, no failure path and no
+ * pointer to publish. */
+struct shard {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
     _Atomic uint64_t responses[METRICS_ROUTES_MAX][4]; /* 2xx, 3xx, 4xx, 5xx */
@@ -68,7 +74,50 @@ static struct {
     struct metrics_histogram request_duration[METRICS_ROUTES_MAX];
     struct metrics_histogram upstream_duration[METRICS_ROUTES_MAX];
     struct metrics_histogram store_duration[_METRICS_STORE_OP_MAX];
-    _Atomic int64_t inflight;
+    _Atomic uint64_t inflight; /* adds and takes away, wrapping: the sum of all is right */
+    struct shard *next;        /* in <shards>, set before it is published */
+};
+
+/* Every shard, newest first (pushed with a release CAS, never removed: a
+ * thread's counts outlive it); the one a thread that could not allocate
+ * its own shares. */
+static _Atomic(struct shard *) shards;
+static struct shard spare;
+static _Atomic bool spare_listed;
+static _Thread_local struct shard *mine;
+
+/* This thread's shard. */
+static struct shard *shard(void)
+{
+    struct shard *s = mine, *head;
+
+    if (s)
+        return s;
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        s = &spare;
+        if (atomic_exchange(&spare_listed, true)) {
+            mine = s;
+            return s;
+        }
+    }
+    head = atomic_load_explicit(&shards, memory_order_relaxed);
+    do
+        s->next = head;
+    while (!atomic_compare_exchange_weak_explicit(&shards, &head, s, memory_order_release,
+                                                  memory_order_relaxed));
+    mine = s;
+    return s;
+}
+
+/* The first shard, for a reader that walks them all. */
+static const struct shard *first_shard(void)
+{
+    return atomic_load_explicit(&shards, memory_order_acquire);
+}
+
+/* The process's own counters, rare: written by one thread or another. */
+static struct {
     _Atomic uint64_t lock_lost;
     _Atomic uint64_t reloads[2]; /* SIGHUP: [0] error, [1] ok */
     atomic_bool last_reload_failed;
@@ -76,6 +125,30 @@ static struct {
     _Atomic uint64_t connections_refused;
     struct timespec started; /* process_start_time_seconds: written once, before threads */
 } m;
+
+/* The sum over every shard of the counter at <offset> bytes into a shard. */
+static uint64_t sum_at(size_t offset)
+{
+    uint64_t n = 0;
+
+    for (const struct shard *s = first_shard(); s; s = s->next)
+        n += atomic_load_explicit((const _Atomic uint64_t *)((const char *)s + offset),
+                                  memory_order_relaxed);
+    return n;
+}
+
+#define SUM(field) sum_at(offsetof(struct shard, field))
+
+/* The histogram at <offset> bytes into a shard, summed over every shard into <h>. */
+static void sum_histogram(size_t offset, struct metrics_histogram *h)
+{
+    for (size_t i = 0; i < METRICS_NBUCKETS; i++)
+        atomic_store_explicit(&h->buckets[i],
+                              sum_at(offset + offsetof(struct metrics_histogram, buckets[i])),
+                              memory_order_relaxed);
+    atomic_store_explicit(&h->sum_us, sum_at(offset + offsetof(struct metrics_histogram, sum_us)),
+                          memory_order_relaxed);
+}
 
 /* Route names: route_names[id] for 0 < id < route_count, written once under
  * route_lock before route_count is raised past it, never changed after.
@@ -157,14 +230,16 @@ void metrics_request(unsigned route_id, enum outcome o, unsigned status, uint64_
 {
     /* Relaxed is enough: the id reached this thread after its count was stored. */
     assert(route_id < atomic_load_explicit(&route_count, memory_order_relaxed));
+    struct shard *sh = shard();
+
     if ((unsigned)o < _OUTCOME_MAX)
-        atomic_fetch_add_explicit(&m.requests[route_id][o], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sh->requests[route_id][o], 1, memory_order_relaxed);
     if (status >= 200 && status <= 599)
-        atomic_fetch_add_explicit(&m.responses[route_id][status / 100 - 2], 1,
+        atomic_fetch_add_explicit(&sh->responses[route_id][status / 100 - 2], 1,
                                   memory_order_relaxed);
-    metrics_histogram_observe(&m.request_duration[route_id], total_us);
+    metrics_histogram_observe(&sh->request_duration[route_id], total_us);
     if (has_upstream)
-        metrics_histogram_observe(&m.upstream_duration[route_id], upstream_us);
+        metrics_histogram_observe(&sh->upstream_duration[route_id], upstream_us);
 }
 
 void metrics_connection_refused(void)
@@ -177,24 +252,24 @@ void metrics_process_started(void) { clock_gettime(CLOCK_REALTIME, &m.started); 
 void metrics_store_call(enum metrics_store_op op, uint64_t us)
 {
     if ((unsigned)op < _METRICS_STORE_OP_MAX)
-        metrics_histogram_observe(&m.store_duration[op], us);
+        metrics_histogram_observe(&shard()->store_duration[op], us);
 }
 
 void metrics_inflight_add(int delta)
 {
-    atomic_fetch_add_explicit(&m.inflight, delta, memory_order_relaxed);
+    atomic_fetch_add_explicit(&shard()->inflight, (uint64_t)(int64_t)delta, memory_order_relaxed);
 }
 
 void metrics_unknown_outcome(unsigned route_id, unsigned cause)
 {
     assert(route_id < METRICS_ROUTES_MAX && cause < STORE_CAUSE_MAX);
-    atomic_fetch_add_explicit(&m.unknown[route_id][cause], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&shard()->unknown[route_id][cause], 1, memory_order_relaxed);
 }
 
 void metrics_streamed(unsigned route_id, bool up, uint64_t bytes)
 {
     assert(route_id < METRICS_ROUTES_MAX);
-    atomic_fetch_add_explicit(&m.streamed[route_id][up], bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&shard()->streamed[route_id][up], bytes, memory_order_relaxed);
 }
 
 void metrics_lock_lost(void) { atomic_fetch_add_explicit(&m.lock_lost, 1, memory_order_relaxed); }
@@ -304,21 +379,25 @@ static int format_durations(struct buf *out, unsigned nroutes)
 {
     const struct {
         const char *name, *help;
-        const struct metrics_histogram *h; /* [METRICS_ROUTES_MAX] */
+        size_t offset; /* of the [METRICS_ROUTES_MAX] in a shard */
     } by_route[] = {
         { "idemproxy_request_duration_seconds",
-          "Time from a request's headers to its answer, by route.", m.request_duration },
+          "Time from a request's headers to its answer, by route.",
+          offsetof(struct shard, request_duration) },
         { "idemproxy_upstream_duration_seconds",
-          "Time the upstream took to answer a forwarded request, by route.", m.upstream_duration },
+          "Time the upstream took to answer a forwarded request, by route.",
+          offsetof(struct shard, upstream_duration) },
     };
     char labels[METRICS_ROUTE_NAME_MAX + 16];
+    struct metrics_histogram h;
     int err = 0;
 
     for (size_t f = 0; f < ARRAY_SIZE(by_route) && err == 0; f++) {
         err = family(out, by_route[f].name, "histogram", by_route[f].help);
         for (unsigned r = 0; r < nroutes && err == 0; r++) {
             snprintf(labels, sizeof(labels), "route=\"%s\"", route_name(r));
-            err = metrics_histogram_format(out, by_route[f].name, labels, &by_route[f].h[r]);
+            sum_histogram(by_route[f].offset + r * sizeof(h), &h);
+            err = metrics_histogram_format(out, by_route[f].name, labels, &h);
         }
     }
     if (err == 0)
@@ -326,8 +405,8 @@ static int format_durations(struct buf *out, unsigned nroutes)
                      "Time one store call took, by operation.");
     for (size_t i = 0; i < _METRICS_STORE_OP_MAX && err == 0; i++) {
         snprintf(labels, sizeof(labels), "op=\"%s\"", store_op_names[i]);
-        err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels,
-                                       &m.store_duration[i]);
+        sum_histogram(offsetof(struct shard, store_duration) + i * sizeof(h), &h);
+        err = metrics_histogram_format(out, "idemproxy_store_duration_seconds", labels, &h);
     }
     return err;
 }
@@ -341,10 +420,8 @@ static int format_responses(struct buf *out, unsigned nroutes)
 
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (unsigned c = 0; c < 4 && err == 0; c++)
-            err = appendf(
-                out, "idemproxy_responses_total{route=\"%s\",class=\"%uxx\"} %llu\n", route_name(r),
-                c + 2,
-                (unsigned long long)atomic_load_explicit(&m.responses[r][c], memory_order_relaxed));
+            err = appendf(out, "idemproxy_responses_total{route=\"%s\",class=\"%uxx\"} %llu\n",
+                          route_name(r), c + 2, (unsigned long long)SUM(responses[r][c]));
     }
     if (err == 0)
         err = simple(
@@ -363,10 +440,9 @@ static int format_streamed(struct buf *out, unsigned nroutes)
 
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (unsigned d = 0; d < 2 && err == 0; d++)
-            err = appendf(
-                out, "idemproxy_streamed_bytes_total{route=\"%s\",direction=\"%s\"} %llu\n",
-                route_name(r), d ? "up" : "down",
-                (unsigned long long)atomic_load_explicit(&m.streamed[r][d], memory_order_relaxed));
+            err =
+                appendf(out, "idemproxy_streamed_bytes_total{route=\"%s\",direction=\"%s\"} %llu\n",
+                        route_name(r), d ? "up" : "down", (unsigned long long)SUM(streamed[r][d]));
     }
     return err;
 }
@@ -382,10 +458,9 @@ int metrics_format(struct buf *out, struct store *st)
                  "(SPEC section 1).");
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (size_t o = 0; o < _OUTCOME_MAX && err == 0; o++)
-            err = appendf(
-                out, "idemproxy_requests_total{route=\"%s\",outcome=\"%s\"} %llu\n", route_name(r),
-                outcome_label((enum outcome)o),
-                (unsigned long long)atomic_load_explicit(&m.requests[r][o], memory_order_relaxed));
+            err = appendf(out, "idemproxy_requests_total{route=\"%s\",outcome=\"%s\"} %llu\n",
+                          route_name(r), outcome_label((enum outcome)o),
+                          (unsigned long long)SUM(requests[r][o]));
     }
     if (err == 0)
         err = family(out, "idemproxy_unknown_outcomes_total", "counter",
@@ -393,10 +468,9 @@ int metrics_format(struct buf *out, struct store *st)
                      "(SPEC section 9), by route and cause.");
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (unsigned c = 0; c < STORE_CAUSE_MAX && err == 0; c++)
-            err = appendf(
-                out, "idemproxy_unknown_outcomes_total{route=\"%s\",cause=\"%s\"} %llu\n",
-                route_name(r), store_cause_name((enum store_cause)c),
-                (unsigned long long)atomic_load_explicit(&m.unknown[r][c], memory_order_relaxed));
+            err = appendf(out, "idemproxy_unknown_outcomes_total{route=\"%s\",cause=\"%s\"} %llu\n",
+                          route_name(r), store_cause_name((enum store_cause)c),
+                          (unsigned long long)SUM(unknown[r][c]));
     }
     if (err == 0)
         err = format_streamed(out, nroutes);
@@ -404,7 +478,7 @@ int metrics_format(struct buf *out, struct store *st)
         err = format_responses(out, nroutes);
     if (err == 0)
         err = format_durations(out, nroutes);
-    inflight = atomic_load_explicit(&m.inflight, memory_order_relaxed);
+    inflight = (int64_t)SUM(inflight); /* each shard's may be negative: their sum is not */
     if (err == 0)
         err = simple(out, "idemproxy_inflight", "gauge", "Client requests being handled.",
                      inflight > 0 ? (unsigned long long)inflight : 0);

@@ -309,10 +309,49 @@ static void test_metrics_last_reload_follows_the_last_result(void)
     }
 }
 
+/* A thread's counts: 1000 requests of route 0 answered 503 (store_error),
+ * and a request in flight that another thread ends. */
+static void *count_from_a_thread(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 1000; i++)
+        metrics_request(0, OUTCOME_STORE_ERROR, 503, 100, false, 0);
+    metrics_inflight_add(1);
+    return NULL;
+}
+
+/* Each thread counts in a shard of its own; a scrape sums them all, those
+ * of threads gone included, and a gauge raised on one thread and lowered on
+ * another comes back to what it was. */
+static void test_metrics_counts_of_every_thread_are_summed(void)
+{
+    pthread_t t[3];
+    struct buf out = BUF_INIT(METRICS_TEXT_MAX);
+    const char *text;
+
+    for (size_t i = 0; i < 3; i++)
+        CHECK_EQ_INT(pthread_create(&t[i], NULL, count_from_a_thread, NULL), 0);
+    for (size_t i = 0; i < 3; i++)
+        CHECK_EQ_INT(pthread_join(t[i], NULL), 0);
+    metrics_request(0, OUTCOME_STORE_ERROR, 503, 100, false, 0);
+    CHECK_EQ_INT(metrics_format(&out, NULL), 0);
+    text = text_of(&out);
+    CHECK(strstr(text,
+                 "\nidemproxy_requests_total{route=\"default\",outcome=\"store_error\"} 3001\n"));
+    CHECK(strstr(text, "\nidemproxy_inflight 3\n"));
+    metrics_inflight_add(-3);
+    buf_done(&out);
+    out = BUF_INIT(METRICS_TEXT_MAX);
+    CHECK_EQ_INT(metrics_format(&out, NULL), 0);
+    CHECK(strstr(text_of(&out), "\nidemproxy_inflight 0\n"));
+    buf_done(&out);
+}
+
 TEST_MAIN(test_metrics_route_default_is_zero, test_metrics_bucket_bounds_are_inclusive,
           test_metrics_histogram_is_cumulative_with_sum_and_count,
           test_metrics_histogram_labels_come_first, test_metrics_format_counts_every_outcome,
           test_metrics_format_respects_the_buffer_limit, test_metrics_route_id_interns_once,
           test_metrics_route_id_refuses_bad_names, test_metrics_format_labels_route_and_outcome,
           test_metrics_route_id_is_thread_safe, test_metrics_route_id_full_is_e2big,
-          test_metrics_last_reload_follows_the_last_result)
+          test_metrics_last_reload_follows_the_last_result,
+          test_metrics_counts_of_every_thread_are_summed)
