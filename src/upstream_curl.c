@@ -97,8 +97,7 @@ static void xfer_free(struct xfer *x)
      * trusted to start the next one clean. */
     if (x->easy && !x->streaming && !x->req->body_flow && up->nidle < UPSTREAM_IDLE_HANDLES &&
         up->idle) {
-        curl_easy_reset(x->easy);
-        up->idle[up->nidle++] = x->easy;
+        up->idle[up->nidle++] = x->easy; /* configured still: see configure() */
     } else {
         curl_easy_cleanup(x->easy);
     }
@@ -459,10 +458,14 @@ static CURLcode setup_body(struct xfer *x, const struct upstream_request *req, c
     CURL *e = x->easy;
     CURLcode cc = CURLE_OK;
 
+    /* The handle's last transfer may have set another method and body:
+     * back to a plain GET first (no body, no upload, no custom method). */
+    SET(CURLOPT_HTTPGET, 1L);
+    SET(CURLOPT_CUSTOMREQUEST, (char *)NULL);
     if (upstream_method_is(req->method, "HEAD")) {
         SET(CURLOPT_NOBODY, 1L);
     } else if (upstream_method_is(req->method, "GET") && req->body.len == 0 && !req->body_flow) {
-        SET(CURLOPT_HTTPGET, 1L);
+        /* as it is */
     } else if (req->body_flow) {
         uint64_t len = req->body_flow->length;
 
@@ -485,26 +488,16 @@ static CURLcode setup_body(struct xfer *x, const struct upstream_request *req, c
     return cc;
 }
 
-static int setup_easy(struct curl_client *up, struct xfer *x, const struct upstream_request *req)
+/* What every transfer of <up> sets alike, once per easy handle: it keeps
+ * them from one transfer to the next (no curl_easy_reset()). */
+static int configure(struct curl_client *up, CURL *e)
 {
-    CURL *e = x->easy;
-    struct buf *target = &up->target, *method = &up->method;
     CURLcode cc = CURLE_OK;
     long connect = up->watchdog.timeout_ms > LONG_MAX ? LONG_MAX : (long)up->watchdog.timeout_ms;
-    int r;
-
-    target->len = method->len = 0;
-    r = upstream_request_target(span_from_cstr(up->base.prefix), req->target, target);
-    if (r < 0)
-        return r;
-    if (buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
-        return -ENOMEM;
 
     /* The URL is the fixed origin, parsed once at start-up: it says where to
      * connect and nothing else. The request line's target is given as is. */
-    SET(CURLOPT_PRIVATE, x);
     SET(CURLOPT_URL, up->base.origin);
-    SET(CURLOPT_REQUEST_TARGET, target->data);
     SET(CURLOPT_PROTOCOLS_STR, "http,https");
     SET(CURLOPT_PATH_AS_IS, 1L);
     SET(CURLOPT_NOSIGNAL, 1L);
@@ -516,14 +509,9 @@ static int setup_easy(struct curl_client *up, struct xfer *x, const struct upstr
     /* No CURLOPT_TIMEOUT_MS: --upstream-timeout bounds each silence, not the
      * exchange (the watchdog: watch_touch()). */
     SET(CURLOPT_CONNECTTIMEOUT_MS, connect);
-    SET(CURLOPT_HTTPHEADER, x->hdrs);
     SET(CURLOPT_HEADERFUNCTION, header_cb);
-    SET(CURLOPT_HEADERDATA, x);
     SET(CURLOPT_WRITEFUNCTION, write_cb);
-    SET(CURLOPT_WRITEDATA, x);
     SET(CURLOPT_PREREQFUNCTION, prereq_cb);
-    SET(CURLOPT_PREREQDATA, x);
-    SET(CURLOPT_ERRORBUFFER, x->errbuf);
     if (up->tls.tls_ca_file)
         SET(CURLOPT_CAINFO, up->tls.tls_ca_file);
     if (up->tls.tls_cert_file) {
@@ -536,14 +524,39 @@ static int setup_easy(struct curl_client *up, struct xfer *x, const struct upstr
     }
     if (up->connect_to)
         SET(CURLOPT_CONNECT_TO, up->connect_to);
+    return cc == CURLE_OK ? 0 : -ENOMEM;
+}
+
+/* What is <x>'s own on its handle (configured already): the target, the
+ * fields, the callbacks' data, the method and the body. */
+static int setup_easy(struct curl_client *up, struct xfer *x, const struct upstream_request *req)
+{
+    CURL *e = x->easy;
+    struct buf *target = &up->target, *method = &up->method;
+    CURLcode cc = CURLE_OK;
+    int r;
+
+    target->len = method->len = 0;
+    r = upstream_request_target(span_from_cstr(up->base.prefix), req->target, target);
+    if (r < 0)
+        return r;
+    if (buf_append(method, req->method.base, req->method.len) < 0 || buf_append(method, "", 1) < 0)
+        return -ENOMEM;
+    SET(CURLOPT_PRIVATE, x);
+    SET(CURLOPT_REQUEST_TARGET, target->data);
+    SET(CURLOPT_HTTPHEADER, x->hdrs);
+    SET(CURLOPT_HEADERDATA, x);
+    SET(CURLOPT_WRITEDATA, x);
+    SET(CURLOPT_PREREQDATA, x);
+    SET(CURLOPT_ERRORBUFFER, x->errbuf);
     if (cc == CURLE_OK)
         cc = setup_body(x, req, method->data);
-#undef SET
     x->may_resend =
         upstream_method_is(req->method, "GET") || upstream_method_is(req->method, "HEAD") ||
         upstream_method_is(req->method, "OPTIONS") || upstream_method_is(req->method, "TRACE");
     return cc == CURLE_OK ? 0 : -ENOMEM; /* curl copied the strings */
 }
+#undef SET
 
 static int xfer_start(struct curl_client *up, struct xfer *x);
 static void on_flow_wake(void *ctx);
@@ -576,7 +589,15 @@ static int xfer_start(struct curl_client *up, struct xfer *x)
 {
     int r;
 
-    x->easy = up->nidle ? up->idle[--up->nidle] : curl_easy_init();
+    if (up->nidle) {
+        x->easy = up->idle[--up->nidle];
+    } else {
+        x->easy = curl_easy_init();
+        if (x->easy && configure(up, x->easy) < 0) {
+            curl_easy_cleanup(x->easy); /* never kept half configured */
+            x->easy = NULL;
+        }
+    }
     x->rec = record_new(up->max_capture_bytes);
     if (!x->easy || !x->rec)
         return -ENOMEM;

@@ -83,8 +83,8 @@ static void on_lookup_done(void *ctx)
             cl->addrs_until_ms = now_ms() + H1_ADDRS_MS;
             cl->lookup_failed = NULL;
         } else {
-            snprintf(cl->lookup_why, sizeof(cl->lookup_why), "%s",
-                     lk->gai ? gai_strerror(lk->gai) : "no IPv4 or IPv6 address");
+            snprintf(cl->lookup_why, sizeof(cl->lookup_why), "could not resolve host %.100s: %s",
+                     cl->host, lk->gai ? gai_strerror(lk->gai) : "no IPv4 or IPv6 address");
             cl->lookup_failed = cl->lookup_why;
             cl->lookup_again_ms = now_ms() + H1_LOOKUP_AGAIN_MS;
         }
