@@ -54,7 +54,7 @@ struct pg_op {
     bool sent;            /* written to a connection at least once */
     bool give_back;       /* a release of a failed acquire: waits out failures until its deadline */
     bool resend;          /* set by <fn>: send it again */
-    bool ended;           /* its statement's results have ended; its sync comes next */
+    bool ended;           /* its statement's results have ended; its batch's sync comes next */
     unsigned tries;       /* sends so far */
     uint64_t life_ms;     /* its deadline's distance from the submit; 0: --store-timeout */
     uint64_t deadline_ms; /* it fails with -ETIMEDOUT from here */
@@ -114,6 +114,7 @@ struct pg_lane {
     char setup_why[640];  /* a setup step's failure, for the log */
     struct list waiting;  /* struct pg_op not sent yet */
     struct list sent;     /* struct pg_op sent, in the order their answers come */
+    bool batch_failed;    /* an error came for the batch in flight after its ops' results */
 };
 
 /* Where a lane connects: libpq's host, hostaddr and port lists (store_pg_hosts.c). */

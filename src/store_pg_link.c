@@ -5,11 +5,13 @@
  * PQconnectStartParams() and PQconnectPoll(), then set up without a
  * pipeline (is the table there, what the server is; the schema when it is
  * missing), then enters pipeline mode and prepares the statements (and the
- * service connection LISTENs). Ops go out as they come, each its own
- * statement and sync, so that each is its own transaction; their answers
- * come back in order. A connection that fails is made again with backoff;
- * ops waiting inside the backoff fail fast, and an op sent on it fails (an
- * acquire's lock is given back: store_pg.c). */
+ * service connection LISTENs). A loop's connection sends the ops that wait
+ * as one batch: their statements and one sync, so one transaction and one
+ * commit (one WAL flush) for all, answered only once committed; the next
+ * batch goes when its answer is in. The service connection sends each op
+ * with its own sync. Answers come back in order. A connection that fails is made again with
+ * backoff; ops waiting inside the backoff fail fast, and an op sent on it fails (an acquire's lock
+ * is given back: store_pg.c). */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #include "idemproxy/record.h"
 #include "store_pg_impl.h"
 
+#define BATCH_MAX 64 /* ops in one transaction, at most */
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
 #define CONNECT_MIN_MS 5000 /* a connect (TLS, several hosts) may take longer than an op */
@@ -554,6 +557,21 @@ static void op_answered(struct pg_lane *ln, struct pg_op *op)
         lane_drop(ln, err, "the server stopped answering for the primary");
 }
 
+/* The first op sent whose results have not ended: the one the next result
+ * is for; NULL: all have (the batch's sync comes next). */
+static struct pg_op *op_reading(const struct pg_lane *ln)
+{
+    for (struct list_node *n = list_first(&ln->sent); n; n = list_next(&ln->sent, n)) {
+        struct pg_op *op = list_entry(n, struct pg_op, node);
+
+        if (!op->ended)
+            return op;
+    }
+    return NULL;
+}
+
+static void batch_answered(struct pg_lane *ln);
+
 /* Reads what has come: setup steps' results, or ops' answers in order. */
 static void lane_read(struct pg_lane *ln)
 {
@@ -561,9 +579,9 @@ static void lane_read(struct pg_lane *ln)
 
     while (ln->conn && ln->state >= LANE_CHECKING && !PQisBusy(ln->conn)) {
         PGresult *r;
-        struct pg_op *op = op_first(&ln->sent);
+        struct pg_op *op = op_reading(ln);
 
-        if (ln->state == LANE_READY && !op)
+        if (ln->state == LANE_READY && list_is_empty(&ln->sent))
             break;
         r = PQgetResult(ln->conn);
         if (!r) {
@@ -571,10 +589,10 @@ static void lane_read(struct pg_lane *ln)
                 setup_step_done(ln);
                 continue;
             }
-            if (++nulls > 1 || (op && op->ended))
+            if (++nulls > 1)
                 break; /* the next result has not come yet */
-            if (op)
-                op->ended = true;
+            if (op && op->res)
+                op->ended = true; /* a NULL ends each statement's results */
             continue;
         }
         nulls = 0;
@@ -585,17 +603,22 @@ static void lane_read(struct pg_lane *ln)
                     lane_drop(ln, -EPROTO, ln->setup_why);
                 else
                     lane_ready(ln);
-            } else if (op) {
-                op_answered(ln, op);
+            } else {
+                batch_answered(ln);
             }
             continue;
         }
-        if (ln->state != LANE_READY)
+        if (ln->state != LANE_READY) {
             setup_result(ln, r);
-        else if (op && !op->res)
+        } else if (op && !op->res) {
             op->res = r;
-        else
+        } else {
+            /* After the batch's statements: its commit failed (nothing of it
+             * was committed). */
+            if (!op && PQresultStatus(r) == PGRES_FATAL_ERROR)
+                ln->batch_failed = true;
             PQclear(r);
+        }
     }
     if (ln->conn && ln->service)
         read_notifies(ln);
@@ -613,28 +636,128 @@ static void lane_flush(struct pg_lane *ln)
     lane_watch(ln, EPOLLIN | (r == 1 ? EPOLLOUT : 0), false);
 }
 
-/* Sends every op waiting, each its own statement and sync (so its own
- * transaction), then writes them all at once. */
-static void lane_send(struct pg_lane *ln)
+/* Whether <res> (an op's answer within its batch) is a success. */
+static bool res_ok(const PGresult *res)
 {
+    ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+
+    return s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK;
+}
+
+/* Whether <res> is an op's own failure, to be its answer; else (skipped
+ * after another's failure, rolled back, a deadlock or a serialization
+ * failure: SQLSTATE class 40) the op is sent again. */
+static bool res_failed_itself(const PGresult *res)
+{
+    const char *state;
+
+    if (!res || PQresultStatus(res) != PGRES_FATAL_ERROR)
+        return false;
+    state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    return !(state && strncmp(state, "40", 2) == 0);
+}
+
+/* The sync of the batch at the head of what was sent has come. All went
+ * well: each op is answered. Else each op that failed itself is answered
+ * with its failure, and the others go again, first, in the next batch
+ * (nothing of the batch was committed). */
+static void batch_answered(struct pg_lane *ln)
+{
+    struct list batch, again;
     struct pg_op *op;
+    bool whole = !ln->batch_failed;
+
+    ln->batch_failed = false;
+    list_init(&batch);
+    list_init(&again);
+    while ((op = op_first(&ln->sent)) && op->ended) {
+        list_remove(&op->node);
+        list_append(&batch, &op->node);
+        whole = whole && res_ok(op->res);
+    }
+    while ((op = op_first(&batch))) {
+        if (whole || res_failed_itself(op->res)) {
+            op_answered(ln, op);
+            continue;
+        }
+        list_remove(&op->node);
+        op->ended = false;
+        PQclear(op->res);
+        op->res = NULL;
+        list_append(&again, &op->node);
+    }
+    list_splice(&again, &ln->waiting);
+    list_splice(&ln->waiting, &again);
+    lane_kick(ln); /* the next batch */
+}
+
+/* Sends <op>'s statement (its sync comes after). Returns false on failure. */
+static bool send_one(struct pg_lane *ln, struct pg_op *op)
+{
     char name[64];
 
-    while (ln->conn && (op = op_first(&ln->waiting))) {
-        bool ok;
+    list_remove(&op->node);
+    stmt_name(op->stmt, name, sizeof(name));
+    op->sent = true;
+    op->tries++;
+    list_append(&ln->sent, &op->node);
+    return PQsendQueryPrepared(ln->conn, name, op->nparams, op->values, op->lengths, op->formats,
+                               1) == 1;
+}
+
+/* Whether <a>'s key sorts before <b>'s. */
+static bool key_before(const struct pg_op *a, const struct pg_op *b)
+{
+    size_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
+    int c = memcmp(a->key, b->key, n);
+
+    return c < 0 || (c == 0 && a->key_len < b->key_len);
+}
+
+/* The ops that wait, BATCH_MAX at most, into <batch> in the order of their
+ * keys (stable): every loop's batch locks its rows in one order, so two
+ * batches never wait for each other in a circle. Returns how many. */
+static size_t batch_take(struct pg_lane *ln, struct pg_op **batch)
+{
+    size_t n = 0;
+    struct pg_op *op;
+
+    while (n < BATCH_MAX && (op = op_first(&ln->waiting))) {
+        size_t i = n++;
 
         list_remove(&op->node);
-        stmt_name(op->stmt, name, sizeof(name));
-        ok = PQsendQueryPrepared(ln->conn, name, op->nparams, op->values, op->lengths, op->formats,
-                                 1) == 1 &&
-             PQpipelineSync(ln->conn) == 1;
-        op->sent = true;
-        op->tries++;
-        list_append(&ln->sent, &op->node);
-        if (!ok) {
-            connect_failed(ln, NULL); /* which fails it with what was sent */
-            return;
+        while (i > 0 && key_before(op, batch[i - 1])) {
+            batch[i] = batch[i - 1];
+            i--;
         }
+        batch[i] = op;
+    }
+    return n;
+}
+
+/* Sends what waits: on a loop's lane one batch, when none is in flight (the
+ * ops that come meanwhile make the next one); on the service lane every op
+ * with its own sync. Then writes it all at once. */
+static void lane_send(struct pg_lane *ln)
+{
+    struct pg_op *batch[BATCH_MAX], *op;
+    bool ok = true;
+
+    if (ln->service) {
+        while (ok && ln->conn && (op = op_first(&ln->waiting)))
+            ok = send_one(ln, op) && PQpipelineSync(ln->conn) == 1;
+    } else if (list_is_empty(&ln->sent)) {
+        size_t n = batch_take(ln, batch);
+
+        for (size_t i = 0; i < n; i++) {
+            list_append(&ln->waiting, &batch[i]->node); /* send_one() takes it from there */
+            ok = ok && send_one(ln, batch[i]);
+        }
+        ok = ok && (n == 0 || PQpipelineSync(ln->conn) == 1);
+    }
+    if (!ok) {
+        connect_failed(ln, NULL); /* which fails it with what was sent */
+        return;
     }
     if (ln->conn)
         lane_flush(ln);
