@@ -143,8 +143,55 @@ void upstream_free(struct upstream *up)
 
 /* ---- the watchdog ---- */
 
+/* Takes off the <late> or the silent list each first entry whose deadline
+ * has passed, one by one, for <fn>; re-arms its timer. */
+static void expire(struct upstream_watchdog *wd, bool late,
+                   void (*fn)(struct upstream_watchdog *wd, struct upstream_watched *w))
+{
+    struct list *l = late ? &wd->late : &wd->silent;
+    struct loop_timer *t = late ? &wd->late_timer : &wd->silent_timer;
+    uint64_t now = now_ms();
+    struct list_node *n;
+
+    while ((n = list_first(l))) {
+        struct upstream_watched *w = list_entry(n, struct upstream_watched, node);
+
+        if (w->deadline_ms > now) {
+            t->due_ms = w->deadline_ms;
+            return;
+        }
+        list_remove(n);
+        fn(wd, w);
+    }
+    t->due_ms = UINT64_MAX;
+}
+
+static void time_out(struct upstream_watchdog *wd, struct upstream_watched *w)
+{
+    wd->time_out(wd->ctx, w);
+}
+
+/* --upstream-timeout passed with nothing received. A request not sent yet
+ * (still connecting, or waiting for a connection) ends here: nothing can
+ * come late. One with req->overdue goes on, late; the others end. */
+static void silent_one(struct upstream_watchdog *wd, struct upstream_watched *w)
+{
+    if (wd->late_ms == 0 || !w->req->overdue || !wd->wrote(wd->ctx, w)) {
+        wd->time_out(wd->ctx, w);
+        return;
+    }
+    w->late = true;
+    upstream_watch_touch(wd, w);
+    w->req->overdue(w->ctx);
+}
+
+static void on_silent(void *ctx) { expire(ctx, false, silent_one); }
+
+static void on_late(void *ctx) { expire(ctx, true, time_out); }
+
 int upstream_watchdog_init(struct upstream_watchdog *wd, struct loop *loop, uint64_t timeout_ms,
-                           uint64_t late_ms, loop_fn *on_silent, loop_fn *on_late, void *ctx)
+                           uint64_t late_ms, upstream_wrote_fn *wrote,
+                           upstream_time_out_fn *time_out_fn, void *ctx)
 {
     int r;
 
@@ -152,8 +199,11 @@ int upstream_watchdog_init(struct upstream_watchdog *wd, struct loop *loop, uint
     list_init(&wd->late);
     wd->timeout_ms = timeout_ms;
     wd->late_ms = late_ms;
-    wd->silent_timer = (struct loop_timer){ .fn = on_silent, .ctx = ctx, .due_ms = UINT64_MAX };
-    wd->late_timer = (struct loop_timer){ .fn = on_late, .ctx = ctx, .due_ms = UINT64_MAX };
+    wd->wrote = wrote;
+    wd->time_out = time_out_fn;
+    wd->ctx = ctx;
+    wd->silent_timer = (struct loop_timer){ .fn = on_silent, .ctx = wd, .due_ms = UINT64_MAX };
+    wd->late_timer = (struct loop_timer){ .fn = on_late, .ctx = wd, .due_ms = UINT64_MAX };
     r = loop_timer_add(loop, &wd->silent_timer);
     if (r == 0)
         r = loop_timer_add(loop, &wd->late_timer);
@@ -178,27 +228,6 @@ void upstream_watch_touch(struct upstream_watchdog *wd, struct upstream_watched 
     if (list_is_empty(l) || t->due_ms > w->deadline_ms)
         t->due_ms = w->deadline_ms;
     list_append(l, &w->node);
-}
-
-void upstream_watch_expire(struct upstream_watchdog *wd, bool late,
-                           void (*fn)(void *ctx, struct upstream_watched *w), void *ctx)
-{
-    struct list *l = late ? &wd->late : &wd->silent;
-    struct loop_timer *t = late ? &wd->late_timer : &wd->silent_timer;
-    uint64_t now = now_ms();
-    struct list_node *n;
-
-    while ((n = list_first(l))) {
-        struct upstream_watched *w = list_entry(n, struct upstream_watched, node);
-
-        if (w->deadline_ms > now) {
-            t->due_ms = w->deadline_ms;
-            return;
-        }
-        list_remove(n);
-        fn(ctx, w);
-    }
-    t->due_ms = UINT64_MAX;
 }
 
 /* ---- outcomes ---- */

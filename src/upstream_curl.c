@@ -574,6 +574,8 @@ static int client_start(struct upstream *pub, const struct upstream_request *req
     x->req = req;
     x->done = done;
     x->ctx = ctx;
+    x->watch.req = req;
+    x->watch.ctx = ctx;
     /* No callback can come from inside: curl reports in a later turn. */
     err = xfer_start(up, x);
     if (err < 0) {
@@ -625,35 +627,10 @@ static void time_out(void *ctx, struct upstream_watched *w)
     xfer_finish(x, -ETIMEDOUT);
 }
 
-/* --upstream-timeout passed with nothing received. A request not sent yet
- * (still connecting, or waiting for a connection) ends here: nothing can
- * come late. One with req->overdue goes on, late; the others end. */
-static void silent_one(void *ctx, struct upstream_watched *w)
+static bool wrote(void *ctx, struct upstream_watched *w)
 {
-    struct curl_client *up = ctx;
-    struct xfer *x = list_entry(w, struct xfer, watch);
-
-    if (!xfer_wrote(x) || !x->req->overdue || up->watchdog.late_ms == 0) {
-        time_out(up, w);
-        return;
-    }
-    w->late = true;
-    watch_touch(x);
-    x->req->overdue(x->ctx);
-}
-
-static void on_silent(void *ctx)
-{
-    struct curl_client *up = ctx;
-
-    upstream_watch_expire(&up->watchdog, false, silent_one, up);
-}
-
-static void on_late(void *ctx)
-{
-    struct curl_client *up = ctx;
-
-    upstream_watch_expire(&up->watchdog, true, time_out, up);
+    (void)ctx;
+    return xfer_wrote(list_entry(w, struct xfer, watch));
 }
 
 /* The flow of <x> woke it (loop thread, inside the flow's caller): it is
@@ -950,8 +927,8 @@ int upstream_curl_new(const struct upstream_options *opt, struct loop *loop, str
             curl_multi_setopt(up->multi, CURLMOPT_MAXCONNECTS, n) != CURLM_OK)
             goto fail;
     }
-    r = upstream_watchdog_init(&up->watchdog, loop, opt->timeout_ms, opt->late_ms, on_silent,
-                               on_late, up);
+    r = upstream_watchdog_init(&up->watchdog, loop, opt->timeout_ms, opt->late_ms, wrote, time_out,
+                               up);
     if (r == 0)
         r = loop_timer_add(loop, &up->timer);
     if (r == 0)

@@ -517,34 +517,10 @@ static void time_out(void *ctx, struct upstream_watched *w)
     ex_finish(x, -ETIMEDOUT, false);
 }
 
-/* --upstream-timeout passed with nothing received. A request not sent yet
- * ends here: nothing can come late. One with req->overdue goes on, late. */
-static void silent_one(void *ctx, struct upstream_watched *w)
+static bool wrote(void *ctx, struct upstream_watched *w)
 {
-    struct h1_client *cl = ctx;
-    struct h1_ex *x = list_entry(w, struct h1_ex, watch);
-
-    if (!x->wrote || !x->req->overdue || cl->watchdog.late_ms == 0) {
-        time_out(cl, w);
-        return;
-    }
-    w->late = true;
-    upstream_watch_touch(&cl->watchdog, w);
-    x->req->overdue(x->ctx);
-}
-
-static void on_silent(void *ctx)
-{
-    struct h1_client *cl = ctx;
-
-    upstream_watch_expire(&cl->watchdog, false, silent_one, cl);
-}
-
-static void on_late(void *ctx)
-{
-    struct h1_client *cl = ctx;
-
-    upstream_watch_expire(&cl->watchdog, true, time_out, cl);
+    (void)ctx;
+    return list_entry(w, struct h1_ex, watch)->wrote > 0;
 }
 
 /* ---- the client ---- */
@@ -564,6 +540,7 @@ static int h1_start(struct upstream *pub, const struct upstream_request *req,
         .done = done,
         .ctx = ctx,
         .out = BUF_INIT(H1_SCRATCH_LIMIT),
+        .watch = { .req = req, .ctx = ctx },
         .may_resend =
             upstream_method_is(req->method, "GET") || upstream_method_is(req->method, "HEAD") ||
             upstream_method_is(req->method, "OPTIONS") || upstream_method_is(req->method, "TRACE"),
@@ -650,8 +627,8 @@ int upstream_h1_new(const struct upstream_options *opt, struct loop *loop, struc
     if (r == 0)
         r = h1_pool_init(cl);
     if (r == 0)
-        r = upstream_watchdog_init(&cl->watchdog, loop, opt->timeout_ms, opt->late_ms, on_silent,
-                                   on_late, cl);
+        r = upstream_watchdog_init(&cl->watchdog, loop, opt->timeout_ms, opt->late_ms, wrote,
+                                   time_out, cl);
     if (r == 0)
         r = loop_timer_add(loop, &cl->turn_timer);
     if (r == 0)

@@ -54,21 +54,36 @@ struct upstream_watched {
     uint64_t deadline_ms;
     struct list_node node;
     bool late; /* past --upstream-timeout with req->overdue: the late window runs */
+    const struct upstream_request *req; /* the exchange's: its overdue() */
+    void *ctx;                          /* ... and the context it gets */
 };
+
+/* A client's side of the watchdog, called with its context: whether bytes
+ * of <w>'s request were written, and the end of <w> for a silence past its
+ * timeout (its cause in words is the client's). */
+typedef bool upstream_wrote_fn(void *ctx, struct upstream_watched *w);
+typedef void upstream_time_out_fn(void *ctx, struct upstream_watched *w);
 
 /* Exchanges in the order of their deadlines (each list has one timeout for
  * all, and an exchange moves to its tail whenever bytes come), and the
- * timer of each first. */
+ * timer of each first. A silence past --upstream-timeout ends an exchange,
+ * unless its request was written and it has req->overdue and there is a
+ * late window: then it goes on, late, and overdue() runs; a silence past
+ * the late timeout ends it. */
 struct upstream_watchdog {
     struct list silent, late;
     struct loop_timer silent_timer, late_timer;
     uint64_t timeout_ms, late_ms;
+    upstream_wrote_fn *wrote;
+    upstream_time_out_fn *time_out;
+    void *ctx;
 };
 
-/* Sets <wd> up with its two timers' callbacks (run with <ctx>), and adds
- * them to <loop>. Returns 0 or a negative errno. */
+/* Sets <wd> up with the client's side (called with <ctx>), and adds its
+ * timers to <loop>. Returns 0 or a negative errno. */
 int upstream_watchdog_init(struct upstream_watchdog *wd, struct loop *loop, uint64_t timeout_ms,
-                           uint64_t late_ms, loop_fn *on_silent, loop_fn *on_late, void *ctx);
+                           uint64_t late_ms, upstream_wrote_fn *wrote,
+                           upstream_time_out_fn *time_out, void *ctx);
 
 /* Takes the timers off <loop>. */
 void upstream_watchdog_done(struct upstream_watchdog *wd, struct loop *loop);
@@ -79,11 +94,6 @@ void upstream_watch_touch(struct upstream_watchdog *wd, struct upstream_watched 
 
 /* <w> waits for nobody (paused, or ended). */
 static inline void upstream_watch_stop(struct upstream_watched *w) { list_remove(&w->node); }
-
-/* Takes off the <late> or the silent list each first entry whose deadline
- * has passed, one by one, for <fn>(<ctx>, entry); re-arms its timer. */
-void upstream_watch_expire(struct upstream_watchdog *wd, bool late,
-                           void (*fn)(void *ctx, struct upstream_watched *w), void *ctx);
 
 /* ---- outcomes ---- */
 
