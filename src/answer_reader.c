@@ -88,8 +88,7 @@ static int spill(struct answer_reader *r);
 
 /* Appends a piece of the field being read, of its name or its value: to
  * <spill> once it is there, else as a view while the pieces are
- * contiguous (one feed's bytes). An obs-fold continuation is a piece apart:
- * it joins the value with its leading space. */
+ * contiguous (one feed's bytes). */
 static int add_piece(struct answer_reader *r, bool name, const char *p, size_t n)
 {
     struct span *in_place = name ? &r->name : &r->value, piece = { .base = p, .len = n };
@@ -272,7 +271,8 @@ static ssize_t parse(struct answer_reader *r, const char *p, size_t n)
 /* How many of the <n> bytes at <p> belong to the head being read: up to
  * and with the empty line that ends it, or all. A CR not followed by LF
  * makes the head malformed (-1): libhttp-parser would take it for a line's
- * end in one read and not in another (RFC 9112 says to refuse it). */
+ * end in one read and not in another (RFC 9112 says to refuse it); so does
+ * a line folded onto the one before (obs-fold), which it would join. */
 static ssize_t head_part(struct answer_reader *r, const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -280,6 +280,8 @@ static ssize_t head_part(struct answer_reader *r, const char *p, size_t n)
 
         if (r->scan_cr && c != '\n')
             return -1;
+        if (r->scan_line == 0 && !r->scan_cr && (c == ' ' || c == '\t'))
+            return -1; /* an obs-fold: refused, as RFC 9112 lets a proxy */
         r->scan_cr = c == '\r';
         if (c == '\n') {
             bool empty = r->scan_line == 0;
