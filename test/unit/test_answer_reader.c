@@ -49,10 +49,12 @@ static struct record *one(const char *text, size_t piece, bool head_request, boo
 
 static void test_answer_reader_length_chunked_and_close(void)
 {
+#define CHUNKED_ANSWER                                                                             \
+    "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"       \
+    "2\r\nhe\r\n3;x=1\r\nllo\r\n0\r\nX-Trailer: dropped\r\n\r\n"
     static const char *const answers[] = {
         "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
-        "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
-        "2\r\nhe\r\n3;x=1\r\nllo\r\n0\r\nX-Trailer: dropped\r\n\r\n",
+        CHUNKED_ANSWER,
         "HTTP/1.0 201 Created\r\nContent-Type: text/plain\r\n\r\nhello",
     };
 
