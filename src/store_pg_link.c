@@ -343,6 +343,7 @@ static void lane_drop(struct pg_lane *ln, int err, const char *why)
     ln->conn = NULL;
     ln->state = LANE_DOWN;
     ln->last_err = err;
+    ln->batch_failed = false; /* of the batch lost with the connection */
     atomic_store(&ln->st->up, false);
     if (why && why[0])
         store_pg_log_failure(ln->st, why);
@@ -561,6 +562,11 @@ static void op_answered(struct pg_lane *ln, struct pg_op *op)
  * is for; NULL: all have (the batch's sync comes next). */
 static struct pg_op *op_reading(const struct pg_lane *ln)
 {
+    if (ln->service) { /* each op has a sync of its own: the next result is the first's */
+        struct pg_op *op = op_first(&ln->sent);
+
+        return op && !op->ended ? op : NULL;
+    }
     for (struct list_node *n = list_first(&ln->sent); n; n = list_next(&ln->sent, n)) {
         struct pg_op *op = list_entry(n, struct pg_op, node);
 

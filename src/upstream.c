@@ -244,8 +244,10 @@ int upstream_failure(int err, bool wrote)
         return wrote ? -ECONNRESET : -ECONNREFUSED;
     case -ENOMEM:
         return wrote ? -ECONNRESET : err;
-    default:
-        return err; /* -E2BIG: it answered */
+    case -E2BIG:
+        return err; /* it answered */
+    default:        /* anything else (a loop's epoll_ctl() refused) is one of these */
+        return wrote ? -ECONNRESET : -ECONNREFUSED;
     }
 }
 

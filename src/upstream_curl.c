@@ -101,6 +101,8 @@ static void xfer_free(struct xfer *x)
     } else {
         curl_easy_cleanup(x->easy);
     }
+    if (x->req->body_flow)
+        flow_set_reader(x->req->body_flow, NULL, NULL); /* it may not have started */
     curl_slist_free_all(x->hdrs);
     record_unref(x->rec);
     upstream_watch_stop(&x->watch);
@@ -459,7 +461,11 @@ static CURLcode setup_body(struct xfer *x, const struct upstream_request *req, c
     CURLcode cc = CURLE_OK;
 
     /* The handle's last transfer may have set another method and body:
-     * back to a plain GET first (no body, no upload, no custom method). */
+     * back to a plain GET first (no body, no upload, no custom method). Its
+     * body's pointer goes first: HTTPGET keeps it, and it wins over a read
+     * callback (setting it says POST: HTTPGET comes after). */
+    SET(CURLOPT_POSTFIELDS, (char *)NULL);
+    SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
     SET(CURLOPT_HTTPGET, 1L);
     SET(CURLOPT_CUSTOMREQUEST, (char *)NULL);
     if (upstream_method_is(req->method, "HEAD")) {

@@ -97,15 +97,12 @@ static int build_head(struct h1_ex *x)
     return buf_append(h, "\r\n", 2) < 0 ? -ENOMEM : 0;
 }
 
-/* The head of <x> is built: it goes to a connection now (a kept one, at
- * once), or is kept in x->out until one is there. */
-static int ex_begin(struct h1_ex *x)
+/* The head of <x> is in cl->head: it goes to a connection now (a kept one,
+ * at once), or is kept in x->out until one is there. */
+static void ex_go(struct h1_ex *x)
 {
     struct h1_client *cl = x->cl;
-    int r = build_head(x);
 
-    if (r < 0)
-        return r;
     x->head_built = false;
     (void)h1_pool_acquire(cl, x);
     if (!x->head_built) {
@@ -114,7 +111,6 @@ static int ex_begin(struct h1_ex *x)
             h1_ex_end_later(x, -ENOMEM, NULL);
         x->head_built = true;
     }
-    return 0;
 }
 
 /* What a failed write or read says, by what was written before. */
@@ -171,7 +167,7 @@ static int pull(struct h1_ex *x)
         return -ECANCELED;
     }
     if (n == FLOW_END) {
-        x->body_sent = true;
+        x->body_ended = true; /* sent once what it put in x->out is written */
         if (x->framing == UPSTREAM_CHUNKED)
             r = buf_append(&x->out, "0\r\n\r\n", 5);
         return r < 0 ? -ENOMEM : 1;
@@ -187,6 +183,9 @@ static int pull(struct h1_ex *x)
         r = buf_append(&x->out, "\r\n", 2);
     return r < 0 ? -ENOMEM : 1;
 }
+
+/* Whether <x> waits for room to write (what it has not written yet). */
+static bool writing(const struct h1_ex *x) { return (x->conn->events & EPOLLOUT) != 0; }
 
 /* What <x>'s connection waits for: the answer unless reading is paused,
  * and room to write while the request is not all written. */
@@ -218,7 +217,9 @@ static int ex_send(struct h1_ex *x)
             iov[n++] = (struct iovec){ (void *)(uintptr_t)(body.base + x->body_off),
                                        body.len - x->body_off }; /* writev() only reads it */
         if (n == 0) {
-            if (!x->req->body_flow)
+            /* A request framed without a body (HEAD) sends none, whatever the
+             * client streamed: its bytes would be a request of their own. */
+            if (!x->req->body_flow || x->framing == UPSTREAM_NO_BODY || x->body_ended)
                 x->body_sent = true;
             if (x->body_sent || x->upload_paused)
                 return want(x, false);
@@ -256,15 +257,21 @@ static int ex_retry(struct h1_ex *x)
     h1_pool_release(cl, x->conn, false);
     x->conn = NULL;
     x->retried = true;
+    x->wrote_before = x->wrote > 0;
     x->wrote = 0;
     x->body_off = 0;
-    x->body_sent = false;
+    x->body_sent = x->body_ended = x->paused = x->upload_paused = false;
+    kick(cl); /* a place in the pool was freed: the exchanges waiting for one */
     x->out.len = x->out_off = 0;
     answer_reader_done(&x->rd);
     r = answer_reader_init(&x->rd, cl->max_capture_bytes, UPSTREAM_HEAD_MAX,
                            upstream_method_is(x->req->method, "HEAD"));
     list_remove(&x->node);
-    return r < 0 ? r : ex_begin(x);
+    if (r == 0)
+        r = build_head(x);
+    if (r == 0)
+        ex_go(x);
+    return r;
 }
 
 /* <x> failed with <err>: sent again when it may be (see above), else it
@@ -319,19 +326,20 @@ static int to_flow(void *ctx, const char *p, size_t n)
 static void on_flow_wake(void *ctx);
 
 /* The head came and the body did not come with it: the head goes to the
- * caller, and the body streams. */
-static void ex_stream(struct h1_ex *x)
+ * caller, and the body streams. Returns false when <x> ended instead. */
+static bool ex_stream(struct h1_ex *x)
 {
     struct record *rec = answer_reader_take(&x->rd);
     uint64_t length = x->rd.length == UINT64_MAX ? FLOW_LENGTH_UNKNOWN : x->rd.length;
 
     if (x->req->head(x->ctx, rec, length) < 0) {
         ex_finish(x, -ENOMEM, false);
-        return;
+        return false;
     }
     x->streaming = true;
     answer_reader_set_sink(&x->rd, to_flow, x);
     flow_set_writer(x->req->flow, on_flow_wake, x);
+    return true;
 }
 
 /* The connection has bytes, or was closed: one read, given to the answer
@@ -368,13 +376,15 @@ static void ex_read(struct h1_ex *x)
         ex_finish(x, 0, used == n && x->body_sent && answer_reader_keeps_alive(&x->rd));
         return;
     }
-    if (x->rd.head_done && x->req->head && !x->streaming)
-        ex_stream(x);
-    else if (!x->paused)
+    if (x->rd.head_done && x->req->head && !x->streaming) {
+        if (!ex_stream(x))
+            return;
+    } else if (!x->paused) {
         upstream_watch_touch(&cl->watchdog, &x->watch);
+    }
     if (x->paused) {
         upstream_watch_stop(&x->watch);
-        (void)want(x, false);
+        (void)want(x, writing(x));
     }
 }
 
@@ -424,7 +434,7 @@ static void ex_finish(struct h1_ex *x, int err, bool keep)
     if (err == 0 && !x->streaming)
         rec = answer_reader_take(&x->rd);
     if (err < 0) {
-        err = upstream_failure(err, x->wrote > 0);
+        err = upstream_failure(err, x->wrote > 0 || x->wrote_before);
         upstream_tell_why(req->why, err, x->cause, x->more);
     }
     if (x->conn)
@@ -458,6 +468,8 @@ static void ex_woken(struct h1_ex *x)
     int r = 0;
 
     x->waking = false;
+    if (!x->conn || x->conn->state != H1_BUSY)
+        return; /* waiting for a connection still: it sends once it has one */
     if (x->streaming && !flow_wants_bytes(x->req->flow)) {
         x->cause = "the client went away";
         ex_finish(x, -ECANCELED, false);
@@ -466,7 +478,7 @@ static void ex_woken(struct h1_ex *x)
     if (x->paused) {
         x->paused = false;
         upstream_watch_touch(&cl->watchdog, &x->watch);
-        r = want(x, false);
+        r = want(x, writing(x));
     }
     if (r == 0 && x->upload_paused) {
         x->upload_paused = false;
@@ -557,7 +569,8 @@ static int h1_start(struct upstream *pub, const struct upstream_request *req,
     if (req->body_flow)
         flow_set_reader(req->body_flow, on_flow_wake, x);
     upstream_watch_touch(&cl->watchdog, &x->watch);
-    return ex_begin(x);
+    ex_go(x);
+    return 0;
 }
 
 static void h1_stop(struct upstream *pub)

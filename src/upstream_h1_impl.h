@@ -59,7 +59,9 @@ struct h1_ex {
     bool retried;       /* ... which it was */
     bool pulled;        /* bytes were taken from the body flow: it cannot be sent again */
     bool head_built;    /* its head was written, or copied into <out> */
+    bool body_ended;    /* the body flow's end was taken (its last bytes may wait in <out>) */
     bool body_sent;     /* the whole request was written */
+    bool wrote_before;  /* bytes of it went out on a connection it was retried from */
     bool streaming;     /* its head went to req->head: the body goes to req->flow */
     bool paused;        /* the flow had no room: reading stopped */
     bool upload_paused; /* the body flow had no bytes: writing stopped */

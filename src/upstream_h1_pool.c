@@ -3,7 +3,7 @@
  * loop and registered with it between exchanges (an idle one that becomes
  * readable was closed by the upstream, or says something unasked: it is
  * closed), at most --max-connections of them, the most recently used taken
- * first, closed after H1_IDLE_MS unused. The upstream's host name is looked
+ * first, closed after H1_IDLE_MS unused (4 s). The upstream's host name is looked
  * up on a thread of its own, never on the loop, and again once its answer
  * is older than H1_ADDRS_MS (the exchanges meanwhile use the addresses
  * found before). */
@@ -20,7 +20,10 @@
 
 #include "upstream_h1_impl.h"
 
-#define H1_IDLE_MS 30000        /* under most servers' keep-alive timeouts (nginx: 75 s) */
+/* Under the keep-alive timeouts of the servers APIs run on (Node's and
+ * Apache's 5 s, nginx's 75 s): the proxy closes an idle connection before
+ * the upstream can, so that a request never meets a close on its way. */
+#define H1_IDLE_MS 4000
 #define H1_ADDRS_MS 60000       /* as libcurl's DNS cache */
 #define H1_LOOKUP_AGAIN_MS 1000 /* after a lookup that found nothing: requests fail at once */
 
@@ -315,8 +318,12 @@ static bool try_acquire(struct h1_client *cl, struct h1_ex *x)
         h1_ex_connected(x);
         return true;
     }
-    if (cl->nconns >= cl->max_conns)
-        return false;
+    if (cl->nconns >= cl->max_conns) {
+        /* A retry wants a new connection: an idle one makes room for it. */
+        if (!x->retried || !(n = list_last(&cl->idle)))
+            return false;
+        conn_close(cl, list_entry(n, struct h1_conn, node));
+    }
     if (!addrs_ready(cl)) {
         if (cl->lookup_failed && !cl->lookup) {
             h1_ex_end_later(x, -ECONNREFUSED, "the upstream's host name does not resolve");
@@ -384,10 +391,11 @@ void h1_pool_on_idle_timer(void *ctx)
 
         if (c->idle_since_ms + H1_IDLE_MS > now) {
             cl->idle_timer.due_ms = c->idle_since_ms + H1_IDLE_MS;
-            return;
+            break;
         }
         conn_close(cl, c);
     }
+    h1_pool_serve(cl);
 }
 
 void h1_pool_stop(struct h1_client *cl)

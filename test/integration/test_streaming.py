@@ -128,6 +128,25 @@ def test_keyed_event_stream_streams_then_replays_byte_for_byte(proxy, upstream):
 
 
 @store_independent
+def test_streamed_upload_after_a_buffered_one_on_one_connection(proxy, upstream):
+    """A small body (sent whole) then a large one (streamed), then a small one
+    again, on one kept-alive connection: each exchange forwards its own body,
+    never the one before (a client's handle reused from one to the next)."""
+    p = proxy()
+    c = http.client.HTTPConnection("127.0.0.1", p.port, timeout=30)
+    bodies = [b"small-%d" % i for i in range(3)]
+    bodies.insert(1, os.urandom(200 * 1024))
+    for body in bodies:
+        c.request("PUT", "/echo", body, {"Content-Type": "application/octet-stream"})
+        r = c.getresponse()
+        r.read()
+        assert r.status == 201, r.status
+    c.close()
+    got = [b for _, _, _, b in upstream.requests]
+    assert got == bodies, [len(b) for b in got]
+
+
+@store_independent
 def test_download_streams_with_and_without_length(proxy, upstream):
     p = proxy()
     for length in ("1", "0"):

@@ -250,6 +250,36 @@ def test_options_asterisk_forwarded_as_such(proxy, upstream):
 
 
 @store_independent
+def test_head_with_a_streamed_body_sends_no_second_request(proxy, upstream):
+    """A HEAD is forwarded without a body (its framing has none): the bytes a
+    client streams after it, shaped as a request of their own, never reach
+    the upstream, chunked or with a Content-Length past what streams."""
+    hidden = (b"GET /smuggled HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 10.0.0.1\r\n"
+              b"Content-Length: 0\r\n\r\n")
+    p = proxy()
+    chunked = (b"HEAD /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"%x\r\n" % len(hidden) + hidden + b"\r\n0\r\n\r\n")
+    padded = hidden + b" " * (70000 - len(hidden))
+    sized = (b"HEAD /echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(padded)
+             + padded)
+    for data in (chunked, sized):
+        s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+        try:
+            s.sendall(data)
+            s.settimeout(3)
+            try:
+                s.recv(65536)
+            except OSError:
+                pass
+        finally:
+            s.close()
+    time.sleep(0.5)
+    targets = [(m, t) for m, t, _, _ in upstream.requests]
+    assert ("GET", "/smuggled") not in targets, targets
+    assert all(m == "HEAD" for m, _ in targets), targets
+
+
+@store_independent
 def test_connect_is_501_and_reaches_nothing(proxy, upstream):
     trip = Tripwire()
     try:
