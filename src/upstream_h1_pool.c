@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -48,22 +49,45 @@ static void lookup_free(struct h1_lookup *lk)
     free(lk);
 }
 
-/* Copies what getaddrinfo() found into <addrs>: IPv4 first (a server
- * listens on IPv4 more often than not, and "localhost" may list ::1
- * first), at most H1_MAX_ADDRS. Returns how many. */
+/* Appends what getaddrinfo() found to the <n> addresses in <addrs>, at
+ * most H1_MAX_ADDRS in all. Returns how many there are then. */
 static unsigned take_addrs(const struct addrinfo *res, struct sockaddr_storage *addrs,
-                           socklen_t *lens)
+                           socklen_t *lens, unsigned n)
+{
+    for (const struct addrinfo *a = res; a && n < H1_MAX_ADDRS; a = a->ai_next) {
+        if (a->ai_addrlen > sizeof(*addrs))
+            continue;
+        memcpy(&addrs[n], a->ai_addr, a->ai_addrlen);
+        lens[n++] = a->ai_addrlen;
+    }
+    return n;
+}
+
+/* Looks <host> up, IPv4 first (a server listens on IPv4 more often than
+ * not, and "localhost" may list ::1 first), one family at a time: asked for
+ * both at once, glibc sorts what it finds with the help of a netlink socket,
+ * which the systemd unit's RestrictAddressFamilies does not allow. Returns
+ * how many addresses, and the first getaddrinfo() error in <gai>. */
+static unsigned resolve(const char *host, const char *port, int flags,
+                        struct sockaddr_storage *addrs, socklen_t *lens, int *gai)
 {
     static const int families[] = { AF_INET, AF_INET6 };
     unsigned n = 0;
 
+    *gai = 0;
     for (size_t f = 0; f < ARRAY_SIZE(families); f++) {
-        for (const struct addrinfo *a = res; a && n < H1_MAX_ADDRS; a = a->ai_next) {
-            if (a->ai_family != families[f] || a->ai_addrlen > sizeof(*addrs))
-                continue;
-            memcpy(&addrs[n], a->ai_addr, a->ai_addrlen);
-            lens[n++] = a->ai_addrlen;
-        }
+        struct addrinfo hints = { .ai_family = families[f],
+                                  .ai_socktype = SOCK_STREAM,
+                                  .ai_flags = flags };
+        struct addrinfo *res = NULL;
+        int r = getaddrinfo(host, port, &hints, &res);
+
+        if (r == 0)
+            n = take_addrs(res, addrs, lens, n);
+        else if (!*gai)
+            *gai = r;
+        if (res)
+            freeaddrinfo(res);
     }
     return n;
 }
@@ -99,14 +123,9 @@ static void on_lookup_done(void *ctx)
 static void *lookup_run(void *arg)
 {
     struct h1_lookup *lk = arg;
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
     bool handed;
 
-    lk->gai = getaddrinfo(lk->host, lk->port, &hints, &res);
-    if (lk->gai == 0)
-        lk->n = take_addrs(res, lk->addrs, lk->addr_len);
-    if (res)
-        freeaddrinfo(res);
+    lk->n = resolve(lk->host, lk->port, 0, lk->addrs, lk->addr_len, &lk->gai);
     pthread_mutex_lock(&lk->lock);
     handed = lk->cl && loop_post(lk->loop, &lk->task) == 0;
     pthread_mutex_unlock(&lk->lock);
@@ -412,16 +431,24 @@ void h1_pool_stop(struct h1_client *cl)
     }
 }
 
+/* Whether <host> is "localhost" or a name under it (RFC 6761: always the
+ * loopback, whatever a resolver says). */
+static bool is_localhost(const char *host)
+{
+    size_t n = strlen(host);
+
+    return strcasecmp(host, "localhost") == 0 ||
+           (n > 10 && strcasecmp(host + n - 10, ".localhost") == 0);
+}
+
 /* The origin's host and port (from the URL libcurl's URL API checked), and
  * the addresses when the host is one. */
 int h1_pool_init(struct h1_client *cl)
 {
     CURLU *u = curl_url();
     char *host = NULL, *port = NULL;
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST };
-    struct addrinfo *res = NULL;
     size_t len;
-    int r = -ENOMEM;
+    int r = -ENOMEM, gai;
 
     if (!u)
         return -ENOMEM;
@@ -440,14 +467,15 @@ int h1_pool_init(struct h1_client *cl)
     cl->authority = len > 8 ? strndup(cl->base.origin + 7, len - 8) : NULL;
     if (!cl->host || !cl->port || !cl->authority)
         goto out;
-    if (getaddrinfo(cl->host, cl->port, &hints, &res) == 0) {
-        cl->naddrs = take_addrs(res, cl->addrs, cl->addr_len);
-        cl->numeric = cl->naddrs > 0;
-    }
+    if (is_localhost(cl->host)) /* as libcurl does (RFC 6761): never looked up */
+        cl->naddrs =
+            resolve("127.0.0.1", cl->port, AI_NUMERICHOST, cl->addrs, cl->addr_len, &gai) +
+            resolve("::1", cl->port, AI_NUMERICHOST, cl->addrs + 1, cl->addr_len + 1, &gai);
+    else
+        cl->naddrs = resolve(cl->host, cl->port, AI_NUMERICHOST, cl->addrs, cl->addr_len, &gai);
+    cl->numeric = cl->naddrs > 0;
     r = 0;
 out:
-    if (res)
-        freeaddrinfo(res);
     curl_free(host);
     curl_free(port);
     curl_url_cleanup(u);
