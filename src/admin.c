@@ -19,12 +19,11 @@
 
 struct admin {
     struct store *st;
-    const struct seal_keys *keys; /* borrowed: the answers' seal, NULL: in clear */
-    const char *key_prefix;       /* borrowed from the configuration */
-    uint64_t ttl_ms;   /* --ttl: what an operator's answer is kept, if its key does not say */
-    size_t max_body;   /* the largest body a PUT /keys may send */
-    const char *token; /* borrowed: --admin-token-file's secret, NULL: none */
-    bool loopback;     /* the admin address is a loopback one */
+    const char *key_prefix; /* borrowed from the configuration */
+    uint64_t ttl_ms;        /* --ttl: what an operator's answer is kept, if its key does not say */
+    size_t max_body;        /* the largest body a PUT /keys may send */
+    const char *token;      /* borrowed: --admin-token-file's secret, NULL: none */
+    bool loopback;          /* the admin address is a loopback one */
     struct MHD_Daemon *d;
 };
 
@@ -140,8 +139,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                                            .method = method,
                                                            .body = buf_span(&q->body),
                                                            .body_too_large = q->too_large,
-                                                           .ttl_ms = a->ttl_ms,
-                                                           .keys = a->keys });
+                                                           .ttl_ms = a->ttl_ms });
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(conn, 405, "method not allowed\n");
@@ -205,8 +203,7 @@ bool admin_is_loopback(const struct config *cfg)
     return false;
 }
 
-int admin_start(const struct config *cfg, struct store *st, const struct seal_keys *keys,
-                struct admin **ret)
+int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
 {
     struct admin *a = calloc(1, sizeof(*a));
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
@@ -214,7 +211,6 @@ int admin_start(const struct config *cfg, struct store *st, const struct seal_ke
     if (!a)
         return -ENOMEM;
     a->st = st;
-    a->keys = keys;
     a->key_prefix = cfg->key_prefix;
     a->ttl_ms = cfg->route.ttl_ms;
     /* an answer of --max-response in base64, its headers and the JSON around them */

@@ -17,7 +17,6 @@
 #include "idemproxy/log.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
-#include "idemproxy/seal.h"
 #include "idemproxy/store.h"
 
 #define WAIT_MS 10000 /* a SCAN of a large Redis may take a while */
@@ -226,22 +225,17 @@ static void about_json(json_t *o, const char *about)
     }
 }
 
-/* Adds the completed answer <stored> of <store_key> to <o>, opened with <keys>
- * (seal.h): its status, and its headers and body when <with_body>; the key
- * id that sealed it; or why it does not open. */
-static void answer_json(json_t *o, const char *store_key, struct record *stored, bool with_body,
-                        const struct seal_keys *keys)
+/* Adds the completed answer of <info> to <o>: its status, and its headers
+ * and body when <with_body>; the key id that sealed it; or why it does not
+ * open (store_seal.h). */
+static void answer_json(json_t *o, const struct store_info *info, bool with_body)
 {
-    struct record *rec = NULL;
-    enum seal_failure why;
-    char id[SEAL_ID_MAX + 1];
-    int err = seal_open(keys, span_from_cstr(store_key), stored, &rec, &why, id);
+    const struct record *rec = info->rec;
 
-    if (id[0])
-        json_object_set_new(o, "key_id", json_string(id));
-    if (err < 0) {
-        json_object_set_new(o, "unreadable",
-                            json_string(err == -ENOMEM ? "out of memory" : seal_failure_text(why)));
+    if (info->sealed_by)
+        json_object_set_new(o, "key_id", json_string(info->sealed_by));
+    if (info->unreadable || !rec) {
+        json_object_set_new(o, "unreadable", json_string(info->unreadable ? info->unreadable : ""));
         return;
     }
     json_object_set_new(o, "status", json_integer(rec->status));
@@ -255,11 +249,9 @@ static void answer_json(json_t *o, const char *store_key, struct record *stored,
         json_object_set_new(o, "headers", hs);
         json_object_set_new(o, "body_base64", base64_json(&rec->body));
     }
-    record_unref(rec);
 }
 
-static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body,
-                         const struct seal_keys *keys)
+static json_t *info_json(const struct store_info *info, size_t prefix_len, bool with_body)
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
@@ -276,8 +268,8 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
         if (info->about)
             about_json(o, info->about);
     }
-    if (o && info->completed && info->rec)
-        answer_json(o, info->store_key, info->rec, with_body, keys);
+    if (o && info->completed && (info->rec || info->unreadable))
+        answer_json(o, info, with_body);
     if (o && info->resource)
         json_object_set_new(o, "resource", bytes_json(info->resource, strlen(info->resource)));
     return o;
@@ -309,7 +301,7 @@ static enum MHD_Result reply_listing_error(struct MHD_Connection *conn, int err)
 }
 
 static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, const char *prefix,
-                                 const char *key, bool with_body, const struct seal_keys *keys)
+                                 const char *key, bool with_body)
 {
     struct waiter *w = waiter_new();
     json_t *records;
@@ -317,15 +309,12 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 
     if (!w)
         return reply_error(conn, 500, "out of memory");
-    /* A sealed answer's status is inside it: the whole record is read. */
-    err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body || keys,
-                        on_listed, w);
+    err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body, on_listed, w);
     if ((err = listed(w, err)) < 0)
         return reply_listing_error(conn, err);
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++)
-        json_array_append_new(records,
-                              info_json(&w->list.items[i], strlen(prefix), with_body, keys));
+        json_array_append_new(records, info_json(&w->list.items[i], strlen(prefix), with_body));
     waiter_unref(w);
     return reply_json(conn, 200, json_pack("{s:s, s:o}", "key", key, "records", records));
 }
@@ -333,8 +322,7 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 /* GET /keys?resource=ID[&scope=S][&body=1]: the records whose answer
  * created the resource ID (SPEC §12), in any scope or in S. */
 static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *st,
-                                     const char *prefix, const char *resource,
-                                     const struct seal_keys *keys)
+                                     const char *prefix, const char *resource)
 {
     const char *scope = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "scope");
     const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
@@ -352,8 +340,8 @@ static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *
         return reply_error(conn, 400, "scope: the 32 hex characters GET /keys/<key> shows");
     if (!(w = waiter_new()))
         return reply_error(conn, 500, "out of memory");
-    err = store_find_resource(st, span_from_cstr(prefix), span_from_cstr(resource),
-                              with_body || keys, on_listed, w);
+    err = store_find_resource(st, span_from_cstr(prefix), span_from_cstr(resource), with_body,
+                              on_listed, w);
     if ((err = listed(w, err)) < 0)
         return reply_listing_error(conn, err);
     records = json_array();
@@ -365,7 +353,7 @@ static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *
 
         if (scope && strncmp(in->store_key + plen, scope, IDEMKEY_SCOPE_HEX) != 0)
             continue;
-        o = info_json(in, plen, with_body, keys);
+        o = info_json(in, plen, with_body);
         if (o && k.base)
             json_object_set_new(o, "key", bytes_json(k.base, k.len));
         json_array_append_new(records, o);
@@ -458,7 +446,7 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     records = json_array();
     for (size_t i = 0; records && i < w->list.n; i++) {
         const struct store_info *in = &w->list.items[i];
-        json_t *o = info_json(in, strlen(prefix), false, NULL); /* unknown: no answer */
+        json_t *o = info_json(in, strlen(prefix), false); /* unknown: no answer */
         struct span k =
             idemkey_store_key_key(span_from_cstr(in->store_key), span_from_cstr(prefix));
 
@@ -582,17 +570,6 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
         record_unref(rec);
         return reply_error(conn, 500, "out of memory");
     }
-    if (c->keys) {
-        struct record *sealed = NULL;
-
-        err = seal_record(c->keys, span_from_cstr(store_key), rec, &sealed);
-        record_unref(rec);
-        if (err < 0) {
-            free(store_key);
-            return reply_error(conn, 500, "cannot seal the answer");
-        }
-        rec = sealed;
-    }
     w = waiter_new();
     err =
         w ? store_resolve(st, span_from_cstr(store_key), rec, c->ttl_ms, on_resolved, w) : -ENOMEM;
@@ -619,6 +596,8 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
                                   "answer.");
     if (err == -E2BIG)
         return reply_error(conn, 413, "the answer is larger than the store takes");
+    if (err == -EIO || err == -ENOMEM) /* the sealing filter could not seal it (store_seal.h) */
+        return reply_error(conn, 500, err == -EIO ? "cannot seal the answer" : "out of memory");
     if (err < 0)
         return reply_error(conn, 503, "the store is not answering");
     return reply_json(conn, 200, json_pack("{s:s}", "resolved", "completed"));
@@ -665,7 +644,7 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
         if (!is_get)
             return reply_error(conn, 405, "GET /keys?state=unknown or GET /keys?resource=ID");
         if (resource)
-            return find_resource(conn, st, c->prefix, resource, c->keys);
+            return find_resource(conn, st, c->prefix, resource);
         return list_unknown(conn, st, c->prefix);
     }
     if (!is_get && !is_delete && !is_put)
@@ -676,7 +655,7 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
                            "composite key's parts joined by single spaces, percent-encoded in "
                            "the path");
     if (is_get)
-        return list_keys(conn, st, c->prefix, key, body && strcmp(body, "1") == 0, c->keys);
+        return list_keys(conn, st, c->prefix, key, body && strcmp(body, "1") == 0);
     if (is_put)
         return resolve_key(conn, st, c, key, scope);
     return purge_key(conn, st, c->prefix, key, scope);

@@ -17,6 +17,7 @@
 #include "idemproxy/store.h"
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_registry.h"
+#include "idemproxy/store_seal.h"
 #include "idemproxy/upstream.h"
 #include "idemproxy/worker.h"
 #include "idemproxy_version.h"
@@ -40,9 +41,10 @@ void app_watch_memory_store(struct app *app)
     struct store_memory_stats s;
     uint64_t now = now_ms();
 
-    if (!store_is_memory(app->st) || (app->warned_at_ms && now - app->warned_at_ms < 60000))
+    if (!app->plain || !store_is_memory(app->plain) ||
+        (app->warned_at_ms && now - app->warned_at_ms < 60000))
         return;
-    store_memory_stats(app->st, &s);
+    store_memory_stats(app->plain, &s);
     if (s.evictions == app->evictions)
         return;
     log_warn("memory store full: %llu completed records evicted before their --ttl ran out "
@@ -70,7 +72,6 @@ void app_down(struct app *app)
     for (unsigned i = 0; i < app->nloops; i++)
         front_stop(app->fronts[i]);
     pipeline_free(app->pl);
-    seal_keys_free(app->keys);
     for (unsigned i = 0; i < app->nloops; i++)
         loop_free(app->loops[i]);
 }
@@ -179,19 +180,37 @@ static int start_serving(struct app *app)
     return 0;
 }
 
-/* The keys of --store-encryption-key-file, read once (a restart reads them
- * again). A file others may read is said, not refused: systemd's
- * credentials are the owner's only. */
-static int load_keys(struct app *app)
+/* Puts the store behind a sealing filter with <keys> (taken over). */
+static int wrap_store(struct app *app, struct seal_keys *keys)
+{
+    int err = store_seal_new(app->st, keys, &app->st);
+
+    if (err < 0) {
+        log_error("cannot set up the store: %s", strerror(-err));
+        app->st = app->plain = NULL; /* the filter freed it */
+    }
+    return err;
+}
+
+/* The store behind its sealing filter, with the keys of
+ * --store-encryption-key-file, read once (a restart reads them again); with
+ * none, the filter still refuses a sealed answer it cannot open. A file
+ * others may read is said, not refused: systemd's credentials are the
+ * owner's only. */
+static int seal_store(struct app *app)
 {
     const char *path = app->cfg.store_encryption_key_file;
+    struct seal_keys *keys = NULL;
     char why[512];
     struct stat sb;
     int err;
 
-    if (!path)
+    if (!app->st)
         return 0;
-    err = seal_keys_load(path, &app->keys, why, sizeof(why));
+    app->plain = app->st;
+    if (!path)
+        return wrap_store(app, NULL);
+    err = seal_keys_load(path, &keys, why, sizeof(why));
     if (err < 0) {
         log_error("--store-encryption-key-file: %s", err == -ENOMEM ? "out of memory" : why);
         app->exit_status = 2;
@@ -202,8 +221,8 @@ static int load_keys(struct app *app)
                  "owner's only (chmod 600), or hand it over as a systemd credential",
                  path, (unsigned)(sb.st_mode & 07777));
     log_info("stored answers are sealed with AES-256-GCM under key '%s' (%zu key%s in %s)",
-             app->keys->keys[0].id, app->keys->n, app->keys->n == 1 ? "" : "s", path);
-    return 0;
+             keys->keys[0].id, keys->n, keys->n == 1 ? "" : "s", path);
+    return wrap_store(app, keys);
 }
 
 int app_up(struct app *app)
@@ -228,16 +247,16 @@ int app_up(struct app *app)
     }
     err = open_store(app);
     if (err == 0)
-        err = load_keys(app);
+        err = seal_store(app);
     if (err == 0)
-        err = pipeline_new(&app->cfg, app->routes, app->st, app->keys, app->pool,
+        err = pipeline_new(&app->cfg, app->routes, app->st, app->pool,
                            &(struct pipeline_forwarder){ .submit = forward_on_loop, .ctx = app },
                            &app->pl);
     if (err == 0)
         err = start_serving(app);
     if (err < 0)
         return err;
-    err = admin_start(&app->cfg, app->st, app->keys, &app->admin);
+    err = admin_start(&app->cfg, app->st, &app->admin);
     if (err < 0)
         log_error("--admin-listen %s: cannot listen there (address in use, or not this host's?)",
                   app->cfg.admin_listen.text);

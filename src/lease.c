@@ -16,7 +16,6 @@
 #include "idemproxy/log.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/record.h"
-#include "idemproxy/seal.h"
 #include "idemproxy/worker.h"
 
 #define FINISH_BACKOFF_MIN_MS 50
@@ -25,10 +24,9 @@
 #define BEAT_CHECK_MAX_MS 1000
 
 struct leases {
-    struct store *st;             /* borrowed */
-    const struct seal_keys *keys; /* borrowed: seal the too-large marker; NULL: none */
-    struct worker_pool *pool;     /* borrowed */
-    uint64_t lock_ttl_ms;         /* a lease's TTL when lease_start() is given none */
+    struct store *st;         /* borrowed */
+    struct worker_pool *pool; /* borrowed */
+    uint64_t lock_ttl_ms;     /* a lease's TTL when lease_start() is given none */
     atomic_bool stopping;
     pthread_mutex_t mu;         /* guards the list and the heartbeat fields of leases */
     struct list list;           /* every active struct lease, each with a reference */
@@ -196,8 +194,8 @@ static void heartbeat(void *ctx)
     }
 }
 
-int leases_new(struct store *st, const struct seal_keys *keys, struct worker_pool *pool,
-               uint64_t lock_ttl_ms, struct leases **ret)
+int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
+               struct leases **ret)
 {
     struct leases *ls = calloc(1, sizeof(*ls));
     uint64_t check_ms;
@@ -206,7 +204,6 @@ int leases_new(struct store *st, const struct seal_keys *keys, struct worker_poo
     if (!ls)
         return -ENOMEM;
     ls->st = st;
-    ls->keys = keys;
     ls->pool = pool;
     ls->lock_ttl_ms = lock_ttl_ms;
     check_ms = lock_ttl_ms / 12; /* a quarter of the shortest beat */
@@ -315,30 +312,6 @@ static void finish_told(struct lease *l)
         done(l->finish_ctx);
 }
 
-/* The marker that stands for the answer of <l>, which the store cannot hold
- * (its status: a sealed answer's is inside it), sealed as answers are. NULL
- * when out of memory. */
-static struct record *too_large_marker(struct lease *l)
-{
-    struct record *clear = NULL, *marker = NULL;
-    enum seal_failure why;
-    char id[SEAL_ID_MAX + 1];
-    unsigned status = l->rec->status;
-
-    if (l->rec->sealed &&
-        seal_open(l->ls->keys, span_from_cstr(l->key), l->rec, &clear, &why, id) == 0) {
-        status = clear->status;
-        record_unref(clear);
-    }
-    clear = record_new_too_large(status);
-    if (!clear || !l->ls->keys)
-        return clear;
-    if (seal_record(l->ls->keys, span_from_cstr(l->key), clear, &marker) < 0)
-        marker = NULL;
-    record_unref(clear);
-    return marker;
-}
-
 static void on_finished(void *ctx, int err, const struct store_result *res)
 {
     struct lease *l = ctx;
@@ -353,7 +326,7 @@ static void on_finished(void *ctx, int err, const struct store_result *res)
         /* The store can never hold this response (the memory store takes
          * none over half its budget): keep the marker instead, so it is still
          * never run twice. */
-        struct record *marker = too_large_marker(l);
+        struct record *marker = record_new_too_large(l->rec->status);
 
         if (marker) {
             log_warn("key %s: the response (%zu bytes) is larger than the store can hold; "

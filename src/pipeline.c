@@ -32,7 +32,6 @@
 #include "idemproxy/record.h"
 #include "idemproxy/request.h"
 #include "idemproxy/route.h"
-#include "idemproxy/seal.h"
 #include "idemproxy/store.h"
 #include "idemproxy/waitlist.h"
 #include "idemproxy/worker.h"
@@ -357,36 +356,31 @@ static void answer_unknown(struct pipeline_req *r, const struct store_result *re
  * counted every 10 s (log.h). */
 static struct log_burst sealed_failures = LOG_BURST_INIT("stored answers that do not open");
 
-/* Replays the stored answer <stored> of <r>'s key, opened first (seal.h). One
- * that does not open is a store error that runs nothing again. */
-static void answer_stored(struct pipeline_req *r, struct record *stored)
+/* The answer to a key completed earlier whose answer does not open
+ * (store_seal.h): a store error that runs nothing again, whatever
+ * --on-store-error says. */
+static void answer_unreadable(struct pipeline_req *r, const char *why)
 {
-    struct record *rec = NULL;
-    enum seal_failure why;
-    char id[SEAL_ID_MAX + 1];
-    int err = seal_open(r->pl->keys, span_from_cstr(r->adm.store_key), stored, &rec, &why, id);
+    metrics_store_error();
+    if (log_enabled(LOG_LEVEL_ERROR) && log_burst_admit(&sealed_failures, why))
+        log_error("key %s: its stored answer does not open: %s; answered 503, neither replayed "
+                  "nor run again",
+                  r->adm.store_key, why);
+    pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+                         "The stored answer of this Idempotency-Key cannot be read; the request "
+                         "was not run again.");
+}
 
-    if (err < 0) {
-        metrics_store_error();
-        if (err == -EBADMSG && log_enabled(LOG_LEVEL_ERROR) &&
-            log_burst_admit(&sealed_failures, seal_failure_text(why)))
-            log_error("key %s: its stored answer does not open: %s%s%s%s; answered 503, neither "
-                      "replayed nor run again",
-                      r->adm.store_key, seal_failure_text(why), id[0] ? " (key id " : "", id,
-                      id[0] ? ")" : "");
-        pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                             err == -EBADMSG ? "The stored answer of this Idempotency-Key cannot "
-                                               "be read; the request was not run again."
-                                             : "Out of memory.");
-    } else if (rec->too_large) {
+/* Replays the stored answer <rec> (borrowed) of <r>'s key. */
+static void answer_stored(struct pipeline_req *r, struct record *rec)
+{
+    if (rec->too_large)
         pipeline_set_problem(
             r, PROBLEM_RESPONSE_TOO_LARGE, OUTCOME_REPLAYED,
             "The request was executed, but its response was larger than --max-response, "
             "so it cannot be replayed; it was not executed again.");
-        record_unref(rec);
-    } else {
-        pipeline_set_answer(r, rec, OUTCOME_REPLAYED, "true");
-    }
+    else
+        pipeline_set_answer(r, record_ref(rec), OUTCOME_REPLAYED, "true");
 }
 
 /* The 422 of a key used for another request, naming the resource its
@@ -448,6 +442,8 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         answer_unknown(r, res);
     } else if (err == 0 && res->status == STORE_COMPLETED) {
         answer_stored(r, res->rec);
+    } else if (err == 0 && res->status == STORE_UNREADABLE) {
+        answer_unreadable(r, res->unreadable);
     } else {
         char why[1024];
 
@@ -531,8 +527,8 @@ static void on_wait_expired(void *ctx, struct waitlist_entry *e)
 /* ---- Lifecycle ---- */
 
 int pipeline_new(const struct config *cfg, struct route_table *t, struct store *st,
-                 const struct seal_keys *keys, struct worker_pool *pool,
-                 const struct pipeline_forwarder *fwd, struct pipeline **ret)
+                 struct worker_pool *pool, const struct pipeline_forwarder *fwd,
+                 struct pipeline **ret)
 {
     struct pipeline *pl = calloc(1, sizeof(*pl));
     uint64_t wait_ms = route_table_max_wait(t);
@@ -548,7 +544,6 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
     pl->id_header =
         cfg->request_id_header && cfg->request_id_header[0] ? cfg->request_id_header : NULL;
     pl->storage_header = cfg->storage_header && cfg->storage_header[0] ? cfg->storage_header : NULL;
-    pl->keys = keys;
     pl->st = st;
     pl->pool = pool;
     pl->fwd = *fwd;
@@ -560,7 +555,7 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
             err = store_set_notify(st, waitlist_notify, pl->waits);
     }
     if (st && err == 0)
-        err = leases_new(st, keys, pool, pl->min_lock_ttl_ms, &pl->leases);
+        err = leases_new(st, pool, pl->min_lock_ttl_ms, &pl->leases);
     if (err < 0) {
         pipeline_free(pl);
         return err;

@@ -24,15 +24,14 @@ struct pipeline {
     struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases;  /* owned: held locks and their heartbeat (lease.h) */
     struct pipeline_forwarder fwd;
-    pthread_mutex_t routes_mu;    /* guards <routes> while a request takes its reference */
-    struct route_table *routes;   /* owned reference: what new requests are matched against */
-    uint64_t min_lock_ttl_ms;     /* the heartbeat was set up for locks this short */
-    const char *key_prefix;       /* --key-prefix, borrowed from the configuration */
-    bool enabled;                 /* IDEMPOTENCY_ENABLED */
-    const char *proto;            /* X-Forwarded-Proto: "https" with --tls-cert-file */
-    const char *id_header;        /* --request-id-header, borrowed; NULL: none */
-    const char *storage_header;   /* --storage-header, borrowed; NULL: none */
-    const struct seal_keys *keys; /* borrowed: --store-encryption-key-file's; NULL: in clear */
+    pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
+    struct route_table *routes; /* owned reference: what new requests are matched against */
+    uint64_t min_lock_ttl_ms;   /* the heartbeat was set up for locks this short */
+    const char *key_prefix;     /* --key-prefix, borrowed from the configuration */
+    bool enabled;               /* IDEMPOTENCY_ENABLED */
+    const char *proto;          /* X-Forwarded-Proto: "https" with --tls-cert-file */
+    const char *id_header;      /* --request-id-header, borrowed; NULL: none */
+    const char *storage_header; /* --storage-header, borrowed; NULL: none */
     /* Exchanges going on after their client was answered: a 504 at
      * --upstream-timeout, or a streamed answer's head. */
     atomic_uint late;

@@ -18,7 +18,6 @@
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/route.h"
-#include "idemproxy/seal.h"
 
 #include "pipeline_impl.h"
 
@@ -116,32 +115,6 @@ void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
     lease_end_linked(r, rec, NULL);
 }
 
-/* Ends the lock of <r> with <rec> (a reference taken over; NULL releases),
- * sealed first when answers are (seal.h), and the resource link <link>
- * (NULL: none). An answer that cannot be sealed is never stored in clear: a
- * bare marker takes its place, which does not open either, so its
- * duplicates get 503 and nothing runs twice. */
-static void lease_end_sealed(struct pipeline_req *r, struct record *rec,
-                             const struct store_link *link)
-{
-    struct record *sealed = NULL;
-    int err;
-
-    if (!rec || !r->pl->keys) {
-        lease_end_linked(r, rec, link);
-        return;
-    }
-    err = seal_record(r->pl->keys, span_from_cstr(r->adm.store_key), rec, &sealed);
-    if (err < 0) {
-        log_error("key %s: cannot seal its answer (%s): a marker without it is stored, and its "
-                  "duplicates get 503 store_unavailable; it does not run again",
-                  r->adm.store_key, strerror(-err));
-        sealed = record_new_too_large(rec->status); /* NULL (OOM): released */
-    }
-    record_unref(rec);
-    lease_end_linked(r, sealed, link);
-}
-
 /* The resource link of <rec>, the answer of <r>, by its route (SPEC §12):
  * <ret> gets its resource and its key <prefix>r:<scope>:<resource>, in a
  * new string the caller frees, returned; NULL when there is none. */
@@ -180,9 +153,9 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
     record_ensure_date(rec);
     link_key = resource_link(r, rec, &link);            /* a marker, too, keeps its answer's link */
     if (over || rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
-        lease_end_sealed(r, record_new_too_large(rec->status), link_key ? &link : NULL);
+        lease_end_linked(r, record_new_too_large(rec->status), link_key ? &link : NULL);
     else
-        lease_end_sealed(r, record_ref(rec), link_key ? &link : NULL);
+        lease_end_linked(r, record_ref(rec), link_key ? &link : NULL);
     free(link_key); /* the lease copied it */
 }
 
@@ -295,7 +268,7 @@ static void late_end(struct pipeline_req *r, int err, struct record *rec)
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
                                  : strerror(-err));
     if (err == -E2BIG) {
-        lease_end_sealed(r, record_new_too_large(502), NULL); /* it did answer */
+        pipeline_lease_end(r, record_new_too_large(502)); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
         lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
                                                 : STORE_CAUSE_UPSTREAM_TIMEOUT);
@@ -456,7 +429,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
         if (err == -E2BIG) {
             /* The upstream did answer: it must never run twice. */
             r->out.replayed = "false";
-            lease_end_sealed(r, record_new_too_large(502), NULL);
+            pipeline_lease_end(r, record_new_too_large(502));
             return;
         }
         if (upstream_err_maybe_sent(err)) {

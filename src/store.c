@@ -207,8 +207,10 @@ void store_info_done(struct store_info *info)
     free(info->store_key);
     free(info->about);
     free(info->resource);
+    free(info->sealed_by);
+    free(info->unreadable);
     record_unref(info->rec);
-    info->store_key = info->about = info->resource = NULL;
+    info->store_key = info->about = info->resource = info->sealed_by = info->unreadable = NULL;
     info->rec = NULL;
 }
 

@@ -12,15 +12,12 @@
 
 struct admin;
 struct config;
-struct seal_keys;
 struct store;
 
 /* Listens on cfg->admin_listen. <st> (borrowed, may be NULL when enforcement
- * is off: then always ready) and <keys> (borrowed: what opens and seals the
- * answers /keys shows and resolves; NULL: they are in clear). Returns 0
- * with it in <ret>, or a negative errno. */
-int admin_start(const struct config *cfg, struct store *st, const struct seal_keys *keys,
-                struct admin **ret);
+ * is off: then always ready; answers go to it and come from it in clear).
+ * Returns 0 with it in <ret>, or a negative errno. */
+int admin_start(const struct config *cfg, struct store *st, struct admin **ret);
 
 /* True when cfg->admin_listen is a loopback address (127.0.0.0/8, ::1): the
  * only place /keys is served without --admin-token-file. */

@@ -17,7 +17,6 @@
 #define ADMIN_KEYS_PATH "/keys/"
 #define ADMIN_KEYS_LIST_PATH "/keys"
 
-struct seal_keys;
 struct store;
 
 /* One call to /keys, as the admin listener read it. */
@@ -25,10 +24,9 @@ struct admin_keys_call {
     const char *prefix; /* the store keys' prefix (--key-prefix) */
     const char *target; /* the raw request target, as the client sent it */
     const char *method;
-    struct span body;             /* PUT: the request body */
-    bool body_too_large;          /* PUT: the body went past what the listener takes */
-    uint64_t ttl_ms;              /* PUT: how long an answer is kept when its key does not say */
-    const struct seal_keys *keys; /* the answers' seal (seal.h), NULL: in clear */
+    struct span body;    /* PUT: the request body */
+    bool body_too_large; /* PUT: the body went past what the listener takes */
+    uint64_t ttl_ms;     /* PUT: how long an answer is kept when its key does not say */
 };
 
 /* Answers <c> (its path, once percent-decoded here, is ADMIN_KEYS_LIST_PATH

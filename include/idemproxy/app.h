@@ -16,7 +16,6 @@ struct front;
 struct loop;
 struct pipeline;
 struct route_table;
-struct seal_keys;
 struct store;
 struct upstream;
 struct worker_pool;
@@ -25,8 +24,8 @@ struct app {
     struct config cfg;          /* the running configuration (reload swaps in what it may) */
     struct route_table *routes; /* owned reference: the table in use */
     struct worker_pool *pool;
-    struct store *st;
-    struct seal_keys *keys; /* --store-encryption-key-file's, NULL: answers stored in clear */
+    struct store *st;    /* owned: the store as the pipeline sees it, behind its sealing filter */
+    struct store *plain; /* borrowed from <st>: the store behind the filter */
     struct pipeline *pl;
     int exit_status; /* when app_up() fails: 2 for a bad option value found late, else 1 */
     /* One event loop per CPU, each running a front end (all on the listen

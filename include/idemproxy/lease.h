@@ -15,7 +15,6 @@
 
 struct lease;
 struct leases;
-struct seal_keys;
 struct record;
 struct worker_pool;
 
@@ -33,11 +32,10 @@ typedef void lease_finish_fn(void *ctx);
  * (both borrowed: they must outlive it). <lock_ttl_ms> is the shortest lock
  * TTL its leases will use (the heartbeat looks often enough for it), and
  * the TTL of a lease started without one. A lease is extended when a third
- * of its TTL has passed since its last extend. <keys> (borrowed, NULL:
- * none) seal the marker that stands for an answer the store cannot hold.
- * Returns 0 with it in <ret>, or -ENOMEM. */
-int leases_new(struct store *st, const struct seal_keys *keys, struct worker_pool *pool,
-               uint64_t lock_ttl_ms, struct leases **ret);
+ * of its TTL has passed since its last extend. Returns 0 with it in <ret>,
+ * or -ENOMEM. */
+int leases_new(struct store *st, struct worker_pool *pool, uint64_t lock_ttl_ms,
+               struct leases **ret);
 
 /* Stops the heartbeat and any retry from touching the store (waits for a
  * heartbeat in progress); call before the pool and the store go. */

@@ -19,7 +19,6 @@ struct pipeline_req;
 struct record;
 struct request;
 struct route_table;
-struct seal_keys;
 struct store;
 struct worker_pool;
 
@@ -63,13 +62,12 @@ struct pipeline_forwarder {
 /* Creates the pipeline, matching requests against the routes <t> (a
  * reference is taken). Borrows <cfg> (its settings that need a restart: the
  * key prefix, whether enforcement is on), <st> (NULL when enforcement is
- * off), <keys> (the answers' seal, NULL: stored in clear), <pool> and <fwd>
- * (copied): they must outlive it. The --wait subscriber is set up when a
- * route waits, and the lock heartbeat for the shortest lock-ttl. Returns 0
- * or -ENOMEM. */
+ * off: answers go to it in clear, and come back in clear, a sealing filter
+ * being a store too), <pool> and <fwd> (copied): they must outlive it. The --wait subscriber is set
+ * up when a route waits, and the lock heartbeat for the shortest lock-ttl. Returns 0 or -ENOMEM. */
 int pipeline_new(const struct config *cfg, struct route_table *t, struct store *st,
-                 const struct seal_keys *keys, struct worker_pool *pool,
-                 const struct pipeline_forwarder *fwd, struct pipeline **ret);
+                 struct worker_pool *pool, const struct pipeline_forwarder *fwd,
+                 struct pipeline **ret);
 
 /* The request comes in three steps, its answer out through <answer>(<ctx>,
  * ...) (see pipeline_answer_fn). pipeline_begin() is called once the request

@@ -68,6 +68,9 @@ enum store_status {
     STORE_COMPLETED, /* acquire: completed earlier with this fingerprint; res->rec is the response
                       */
     STORE_OK,        /* complete, release, extend: done (also when a retry finds its own result) */
+    /* acquire: completed earlier with this fingerprint, but its answer does
+     * not open (store_seal.h): res->unreadable says why */
+    STORE_UNREADABLE,
 };
 
 struct store_result {
@@ -80,6 +83,7 @@ struct store_result {
     /* STORE_MISMATCH: the resource the key's answer created (borrowed for
      * the callback), empty when none */
     struct span resource;
+    const char *unreadable; /* STORE_UNREADABLE only: why, in words for the log (borrowed) */
 };
 
 /* Runs exactly once per accepted operation: <err> is 0 and
@@ -107,6 +111,10 @@ struct store_info {
     uint64_t lease_ms;                /* locked: left of its lease (0: it ran out) */
     struct record *rec;               /* completed: own reference; its body only if asked */
     char *resource; /* completed: owned, the resource its answer created (SPEC §12), or NULL */
+    char
+        *sealed_by; /* completed: owned, the id of the key that sealed it (store_seal.h), or NULL */
+    char
+        *unreadable; /* completed: owned, why its answer does not open (<rec> NULL then), or NULL */
 };
 
 #define STORE_CURSOR_MAX 48 /* a page cursor of store_list_unknown(), NUL included */

@@ -183,7 +183,7 @@ static struct leases *setup(uint64_t lock_ttl_ms)
     memset(&fake.calls, 0, sizeof(fake.calls));
     memset(&fake.nfail, 0, sizeof(fake.nfail));
     CHECK_EQ_INT(worker_pool_new(2, &pool), 0);
-    CHECK_EQ_INT(leases_new(&fake.base, NULL, pool, lock_ttl_ms, &ls), 0);
+    CHECK_EQ_INT(leases_new(&fake.base, pool, lock_ttl_ms, &ls), 0);
     return ls;
 }
 
