@@ -102,19 +102,38 @@ size_t app_capture_bytes(const struct route_table *t)
 
 /* Opens the store (none when enforcement is off). A store that cannot use
  * an option's value is a bad option value: exit status 2. */
+/* The store options of <cfg>, into <ret> (strings borrowed from <cfg>). */
+static void store_opts(const struct config *cfg, struct store_registry_opts *ret)
+{
+    *ret = (struct store_registry_opts){
+        .url = config_store_url(cfg),
+        .password = config_store_password(cfg),
+        .timeout_ms = cfg->store_timeout_ms,
+        .memory_max_bytes = cfg->memory_max_bytes,
+        .redis_tls = { .ca_file = cfg->redis_tls_ca_file,
+                       .cert_file = cfg->redis_tls_cert_file,
+                       .key_file = cfg->redis_tls_key_file,
+                       .insecure = cfg->redis_tls_insecure },
+        .redis_tls_server_name = cfg->redis_tls_server_name,
+        .redis_wait_replicas = cfg->redis_wait_replicas,
+        .redis_wait_timeout_ms = cfg->redis_wait_timeout_ms,
+    };
+}
+
 static int open_store(struct app *app)
 {
+    struct store_registry_opts o;
     char why[512], redacted[512];
     int err;
 
     if (!app->cfg.enabled)
         return 0;
-    err = store_registry_open(&app->cfg, app->pool, app->loops, app->nloops, &app->st, why,
-                              sizeof(why));
+    store_opts(&app->cfg, &o);
+    err = store_registry_open(&o, app->pool, app->loops, app->nloops, &app->st, why, sizeof(why));
     if (err < 0) {
-        config_store_url_redact(config_store_url(&app->cfg) ? config_store_url(&app->cfg)
-                                                            : "memory",
-                                redacted, sizeof(redacted));
+        store_registry_redact_url(config_store_url(&app->cfg) ? config_store_url(&app->cfg)
+                                                              : "memory",
+                                  redacted, sizeof(redacted));
         log_error("%s %s: %s", app->cfg.store_url ? "--store" : "--redis", redacted,
                   why[0] ? why : strerror(-err));
         app->exit_status = err == -EINVAL && why[0] ? 2 : 1;
@@ -286,10 +305,12 @@ static void say_keyless(const struct config *cfg)
 /* The start-up lines: where it listens, what it forwards to, on which store. */
 void app_say_started(struct app *app)
 {
+    struct store_registry_opts o;
     char store[512];
 
+    store_opts(&app->cfg, &o);
     if (app->cfg.enabled)
-        store_registry_describe(&app->cfg, store, sizeof(store));
+        store_registry_describe(&o, store, sizeof(store));
     else
         snprintf(store, sizeof(store),
                  "none (IDEMPOTENCY_ENABLED=false: every request is passthrough)");

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idemproxy/store_registry.h"
+
 enum kind {
     K_ADDR,          /* struct config_addr */
     K_URL,           /* char *, the upstream URL */
@@ -47,10 +49,7 @@ static const struct {
     [K_REDIS] = { "a Redis URL",
                   "use redis://[[user]:password@]host[:port][/db], rediss:// for TLS, or "
                   "redis-sentinel://host[:port][,host[:port]...]?master=NAME" },
-    [K_STORE] = { "a store URL",
-                  "use postgresql://[user[:password]@]host[:port][,host[:port]...]/db[?params] "
-                  "(libpq's URI), or a Redis URL: redis://[[user]:password@]host[:port][/db], "
-                  "rediss:// for TLS, or redis-sentinel://host[:port][,...]?master=NAME" },
+    [K_STORE] = { "a store URL", NULL }, /* the forms come from the store registry */
     [K_STR] = { "a string", "any text" },
     [K_HEADER] = { "a header name", "use a non-empty token such as Idempotency-Key" },
     [K_HEADER_OPT] = { "a header name", "use a token such as X-TTL, or \"\" to disable" },
@@ -597,13 +596,17 @@ static void value_err(const struct opt *o, const char *src, const char *v, int r
         v = masked;
     }
     if (o->kind == K_REDIS || o->kind == K_STORE) {
-        char why[200];
+        char why[200], forms[400];
 
         /* the parser says what is wrong, then what the forms are */
+
         config_store_url_why(v, o->kind == K_STORE, why, sizeof(why));
-        config_store_url_redact(v, masked, sizeof(masked));
+        store_registry_redact_url(v, masked, sizeof(masked));
         v = masked;
-        snprintf(expect, sizeof(expect), "%s; %s", why, kind_info[o->kind].expect);
+        if (o->kind == K_STORE)
+            store_registry_forms(forms, sizeof(forms));
+        snprintf(expect, sizeof(expect), "%s; %s", why,
+                 o->kind == K_STORE ? forms : kind_info[o->kind].expect);
     }
     quote_value(v, val, sizeof(val));
     if (o->kind == K_CHOICE)
@@ -1087,14 +1090,4 @@ void config_print_help(FILE *f)
         if (o->def)
             fprintf(f, "      [default %s]\n", o->def);
     }
-}
-
-const char *config_store_url(const struct config *cfg)
-{
-    return cfg->store_url ? cfg->store_url : cfg->redis_url;
-}
-
-const char *config_store_password(const struct config *cfg)
-{
-    return cfg->store_password ? cfg->store_password : cfg->redis_password;
 }

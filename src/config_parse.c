@@ -17,6 +17,7 @@
 #include "idemproxy/http.h"
 #include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/store_registry.h"
 #include "idemproxy/upstream.h"
 
 #define SECONDS_MAX 1000000000ull /* about 31 years: anything longer is a typo */
@@ -402,9 +403,12 @@ int config_parse_store_url(char **slot, const char *v)
 {
     int err;
 
-    if (!pg_url_is(v))
-        return config_parse_redis_url(slot, v);
-    err = pg_url_check(v, NULL, 0);
+    if (*v == '\0') {
+        free(*slot); /* "" asks for no store URL, as if unset */
+        *slot = NULL;
+        return 0;
+    }
+    err = store_registry_check_url(v, NULL, 0);
     return err < 0 ? err : replace_string(slot, v, strlen(v));
 }
 
@@ -414,20 +418,12 @@ void config_store_url_why(const char *v, bool any_store, char *why, size_t len)
 
     if (len)
         why[0] = '\0';
-    if (any_store && pg_url_is(v))
-        (void)pg_url_check(v, why, len);
+    if (any_store)
+        (void)store_registry_check_url(v, why, len);
     else if (pg_url_is(v))
         snprintf(why, len, "a PostgreSQL URL goes in --store");
     else if (redis_url_parse(v, &u, why, len) == 0)
         redis_url_done(&u);
-}
-
-void config_store_url_redact(const char *v, char *out, size_t len)
-{
-    if (pg_url_is(v))
-        pg_url_redact(v, out, len);
-    else
-        redis_url_redact(v, out, len);
 }
 
 /* The edit distance between <a> and <b> (insertions, deletions,

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-#include <stdio.h>
-#include <stdlib.h>
+/* Idempotency-Key values, scopes and the layout of store keys (idemkey.h). */
+#include "idemproxy/idemkey.h"
 
 #include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "idemproxy/digest.h"
-#include "idemproxy/idemkey.h"
 
 static bool key_byte_ok(unsigned char c) { return c >= 0x21 && c <= 0x7e; }
 
@@ -132,6 +134,24 @@ struct span idemkey_store_key_key(struct span s, struct span prefix)
     if (!idemkey_store_key_is_under(s, prefix))
         return (struct span){ NULL, 0 };
     return (struct span){ s.base + head, s.len - head };
+}
+
+int idemkey_link_key(struct span store_key, size_t prefix_len, struct span resource, char **ret)
+{
+    size_t mark = strlen(IDEMKEY_LINK_MARK), n;
+    char *s;
+
+    if (store_key.len < prefix_len + IDEMKEY_SCOPE_HEX + 1 ||
+        !idemkey_is_scope((struct span){ store_key.base + prefix_len, IDEMKEY_SCOPE_HEX }) ||
+        store_key.base[prefix_len + IDEMKEY_SCOPE_HEX] != ':')
+        return -EINVAL;
+    n = prefix_len + mark + IDEMKEY_SCOPE_HEX + 1 + resource.len;
+    if (!(s = malloc(n + 1)))
+        return -ENOMEM;
+    snprintf(s, n + 1, "%.*s%s%.*s:%.*s", (int)prefix_len, store_key.base, IDEMKEY_LINK_MARK,
+             IDEMKEY_SCOPE_HEX, store_key.base + prefix_len, (int)resource.len, resource.base);
+    *ret = s;
+    return 0;
 }
 
 int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret)

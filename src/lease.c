@@ -394,11 +394,9 @@ void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms,
                   const struct store_link *link, lease_finish_fn *done, void *ctx)
 {
     atomic_store(&l->finishing, true);
-    if (rec && link && (l->link_buf = malloc(link->resource.len + link->key.len))) {
+    if (rec && link && (l->link_buf = malloc(link->resource.len))) {
         memcpy(l->link_buf, link->resource.base, link->resource.len);
-        memcpy(l->link_buf + link->resource.len, link->key.base, link->key.len);
-        l->link = (struct store_link){ { l->link_buf, link->resource.len },
-                                       { l->link_buf + link->resource.len, link->key.len } };
+        l->link = (struct store_link){ { l->link_buf, link->resource.len }, link->prefix_len };
     } /* else (out of memory): no link, the answer is what matters */
     l->rec = rec;
     l->ttl_ms = ttl_ms;

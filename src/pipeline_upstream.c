@@ -115,27 +115,6 @@ void pipeline_lease_end(struct pipeline_req *r, struct record *rec)
     lease_end_linked(r, rec, NULL);
 }
 
-/* The resource link of <rec>, the answer of <r>, by its route (SPEC §12):
- * <ret> gets its resource and its key <prefix>r:<scope>:<resource>, in a
- * new string the caller frees, returned; NULL when there is none. */
-static char *resource_link(struct pipeline_req *r, const struct record *rec, struct store_link *ret)
-{
-    size_t plen = strlen(r->pl->key_prefix), n;
-    char resource[STORE_RESOURCE_MAX + 1], *key;
-
-    n = route_resource(r->adm.route, rec, resource);
-    if (n == 0 || strlen(r->adm.store_key) < plen + IDEMKEY_SCOPE_HEX + 1)
-        return NULL;
-    key = malloc(plen + 2 + IDEMKEY_SCOPE_HEX + 1 + n + 1);
-    if (!key)
-        return NULL; /* the answer is what matters */
-    snprintf(key, plen + 2 + IDEMKEY_SCOPE_HEX + 1 + n + 1, "%sr:%.*s:%s", r->pl->key_prefix,
-             IDEMKEY_SCOPE_HEX, r->adm.store_key + plen, resource);
-    *ret = (struct store_link){ .resource = { key + plen + 2 + IDEMKEY_SCOPE_HEX + 1, n },
-                                .key = span_from_cstr(key) };
-    return key;
-}
-
 /* Ends the lock of <r> with the upstream's answer <rec> (borrowed): stored,
  * or released when it is not kept: a status not cached, or <keep> false
  * (the API said no-store). <over>: its body passed --max-response while it
@@ -143,20 +122,24 @@ static char *resource_link(struct pipeline_req *r, const struct record *rec, str
 static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool keep, bool over)
 {
     const struct route_settings *rs = &r->adm.route->settings;
-    struct store_link link;
-    char *link_key;
+    char resource[STORE_RESOURCE_MAX + 1];
+    struct store_link link = { .prefix_len = strlen(r->pl->key_prefix) };
+    bool linked;
 
     if (!keep || !config_is_cacheable(rs, rec->status)) {
         pipeline_lease_end(r, NULL);
         return;
     }
     record_ensure_date(rec);
-    link_key = resource_link(r, rec, &link);            /* a marker, too, keeps its answer's link */
+    /* The resource its answer created, by its route (SPEC §12): a marker,
+     * too, keeps its answer's link. */
+    link.resource.len = route_resource(r->adm.route, rec, resource);
+    link.resource.base = resource;
+    linked = link.resource.len > 0;
     if (over || rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
-        lease_end_linked(r, record_new_too_large(rec->status), link_key ? &link : NULL);
+        lease_end_linked(r, record_new_too_large(rec->status), linked ? &link : NULL);
     else
-        lease_end_linked(r, record_ref(rec), link_key ? &link : NULL);
-    free(link_key); /* the lease copied it */
+        lease_end_linked(r, record_ref(rec), linked ? &link : NULL);
 }
 
 /* Whether one storage header that says neither no-store nor ttl=S was logged. */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
 #include "idemproxy/record.h"
 #include "idemproxy/redis_sentinel.h"
@@ -271,24 +272,32 @@ static int redis_complete(struct store *base, struct span key, const struct stor
                           store_done_fn *done, void *ctx)
 {
     struct link_write *w;
+    char *link_key = NULL;
+    size_t link_len;
     int err;
 
     if (!link)
         return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
-    if (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX || !link->key.len ||
-        !done)
+    if (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX || !done)
         return -EINVAL;
-    w = malloc(sizeof(*w) + link->key.len + key.len);
-    if (!w)
+    /* The link is a key of its own beside the record's: <prefix>r:<scope>:<resource>. */
+    if ((err = idemkey_link_key(key, link->prefix_len, link->resource, &link_key)) < 0)
+        return err;
+    link_len = strlen(link_key);
+    w = malloc(sizeof(*w) + link_len + key.len);
+    if (!w) {
+        free(link_key);
         return -ENOMEM;
+    }
     *w = (struct link_write){ .st = store_redis_of(base),
                               .done = done,
                               .ctx = ctx,
                               .key_len = key.len,
-                              .link_len = link->key.len };
+                              .link_len = link_len };
     u64_text(ttl_ms, w->ttl);
-    memcpy(w->bytes, link->key.base, link->key.len);
-    memcpy(w->bytes + link->key.len, key.base, key.len);
+    memcpy(w->bytes, link_key, link_len);
+    memcpy(w->bytes + link_len, key.base, key.len);
+    free(link_key);
     err =
         submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, &link->resource, on_completed, w);
     if (err < 0)

@@ -328,7 +328,7 @@ static void inspect_run(void *arg)
     if (err == 0 && job->resource) /* the links: <prefix>r:<scope>:<resource> */
         err = buf_append(&in->links, job->prefix, job->prefix_len);
     if (err == 0 && job->resource)
-        err = buf_append(&in->links, "r:", 2);
+        err = buf_append(&in->links, IDEMKEY_LINK_MARK, strlen(IDEMKEY_LINK_MARK));
     if (err == 0)
         err = append_glob_escaped(&in->pattern,
                                   job->resource ? buf_span(&in->links)

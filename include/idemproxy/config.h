@@ -197,11 +197,17 @@ typedef void config_env_fn(void *ctx, const char *name, const char *near);
 size_t config_each_unknown_env(char *const envp[], config_env_fn *fn, void *ctx);
 
 /* The store's URL: --store, else --redis; NULL: the memory store. */
-const char *config_store_url(const struct config *cfg);
+static inline const char *config_store_url(const struct config *cfg)
+{
+    return cfg->store_url ? cfg->store_url : cfg->redis_url;
+}
 
 /* The store's password from a file: --store-password-file's, else
  * --redis-password-file's; NULL: none (the URL's, or libpq's own). */
-const char *config_store_password(const struct config *cfg);
+static inline const char *config_store_password(const struct config *cfg)
+{
+    return cfg->store_password ? cfg->store_password : cfg->redis_password;
+}
 
 /* True when an answer of <status> is stored under <rs> (no-cache-status). */
 bool config_is_cacheable(const struct route_settings *rs, unsigned status);

@@ -52,13 +52,11 @@ int config_parse_header(char **slot, const char *v, bool may_be_empty);
 int config_parse_upstream(char **slot, const char *v);
 /* A Redis URL (redis_url.h); "" sets *<slot> to NULL (no Redis). */
 int config_parse_redis_url(char **slot, const char *v);
-/* A store URL: PostgreSQL's (pg_url.h) or any Redis URL; "" sets *<slot> to
- * NULL (no URL). */
+/* A store URL of any store of the registry (store_registry.h); "" sets
+ * *<slot> to NULL (no URL). */
 int config_parse_store_url(char **slot, const char *v);
 /* Why <v> is no Redis URL (<any_store>: no store URL either), into <why>. */
 void config_store_url_why(const char *v, bool any_store, char *why, size_t len);
-/* Writes the store URL <v> into <out> with its passwords shown as "***". */
-void config_store_url_redact(const char *v, char *out, size_t len);
 /* The path of a file this process can read (-errno when it cannot). */
 int config_parse_file(char **slot, const char *path);
 /* A DNS name or an IP address. */

@@ -33,6 +33,16 @@ int idemkey_scope(const struct span *values, size_t n, char ret[IDEMKEY_SCOPE_HE
  * the store-key layout is written; idemkey_store_key_matches() reads it. */
 int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret);
 
+#define IDEMKEY_LINK_MARK "r:" /* what follows the prefix in a link's key */
+
+/* Builds the key of the resource link "<prefix>r:<scope>:<resource>" of the
+ * store key <store_key> (whose prefix is its first <prefix_len> bytes) as a
+ * new NUL-terminated heap string in <ret> (the caller frees it): a key no
+ * store key can be, as a scope is hex. Returns 0, -EINVAL when <store_key>
+ * is no store key under such a prefix, or -ENOMEM. The one place the link
+ * layout is written. */
+int idemkey_link_key(struct span store_key, size_t prefix_len, struct span resource, char **ret);
+
 /* The key text of <k>, borrowed. */
 static inline struct span idemkey_span(const struct idemkey *k)
 {

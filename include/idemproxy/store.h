@@ -54,10 +54,11 @@ struct store_lock {
 
 /* A resource link (SPEC §12): the id of what a completed answer created,
  * kept with its record (a 422 names it), and a link of its own from that id
- * to the record's key, kept as long as the record. */
+ * to the record's key, kept as long as the record (each store lays it out:
+ * a key of its own, idemkey_link_key(), or a column). */
 struct store_link {
-    struct span resource; /* the resource id */
-    struct span key;      /* the link's store key: <prefix>r:<scope>:<resource> */
+    struct span resource; /* the resource id: 1 to STORE_RESOURCE_MAX bytes of 0x21-0x7E */
+    size_t prefix_len;    /* the record's store key begins with its prefix, this long */
 };
 
 enum store_status {

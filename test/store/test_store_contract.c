@@ -260,13 +260,14 @@ static struct res complete(struct store *st, const char *key, const struct store
         c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, NULL, call_done, c));
 }
 
-/* A complete that links the resource <resource> to <key> by <link_key>. */
+/* A complete that links the resource <resource> to <key>, whose prefix is
+ * <prefix_len> bytes long. */
 static struct res complete_linked(struct store *st, const char *key, const struct store_token *tok,
                                   struct record *rec, uint64_t ttl_ms, const char *resource,
-                                  const char *link_key)
+                                  size_t prefix_len)
 {
     struct call *c = call_new();
-    const struct store_link link = { span_from_cstr(resource), span_from_cstr(link_key) };
+    const struct store_link link = { span_from_cstr(resource), prefix_len };
 
     return call_finish(
         c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, &link, call_done, c));
@@ -964,7 +965,7 @@ static void test_resource_links_find_the_record(void)
     struct store *st = store_open();
     struct record *rec = sample_record(201, "linked");
     struct store_token t1 = token(), t2 = token(), t3 = token(), t4 = token();
-    char prefix[64], k1[200], k2[200], k3[200], link1[300], link2[300];
+    char prefix[64], k1[200], k2[200], k3[200];
     const char *res = "/v1/pay*ments/pay_?7[x]"; /* glob characters too */
     struct store_info_list l;
 
@@ -972,16 +973,14 @@ static void test_resource_links_find_the_record(void)
     snprintf(k1, sizeof(k1), "%s%032x:order-1", prefix, 1);
     snprintf(k2, sizeof(k2), "%s%032x:order-2", prefix, 2);
     snprintf(k3, sizeof(k3), "%s%032x:order-3", prefix, 3);
-    snprintf(link1, sizeof(link1), "%sr:%032x:%s", prefix, 1, res);
-    snprintf(link2, sizeof(link2), "%sr:%032x:%s", prefix, 2, res);
     CHECK_RES(acquire(st, k1, fp_a, &t1, 10000), 0, STORE_ACQUIRED);
-    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, link1), 0, STORE_OK);
+    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, strlen(prefix)), 0, STORE_OK);
     CHECK_RES(acquire(st, k2, fp_a, &t2, 10000), 0, STORE_ACQUIRED);
-    CHECK_RES(complete_linked(st, k2, &t2, rec, 1000, res, link2), 0, STORE_OK);
+    CHECK_RES(complete_linked(st, k2, &t2, rec, 1000, res, strlen(prefix)), 0, STORE_OK);
     CHECK_RES(acquire(st, k3, fp_a, &t3, 10000), 0, STORE_ACQUIRED);
     CHECK_RES(complete(st, k3, &t3, rec, 60000), 0, STORE_OK);
     /* A retry of a linked complete is done too (and writes the link again). */
-    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, link1), 0, STORE_OK);
+    CHECK_RES(complete_linked(st, k1, &t1, rec, 60000, res, strlen(prefix)), 0, STORE_OK);
 
     l = find_resource(st, prefix, res);
     CHECK_EQ_INT(l.n, 2);

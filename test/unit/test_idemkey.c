@@ -252,9 +252,29 @@ static void test_idemkey_store_key_matches_its_own_layout(void)
     free(sk);
 }
 
+/* A resource link's key: beside the record's, under its prefix and scope,
+ * and never a store key (its scope would be "r:..."), for a store key only. */
+static void test_idemkey_link_key_layout(void)
+{
+    const char *sk = "idem:0123456789abcdef0123456789abcdef:order-1";
+    char *k = NULL;
+
+    CHECK_EQ_INT(idemkey_link_key(span_from_cstr(sk), 5, SPAN_LIT("pay_1"), &k), 0);
+    CHECK_EQ_STR(k, "idem:r:0123456789abcdef0123456789abcdef:pay_1");
+    CHECK(k && !idemkey_store_key_is_under(span_from_cstr(k), SPAN_LIT("idem:")));
+    free(k);
+    k = NULL;
+    CHECK_EQ_INT(idemkey_link_key(span_from_cstr(sk), 4, SPAN_LIT("x"), &k), -EINVAL);
+    CHECK_EQ_INT(idemkey_link_key(SPAN_LIT("idem:0123:order"), 5, SPAN_LIT("x"), &k), -EINVAL);
+    CHECK_EQ_INT(idemkey_link_key(SPAN_LIT("idem:0123456789ABCDEF0123456789abcdef:o"), 5,
+                                  SPAN_LIT("x"), &k),
+                 -EINVAL);
+    CHECK(k == NULL);
+}
+
 TEST_MAIN(test_idemkey_parses_bare_token, test_idemkey_parses_sf_string,
           test_idemkey_both_forms_are_the_same_key, test_idemkey_rejects_empty,
           test_idemkey_rejects_bad_sf_strings, test_idemkey_rejects_bad_bare_tokens,
           test_idemkey_length_limit, test_idemkey_scope_known_answers,
           test_idemkey_scope_separates_lists, test_idemkey_store_key_joins_parts,
-          test_idemkey_store_key_matches_its_own_layout)
+          test_idemkey_store_key_matches_its_own_layout, test_idemkey_link_key_layout)
