@@ -4,7 +4,8 @@
  * (pipeline_body: admission.h), then (pipeline_end) the store's lock is asked
  * for, a duplicate may be held (--wait), the request is forwarded, and the
  * upstream's answer is stored and handed back (those two steps are in
- * pipeline_upstream.c; pipeline_impl.h is what the two files share).
+ * pipeline_upstream.c, and every answer is set and handed back by
+ * pipeline_answer.c; pipeline_impl.h is what the three files share).
  * pipeline_begin() and pipeline_body() run on the front end's event loop;
  * from pipeline_end() on,
  * the request follows its store calls and its upstream call, whose callbacks
@@ -49,99 +50,6 @@ _Static_assert(sizeof(struct pipeline_req) <= 1008, "struct pipeline_req stays a
 /* Failures that repeat across requests: the first of a kind is logged, then
  * a count every 10 s (log.h). */
 static struct log_burst store_failures = LOG_BURST_INIT("store failures");
-
-/* ---- Answering ---- */
-
-void pipeline_set_answer(struct pipeline_req *r, struct record *rec, enum outcome o,
-                         const char *replayed)
-{
-    record_unref(r->out.rec);
-    r->out.rec = rec;
-    r->out.outcome = o;
-    r->out.replayed = replayed;
-    r->out.replay_header = r->adm.route->settings.replay_header;
-}
-
-/* Sets a problem answer. A record that cannot be built (OOM) leaves no answer:
- * the front end then drops the connection. */
-void pipeline_set_problem(struct pipeline_req *r, enum problem p, enum outcome o,
-                          const char *detail)
-{
-    pipeline_set_answer(r, problem_new(p, r->adm.route->errors, detail), o, NULL);
-}
-
-/* Counts <r> in the metrics and writes its access line. */
-static void account(struct pipeline *pl, struct pipeline_req *r)
-{
-    const struct route *rt = r->adm.route;
-    uint64_t total_us = metrics_now_us() - r->start_us;
-    /* the key as sent, or the one derived (which /keys finds) */
-    struct span key = r->adm.key.sent.base ? r->adm.key.sent : keysource_sent(&rt->key, r->rq);
-    uint64_t bytes = r->streamed ? r->flow->taken : r->out.rec ? r->out.rec->body.len : 0;
-
-    (void)pl;
-    r->accounted = true;
-    if (r->streamed)
-        metrics_streamed(rt->metrics_id, false, r->flow->taken);
-    if (r->body_streaming)
-        metrics_streamed(rt->metrics_id, true, r->up_flow->taken);
-    metrics_request(rt->metrics_id, r->out.outcome, r->out.rec ? r->out.rec->status : 0, total_us,
-                    r->forwarded, r->upstream_us);
-    if (!log_enabled(LOG_LEVEL_INFO))
-        return;
-    log_access(&(struct log_access){
-        .route = rt->name,
-        .method = r->rq->method,
-        .target = r->rq->target,
-        .key = key,
-        .status = r->out.rec ? r->out.rec->status : 0,
-        .outcome = outcome_label(r->out.outcome),
-        .has_upstream = r->forwarded,
-        .upstream_us = r->upstream_us,
-        .total_us = total_us,
-        .bytes = bytes,
-        .unknown = r->unknown,
-        .reason = r->reason,
-        .request_id = r->out.id,
-        .client = r->rq->client_ip[0] ? r->rq->client_ip : NULL,
-    });
-}
-
-/* Hands <r> back to the front end with its answer, counted and logged first:
- * the client may read /metrics as soon as it has the answer. A streamed
- * answer is counted when the client's part of it is over (its flow
- * tells, before the client has the last bytes; or the client went:
- * pipeline_req_free()): its bytes are known then. The one exit. */
-void pipeline_account(struct pipeline_req *r)
-{
-    if (!r->accounted)
-        account(r->pl, r);
-}
-
-void pipeline_finish(struct pipeline_req *r)
-{
-    struct pipeline_answer a = r->out;
-
-    assert(!r->decided);
-    if (!r->streamed && !r->accounted)
-        account(r->pl, r);
-    if (r->running)
-        metrics_inflight_add(-1);
-    r->decided = true;
-    if (r->front_gone) {
-        /* Its client went while its body streamed: nobody takes the answer,
-         * and the front end's reference is dropped here. */
-        if (r->streamed)
-            flow_reader_gone(r->flow);
-        pipeline_req_unref(r);
-        return;
-    }
-    if (r->streamed)
-        record_ref(a.rec); /* the front end's; this one stays for the access line */
-    else
-        r->out.rec = NULL; /* the front end's reference now */
-    r->answer(r->answer_ctx, &a);
-}
 
 /* Answers the refusal <ref> of admission. Its access line, the one line a
  * refused request gets, says why (what the client sent is escaped there). */
@@ -283,15 +191,6 @@ void pipeline_end(struct pipeline_req *r)
         acquire(r);
 }
 
-/* The 503 of a store that failed with <err>. */
-static void set_store_problem(struct pipeline_req *r, int err)
-{
-    pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                         err == -ENOSPC
-                             ? "The idempotency store is full of requests in flight; retry later."
-                             : "The idempotency store is not answering; retry later.");
-}
-
 static void on_acquired(void *ctx, int err, const struct store_result *res);
 
 /* Asks the store for the lock of <r>, under a new token; a store that refuses
@@ -317,93 +216,13 @@ static void acquire(struct pipeline_req *r)
             on_acquired, r);
     if (err < 0) {
         metrics_store_error();
-        set_store_problem(r, err);
+        pipeline_answer_store_error(r, err);
         pipeline_finish(r);
     }
 }
 
 static bool wait_hold(struct pipeline_req *r, uint64_t now);
 static void on_confirmed(void *ctx, int err);
-
-/* Counts and logs that <r> made its key's outcome unknown for <cause>. */
-void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
-{
-    const struct request *in = r->rq;
-
-    r->unknown = store_cause_name(cause);
-    metrics_unknown_outcome(r->adm.route->metrics_id, cause);
-    log_warn("key %s: outcome unknown (%s): %.*s %.*s of route %s may have run upstream and its "
-             "answer was lost; duplicates get 502 idempotency_outcome_unknown until an operator "
-             "resolves it (/keys)",
-             r->adm.store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
-             in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
-             r->adm.route->name);
-}
-
-/* The answer to a request whose key's outcome is unknown (SPEC §9). */
-static void answer_unknown(struct pipeline_req *r, const struct store_result *res)
-{
-    if (res->became)
-        pipeline_became_unknown(r, res->cause);
-    pipeline_set_problem(
-        r, PROBLEM_OUTCOME_UNKNOWN, OUTCOME_UNKNOWN,
-        "The original request with this Idempotency-Key may have been processed, but its "
-        "answer was lost; do not retry with this key. Check whether it took effect; an "
-        "operator can then resolve the key.");
-}
-
-/* A stored answer that does not open: the same kind is logged once, then
- * counted every 10 s (log.h). */
-static struct log_burst sealed_failures = LOG_BURST_INIT("stored answers that do not open");
-
-/* The answer to a key completed earlier whose answer does not open
- * (store_seal.h): a store error that runs nothing again, whatever
- * --on-store-error says. */
-static void answer_unreadable(struct pipeline_req *r, const char *why)
-{
-    metrics_store_error();
-    if (log_enabled(LOG_LEVEL_ERROR) && log_burst_admit(&sealed_failures, why))
-        log_error("key %s: its stored answer does not open: %s; answered 503, neither replayed "
-                  "nor run again",
-                  r->adm.store_key, why);
-    pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                         "The stored answer of this Idempotency-Key cannot be read; the request "
-                         "was not run again.");
-}
-
-/* Replays the stored answer <rec> (borrowed) of <r>'s key. */
-static void answer_stored(struct pipeline_req *r, struct record *rec)
-{
-    if (rec->too_large)
-        pipeline_set_problem(
-            r, PROBLEM_RESPONSE_TOO_LARGE, OUTCOME_REPLAYED,
-            "The request was executed, but its response was larger than --max-response, "
-            "so it cannot be replayed; it was not executed again.");
-    else
-        pipeline_set_answer(r, record_ref(rec), OUTCOME_REPLAYED, "true");
-}
-
-/* The 422 of a key used for another request, naming the resource its
- * first answer created (SPEC §12) when the store kept a sane one. */
-static void answer_mismatch(struct pipeline_req *r, struct span resource)
-{
-    static const char detail[] =
-        "This Idempotency-Key was used with a different method, target or body.";
-    char id[STORE_RESOURCE_MAX + 1];
-    bool sane = resource.len >= 1 && resource.len <= STORE_RESOURCE_MAX;
-
-    for (size_t i = 0; sane && i < resource.len; i++)
-        sane = resource.base[i] >= 0x21 && resource.base[i] <= 0x7e;
-    if (!sane) {
-        pipeline_set_problem(r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH, detail);
-        return;
-    }
-    memcpy(id, resource.base, resource.len);
-    id[resource.len] = '\0';
-    pipeline_set_answer(
-        r, problem_new_with(PROBLEM_KEY_MISMATCH, r->adm.route->errors, detail, "resource", id),
-        OUTCOME_MISMATCH, NULL);
-}
 
 static void on_acquired(void *ctx, int err, const struct store_result *res)
 {
@@ -437,13 +256,13 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
             r, PROBLEM_KEY_IN_USE, OUTCOME_IN_FLIGHT,
             "A request with this Idempotency-Key is still being processed; retry later.");
     } else if (err == 0 && res->status == STORE_MISMATCH) {
-        answer_mismatch(r, res->resource);
+        pipeline_answer_mismatch(r, res->resource);
     } else if (err == 0 && res->status == STORE_UNKNOWN) {
-        answer_unknown(r, res);
+        pipeline_answer_unknown(r, res);
     } else if (err == 0 && res->status == STORE_COMPLETED) {
-        answer_stored(r, res->rec);
+        pipeline_answer_stored(r, res->rec);
     } else if (err == 0 && res->status == STORE_UNREADABLE) {
-        answer_unreadable(r, res->unreadable);
+        pipeline_answer_unreadable(r, res->unreadable);
     } else {
         char why[1024];
 
@@ -459,7 +278,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
             pipeline_forward(r); /* unprotected, as configured */
             return;
         }
-        set_store_problem(r, err);
+        pipeline_answer_store_error(r, err);
     }
     pipeline_finish(r);
 }
@@ -599,55 +418,4 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
     pthread_mutex_unlock(&pl->routes_mu);
     route_table_unref(old); /* the requests that began under it keep their own references */
     return r;
-}
-
-/* ---- The front end's reference ---- */
-
-void pipeline_req_free(struct pipeline_req *r)
-{
-    if (!r)
-        return;
-    r->body_wake = NULL; /* the front end's wake-up goes with it */
-    if (r->body_streaming) {
-        flow_set_writer(r->up_flow, NULL, NULL);
-        flow_end(r->up_flow, false); /* a body not whole by now never will be: cut */
-    }
-    if (r->body_streaming && !r->decided) {
-        /* Its client went while its body streamed: the exchange, cut, ends
-         * and drops this reference (pipeline_finish()). */
-        r->front_gone = true;
-        r->reason = "the client went away before the answer";
-        pipeline_keep_method(r);
-        account(r->pl, r);
-        return;
-    }
-    if (r->streamed) {
-        flow_reader_gone(r->flow); /* the exchange may go on: it must not wake the front end */
-        if (!r->accounted)
-            account(r->pl, r);
-    }
-    pipeline_req_unref(r);
-}
-
-/* Drops a reference to <r>: the front end's (pipeline_req_free()) or its late
- * exchange's; the last frees it. A late exchange reads none of the front
- * end's memory (the header spans) once its client was answered. */
-void pipeline_req_unref(struct pipeline_req *r)
-{
-    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
-        return;
-    request_free(r->rq);
-    free(r->late_method);
-    free(r->reason_buf);
-    free(r->id);
-    free(r->up_why.more);
-    admission_done(&r->adm);
-    lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */
-    record_unref(r->out.rec);
-    record_unref(r->capture);
-    flow_done(r->flow);
-    free(r->flow);
-    flow_done(r->up_flow);
-    free(r->up_flow);
-    free(r);
 }

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* What the pipeline's two files share: the pipeline and its request, and
- * the steps each calls in the other. pipeline.c admits, locks, holds
- * duplicates and answers; pipeline_upstream.c forwards and ends the lock
- * with the upstream's answer (stored, released or unknown). */
+/* What the pipeline's three files share: the pipeline and its request, and
+ * the steps each calls further down. Calls run one way: pipeline.c (steps
+ * 1-4: admits, locks, holds duplicates) -> pipeline_upstream.c (steps 5-6:
+ * forwards, and ends the lock with the upstream's answer: stored, released
+ * or unknown) -> pipeline_answer.c (the answer, and the request's end),
+ * which both call; scripts/check-shape holds them to it. */
 #ifndef IDEMPROXY_PIPELINE_IMPL_H
 #define IDEMPROXY_PIPELINE_IMPL_H
 
@@ -89,7 +91,7 @@ struct pipeline_req {
     void *answer_ctx;
 };
 
-/* pipeline.c */
+/* pipeline_answer.c: what both steps call down into */
 
 /* Sets the answer of <r>: <rec> (a reference it takes over), its outcome and
  * the replay header's value (NULL: none). */
@@ -119,7 +121,19 @@ void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause);
  * last frees it. */
 void pipeline_req_unref(struct pipeline_req *r);
 
-/* pipeline_upstream.c */
+/* The answers of what the store found of <r>'s key: a 503 for the store's
+ * failure <err>; the answer of an unknown key (<res>: made so by this
+ * acquire, or found); of one whose stored answer does not open (<why>
+ * logged, a 503 that runs nothing again, whatever --on-store-error says);
+ * the replay of its stored answer <rec> (borrowed); the 422 of a key used
+ * for another request, naming the <resource> its answer created when sane. */
+void pipeline_answer_store_error(struct pipeline_req *r, int err);
+void pipeline_answer_unknown(struct pipeline_req *r, const struct store_result *res);
+void pipeline_answer_unreadable(struct pipeline_req *r, const char *why);
+void pipeline_answer_stored(struct pipeline_req *r, struct record *rec);
+void pipeline_answer_mismatch(struct pipeline_req *r, struct span resource);
+
+/* pipeline_upstream.c: what pipeline.c calls down into */
 
 /* Forwards <r> (keyed under its lock, or passed through); its answer ends
  * the lock and answers the client. */

@@ -173,12 +173,25 @@ static bool take_storage(struct pipeline_req *r, struct record *rec)
     return true;
 }
 
-/* The request of <r> may have run upstream and its answer is lost, for
- * <cause>: the key becomes unknown (refuse), or is released to run again
- * (retry). */
-static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
+/* Why the key of <r> is unknown after the upstream failure <err>, one that
+ * may have sent bytes of the request (upstream_err_maybe_sent()): no complete
+ * answer in time (a silence past the timeouts, or a late exchange, already
+ * past --upstream-timeout, cut as the proxy stops), or else the exchange
+ * broke (a reset, a close, an answer that is not HTTP, the proxy stopping).
+ * The one place that says so, whatever the exchange's stage. */
+static enum store_cause unknown_cause(const struct pipeline_req *r, int err)
+{
+    return err == -ETIMEDOUT || (err == -ESHUTDOWN && r->late) ? STORE_CAUSE_UPSTREAM_TIMEOUT
+                                                               : STORE_CAUSE_UPSTREAM_RESET;
+}
+
+/* The request of <r> may have run upstream and its answer is lost to the
+ * failure <err>: the key becomes unknown (refuse), or is released to run
+ * again (retry). */
+static void lease_end_unknown(struct pipeline_req *r, int err)
 {
     const struct route_settings *rs = &r->adm.route->settings;
+    enum store_cause cause = unknown_cause(r, err);
     struct lease *l = r->lease;
 
     if (rs->on_unknown == CONFIG_ON_UNKNOWN_RETRY) {
@@ -192,16 +205,6 @@ static void lease_end_unknown(struct pipeline_req *r, enum store_cause cause)
                                                 .method = r->rq->method,
                                                 .target = r->adm.fwd_target },
                          r->adm.ttl_ms, on_lease_finished, r);
-}
-
-void pipeline_keep_method(struct pipeline_req *r)
-{
-    const struct request *in = r->rq;
-
-    if (r->late_method)
-        return;
-    r->late_method = strndup(in->method.base, in->method.len);
-    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
 }
 
 /* --upstream-timeout passed while a keyed request's exchange goes on (for
@@ -253,8 +256,7 @@ static void late_end(struct pipeline_req *r, int err, struct record *rec)
     if (err == -E2BIG) {
         pipeline_lease_end(r, record_new_too_large(502)); /* it did answer */
     } else if (err < 0 && upstream_err_maybe_sent(err)) {
-        lease_end_unknown(r, err == -ECONNRESET ? STORE_CAUSE_UPSTREAM_RESET
-                                                : STORE_CAUSE_UPSTREAM_TIMEOUT);
+        lease_end_unknown(r, err);
     } else if (err < 0) {
         pipeline_lease_end(r, NULL);
     } else {
@@ -360,8 +362,7 @@ static void stream_end(struct pipeline_req *r, int err)
     else if (err == 0 || !r->keep || !upstream_err_maybe_sent(err))
         pipeline_lease_end(r, NULL); /* a head not to be kept (a 5xx, no-store) is released */
     else
-        lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
-                                               : STORE_CAUSE_UPSTREAM_RESET);
+        lease_end_unknown(r, err);
 }
 
 static void on_upstream(void *ctx, int err, struct record *rec)
@@ -416,8 +417,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
             return;
         }
         if (upstream_err_maybe_sent(err)) {
-            lease_end_unknown(r, err == -ETIMEDOUT ? STORE_CAUSE_UPSTREAM_TIMEOUT
-                                                   : STORE_CAUSE_UPSTREAM_RESET);
+            lease_end_unknown(r, err);
             return;
         }
         pipeline_lease_end(r, NULL); /* nothing reached the upstream: a retry may run */
