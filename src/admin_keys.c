@@ -326,15 +326,13 @@ static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *
 {
     const char *scope = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "scope");
     const char *body = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "body");
-    bool with_body = body && strcmp(body, "1") == 0, sane = resource[0] != '\0';
+    bool with_body = body && strcmp(body, "1") == 0;
     size_t plen = strlen(prefix);
     struct waiter *w;
     json_t *records;
     int err;
 
-    for (const char *c = resource; sane && *c; c++)
-        sane = *c >= 0x21 && *c <= 0x7e && c - resource < STORE_RESOURCE_MAX;
-    if (!sane)
+    if (!http_is_visible(span_from_cstr(resource), STORE_RESOURCE_MAX))
         return reply_error(conn, 400, "resource: 1 to 255 bytes of 0x21-0x7E, percent-encoded");
     if (scope && !idemkey_is_scope(span_from_cstr(scope)))
         return reply_error(conn, 400, "scope: the 32 hex characters GET /keys/<key> shows");

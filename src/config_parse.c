@@ -17,6 +17,7 @@
 #include "idemproxy/http.h"
 #include "idemproxy/pg_url.h"
 #include "idemproxy/redis_url.h"
+#include "idemproxy/resolve.h"
 #include "idemproxy/store_registry.h"
 #include "idemproxy/upstream.h"
 
@@ -128,8 +129,8 @@ int config_parse_bool(const char *s, bool *ret)
 
 int config_parse_addr(const char *s, struct config_addr *ret)
 {
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
+    struct resolve_addr a;
+    int family = 0;
     char host[sizeof(ret->text)];
     const char *colon, *port;
     size_t hostlen, len;
@@ -149,7 +150,7 @@ int config_parse_addr(const char *s, struct config_addr *ret)
         hostlen = (size_t)(close - s - 1);
         memcpy(host, s + 1, hostlen);
         colon = close + 1;
-        hints.ai_family = AF_INET6;
+        family = RESOLVE_IPV6;
     } else {
         colon = strrchr(s, ':');
         if (!colon || memchr(s, ':', (size_t)(colon - s)))
@@ -172,23 +173,15 @@ int config_parse_addr(const char *s, struct config_addr *ret)
         return -EINVAL;
 
     /* Numeric first: an address literal never waits for a resolver. */
-    hints.ai_flags |= AI_NUMERICHOST;
-    r = getaddrinfo(host, port, &hints, &res);
-    if (r == EAI_NONAME && s[0] != '[') {
-        hints.ai_flags &= ~AI_NUMERICHOST;
-        r = getaddrinfo(host, port, &hints, &res);
-    }
-    if (r != 0 || !res)
+    r = (int)resolve_host(host, port, family | RESOLVE_NUMERIC, &a, 1, NULL);
+    if (r == 0 && s[0] != '[')
+        r = (int)resolve_host(host, port, family, &a, 1, NULL);
+    if (r == 0 || a.len > sizeof(ret->sa))
         return -EINVAL;
-    if (res->ai_addrlen > sizeof(ret->sa)) {
-        freeaddrinfo(res);
-        return -EINVAL;
-    }
     memset(ret, 0, sizeof(*ret));
     memcpy(ret->text, s, len + 1);
-    memcpy(&ret->sa, res->ai_addr, res->ai_addrlen);
-    ret->sa_len = res->ai_addrlen;
-    freeaddrinfo(res);
+    memcpy(&ret->sa, &a.sa, a.len);
+    ret->sa_len = a.len;
     return 0;
 }
 
@@ -359,10 +352,10 @@ int config_parse_secret_file(char **path_slot, char **secret_slot, const char *p
     while (token && t.len > 0 && (t.base[t.len - 1] == ' ' || t.base[t.len - 1] == '\t'))
         t.len--;
     r = t.len == 0 || t.len > TOKEN_MAX ? -EINVAL : 0;
-    for (size_t i = 0; r == 0 && i < t.len; i++) {
-        unsigned char c = (unsigned char)t.base[i];
-
-        if (token ? c < 0x21 || c > 0x7e : c < 0x20 || c == 0x7f)
+    if (r == 0 && token && !http_is_visible(t, TOKEN_MAX))
+        r = -EINVAL;
+    for (size_t i = 0; r == 0 && !token && i < t.len; i++) {
+        if ((unsigned char)t.base[i] < 0x20 || (unsigned char)t.base[i] == 0x7f)
             r = -EINVAL;
     }
     if (r == 0) {

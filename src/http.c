@@ -32,6 +32,17 @@ bool http_is_token(struct span s)
     return s.len > 0;
 }
 
+bool http_is_visible(struct span s, size_t max)
+{
+    if (!s.base || s.len == 0 || s.len > max)
+        return false;
+    for (size_t i = 0; i < s.len; i++) {
+        if ((unsigned char)s.base[i] < 0x21 || (unsigned char)s.base[i] > 0x7e)
+            return false;
+    }
+    return true;
+}
+
 bool http_is_field_value(struct span v)
 {
     for (size_t i = 0; i < v.len; i++) {

@@ -14,18 +14,7 @@
 #include "idemproxy/request.h"
 
 /* A key is 1-IDEMKEY_MAX bytes of 0x21-0x7E, wherever it comes from (SPEC §1, §6). */
-static bool is_key(struct span s)
-{
-    if (!s.base || s.len == 0 || s.len > IDEMKEY_MAX)
-        return false;
-    for (size_t i = 0; i < s.len; i++) {
-        unsigned char c = (unsigned char)s.base[i];
-
-        if (c < 0x21 || c > 0x7e)
-            return false;
-    }
-    return true;
-}
+static bool is_key(struct span s) { return http_is_visible(s, IDEMKEY_MAX); }
 
 int keysource_pointer_check(const char *pointer)
 {

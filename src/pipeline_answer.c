@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "idemproxy/admission.h"
+#include "idemproxy/http.h"
 #include "idemproxy/keysource.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
@@ -204,11 +205,8 @@ void pipeline_answer_mismatch(struct pipeline_req *r, struct span resource)
     static const char detail[] =
         "This Idempotency-Key was used with a different method, target or body.";
     char id[STORE_RESOURCE_MAX + 1];
-    bool sane = resource.len >= 1 && resource.len <= STORE_RESOURCE_MAX;
 
-    for (size_t i = 0; sane && i < resource.len; i++)
-        sane = resource.base[i] >= 0x21 && resource.base[i] <= 0x7e;
-    if (!sane) {
+    if (!http_is_visible(resource, STORE_RESOURCE_MAX)) {
         pipeline_set_problem(r, PROBLEM_KEY_MISMATCH, OUTCOME_MISMATCH, detail);
         return;
     }

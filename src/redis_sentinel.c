@@ -16,6 +16,7 @@
 #include "idemproxy/common.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
+#include "idemproxy/resolve.h"
 
 #define RETRY_FIRST_MS 100
 #define RETRY_MAX_MS 2000
@@ -55,19 +56,15 @@ struct redis_sentinel {
 
 static void resolve_one(const struct redis_addr *h, struct sentinel_addr *out)
 {
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
+    struct resolve_addr a;
     char port[8];
 
     snprintf(port, sizeof(port), "%u", h->port);
     out->addrlen = 0;
-    if (getaddrinfo(h->host, port, &hints, &res) == 0 && res &&
-        res->ai_addrlen <= sizeof(out->addr)) {
-        memcpy(&out->addr, res->ai_addr, res->ai_addrlen);
-        out->addrlen = res->ai_addrlen;
+    if (resolve_host(h->host, port, 0, &a, 1, NULL) == 1 && a.len <= sizeof(out->addr)) {
+        memcpy(&out->addr, &a.sa, a.len);
+        out->addrlen = a.len;
     }
-    if (res)
-        freeaddrinfo(res);
 }
 
 void redis_sentinel_resolve(struct redis_sentinel *s)

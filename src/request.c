@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "idemproxy/http.h"
 #include "idemproxy/store.h"
 
 struct request *request_new(const char *target)
@@ -66,16 +67,7 @@ void request_free(struct request *rq)
     free(rq);
 }
 
-bool request_id_is_valid(struct span v)
-{
-    if (v.len == 0 || v.len > REQUEST_ID_MAX)
-        return false;
-    for (size_t i = 0; i < v.len; i++) {
-        if ((unsigned char)v.base[i] < 0x21 || (unsigned char)v.base[i] > 0x7e)
-            return false;
-    }
-    return true;
-}
+bool request_id_is_valid(struct span v) { return http_is_visible(v, REQUEST_ID_MAX); }
 
 bool request_id_pick(const struct request *rq, struct span header, char out[REQUEST_ID_MAX + 1])
 {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "idemproxy/http.h"
 #include "idemproxy/record.h"
 #include "idemproxy/store.h"
 
@@ -259,12 +260,8 @@ size_t route_resource(const struct route *rt, const struct record *rec, char *re
         }
     }
     len = v ? strlen(v) : 0;
-    if (n != 1 || len == 0 || len > STORE_RESOURCE_MAX)
+    if (n != 1 || !http_is_visible((struct span){ v, len }, STORE_RESOURCE_MAX))
         return 0;
-    for (size_t i = 0; i < len; i++) {
-        if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
-            return 0;
-    }
     memcpy(ret, v, len + 1);
     return len;
 }

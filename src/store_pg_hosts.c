@@ -13,33 +13,8 @@
 #include <sys/socket.h>
 
 #include "idemproxy/pg_url.h"
+#include "idemproxy/resolve.h"
 #include "store_pg_impl.h"
-
-/* The first address of <host>, IPv4 first (as the Redis store: a server
- * listens on IPv4 more often than not, and "localhost" may list ::1 first),
- * as text into <out>. Returns 0, or the getaddrinfo() error. */
-static int lookup(const char *host, char *out, size_t len)
-{
-    static const int families[] = { AF_INET, AF_INET6 };
-    int gai = EAI_NONAME;
-
-    for (size_t i = 0; i < ARRAY_SIZE(families); i++) {
-        struct addrinfo hints = { .ai_family = families[i], .ai_socktype = SOCK_STREAM };
-        struct addrinfo *res = NULL;
-        int r = getaddrinfo(host, NULL, &hints, &res);
-
-        if (r == 0 && res)
-            r = getnameinfo(res->ai_addr, res->ai_addrlen, out, (socklen_t)len, NULL, 0,
-                            NI_NUMERICHOST);
-        if (res)
-            freeaddrinfo(res);
-        if (r == 0)
-            return 0;
-        if (i == 0)
-            gai = r;
-    }
-    return gai;
-}
 
 void store_pg_look_up(struct store_pg *st)
 {
@@ -54,7 +29,7 @@ void store_pg_look_up(struct store_pg *st)
         found[i][0] = '\0';
         if (!pg_url_host_is_name(h.host[i]))
             continue;
-        r = lookup(h.host[i], found[i], sizeof(found[i]));
+        r = resolve_host_text(h.host[i], found[i], sizeof(found[i]));
         if (r != 0 && !why[0])
             snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", h.host[i],
                      gai_strerror(r));

@@ -21,6 +21,7 @@
 #include "idemproxy/redis_cluster.h"
 #include "idemproxy/redis_conn.h"
 #include "idemproxy/redis_sentinel.h"
+#include "idemproxy/resolve.h"
 
 #define REFRESH_MIN_MS 1000 /* a slot map is asked for at most once a second */
 #define REDIRECTS_MAX 5     /* MOVED and ASK followed by one op */
@@ -35,9 +36,7 @@ void store_redis_node_set_up(struct node *n, bool up)
  * address at once, a name waits for the PING job's lookup. */
 static void node_set_addr(struct node *n, const char *host, unsigned port)
 {
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
+    struct resolve_addr a;
     char p[8];
 
     snprintf(n->host, sizeof(n->host), "%s", host);
@@ -46,12 +45,10 @@ static void node_set_addr(struct node *n, const char *host, unsigned port)
     snprintf(n->resolve_why, sizeof(n->resolve_why), "%.255s:%u does not resolve (yet)", host,
              port);
     snprintf(p, sizeof(p), "%u", port);
-    if (getaddrinfo(host, p, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(n->addr)) {
-        memcpy(&n->addr, res->ai_addr, res->ai_addrlen);
-        n->addrlen = res->ai_addrlen;
+    if (resolve_host(host, p, RESOLVE_NUMERIC, &a, 1, NULL) == 1 && a.len <= sizeof(n->addr)) {
+        memcpy(&n->addr, &a.sa, a.len);
+        n->addrlen = a.len;
     }
-    if (res)
-        freeaddrinfo(res);
     atomic_fetch_add(&n->generation, 1);
 }
 
@@ -397,9 +394,8 @@ int store_redis_target(struct store_redis *st, unsigned index, struct redis_conn
  * address, and says why when there is none. */
 void store_redis_resolve_node(struct store_redis *st, unsigned index)
 {
-    static const int families[] = { AF_INET, AF_INET6 };
     struct node *n = st->nodes[index];
-    struct sockaddr_storage addr;
+    struct resolve_addr a;
     socklen_t addrlen = 0;
     char port[8], why[sizeof(n->resolve_why)] = "", host[REDIS_URL_HOST_MAX];
     int gai = 0;
@@ -410,22 +406,8 @@ void store_redis_resolve_node(struct store_redis *st, unsigned index)
     pthread_mutex_unlock(&st->addr_mu);
     if (!host[0])
         return; /* no master known yet: the sentinels are being asked */
-    for (size_t i = 0; i < ARRAY_SIZE(families) && !addrlen; i++) {
-        struct addrinfo hints = { .ai_family = families[i],
-                                  .ai_socktype = SOCK_STREAM,
-                                  .ai_flags = AI_NUMERICSERV };
-        struct addrinfo *res = NULL;
-        int r = getaddrinfo(host, port, &hints, &res);
-
-        if (r == 0 && res && res->ai_addrlen <= sizeof(addr)) {
-            memcpy(&addr, res->ai_addr, res->ai_addrlen);
-            addrlen = res->ai_addrlen;
-        } else if (r != 0 && gai == 0) {
-            gai = r;
-        }
-        if (res)
-            freeaddrinfo(res);
-    }
+    if (resolve_host(host, port, 0, &a, 1, &gai) == 1 && a.len <= sizeof(n->addr))
+        addrlen = a.len;
     if (!addrlen)
         snprintf(why, sizeof(why), "the host name %.255s does not resolve: %.100s", host,
                  gai ? gai_strerror(gai) : "no address");
@@ -433,7 +415,7 @@ void store_redis_resolve_node(struct store_redis *st, unsigned index)
     if (strcmp(host, n->host) != 0) {
         /* the target moved meanwhile: this answer is for the old one */
     } else if (addrlen) {
-        n->addr = addr;
+        memcpy(&n->addr, &a.sa, addrlen);
         n->addrlen = addrlen;
     } else if (!n->addrlen) {
         snprintf(n->resolve_why, sizeof(n->resolve_why), "%s", why);

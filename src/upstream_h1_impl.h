@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "idemproxy/answer_reader.h"
+#include "idemproxy/resolve.h"
 #include "upstream_impl.h"
 
 #define H1_MAX_ADDRS 8
@@ -88,8 +89,7 @@ struct h1_client {
     struct upstream_watchdog watchdog;
     /* The upstream's addresses: fixed when the host is one, else looked up
      * off the loop (<lookup>) when stale. */
-    struct sockaddr_storage addrs[H1_MAX_ADDRS];
-    socklen_t addr_len[H1_MAX_ADDRS];
+    struct resolve_addr addrs[H1_MAX_ADDRS];
     unsigned naddrs;
     bool numeric;
     uint64_t addrs_until_ms;

@@ -36,8 +36,7 @@ struct h1_lookup {
     struct loop_task task; /* hands the result to the loop */
     char *host, *port;     /* owned copies */
     int gai;               /* getaddrinfo()'s result */
-    struct sockaddr_storage addrs[H1_MAX_ADDRS];
-    socklen_t addr_len[H1_MAX_ADDRS];
+    struct resolve_addr addrs[H1_MAX_ADDRS];
     unsigned n;
 };
 
@@ -47,49 +46,6 @@ static void lookup_free(struct h1_lookup *lk)
     free(lk->host);
     free(lk->port);
     free(lk);
-}
-
-/* Appends what getaddrinfo() found to the <n> addresses in <addrs>, at
- * most H1_MAX_ADDRS in all. Returns how many there are then. */
-static unsigned take_addrs(const struct addrinfo *res, struct sockaddr_storage *addrs,
-                           socklen_t *lens, unsigned n)
-{
-    for (const struct addrinfo *a = res; a && n < H1_MAX_ADDRS; a = a->ai_next) {
-        if (a->ai_addrlen > sizeof(*addrs))
-            continue;
-        memcpy(&addrs[n], a->ai_addr, a->ai_addrlen);
-        lens[n++] = a->ai_addrlen;
-    }
-    return n;
-}
-
-/* Looks <host> up, IPv4 first (a server listens on IPv4 more often than
- * not, and "localhost" may list ::1 first), one family at a time: asked for
- * both at once, glibc sorts what it finds with the help of a netlink socket,
- * which the systemd unit's RestrictAddressFamilies does not allow. Returns
- * how many addresses, and the first getaddrinfo() error in <gai>. */
-static unsigned resolve(const char *host, const char *port, int flags,
-                        struct sockaddr_storage *addrs, socklen_t *lens, int *gai)
-{
-    static const int families[] = { AF_INET, AF_INET6 };
-    unsigned n = 0;
-
-    *gai = 0;
-    for (size_t f = 0; f < ARRAY_SIZE(families); f++) {
-        struct addrinfo hints = { .ai_family = families[f],
-                                  .ai_socktype = SOCK_STREAM,
-                                  .ai_flags = flags };
-        struct addrinfo *res = NULL;
-        int r = getaddrinfo(host, port, &hints, &res);
-
-        if (r == 0)
-            n = take_addrs(res, addrs, lens, n);
-        else if (!*gai)
-            *gai = r;
-        if (res)
-            freeaddrinfo(res);
-    }
-    return n;
 }
 
 /* The lookup's result, on the loop thread: kept when it found addresses. */
@@ -105,7 +61,6 @@ static void on_lookup_done(void *ctx)
         cl->lookup = NULL;
         if (lk->n > 0) {
             memcpy(cl->addrs, lk->addrs, sizeof(cl->addrs));
-            memcpy(cl->addr_len, lk->addr_len, sizeof(cl->addr_len));
             cl->naddrs = lk->n;
             cl->addrs_until_ms = now_ms() + H1_ADDRS_MS;
             cl->lookup_failed = NULL;
@@ -125,7 +80,7 @@ static void *lookup_run(void *arg)
     struct h1_lookup *lk = arg;
     bool handed;
 
-    lk->n = resolve(lk->host, lk->port, 0, lk->addrs, lk->addr_len, &lk->gai);
+    lk->n = resolve_host(lk->host, lk->port, 0, lk->addrs, H1_MAX_ADDRS, &lk->gai);
     pthread_mutex_lock(&lk->lock);
     handed = lk->cl && loop_post(lk->loop, &lk->task) == 0;
     pthread_mutex_unlock(&lk->lock);
@@ -208,14 +163,14 @@ static const char *connect_cause(int err)
  * way: EPOLLOUT says), or the errno of a connect that failed at once. */
 static int conn_dial(struct h1_client *cl, struct h1_conn *c)
 {
-    const struct sockaddr *sa = (const struct sockaddr *)&cl->addrs[c->addr];
+    const struct sockaddr *sa = (const struct sockaddr *)&cl->addrs[c->addr].sa;
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
 
     if (fd < 0)
         return errno;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     c->watch.fd = fd;
-    if (connect(fd, sa, cl->addr_len[c->addr]) < 0 && errno != EINPROGRESS) {
+    if (connect(fd, sa, cl->addrs[c->addr].len) < 0 && errno != EINPROGRESS) {
         int err = errno;
 
         close(fd);
@@ -448,7 +403,7 @@ int h1_pool_init(struct h1_client *cl)
     CURLU *u = curl_url();
     char *host = NULL, *port = NULL;
     size_t len;
-    int r = -ENOMEM, gai;
+    int r = -ENOMEM;
 
     if (!u)
         return -ENOMEM;
@@ -468,11 +423,11 @@ int h1_pool_init(struct h1_client *cl)
     if (!cl->host || !cl->port || !cl->authority)
         goto out;
     if (is_localhost(cl->host)) /* as libcurl does (RFC 6761): never looked up */
-        cl->naddrs =
-            resolve("127.0.0.1", cl->port, AI_NUMERICHOST, cl->addrs, cl->addr_len, &gai) +
-            resolve("::1", cl->port, AI_NUMERICHOST, cl->addrs + 1, cl->addr_len + 1, &gai);
+        cl->naddrs = resolve_host("127.0.0.1", cl->port, RESOLVE_NUMERIC, cl->addrs, 1, NULL) +
+                     resolve_host("::1", cl->port, RESOLVE_NUMERIC, cl->addrs + 1, 1, NULL);
     else
-        cl->naddrs = resolve(cl->host, cl->port, AI_NUMERICHOST, cl->addrs, cl->addr_len, &gai);
+        cl->naddrs =
+            resolve_host(cl->host, cl->port, RESOLVE_NUMERIC, cl->addrs, H1_MAX_ADDRS, NULL);
     cl->numeric = cl->naddrs > 0;
     r = 0;
 out:

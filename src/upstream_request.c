@@ -13,6 +13,7 @@
 #include "idemproxy/buf.h"
 #include "idemproxy/flow.h"
 #include "idemproxy/http.h"
+#include "idemproxy/resolve.h"
 #include "idemproxy/upstream.h"
 
 #include "upstream_impl.h"
@@ -239,9 +240,9 @@ int upstream_base_resolve(const char *url, char *why, size_t why_len)
 {
     CURLU *u = curl_url();
     char *host = NULL;
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+    struct resolve_addr a;
     size_t len;
-    int r = -ENOMEM, g;
+    int r = -ENOMEM, g = 0;
 
     if (!u)
         return -ENOMEM;
@@ -253,13 +254,11 @@ int upstream_base_resolve(const char *url, char *why, size_t why_len)
         r = 0;
         goto out;
     }
-    g = getaddrinfo(host, NULL, &hints, &res);
-    r = g == 0 ? 0 : -ENOENT;
-    if (g != 0)
-        snprintf(why, why_len, "the host %s does not resolve now (%s)", host, gai_strerror(g));
+    r = resolve_host(host, NULL, 0, &a, 1, &g) == 1 ? 0 : -ENOENT;
+    if (r < 0)
+        snprintf(why, why_len, "the host %s does not resolve now (%s)", host,
+                 g ? gai_strerror(g) : "no address");
 out:
-    if (res)
-        freeaddrinfo(res);
     curl_free(host);
     curl_url_cleanup(u);
     return r;

@@ -17,6 +17,10 @@ struct http_header {
  * tchar. */
 bool http_is_token(struct span s);
 
+/* True when <s> is 1 to <max> visible ASCII characters (RFC 5234 VCHAR,
+ * 0x21-0x7E): what a key, a request id and a resource id are. */
+bool http_is_visible(struct span s, size_t max);
+
 /* True when <v> may be a field value as received (RFC 9110 section 5.5): no
  * control byte but HTAB (no NUL, CR or LF), no DEL. obs-text (0x80-0xFF) is
  * allowed. */

@@ -247,6 +247,19 @@ static void test_http_percent_decode(void)
     CHECK_EQ_INT(n, 99); /* untouched on failure */
 }
 
-TEST_MAIN(test_http_framing_clear, test_http_framing_refused, test_http_field_bytes,
+/* 1 to <max> visible ASCII characters: a key, a request id, a resource id. */
+static void test_http_is_visible(void)
+{
+    CHECK(http_is_visible(SPAN_LIT("!abc~"), 5));
+    CHECK(!http_is_visible(SPAN_LIT("!abc~"), 4));
+    CHECK(!http_is_visible(SPAN_LIT(""), 5));
+    CHECK(!http_is_visible((struct span){ NULL, 0 }, 5));
+    CHECK(!http_is_visible(SPAN_LIT("a b"), 5));
+    CHECK(!http_is_visible(SPAN_LIT("a\x7f"), 5));
+    CHECK(!http_is_visible(SPAN_LIT("a\x80"), 5));
+    CHECK(!http_is_visible((struct span){ "a\0b", 3 }, 5));
+}
+
+TEST_MAIN(test_http_is_visible, test_http_framing_clear, test_http_framing_refused, test_http_field_bytes,
           test_http_host_field, test_http_authority, test_http_target_forms,
           test_http_target_refused, test_http_percent_decode)
