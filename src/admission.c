@@ -26,10 +26,11 @@ static int refuse(struct admission_refusal *ret, enum problem p, enum outcome o,
     return 1;
 }
 
-/* Refuses a request the proxy has no memory for. Returns 1. */
+/* Refuses a request the proxy has no memory for: its own failure, not the
+ * store's (a 503 that a retry may get past). Returns 1. */
 static int oom(struct admission_refusal *ret)
 {
-    return refuse(ret, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
+    return refuse(ret, PROBLEM_INTERNAL, OUTCOME_INTERNAL_ERROR,
                   "Out of memory while reading the request.");
 }
 

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
+/* The capped byte buffer (buf.h). */
+#include "idemproxy/buf.h"
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "idemproxy/buf.h"
 
 #define BUF_FIRST_CAP 256
 

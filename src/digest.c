@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+/* SHA-256 fetched once for the process (digest.h). */
 #include "idemproxy/digest.h"
 
 #include <pthread.h>

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
+/* The framed, incremental SHA-256 of a request (fingerprint.h). */
+#include "idemproxy/fingerprint.h"
+
 #include <openssl/evp.h>
 
 #include "idemproxy/digest.h"
-#include "idemproxy/fingerprint.h"
 
 /* Feeds <s> after its length, so ("POS", "T/a") and ("POST", "/a") differ. */
 static int feed_framed(EVP_MD_CTX *md, struct span s)

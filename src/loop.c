@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+/* The event loop (loop.h): epoll, its timers and the tasks posted to it. */
 #include "idemproxy/loop.h"
 
 #include <pthread.h>

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+/* PostgreSQL URLs read by libpq, shown without secrets (pg_url.h). */
 #include "idemproxy/pg_url.h"
 
 #include <arpa/inet.h>

@@ -160,7 +160,7 @@ size_t pipeline_body(struct pipeline_req *r, const char *p, size_t n)
     if (r->adm.streams && n > ADMISSION_STREAM_MIN - r->adm.body.len) {
         if (body_start(r) == 0)
             return body_stream(r, p, n);
-        pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR, "Out of memory.");
+        pipeline_set_problem(r, PROBLEM_INTERNAL, OUTCOME_INTERNAL_ERROR, "Out of memory.");
         pipeline_finish(r);
         return n;
     }
@@ -236,8 +236,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         r->lease =
             lease_start(pl->leases, r->adm.store_key, &r->tok, r->acquire_sent_ms, rs->lock_ttl_ms);
         if (!r->lease) {
-            pipeline_set_problem(r, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_ERROR,
-                                 "Out of memory.");
+            pipeline_set_problem(r, PROBLEM_INTERNAL, OUTCOME_INTERNAL_ERROR, "Out of memory.");
             pipeline_finish(r); /* the lock expires within --lock-ttl */
             return;
         }

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
+/* The problems the proxy answers with itself (problem.h): their table, and
+ * their bodies in each dialect, built with jansson. Pure, any thread. */
+#include "idemproxy/problem.h"
+
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include <jansson.h>
-
-#include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 
 struct problem_desc {
@@ -17,6 +19,16 @@ static const struct problem_desc problems[] = {
     PROBLEM_LIST(X)
 #undef X
 };
+
+unsigned problem_status(enum problem p)
+{
+    return (unsigned)p < ARRAY_SIZE(problems) ? problems[p].status : 500;
+}
+
+const char *problem_code(enum problem p)
+{
+    return (unsigned)p < ARRAY_SIZE(problems) ? problems[p].code : "internal_error";
+}
 
 /* The four key problems are the client's to fix; Stripe-style SDKs raise an
  * error of their own class for "idempotency_error". */

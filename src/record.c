@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
+/* Stored answers and their binary codec (record.h). */
+#include "idemproxy/record.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-#include "idemproxy/record.h"
 
 #include "idemproxy/http.h"
 

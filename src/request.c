@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "idemproxy/http.h"
-#include "idemproxy/store.h"
+#include "idemproxy/rng.h"
 
 struct request *request_new(const char *target)
 {
@@ -73,26 +73,23 @@ bool request_id_pick(const struct request *rq, struct span header, char out[REQU
 {
     size_t count = 0;
     const struct span *v = request_header(rq, header, &count);
-    struct store_token t;
 
     if (v && count == 1 && request_id_is_valid(*v)) {
         memcpy(out, v->base, v->len);
         out[v->len] = '\0';
         return true;
     }
-    /* 128 random bits in hex are a fencing token's shape: drawn from the
-     * same per-thread block of OpenSSL's bytes, not one RAND_bytes a request. */
-    if (store_token_new(&t) < 0) {
+    /* 128 random bits in 32 hex digits (rng.h: no RAND_bytes call of its own). */
+    _Static_assert(REQUEST_ID_MAX >= 32, "a made request id is 32 hex digits");
+    if (rng_hex(out, 16) < 0) {
         /* OpenSSL's generator failed: the time and an address still make an
          * id that tells requests apart in a log, which is all it is for. */
         struct timespec ts;
 
         clock_gettime(CLOCK_REALTIME, &ts);
-        snprintf(t.hex, sizeof(t.hex), "%016llx%016llx",
+        snprintf(out, 33, "%016llx%016llx",
                  (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec,
                  (unsigned long long)(uintptr_t)rq);
     }
-    _Static_assert(STORE_TOKEN_HEX == 32, "a made request id is 32 hex digits");
-    memcpy(out, t.hex, STORE_TOKEN_HEX + 1);
     return false;
 }

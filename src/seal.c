@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -20,6 +19,7 @@
 
 #include "idemproxy/buf.h"
 #include "idemproxy/record.h"
+#include "idemproxy/rng.h"
 
 #define SEAL_MAGIC "IDS1"
 #define SEAL_MAGIC_LEN 4
@@ -276,7 +276,7 @@ int seal_record(const struct seal_keys *k, struct span store_key, const struct r
     p[SEAL_MAGIC_LEN] = (unsigned char)id_len;
     memcpy(p + SEAL_MAGIC_LEN + 1, key->id, id_len);
     err = -EIO;
-    if (RAND_bytes(p + hdr_len - SEAL_NONCE_BYTES, SEAL_NONCE_BYTES) != 1)
+    if (rng_bytes(p + hdr_len - SEAL_NONCE_BYTES, SEAL_NONCE_BYTES) < 0)
         goto out;
     put_u32(len4, (uint32_t)head.len);
     p += hdr_len;

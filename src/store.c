@@ -1,17 +1,19 @@
 /* SPDX-License-Identifier: MIT */
+/* What every store shares, above and below its ops table (store.h): the
+ * words of a store error and of an unknown key's cause, fencing tokens, the
+ * listings /keys reads; and, for the back ends (store_impl.h), the operator
+ * calls run on the worker pool and counted until they report back, and the
+ * page cursors of the listings. Any thread; nothing here keeps state but the
+ * count of calls in flight, under its lock. */
 #include "idemproxy/store.h"
 
 #include <assert.h>
-#include <openssl/rand.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "idemproxy/record.h"
+#include "idemproxy/rng.h"
 #include "store_impl.h"
-
-/* Random bytes for tokens come from RAND_bytes() in blocks: one call per
- * STORE_RAND_BLOCK / 16 tokens instead of one per request. Per thread, so no
- * lock; a block is wiped as it is used. */
-#define STORE_RAND_BLOCK 512
 
 int store_admin_job_submit(struct store_calls *calls, struct worker_pool *pool, worker_fn *fn,
                            const struct store_admin_job *args, struct span prefix, struct span key)
@@ -139,22 +141,12 @@ void store_why(struct store *st, int err, char *buf, size_t len)
 
 int store_token_new(struct store_token *ret)
 {
-    static _Thread_local unsigned char block[STORE_RAND_BLOCK];
-    static _Thread_local size_t used = STORE_RAND_BLOCK;
-    unsigned char *raw;
     struct store_token t;
+    int err = rng_hex(t.hex, STORE_TOKEN_HEX / 2);
 
-    if (used == STORE_RAND_BLOCK) {
-        if (RAND_bytes(block, (int)sizeof(block)) != 1)
-            return -EIO;
-        used = 0;
-    }
-    raw = block + used;
-    used += STORE_TOKEN_HEX / 2;
-    hex_encode(raw, STORE_TOKEN_HEX / 2, t.hex);
-    memset(raw, 0, STORE_TOKEN_HEX / 2);
-    *ret = t;
-    return 0;
+    if (err == 0)
+        *ret = t;
+    return err;
 }
 
 void store_calls_init(struct store_calls *c)

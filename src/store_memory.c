@@ -16,7 +16,6 @@
 #include "idemproxy/store_memory.h"
 
 #include <assert.h>
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdalign.h>
 #include <stdatomic.h>
@@ -25,6 +24,7 @@
 #include "idemproxy/idemkey.h"
 #include "idemproxy/list.h"
 #include "idemproxy/record.h"
+#include "idemproxy/rng.h"
 #include "idemproxy/worker.h"
 #include "store_impl.h"
 #include "store_memory_impl.h"
@@ -1043,7 +1043,7 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
             return -ENOMEM;
         }
     }
-    if (RAND_bytes((unsigned char *)st->seed, (int)sizeof(st->seed)) != 1) {
+    if (rng_bytes(st->seed, sizeof(st->seed)) < 0) {
         memory_free(&st->base);
         return -EIO;
     }

@@ -18,7 +18,8 @@
     X(STORE_ERROR, "store_error")                                                                  \
     X(UPSTREAM_ERROR, "upstream_error")                                                            \
     X(BAD_REQUEST, "bad_request")                                                                  \
-    X(UNKNOWN, "outcome_unknown")
+    X(UNKNOWN, "outcome_unknown")                                                                  \
+    X(INTERNAL_ERROR, "internal_error")
 
 enum outcome {
 #define X(id, label) OUTCOME_##id,
@@ -53,7 +54,8 @@ enum outcome {
     X(ADMIN_CONFLICT, 409, "conflict", "The key is not in the state this call needs",              \
       "about:blank")                                                                               \
     X(OUTCOME_UNKNOWN, 502, "idempotency_outcome_unknown",                                         \
-      "The outcome of the original request is unknown", "about:blank")
+      "The outcome of the original request is unknown", "about:blank")                             \
+    X(INTERNAL, 503, "internal_error", "The proxy cannot take the request now", "about:blank")
 
 enum problem {
 #define X(id, status, code, title, type) PROBLEM_##id,
@@ -64,9 +66,5 @@ enum problem {
 
 /* The metric/log label of <o>, e.g. "in_flight". */
 const char *outcome_label(enum outcome o);
-
-/* The HTTP status, stable code and title of <p>. */
-unsigned problem_status(enum problem p);
-const char *problem_code(enum problem p);
 
 #endif

@@ -8,6 +8,10 @@
 
 struct record;
 
+/* The HTTP status and the stable code of <p>. */
+unsigned problem_status(enum problem p);
+const char *problem_code(enum problem p);
+
 /* How a route answers its errors (SPEC §6 `errors`). */
 enum problem_dialect {
     PROBLEM_DIALECT_PROBLEM, /* RFC 9457 application/problem+json */

@@ -200,7 +200,7 @@ int store_cause_parse(struct span s, enum store_cause *ret);
  * least 1), cut at STORE_ABOUT_MAX - 1 bytes, NUL-terminated. Returns its length. */
 size_t store_about_format(const struct store_about *about, char *out, size_t cap);
 
-/* Fills <ret> with a new random token (OpenSSL RAND_bytes). Returns 0 or -EIO. */
+/* Fills <ret> with a new random token (rng.h). Returns 0 or -EIO. */
 int store_token_new(struct store_token *ret);
 
 /* Starts ACQUIRE of <key> (copied) for the fingerprint <fp> under the token
