@@ -133,7 +133,7 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
 }
 
 /* The longest key the proxy stores: a composite of CONFIG_MAX_LIST header
- * values of IDEMKEY_MAX bytes, one space apart (SPEC §6). */
+ * values of IDEMKEY_MAX bytes, one space apart (doc/configuration.md, Key sources). */
 #define KEY_MAX (CONFIG_MAX_LIST * (IDEMKEY_MAX + 1))
 
 /* Decodes the key of the raw target <raw> ("/keys/<key>[?query]", as the
@@ -320,7 +320,7 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
 }
 
 /* GET /keys?resource=ID[&scope=S][&body=1]: the records whose answer
- * created the resource ID (SPEC §12), in any scope or in S. */
+ * created the resource ID (doc/configuration.md, Resource links), in any scope or in S. */
 static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *st,
                                      const char *prefix, const char *resource)
 {

@@ -146,8 +146,9 @@ static int refuse_bad_request(struct admission_refusal *ret, unsigned status, co
     return 1;
 }
 
-/* The HTTP-level checks of SPEC §7: nothing malformed is forwarded, locked or
- * keyed. Sets what is forwarded. Returns 0, or 1 with the refusal. */
+/* The HTTP-level checks of doc/guarantees.md (Threat model): nothing malformed
+ * is forwarded, locked or keyed. Sets what is forwarded. Returns 0, or 1 with
+ * the refusal. */
 static int check_head(struct admission *a, const struct request *rq, struct admission_refusal *ret)
 {
     struct http_target t;

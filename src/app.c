@@ -31,7 +31,7 @@ unsigned app_requests(const struct app *app)
 
     for (unsigned i = 0; i < app->nloops; i++)
         n += app->fronts[i] ? front_requests(app->fronts[i]) : 0;
-    return n + pipeline_late(app->pl); /* late exchanges (SPEC §9) */
+    return n + pipeline_late(app->pl); /* late exchanges (doc/guarantees.md, Unknown outcomes) */
 }
 
 /* An eviction shortens a record's life below --ttl: a retry of that key runs

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The options checked against each other once they are all set (SPEC §3):
+/* The options checked against each other once they are all set (doc/configuration.md, Options):
  * --upstream given, a TTL within max-ttl, a memory budget that holds two of
  * the largest answers, TLS options with a TLS URL, a WAIT that fits in
  * --store-timeout. Each problem is one line naming the option. */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The YAML configuration file (SPEC §6), read with libyaml's document API:
- * the whole file is parsed first (a syntax error has libyaml's position),
- * then walked once for the top level and once for the routes, each node
- * keeping its position for the messages. Runs on the main thread. */
+/* The YAML configuration file (doc/configuration.md, Configuration file), read
+ * with libyaml's document API: the whole file is parsed first (a syntax error
+ * has libyaml's position), then walked once for the top level and once for the
+ * routes, each node keeping its position for the messages. Runs on the main
+ * thread. */
 #include "idemproxy/config_file.h"
 
 #include <stdarg.h>
@@ -396,7 +397,8 @@ static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
-/* resource: {header: NAME} or {json: POINTER}, one of them (SPEC §12). */
+/* resource: {header: NAME} or {json: POINTER}, one of them
+ * (doc/configuration.md, Resource links). */
 static void resource_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v,
                           void *ctx)
 {

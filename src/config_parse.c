@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The values of the options of SPEC §3, each parsed as its kind: sizes,
+/* The values of the options of doc/configuration.md (Options), each parsed as its kind: sizes,
  * seconds, booleans, addresses, status lists, URLs, header names, lists,
  * and the secret files. Pure, but for the resolver (an address's host) and
  * the files read (a secret, a readable path). */

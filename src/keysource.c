@@ -13,7 +13,8 @@
 #include "idemproxy/http.h"
 #include "idemproxy/request.h"
 
-/* A key is 1-IDEMKEY_MAX bytes of 0x21-0x7E, wherever it comes from (SPEC §1, §6). */
+/* A key is 1-IDEMKEY_MAX bytes of 0x21-0x7E, wherever it comes from (README.md, What
+ * it does with each request; doc/configuration.md, Key sources). */
 static bool is_key(struct span s) { return http_is_visible(s, IDEMKEY_MAX); }
 
 int keysource_pointer_check(const char *pointer)
@@ -226,7 +227,8 @@ static int parse_json(struct keysource *ks, const struct keysource_kind *kind,
     return set_names(ks, kind, items, 1);
 }
 
-/* One header, as an Idempotency-Key: a token or an sf-string (SPEC §1). */
+/* One header, as an Idempotency-Key: a token or an sf-string (README.md, What
+ * it does with each request). */
 static int read_header(const struct keysource *ks, const struct request *rq,
                        struct keysource_key *ret, char *detail, size_t detaillen)
 {
@@ -336,9 +338,9 @@ static void describe_json(const struct keysource *ks, char *out, size_t outlen)
              ks->names[0][0] ? ks->names[0] : "the top level");
 }
 
-/* Keys of different sources never share a store key (SPEC §6): each source
- * but the key header hashes a tag of its own into the scope, a tag no header
- * value can equal (it holds a NUL). */
+/* Keys of different sources never share a store key (doc/configuration.md, Key
+ * sources): each source but the key header hashes a tag of its own into the
+ * scope, a tag no header value can equal (it holds a NUL). */
 #define TAG(s)                                                                                     \
     {                                                                                              \
         .base = s, .len = sizeof(s) - 1                                                            \

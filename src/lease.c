@@ -60,7 +60,7 @@ struct lease {
     struct record *rec;     /* owned reference to complete with; NULL: release, or unknown */
     struct store_link link; /* complete: the resource link, in <link_buf> */
     char *link_buf;         /* owned; NULL: no link */
-    bool unknown;           /* mark the key unknown (SPEC §9) instead */
+    bool unknown;           /* mark the key unknown (doc/guarantees.md, Unknown outcomes) instead */
     enum store_cause cause;
     struct store_about about; /* unknown: its parts, in <about_buf> */
     char *about_buf;          /* owned */

@@ -455,7 +455,7 @@ int metrics_format(struct buf *out, struct store *st)
 
     err = family(out, "idemproxy_requests_total", "counter",
                  "Client requests answered, by route (default when none matched) and outcome "
-                 "(SPEC section 1).");
+                 "(README.md, What it does with each request).");
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (size_t o = 0; o < _OUTCOME_MAX && err == 0; o++)
             err = appendf(out, "idemproxy_requests_total{route=\"%s\",outcome=\"%s\"} %llu\n",
@@ -465,7 +465,7 @@ int metrics_format(struct buf *out, struct store *st)
     if (err == 0)
         err = family(out, "idemproxy_unknown_outcomes_total", "counter",
                      "Keys whose request may have run upstream without an answer being stored "
-                     "(SPEC section 9), by route and cause.");
+                     "(doc/guarantees.md, Unknown outcomes), by route and cause.");
     for (unsigned r = 0; r < nroutes && err == 0; r++) {
         for (unsigned c = 0; c < STORE_CAUSE_MAX && err == 0; c++)
             err = appendf(out, "idemproxy_unknown_outcomes_total{route=\"%s\",cause=\"%s\"} %llu\n",

@@ -299,8 +299,9 @@ static void on_confirmed(void *ctx, int err)
                              "The idempotency store could not confirm the lock.");
     /* Not forwarded: given back, or its lapsed lease would look like a lost
      * holder's. Stale, the key may have been found unknown with this token
-     * (SPEC §9): nothing ran, so that is given back too; another holder's
-     * lock is left alone (the release is fenced). */
+     * (doc/guarantees.md, Unknown outcomes): nothing ran, so that is given
+     * back too; another holder's lock is left alone (the release is
+     * fenced). */
     pipeline_lease_end(r, NULL);
 }
 

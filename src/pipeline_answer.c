@@ -155,7 +155,7 @@ void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
              r->adm.route->name);
 }
 
-/* The answer to a request whose key's outcome is unknown (SPEC §9). */
+/* The answer to a request whose key's outcome is unknown (doc/guarantees.md, Unknown outcomes). */
 void pipeline_answer_unknown(struct pipeline_req *r, const struct store_result *res)
 {
     if (res->became)
@@ -199,7 +199,7 @@ void pipeline_answer_stored(struct pipeline_req *r, struct record *rec)
 }
 
 /* The 422 of a key used for another request, naming the resource its
- * first answer created (SPEC §12) when the store kept a sane one. */
+ * first answer created (doc/configuration.md, Resource links) when the store kept a sane one. */
 void pipeline_answer_mismatch(struct pipeline_req *r, struct span resource)
 {
     static const char detail[] =

@@ -47,8 +47,8 @@ struct pipeline_req {
     struct pipeline_answer out; /* the answer, until it is handed over */
     char *id;                   /* owned: its request id, when the pipeline has a header for it */
     struct pipeline *pl;
-    /* The front end's reference, and a late exchange's (SPEC §9): the last
-     * one frees it. */
+    /* The front end's reference, and a late exchange's (doc/guarantees.md,
+     * Unknown outcomes): the last one frees it. */
     atomic_int refs;
     bool decided;         /* the answer was handed over */
     bool late;            /* answered 504 at --upstream-timeout; its exchange goes on */

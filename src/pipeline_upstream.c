@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The pipeline's steps 5 and 6 (pipeline.c has the first four): a request
  * forwarded, and the upstream's answer, or its failure, ending the lock:
- * stored, released, or the key's outcome made unknown (SPEC §9). On the
+ * stored, released, or the key's outcome made unknown (doc/guarantees.md, Unknown outcomes). On the
  * loop thread of the upstream call; a late exchange (--upstream-late-timeout)
  * ends there after its client was answered. */
 #include <ctype.h>
@@ -131,8 +131,8 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
         return;
     }
     record_ensure_date(rec);
-    /* The resource its answer created, by its route (SPEC §12): a marker,
-     * too, keeps its answer's link. */
+    /* The resource its answer created, by its route (doc/configuration.md,
+     * Resource links): a marker, too, keeps its answer's link. */
     link.resource.len = route_resource(r->adm.route, rec, resource);
     link.resource.base = resource;
     linked = link.resource.len > 0;
@@ -145,9 +145,10 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
 /* Whether one storage header that says neither no-store nor ttl=S was logged. */
 static atomic_bool storage_said;
 
-/* Takes the storage header (SPEC §12) out of <rec>, the answer of <r>,
- * which the client never sees, and returns whether the answer may be kept:
- * false for no-store; ttl=S sets its TTL, capped at the route's max-ttl. */
+/* Takes the storage header (doc/configuration.md, The API steers storage) out
+ * of <rec>, the answer of <r>, which the client never sees, and returns
+ * whether the answer may be kept: false for no-store; ttl=S sets its TTL,
+ * capped at the route's max-ttl. */
 static bool take_storage(struct pipeline_req *r, struct record *rec)
 {
     uint64_t ttl_ms = 0, max_ms = r->adm.route->settings.max_ttl_ms;

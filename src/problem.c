@@ -108,8 +108,8 @@ struct record *problem_new_with(enum problem p, enum problem_dialect dialect, co
     if ((p == PROBLEM_BAD_REQUEST || p == PROBLEM_NOT_IMPLEMENTED) &&
         record_add_header(rec, SPAN_LIT("Connection"), SPAN_LIT("close")) < 0)
         goto fail;
-    /* A retry cannot help (SPEC §9): SDKs built by Stainless read the first,
-     * Stripe's the second. */
+    /* A retry cannot help (doc/guarantees.md, Unknown outcomes): SDKs built by
+     * Stainless read the first, Stripe's the second. */
     if (p == PROBLEM_OUTCOME_UNKNOWN &&
         (record_add_header(rec, SPAN_LIT("X-Should-Retry"), SPAN_LIT("false")) < 0 ||
          (dialect == PROBLEM_DIALECT_STRIPE &&

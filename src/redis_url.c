@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Redis URLs (SPEC §2.1). */
+/* Redis URLs (doc/stores.md, Pointing idemproxy at Redis). */
 #include "idemproxy/redis_url.h"
 
 #include <ctype.h>

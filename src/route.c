@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Route matching (SPEC §6): first match wins, on bytes as the client sent
+/* Route matching (doc/configuration.md, The file): first match wins, on bytes as the client sent
  * them. A table is immutable once built, so any thread may match against
  * it while it holds a reference. */
 #include "idemproxy/route.h"

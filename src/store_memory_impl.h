@@ -71,8 +71,9 @@ struct store_memory {
     store_notify_fn *notify; /* set before any operation, then read-only */
     void *notify_ctx;
     struct worker_every *reaper; /* owned: sweeps expired entries every reap_interval_ms */
-    /* The resource index (SPEC §12): completed entries with a resource, by
-     * its hash. Taken under a shard lock, never the other way round. */
+    /* The resource index (doc/configuration.md, Resource links): completed
+     * entries with a resource, by its hash. Taken under a shard lock, never
+     * the other way round. */
     pthread_mutex_t res_mu;
     struct mentry **res_buckets; /* owned array of res_nbuckets chains (res_next) */
     size_t res_nbuckets, res_count;

@@ -5,7 +5,8 @@
  *   GET    /keys?state=unknown[&cursor=C]  a page of the keys whose outcome is unknown
  *   GET    /keys?resource=ID[&scope=<hash>]  the keys whose answer created the resource ID
  *   PUT    /keys/<key>?scope=<hash> completes an unknown key with the answer in the
- *                                   body, which its duplicates then get (SPEC §9) */
+ *                                   body, which its duplicates then get
+ *                                   (doc/guarantees.md, Unknown outcomes) */
 #ifndef IDEMPROXY_ADMIN_KEYS_H
 #define IDEMPROXY_ADMIN_KEYS_H
 

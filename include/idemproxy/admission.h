@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* What a request is, decided from its head and its body before anything
- * runs (SPEC §1, §6, §7): its route, the HTTP-level checks and what is
- * forwarded, whether the idempotency rules apply, its key, store key and
- * fingerprint, and its body (within the route's max-body). A request it
- * refuses gets a problem and an outcome, which the pipeline answers. Pure;
- * one thread at a time. */
+ * runs (README.md, What it does with each request; doc/configuration.md,
+ * Configuration file; doc/guarantees.md, Threat model): its route, the
+ * HTTP-level checks and what is forwarded, whether the idempotency rules
+ * apply, its key, store key and fingerprint, and its body (within the route's
+ * max-body). A request it refuses gets a problem and an outcome, which the
+ * pipeline answers. Pure; one thread at a time. */
 #ifndef IDEMPROXY_ADMISSION_H
 #define IDEMPROXY_ADMISSION_H
 
@@ -66,7 +67,7 @@ struct admission {
     "The request body is larger than this proxy passes on (--max-passthrough-body)."
 
 /* The head of <rq> is in: matches its route in <t> (a reference it takes over),
- * checks it (SPEC §7), decides passthrough or enforcement (<enabled> false:
+ * checks it (doc/guarantees.md, Threat model), decides passthrough or enforcement (<enabled> false:
  * every request is passthrough), reads its key (store keys start with
  * <key_prefix>, borrowed) and checks the announced body size against the
  * route's max-body (keyed) or max-passthrough-body (passthrough, which sets

@@ -49,7 +49,8 @@ int app_up(struct app *app);
 /* Logs the start-up lines: the addresses, the upstream, the store. */
 void app_say_started(struct app *app);
 
-/* The requests open on every front end, and the late exchanges (SPEC §9). */
+/* The requests open on every front end, and the late exchanges
+ * (doc/guarantees.md, Unknown outcomes). */
 unsigned app_requests(const struct app *app);
 
 /* Warns, at most once a minute, when the memory store evicted completed

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The option table of SPEC §3: flags, IDEMPROXY_* environment variables and
+/* The option table of doc/configuration.md (Options): flags, IDEMPROXY_* environment variables and
  * defaults (flag > env > default), value parsers, --help. Each option's entry
  * says where it lives (the process, or the settings a route may set), whether
  * SIGHUP may change it, and whether it names a secret; freeing, copying,
@@ -33,12 +33,13 @@ enum config_on_unknown {
 
 /* What an option's entry says of it. */
 enum config_trait {
-    CONFIG_ROUTE = 1 << 0,   /* a route may set it (SPEC §6): it lives in struct route_settings */
+    /* a route may set it (doc/configuration.md, The file): it lives in struct route_settings */
+    CONFIG_ROUTE = 1 << 0,
     CONFIG_RESTART = 1 << 1, /* SIGHUP keeps the running value: a change needs a restart */
     CONFIG_SECRET = 1 << 2,  /* names a file whose first line is a secret: never logged or copied */
 };
 
-/* The options a route may set (SPEC §6). The process configuration holds
+/* The options a route may set (doc/configuration.md, The file). The process configuration holds
  * the top level's (struct config's <route>): the default route's settings,
  * and what every route starts from. Declared here, beside the table that
  * fills it. */
@@ -106,10 +107,12 @@ struct config {
     bool enabled;                                /* IDEMPOTENCY_ENABLED, default true */
     char *admin_token_file;                      /* --admin-token-file, NULL: none */
     char *admin_token;                           /* its first line: the secret /keys asks for */
-    char *config_file; /* --config / IDEMPROXY_CONFIG: the YAML file (SPEC §6), NULL: none */
-    bool check_config; /* --check-config: validate, print the problems, exit 0 or 2 */
-    bool show_help;    /* --help / -h was given: print config_print_help() and exit 0 */
-    bool show_version; /* --version was given */
+    /* --config / IDEMPROXY_CONFIG: the YAML file (doc/configuration.md,
+     * Configuration file), NULL: none */
+    char *config_file;
+    bool check_config;           /* --check-config: validate, print the problems, exit 0 or 2 */
+    bool show_help;              /* --help / -h was given: print config_print_help() and exit 0 */
+    bool show_version;           /* --version was given */
     struct route_settings route; /* the top level's route options (see struct route_settings) */
 };
 
@@ -155,7 +158,7 @@ int config_set_option(struct config *cfg, const char *name, const char *const *i
 int config_set_route_option(struct route_settings *rs, const char *name, const char *const *items,
                             size_t n, bool is_list, char *why, size_t whylen);
 
-/* True when <name> is an option a route may set (SPEC §6). */
+/* True when <name> is an option a route may set (doc/configuration.md, The file). */
 bool config_is_route_option(const char *name);
 
 /* Writes the names of the options a route may set, comma-separated, to <out>. */

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* The YAML configuration file of SPEC §6 (libyaml): its top level sets the
- * options of §3 by their flag names, its `routes` the routes of route.h.
- * Every problem is reported as "FILE:LINE:COLUMN: message", one per line,
- * all of them at once (as nginx -t does). Pure but for reading the file;
- * used by config_file_load(), at start and on SIGHUP. */
+/* The YAML configuration file of doc/configuration.md, Configuration file
+ * (libyaml): its top level sets the options of doc/configuration.md (Options)
+ * by their flag names, its `routes` the routes of route.h. Every problem is
+ * reported as "FILE:LINE:COLUMN: message", one per line, all of them at once
+ * (as nginx -t does). Pure but for reading the file; used by
+ * config_file_load(), at start and on SIGHUP. */
 #ifndef IDEMPROXY_CONFIG_FILE_H
 #define IDEMPROXY_CONFIG_FILE_H
 

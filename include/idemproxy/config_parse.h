@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The values of the options of SPEC §3, each parsed as its kind. Used by the
+/* The values of the options of doc/configuration.md (Options), each parsed as its kind. Used by the
  * option table (config.h), the tests and the fuzzers. Each parser returns 0
  * with the value in <ret> (untouched on failure) or -EINVAL; those that keep
  * text replace *<slot> with a new copy (the old one freed) and leave it alone

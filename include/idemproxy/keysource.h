@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* Where a route's keys come from (SPEC §6), each kind of source with its own
- * name, configuration, extraction, description and domain tag: one header
- * (an Idempotency-Key), a composite of several headers, an RFC 6901 JSON
- * pointer into the body; and a request's own fingerprint as the fallback.
- * Admission (admission.h) asks a source for a key and never looks at its
- * kind. Pure functions, any thread. */
+/* Where a route's keys come from (doc/configuration.md, Key sources), each
+ * kind of source with its own name, configuration, extraction, description and
+ * domain tag: one header (an Idempotency-Key), a composite of several headers,
+ * an RFC 6901 JSON pointer into the body; and a request's own fingerprint as
+ * the fallback. Admission (admission.h) asks a source for a key and never
+ * looks at its kind. Pure functions, any thread. */
 #ifndef IDEMPROXY_KEYSOURCE_H
 #define IDEMPROXY_KEYSOURCE_H
 
@@ -73,7 +73,7 @@ int keysource_read_body(const struct keysource *ks, struct span body, struct key
  * fingerprint) the key in <ret> (fallback). Returns FOUND or -ENOMEM. */
 int keysource_fingerprint(const uint8_t *digest, size_t len, struct keysource_key *ret);
 
-/* The domain tag the scope of <k>, read by <ks>, hashes (SPEC §6: keys of
+/* The domain tag the scope of <k>, read by <ks>, hashes (doc/configuration.md, Key sources: keys of
  * different sources never share a store key); {NULL, 0} for a client's own
  * key header. */
 struct span keysource_tag(const struct keysource *ks, const struct keysource_key *k);

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* Held locks (SPEC §1 "TTLs", "Fencing", §5 "Upstream"): while a request
- * holds its key's lock, one periodic heartbeat job extends it before it can
- * lapse; before forwarding, a holder that stalled confirms it; at the end the
- * lock is completed with the answer or released, and that call is retried
- * with backoff (it carries the token, so a retry is safe) while the heartbeat
- * keeps the lock alive. A lease found taken by another request is counted
- * and logged as lock_lost, once. Callbacks run on a store or worker thread,
- * or inside the call (the memory store). */
+/* Held locks (README.md, What it does with each request; doc/guarantees.md,
+ * Guarantees and failure behaviour): while a request holds its key's lock, one
+ * periodic heartbeat job extends it before it can lapse; before forwarding, a
+ * holder that stalled confirms it; at the end the lock is completed with the
+ * answer or released, and that call is retried with backoff (it carries the
+ * token, so a retry is safe) while the heartbeat keeps the lock alive. A lease
+ * found taken by another request is counted and logged as lock_lost, once.
+ * Callbacks run on a store or worker thread, or inside the call (the memory
+ * store). */
 #ifndef IDEMPROXY_LEASE_H
 #define IDEMPROXY_LEASE_H
 
@@ -66,7 +67,7 @@ void lease_confirm(struct lease *l, lease_confirm_fn *done, void *ctx);
 void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms,
                   const struct store_link *link, lease_finish_fn *done, void *ctx);
 
-/* Marks the key unknown for <cause> (SPEC §9), saying <about> (copied),
+/* Marks the key unknown for <cause> (doc/guarantees.md, Unknown outcomes), saying <about> (copied),
  * kept <keep_ms>: the holder cannot tell whether its request ran upstream.
  * Retried like lease_finish(); <done> runs once, after the first attempt. */
 void lease_finish_unknown(struct lease *l, enum store_cause cause, const struct store_about *about,

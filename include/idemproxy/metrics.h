@@ -61,7 +61,7 @@ int metrics_histogram_format(struct buf *out, const char *name, const char *labe
 /* The most route names metrics_route_id() interns, "default" included. */
 #define METRICS_ROUTES_MAX 1024
 
-/* The longest route name, in bytes (SPEC section 6: [a-z0-9_-]{1,64}). */
+/* The longest route name, in bytes (doc/configuration.md, The file: [a-z0-9_-]{1,64}). */
 #define METRICS_ROUTE_NAME_MAX 64
 
 /* A limit for the buffer metrics_format() writes into that always holds the
@@ -97,7 +97,7 @@ void metrics_connection_refused(void);
 void metrics_process_started(void);
 
 /* Counts a key of route <route_id> whose outcome became unknown for <cause>
- * (an enum store_cause: SPEC §9). */
+ * (an enum store_cause: doc/guarantees.md, Unknown outcomes). */
 void metrics_unknown_outcome(unsigned route_id, unsigned cause);
 
 /* Counts <bytes> of a streamed body of route <route_id> (doc/guarantees.md,

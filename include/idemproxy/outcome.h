@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The outcomes of SPEC §1 (metric labels, log fields) and the problems the
- * proxy answers with itself (status, stable code, title, type link). */
+/* The outcomes of README.md, What it does with each request (metric labels,
+ * log fields) and the problems the proxy answers with itself (status, stable
+ * code, title, type link). */
 #ifndef IDEMPROXY_OUTCOME_H
 #define IDEMPROXY_OUTCOME_H
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* PostgreSQL URLs (SPEC §10): libpq's URI form, postgresql:// or
+/* PostgreSQL URLs (doc/stores.md, PostgreSQL): libpq's URI form, postgresql:// or
  * postgres://, checked by libpq's own parser, and shown with every password
  * hidden; and client bytes made into text PostgreSQL takes. Pure functions. */
 #ifndef IDEMPROXY_PG_URL_H

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The per-request idempotency state machine (SPEC §1, §5): decides the
- * outcome, drives the store and the upstream, keeps the lock alive, and is
- * the only place that maps errors to outcomes. The front end hands it a
- * request (request.h) in three steps (begin, body, end) and gets every
- * answer back through one call, refusals included. */
+/* The per-request idempotency state machine (README.md, What it does with each
+ * request): decides the outcome, drives the store and the upstream, keeps the
+ * lock alive, and is the only place that maps errors to outcomes. The front
+ * end hands it a request (request.h) in three steps (begin, body, end) and
+ * gets every answer back through one call, refusals included. */
 #ifndef IDEMPROXY_PIPELINE_H
 #define IDEMPROXY_PIPELINE_H
 
@@ -28,8 +28,9 @@ struct pipeline_answer {
                                   connection */
     const char *replay_header; /* the route's replay-header: valid until pipeline_req_free() */
     const char *replayed;      /* its value ("true"/"false"), or NULL for none */
-    /* The request id (SPEC §11), set on every answer in place of any field
-     * of that name in <rec>: valid until pipeline_req_free(); NULL: none. */
+    /* The request id (doc/operations.md, Metrics and access log), set on every
+     * answer in place of any field of that name in <rec>: valid until
+     * pipeline_req_free(); NULL: none. */
     const char *id_header;
     const char *id;
     enum outcome outcome;
@@ -124,7 +125,8 @@ int pipeline_set_routes(struct pipeline *pl, struct route_table *t, char *why, s
 void pipeline_quiesce(struct pipeline *pl);
 
 /* The exchanges going on after their client got a 504 at --upstream-timeout
- * (SPEC §9): shutdown waits for them as for open requests. Any thread. */
+ * (doc/guarantees.md, Unknown outcomes): shutdown waits for them as for open
+ * requests. Any thread. */
 unsigned pipeline_late(struct pipeline *pl);
 
 /* Stops lock heartbeats and store retries from touching the store; call

@@ -12,7 +12,7 @@ struct record;
 unsigned problem_status(enum problem p);
 const char *problem_code(enum problem p);
 
-/* How a route answers its errors (SPEC §6 `errors`). */
+/* How a route answers its errors (doc/configuration.md, Error dialects). */
 enum problem_dialect {
     PROBLEM_DIALECT_PROBLEM, /* RFC 9457 application/problem+json */
     PROBLEM_DIALECT_STRIPE,  /* {"error": {"type", "code", "message"}}, as Stripe's SDKs read it */

@@ -49,7 +49,8 @@ int record_add_header(struct record *rec, struct span name, struct span value);
 /* The value of the first header named <name> (case-insensitive), or NULL. */
 const char *record_header_get(const struct record *rec, const char *name);
 
-/* What an upstream's storage header (SPEC §12) asks of its answer. */
+/* What an upstream's storage header (doc/configuration.md, The API steers
+ * storage) asks of its answer. */
 enum record_storage {
     RECORD_STORAGE_DEFAULT,  /* no such header: as the route says */
     RECORD_STORAGE_NO_STORE, /* "no-store": not kept; the lock is released */

@@ -50,7 +50,8 @@ struct redis_conn_opts {
     uint64_t timeout_ms;   /* connect, TLS, set-up; and each command's answer */
 };
 
-/* The TLS settings of SPEC §2.1, made once for every connection. */
+/* The TLS settings of doc/stores.md (Pointing idemproxy at Redis), made once
+ * for every connection. */
 struct redis_tls_opts {
     const char *ca_file;   /* NULL: the system's CA store */
     const char *cert_file; /* client certificate, NULL: none */

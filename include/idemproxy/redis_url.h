@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Redis URLs (SPEC §2.1): one server, several cluster seed nodes, or the
- * sentinels of a named master; plain or TLS. Pure functions. */
+/* Redis URLs (doc/stores.md, Pointing idemproxy at Redis): one server, several
+ * cluster seed nodes, or the sentinels of a named master; plain or TLS. Pure
+ * functions. */
 #ifndef IDEMPROXY_REDIS_URL_H
 #define IDEMPROXY_REDIS_URL_H
 

@@ -37,10 +37,10 @@ const struct span *request_header(const struct request *rq, struct span name, si
 
 #define REQUEST_ID_MAX 200 /* bytes of a request id kept as the client sent it */
 
-/* The request id of <rq> (SPEC §11) into <out>, NUL-terminated: the value of
- * its one <header> field when that is 1 to REQUEST_ID_MAX bytes of 0x21-0x7E,
- * else a new one, 128 random bits in hex. Returns true when it was kept,
- * false when made. */
+/* The request id of <rq> (doc/operations.md, Metrics and access log) into
+ * <out>, NUL-terminated: the value of its one <header> field when that is 1 to
+ * REQUEST_ID_MAX bytes of 0x21-0x7E, else a new one, 128 random bits in hex.
+ * Returns true when it was kept, false when made. */
 bool request_id_pick(const struct request *rq, struct span header, char out[REQUEST_ID_MAX + 1]);
 
 /* Whether <v> may be kept as a request id: 1 to REQUEST_ID_MAX bytes of 0x21-0x7E. */

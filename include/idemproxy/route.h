@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Routes (SPEC §6): what a request is matched on (methods, raw path, host),
+/* Routes (doc/configuration.md, The file): what a request is matched on (methods, raw path, host),
  * and the settings, key source and error dialect it then gets. A route table
  * is built once from the configuration (config_file.c), never changed, and
  * shared by reference: a reload swaps in a new table while the requests
@@ -33,7 +33,7 @@ struct route {
     /* what the route does */
     bool enforce;         /* false: every request of the route is passthrough */
     struct keysource key; /* owned: where its keys come from */
-    /* resource (SPEC §12): where a completed 2xx answer names what it
+    /* resource (doc/configuration.md, Resource links): where a completed 2xx answer names what it
      * created, one of the two or none (NULL) */
     char *resource_header; /* owned: resource: {header: NAME} */
     char *resource_json;   /* owned: resource: {json: POINTER} (checked) */

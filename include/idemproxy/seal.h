@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Encryption at rest of stored answers (SPEC §12): the keys of
+/* Encryption at rest of stored answers (doc/configuration.md, Encryption at rest): the keys of
  * --store-encryption-key-file, and a record sealed with AES-256-GCM
  * (OpenSSL's EVP) under the first of them, a fresh 96-bit nonce each time,
  * and the store key as associated data, so that a sealed record opens under

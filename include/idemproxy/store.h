@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The idempotency store: one interface (an ops table), two implementations
- * with the same state machine, TTLs and fencing (SPEC §2). When an operation
- * is accepted (returns 0) its callback runs exactly once: later, when the
- * answer comes (Redis: on the event loop whose connection carried the call),
- * or before the call returns (the memory store, whose work is shorter than a
- * hand-off). A caller must not hold a lock that its callback takes. */
+ * with the same state machine, TTLs and fencing (doc/stores.md, The state
+ * machine). When an operation is accepted (returns 0) its callback runs
+ * exactly once: later, when the answer comes (Redis: on the event loop whose
+ * connection carried the call), or before the call returns (the memory store,
+ * whose work is shorter than a hand-off). A caller must not hold a lock that
+ * its callback takes. */
 #ifndef IDEMPROXY_STORE_H
 #define IDEMPROXY_STORE_H
 
@@ -20,7 +21,7 @@ struct store_token {
     char hex[STORE_TOKEN_HEX + 1];
 };
 
-/* Why a key's outcome is unknown (SPEC §9); the names are the metrics'
+/* Why a key's outcome is unknown (doc/guarantees.md, Unknown outcomes); the names are the metrics'
  * cause labels. */
 enum store_cause {
     STORE_CAUSE_UPSTREAM_TIMEOUT, /* no complete answer within the (late) timeout */
@@ -37,9 +38,10 @@ struct store_about {
     struct span route, method, target;
 };
 
-/* What an acquire asks for (SPEC §2, §9). The record outlives its lease: a
- * lock is kept <lease_ms> + <keep_ms>, and the lease is what is left of that
- * beyond <keep_ms>, so that the heartbeat's extend is a bare PEXPIRE. */
+/* What an acquire asks for (doc/stores.md, The state machine;
+ * doc/guarantees.md, Unknown outcomes). The record outlives its lease: a lock
+ * is kept <lease_ms> + <keep_ms>, and the lease is what is left of that beyond
+ * <keep_ms>, so that the heartbeat's extend is a bare PEXPIRE. */
 struct store_lock {
     uint64_t lease_ms; /* --lock-ttl: the heartbeat extends it */
     uint64_t keep_ms;  /* the record is kept this long after its last change (--ttl) */
@@ -52,10 +54,11 @@ struct store_lock {
 
 #define STORE_RESOURCE_MAX 255 /* a resource id: 1 to 255 bytes of 0x21-0x7E */
 
-/* A resource link (SPEC §12): the id of what a completed answer created,
- * kept with its record (a 422 names it), and a link of its own from that id
- * to the record's key, kept as long as the record (each store lays it out:
- * a key of its own, idemkey_link_key(), or a column). */
+/* A resource link (doc/configuration.md, Resource links): the id of what a
+ * completed answer created, kept with its record (a 422 names it), and a link
+ * of its own from that id to the record's key, kept as long as the record
+ * (each store lays it out: a key of its own, idemkey_link_key(), or a
+ * column). */
 struct store_link {
     struct span resource; /* the resource id: 1 to STORE_RESOURCE_MAX bytes of 0x21-0x7E */
     size_t prefix_len;    /* the record's store key begins with its prefix, this long */
@@ -103,7 +106,7 @@ struct store;
 struct store_info {
     char *store_key; /* owned, NUL-terminated */
     bool completed;  /* false: locked, a request in flight, or unknown */
-    bool unknown;    /* its outcome is unknown (SPEC §9): <cause>, <about> */
+    bool unknown;    /* its outcome is unknown (doc/guarantees.md): <cause>, <about> */
     enum store_cause cause;
     char *about;                      /* unknown: owned "<route> <method> <target>", or NULL */
     char fp_hex[FINGERPRINT_HEX + 1]; /* the fingerprint, lowercase hex */
@@ -111,11 +114,11 @@ struct store_info {
     uint64_t ttl_ms;                  /* left before it expires */
     uint64_t lease_ms;                /* locked: left of its lease (0: it ran out) */
     struct record *rec;               /* completed: own reference; its body only if asked */
-    char *resource; /* completed: owned, the resource its answer created (SPEC §12), or NULL */
-    char
-        *sealed_by; /* completed: owned, the id of the key that sealed it (store_seal.h), or NULL */
-    char
-        *unreadable; /* completed: owned, why its answer does not open (<rec> NULL then), or NULL */
+    /* completed: owned, the resource its answer created (doc/configuration.md,
+     * Resource links), or NULL */
+    char *resource;
+    char *sealed_by;  /* completed: owned, the id of the key that sealed it (store_seal.h) */
+    char *unreadable; /* completed: owned, why its answer does not open (<rec> NULL then) */
 };
 
 #define STORE_CURSOR_MAX 48 /* a page cursor of store_list_unknown(), NUL included */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The PostgreSQL store (SPEC §10): one table, one row per idempotency key,
+/* The PostgreSQL store (doc/stores.md, PostgreSQL): one table, one row per idempotency key,
  * each operation one prepared statement (sql/<op>.sql, embedded at build
  * time) and one round trip. The statements are pipelined (libpq's pipeline
  * mode) on one connection of the proxy's own per event loop, driven by that
@@ -16,7 +16,7 @@
 struct loop;
 struct worker_pool;
 
-/* What a PostgreSQL store is made of (SPEC §10). */
+/* What a PostgreSQL store is made of (doc/stores.md, PostgreSQL). */
 struct store_pg_opts {
     const char *url;           /* postgresql:// or postgres:// (pg_url.h) */
     const char *password;      /* --store-password-file's: beats the URL's; NULL: none */

@@ -15,7 +15,8 @@
 struct loop;
 struct worker_pool;
 
-/* What a Redis store is made of: its URL and the options of SPEC §2.1. */
+/* What a Redis store is made of: its URL and the options of doc/stores.md
+ * (Pointing idemproxy at Redis). */
 struct store_redis_opts {
     const char *url;             /* redis_url.h */
     const char *password;        /* --redis-password-file's: beats the URL's; NULL: none */

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* Opening a store from its URL (SPEC §2, §3): the one place that knows every
- * store, each by the schemes of its URLs (how such a URL is checked and
- * shown without its secrets, and the store opened from it). Adding a store
- * is its files, one line of the registry (store_registry.c) and its options
- * (config.c's table, the fields of struct store_registry_opts that carry
- * them). Main thread, at start; the URL functions are pure, any thread. */
+/* Opening a store from its URL (doc/stores.md, Choosing a store;
+ * doc/configuration.md, Options): the one place that knows every store, each
+ * by the schemes of its URLs (how such a URL is checked and shown without its
+ * secrets, and the store opened from it). Adding a store is its files, one
+ * line of the registry (store_registry.c) and its options (config.c's table,
+ * the fields of struct store_registry_opts that carry them). Main thread, at
+ * start; the URL functions are pure, any thread. */
 #ifndef IDEMPROXY_STORE_REGISTRY_H
 #define IDEMPROXY_STORE_REGISTRY_H
 

@@ -49,8 +49,9 @@ struct upstream_request {
     struct span body;
     const char *client_ip; /* appended to X-Forwarded-For */
     const char *proto;     /* X-Forwarded-Proto: "http" or "https" */
-    /* The request id (SPEC §11): the client's fields named <id_header> are
-     * replaced by one carrying <id>. <id_header> empty: none. */
+    /* The request id (doc/operations.md, Metrics and access log): the client's
+     * fields named <id_header> are replaced by one carrying <id>. <id_header>
+     * empty: none. */
     struct span id_header;
     struct span id;
     /* Optional: makes the exchange go on past a silence of the timeout, for
@@ -123,7 +124,7 @@ struct upstream_options {
     uint64_t late_ms;         /* how much longer an exchange with overdue may stay silent */
     size_t max_capture_bytes; /* a response body past this fails with -E2BIG */
     unsigned max_connections; /* kept-alive connections to the upstream */
-    /* https:// (SPEC §11), borrowed: they must outlive the client. */
+    /* https:// (doc/configuration.md, Recipes), borrowed: they must outlive the client. */
     const char *tls_ca_file;     /* the CAs that verify the upstream, NULL: the system's */
     const char *tls_cert_file;   /* a client certificate, NULL: none */
     const char *tls_key_file;    /* its key */

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* --wait (SPEC §5): duplicates held while their key is in flight, until the
- * store says it was completed or released (then they try again: one may take
- * the key), or their wait runs out (then they get the 409). A held duplicate
- * is an entry in a hash of lists: no thread, no polling loop; one job checks
- * deadlines every WAIT_TICK_MS while any is held, and an entry not notified
- * for WAIT_POLL_MS is retried anyway (a notification can be lost). Any
- * thread; callbacks run on a worker thread or the notifying store thread. */
+/* --wait (doc/configuration.md, Holding duplicates: `--wait`): duplicates held
+ * while their key is in flight, until the store says it was completed or
+ * released (then they try again: one may take the key), or their wait runs out
+ * (then they get the 409). A held duplicate is an entry in a hash of lists: no
+ * thread, no polling loop; one job checks deadlines every WAIT_TICK_MS while
+ * any is held, and an entry not notified for WAIT_POLL_MS is retried anyway (a
+ * notification can be lost). Any thread; callbacks run on a worker thread or
+ * the notifying store thread. */
 #ifndef IDEMPROXY_WAITLIST_H
 #define IDEMPROXY_WAITLIST_H
 
