@@ -4,10 +4,11 @@ import socket
 import subprocess
 import time
 
-from conftest import (REPLAY, assert_free, assert_locked, assert_problem, assert_unknown, hone,
-                      new_key,
-                      shared_store, redis_state, stored_state, start_held, start_slow,
-                      store_independent, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import shared_store, store_independent
+from fixtures.probes import (assert_free, assert_locked, assert_unknown, redis_state, start_held,
+                             start_slow, stored_state)
+from fixtures.waiting import wait_for
 
 
 def test_admin_endpoints(proxy, upstream):

@@ -3,8 +3,11 @@ import socket
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, new_key,
-                      recv_until_closed, redis_keys, run_binary, store_independent)
+from fixtures.client import REPLAY, assert_problem, hone, new_key, recv_until_closed
+from fixtures.marks import store_independent
+from fixtures.probes import assert_free, redis_keys
+from fixtures.proxy import run_binary
+from fixtures.waiting import free_port
 
 OPTIONS = [
     "--listen", "--upstream", "--redis", "--admin-listen", "--methods", "--key-header",

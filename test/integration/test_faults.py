@@ -21,11 +21,15 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
-                      assert_problem, assert_unknown, hone, in_thread, keyed, metrics_value, new_key,
-                      recv_until_closed, redis_keys, redis_lease_ms, redis_only, shared_store, stored_lease_ms, redis_state,
-                      start_held, wait_completed, wait_for)
-from fake_upstream import BAD_STATUS, big_body
+from fixtures.client import (REPLAY, assert_problem, hone, keyed, metrics_value, new_key,
+                             recv_until_closed)
+from fixtures.marks import redis_only, shared_store
+from fixtures.probes import (assert_completed, assert_free, assert_locked, assert_unknown,
+                             redis_keys, redis_lease_ms, redis_state, start_held, stored_lease_ms,
+                             wait_completed)
+from fixtures.redis import RedisServer
+from fixtures.upstream import BAD_STATUS, big_body
+from fixtures.waiting import in_thread, wait_for
 
 # Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
 pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]

@@ -6,7 +6,9 @@ import socket
 
 import pytest
 
-from conftest import REPLAY, hone, hvalues, new_key, redis_record, store_independent
+from fixtures.client import REPLAY, hone, hvalues, new_key
+from fixtures.marks import store_independent
+from fixtures.probes import redis_record
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

@@ -20,8 +20,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, hone, in_thread, keyed, new_key,
-                      recv_until_closed, redis_keys, store_independent, wait_for)
+from fixtures.client import REPLAY, hone, keyed, new_key, recv_until_closed
+from fixtures.marks import store_independent
+from fixtures.probes import assert_completed, assert_free, redis_keys
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

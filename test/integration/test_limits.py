@@ -5,10 +5,12 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, hvalues, keyed,
-                      new_key, recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
-                      start_slow, store_independent, wait_for)
-from fake_upstream import big_body
+from fixtures.client import REPLAY, assert_problem, hone, hvalues, keyed, new_key, recv_until_closed
+from fixtures.marks import redis_only, store_independent
+from fixtures.probes import (assert_completed, assert_free, redis_keys, redis_lease_ms, redis_state,
+                             start_slow)
+from fixtures.upstream import big_body
+from fixtures.waiting import wait_for
 
 
 # --------------------------------------------------------------------------- too_large

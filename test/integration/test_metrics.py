@@ -4,9 +4,10 @@ import re
 import socket
 import time
 
-from conftest import (assert_problem, hone, memory_only, metrics_value, new_key, redis_keys,
-                      redis_only, single_redis_server, start_held, start_slow, store_independent,
-                      wait_for)
+from fixtures.client import assert_problem, hone, metrics_value, new_key
+from fixtures.marks import memory_only, redis_only, single_redis_server, store_independent
+from fixtures.probes import redis_keys, start_held, start_slow
+from fixtures.waiting import wait_for
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
             "invalid_key", "too_large", "store_error", "upstream_error", "bad_request",

@@ -15,10 +15,13 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, REPO, executes_then_replays, hone, in_thread, metrics_value, new_key,
-                      readyz, refused_503, run_binary, store_independent, wait_for)
-from pg_fixtures import PgServer
-from redis_fixtures import make_pki
+from fixtures.client import REPLAY, hone, metrics_value, new_key
+from fixtures.marks import store_independent
+from fixtures.pki import make_pki
+from fixtures.postgres import PgServer
+from fixtures.probes import executes_then_replays, readyz, refused_503
+from fixtures.proxy import REPO, run_binary
+from fixtures.waiting import in_thread, wait_for
 
 SCHEMA = os.path.join(REPO, "contrib", "postgresql", "schema.sql")
 RIGHTS = "GRANT SELECT, INSERT, UPDATE, DELETE ON idemproxy_keys TO app"

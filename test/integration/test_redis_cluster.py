@@ -22,9 +22,12 @@ import uuid
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, in_thread,
-                      metrics_value, new_key, redis_only, start_held, wait_for)
-from redis_fixtures import SCRIPTS, ClusterSet, Monitor, cut_links, make_pki
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.probes import assert_free, start_held
+from fixtures.redis import ClusterSet, Monitor, SCRIPTS, cut_links
+from fixtures.waiting import free_port, in_thread, wait_for
 
 # How long service may stop when a master dies: the other masters flag it
 # PFAIL after cluster-node-timeout (2 s) and FAIL once a majority agrees (a
@@ -108,7 +111,7 @@ def assert_ask(cs, src, dst, slot, key):
 
 
 def use_cluster_client(p, cs):
-    """The conftest helpers (start_held, assert_free...) read the store through
+    """The probes (start_held, assert_free...) read the store through
     p.rdb: point it at the cluster (a RedisCluster scans every master)."""
     p.rdb = cs.client()
     return p

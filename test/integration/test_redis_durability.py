@@ -29,10 +29,12 @@ import uuid
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_problem, free_port, hone, in_thread, metrics_value,
-                      new_key, redis_keys, redis_only, redis_state, run_binary, start_held,
-                      wait_for)
-from redis_fixtures import ClusterSet, RedisInstance
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.marks import redis_only
+from fixtures.probes import redis_keys, redis_state, start_held
+from fixtures.proxy import run_binary
+from fixtures.redis import ClusterSet, RedisInstance
+from fixtures.waiting import free_port, in_thread, wait_for
 
 UNREPLICATED = "idemproxy_store_unreplicated_total"
 WAIT_TIMEOUT_S = 0.1  # --redis-wait-timeout's default

@@ -9,9 +9,11 @@ import time
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_problem, hone, in_thread, metrics_value, new_key,
-                      redis_only, wait_for)
-from redis_fixtures import SCRIPTS, Monitor, SentinelSet, cut_links, make_pki
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.redis import Monitor, SCRIPTS, SentinelSet, cut_links
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

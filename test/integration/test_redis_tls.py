@@ -7,9 +7,12 @@ to plain TCP; plain TCP against a TLS port and TLS against a plain port
 never work either."""
 import pytest
 
-from conftest import (executes_then_replays, readyz, redis_only, refused_503, run_binary,
-                      wait_for)
-from redis_fixtures import RedisInstance, TlsRedisServer, make_pki
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.probes import executes_then_replays, readyz, refused_503
+from fixtures.proxy import run_binary
+from fixtures.redis import RedisInstance, TlsRedisServer
+from fixtures.waiting import wait_for
 
 ACL = ["user app on >s3cret ~idem:* &idemproxy:* +@all",
        "user open on nopass ~idem:* &idemproxy:* +@all", "user default off"]

@@ -20,10 +20,11 @@ import urllib.parse
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_locked, assert_problem, free_port, hone,
-                      http_request, in_thread, keyed, metrics_value, new_key, recv_until_closed,
-                      pg_rows, redis_keys, start_held, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import (REPLAY, assert_problem, hone, http_request, keyed, metrics_value,
+                             new_key, recv_until_closed)
+from fixtures.probes import assert_free, assert_locked, pg_rows, redis_keys, start_held
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import free_port, in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, hvalues, new_key, raw_request,
-                      store_independent, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, hvalues, new_key, raw_request
+from fixtures.marks import store_independent
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

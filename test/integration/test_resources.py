@@ -8,8 +8,11 @@ import json
 import textwrap
 import urllib.parse
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_keys, redis_only, run_binary,
-                      wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only
+from fixtures.probes import redis_keys
+from fixtures.proxy import run_binary
+from fixtures.waiting import wait_for
 
 ROUTES = """
 routes:

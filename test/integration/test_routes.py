@@ -17,10 +17,12 @@ import urllib.parse
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, free_port, hone, in_thread, metrics_value, new_key,
-                      redis_keys, redis_only, run_binary, start_request, store_independent,
-                      wait_for)
-from redis_fixtures import make_pki
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.marks import redis_only, store_independent
+from fixtures.pki import make_pki
+from fixtures.probes import redis_keys, start_request
+from fixtures.proxy import run_binary
+from fixtures.waiting import free_port, in_thread, wait_for
 
 LINE_RE = r"^(?:idemproxy: )?%s:(\d+):(\d+): (.+)$"
 

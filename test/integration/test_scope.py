@@ -2,7 +2,8 @@
 import json
 import re
 
-from conftest import REPLAY, hone, new_key, redis_keys
+from fixtures.client import REPLAY, hone, new_key
+from fixtures.probes import redis_keys
 
 
 def post(p, key, extra=(), body=b"same"):

@@ -3,7 +3,7 @@ answer header (--storage-header) says no-store or ttl=S; it never reaches the
 client; anything else is ignored and logged once."""
 import json
 
-from conftest import REPLAY, hone, hvalues, new_key
+from fixtures.client import REPLAY, hone, hvalues, new_key
 
 H = "Idempotency-Storage"
 

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, single_redis_server, redis_record,
-                      start_slow, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only, single_redis_server
+from fixtures.probes import redis_record, start_slow
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

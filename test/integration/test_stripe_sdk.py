@@ -37,8 +37,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from conftest import IDEMPROXY_BIN, free_port, metrics_value
-from fake_upstream import QuietHandler
+from fixtures.client import metrics_value
+from fixtures.proxy import IDEMPROXY_BIN
+from fixtures.upstream import QuietHandler
+from fixtures.waiting import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_JS = os.path.join(HERE, "stripe_client.js")

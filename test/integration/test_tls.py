@@ -11,10 +11,11 @@ import warnings
 
 import pytest
 
-from conftest import (assert_problem, hone, http_request, keyed, new_key, run_binary,
-                      store_independent)
-from fake_upstream import FakeUpstream
-from redis_fixtures import make_pki
+from fixtures.client import assert_problem, hone, http_request, keyed, new_key
+from fixtures.marks import store_independent
+from fixtures.pki import make_pki
+from fixtures.proxy import run_binary
+from fixtures.upstream import FakeUpstream
 
 REPLAY = "X-Idempotency-Replayed"
 

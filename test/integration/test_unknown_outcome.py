@@ -19,11 +19,15 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, assert_problem,
-                      assert_unknown, hone, http_request, in_thread, keyed,
-                      memory_only, metrics_value, new_key, redis_keys, redis_only, shared_store, stored_cause, stored_state, redis_state,
-                      run_binary, start_held, store_independent, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import (REPLAY, assert_problem, hone, http_request, keyed, metrics_value,
+                             new_key)
+from fixtures.marks import memory_only, redis_only, shared_store, store_independent
+from fixtures.probes import (assert_completed, assert_locked, assert_unknown, redis_keys,
+                             redis_state, start_held, stored_cause, stored_state)
+from fixtures.proxy import run_binary
+from fixtures.redis import RedisServer
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import in_thread, wait_for
 
 # Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
 pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]

@@ -5,10 +5,12 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
-                      assert_unknown, free_port, hone, keyed, metrics_value, new_key, redis_keys,
-                      redis_state, store_independent, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import REPLAY, assert_problem, hone, keyed, metrics_value, new_key
+from fixtures.marks import store_independent
+from fixtures.probes import (assert_completed, assert_free, assert_locked, assert_unknown,
+                             redis_keys, redis_state)
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import free_port, wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, in_thread, new_key, redis_only, shared_store, start_held,
-                      wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only, shared_store
+from fixtures.probes import start_held
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

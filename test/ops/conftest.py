@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "test"))
-from waiting import free_port, wait_for  # noqa: E402
+sys.path.insert(0, str(ROOT / "test" / "integration"))  # the integration suite's fixtures
+from fixtures.waiting import free_port, wait_for  # noqa: E402
 BIN = Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "src" / "idemproxy"))
 
 
@@ -93,13 +93,11 @@ def stop(proc):
 @pytest.fixture(scope="session")
 def pg_url():
     """scripts/test's PostgreSQL (IDEMPROXY_TEST_PG_URL), else a server started
-    here (test/integration/pg_fixtures.py)."""
+    here (test/integration/fixtures/postgres.py)."""
     if os.environ.get("IDEMPROXY_TEST_PG_URL"):
         yield os.environ["IDEMPROXY_TEST_PG_URL"]
         return
-    sys.path.insert(0, str(ROOT / "test" / "integration"))
-    sys.path.insert(0, str(ROOT / "test"))
-    from pg_fixtures import PgServer
+    from fixtures.postgres import PgServer
     with PgServer() as pg:
         yield pg.url
 

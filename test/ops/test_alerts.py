@@ -18,7 +18,7 @@ exports.
 
 Redis: IDEMPROXY_TEST_REDIS_URL when set (scripts/test exports one), else a
 redis-server started here on a free port; PostgreSQL: IDEMPROXY_TEST_PG_URL,
-else a server of pg_fixtures.py.
+else a server of test/integration/fixtures/postgres.py.
 
 Run: IDEMPROXY_PROMTOOL=build-tools/prometheus/usr/bin/promtool
      IDEMPROXY_BIN=build/src/idemproxy

@@ -11,16 +11,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, free_port, http, project_version, run, unit_settings, wait_for
-
-sys.path.insert(0, str(ROOT / "test" / "integration"))
-from fake_upstream import FakeUpstream  # noqa: E402  (the integration suite's upstream)
+from fixtures.upstream import FakeUpstream  # the integration suite's upstream (conftest's path)
 
 UNIT = "lib/systemd/system/idemproxy.service"
 INSTALLED = {
