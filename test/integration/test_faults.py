@@ -42,19 +42,14 @@ LOCK_LOST = "idemproxy_lock_lost_total"
 @pytest.fixture
 def private_redis(tmp_path):
     """A redis-server of this test's own, which it may kill, freeze or pause."""
-    srv = RedisServer(str(tmp_path))
-    srv.start()
+    srv = RedisServer(str(tmp_path)).start()
     yield srv
-    if srv.proc is not None and srv.proc.poll() is None:
-        srv.proc.send_signal(signal.SIGCONT)  # a frozen server cannot act on SIGTERM
-    srv.stop()
+    srv.stop()  # thawed first if frozen: a frozen server cannot act on SIGTERM
 
 
 def kill_redis(srv):
     """SIGKILL: Redis dies at once, its (non-persistent) data with it."""
-    srv.proc.kill()
-    srv.proc.wait(10)
-    srv.proc = None
+    srv.kill()
 
 
 def on_private_redis(proxy, srv, *args):
@@ -139,7 +134,7 @@ def frozen_after_answer(p, private_redis, upstream, key):
     time of the freeze, the body answered); thaws Redis on the way out."""
     first = start_held(p, key)
     errors0 = metric(p, STORE_ERRORS)
-    private_redis.proc.send_signal(signal.SIGSTOP)
+    private_redis.freeze()  # SIGSTOP
     t_stop = time.monotonic()
     try:
         upstream.release(key)
@@ -150,7 +145,7 @@ def frozen_after_answer(p, private_redis, upstream, key):
                  what="the failed complete to be counted")
         yield t_stop, body
     finally:
-        private_redis.proc.send_signal(signal.SIGCONT)
+        private_redis.thaw()  # SIGCONT
 
 
 def warm_up(p, n=4):

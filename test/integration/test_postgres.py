@@ -1,5 +1,5 @@
 """The PostgreSQL store's own behaviour (SPEC §10), on servers of these tests'
-own (pg_fixtures.py): the table created at start and what a role that may not
+own (fixtures/postgres.py): the table created at start and what a role that may not
 create it is told, a role without rights, a wrong password (never logged),
 TLS with sslmode=verify-full and a throwaway CA, a server down at start, the
 server killed (SIGKILL) and started again under load with nothing completed

@@ -3,7 +3,7 @@ seed node (CLUSTER SLOTS), sends each store key to its slot's master (CRC16,
 hash tags honoured), follows MOVED and ASK while a slot moves, rides out a
 master's failover without a restart, wakes --wait duplicates across nodes,
 and /keys scans every master. Real servers: three masters with a replica
-each (redis_fixtures.ClusterSet, cluster-node-timeout 2000 ms).
+each (fixtures.redis.ClusterSet, cluster-node-timeout 2000 ms).
 
 A store key is idem:<32 hex scope>:<client key>; its first "{" is the client
 key's, so a client key "{t}-1" puts the store key in the slot of "t"

@@ -4,8 +4,8 @@ that N replicas do not confirm in time is released (fenced by its token) and
 answered 503 store_unavailable before it reaches the upstream; a completion
 (or release, extend) not confirmed is still answered to the client. Both are
 counted in idemproxy_store_unreplicated_total{op}. Real servers on loopback:
-a master and a replica (redis_fixtures.RedisInstance), and Redis Clusters
-(redis_fixtures.ClusterSet, 3 masters with 1 replica each).
+a master and a replica (fixtures.redis.RedisServer), and Redis Clusters
+(fixtures.redis.ClusterSet, 3 masters with 1 replica each).
 
 How a replica is made to miss writes. SIGSTOP alone (freeze) stops the
 replica's acknowledgements, so WAIT times out, which is all the refusal tests
@@ -33,7 +33,7 @@ from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
 from fixtures.marks import redis_only
 from fixtures.probes import redis_keys, redis_state, start_held
 from fixtures.proxy import run_binary
-from fixtures.redis import ClusterSet, RedisInstance
+from fixtures.redis import ClusterSet, RedisServer
 from fixtures.waiting import free_port, in_thread, wait_for
 
 UNREPLICATED = "idemproxy_store_unreplicated_total"
@@ -95,7 +95,7 @@ def wait_master_counts_replicas(client, n=1, timeout=10.0, tag=""):
     """Waits until <n> replicas acknowledge a write of the master behind
     <client> (SET and DEL of a probe key, which leave nothing, then WAIT n
     answering n; on a cluster <tag> is a hash tag whose slot that master
-    serves). RedisInstance.wait_replica_up and ClusterSet's start/revive look
+    serves). RedisServer.wait_replica_up and ClusterSet's start/revive look
     at the replica's side only (master_link_status:up). After a diskless sync
     the master sends a replica no command stream, and so no REPLCONF GETACK,
     until that replica's first ACK, which it sends once a second: until then
@@ -124,11 +124,11 @@ def wait_cluster_replicas_confirm(cs):
 
 @pytest.fixture
 def replicated(tmp_path):
-    """A master and one replica of it (RedisInstance, `replicaof`), the
+    """A master and one replica of it (RedisServer, `replicaof`), the
     replica's link up. Yields (master, replica); both stopped at teardown
     (a frozen one is thawed first by stop())."""
-    master = RedisInstance(str(tmp_path / "repl")).start()
-    replica = RedisInstance(str(tmp_path / "repl"), replicaof=master.addr)
+    master = RedisServer(str(tmp_path / "repl")).start()
+    replica = RedisServer(str(tmp_path / "repl"), replicaof=master.addr)
     try:
         replica.start()
         replica.wait_replica_up()
@@ -178,7 +178,7 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
     back and its link up, new keys execute again."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
 
     done = new_key()
@@ -236,7 +236,7 @@ def test_redis_wait_unknown_outcome_is_replicated(proxy, upstream, replicated):
     idempotency_outcome_unknown, never forwarded."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     key = new_key()
     req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
     assert_problem(p.request(*req), 502, "upstream_unavailable")
@@ -261,7 +261,7 @@ def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, u
     (a late replication, not a loss)."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     key = new_key()
     req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")
     first = start_held(p, key)  # acquired, confirmed by the replica, at the upstream
@@ -308,7 +308,7 @@ def test_redis_wait_refused_lock_given_back_even_when_its_link_is_cut(proxy, ups
     the releases are counted as Redis publishes them (release.lua publishes
     each key whose lock it deletes)."""
     master, replica = replicated
-    p = on(proxy, master.url(), master.client(), "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, master.client(), "--redis-wait-replicas", "1")
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
     listener = redis.Redis(host=master.addr[0], port=master.addr[1]).pubsub()
     listener.subscribe("idemproxy:done")  # a pubsub client: TYPE normal spares it

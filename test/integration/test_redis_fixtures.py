@@ -62,7 +62,7 @@ ACL = ["user app on >secret ~idem:* &idemproxy:* +@all", "user default off"]
 
 @pytest.fixture(scope="module", params=["plain", "tls"])
 def acl_server(request, pki, tmp_path_factory):
-    srv = rf.RedisInstance(tmp_path_factory.mktemp("acl"), acl=ACL,
+    srv = rf.RedisServer(tmp_path_factory.mktemp("acl"), acl=ACL,
                            pki=pki if request.param == "tls" else None)
     try:
         srv.start()
@@ -159,7 +159,7 @@ def test_pki_certificates(pki):
 # --------------------------------------------------------------------------- TLS
 
 def test_tls_server_answers_with_the_right_ca(tls_server):
-    assert tls_server.url() == "rediss://127.0.0.1:%d" % tls_server.port
+    assert tls_server.url == "rediss://127.0.0.1:%d" % tls_server.port
     c = tls_server.client(check_hostname=True)  # the name checked is 127.0.0.1 (IP SAN)
     assert c.set("idem:tls", "v") is True
     assert c.get("idem:tls") == b"v"
@@ -229,12 +229,12 @@ def test_acl_wrong_password_and_default_user_refused(acl_server):
     with pytest.raises(redis.exceptions.AuthenticationError):  # NOAUTH: default is off
         acl_server.client().ping()
     scheme = "rediss" if acl_server.tls else "redis"
-    assert acl_server.url("app", "se cret") == "%s://app:se%%20cret@127.0.0.1:%d" % (
+    assert acl_server.url_for("app", "se cret") == "%s://app:se%%20cret@127.0.0.1:%d" % (
         scheme, acl_server.port)
 
 
 def test_requirepass_server(tmp_path):
-    with rf.RedisInstance(tmp_path, password="p w").start() as srv:
+    with rf.RedisServer(tmp_path, password="p w").start() as srv:
         assert srv.client().ping()  # the fixture's own client uses the password
         with pytest.raises(redis.exceptions.AuthenticationError):
             srv.client(password="").ping()

@@ -1,6 +1,6 @@
 """Redis under Sentinel (SPEC 2.1): the proxy finds the master through the
 sentinels, confirms it, and follows a failover without a restart. Real
-servers: a master, a replica and three sentinels (redis_fixtures.py)."""
+servers: a master, a replica and three sentinels (fixtures/redis.py)."""
 import collections
 import random
 import threading

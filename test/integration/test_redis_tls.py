@@ -1,5 +1,5 @@
 """Redis over TLS and with ACL users (SPEC 2.1): the proxy's own connections
-against real TLS redis-servers with a throwaway CA (redis_fixtures.py).
+against real TLS redis-servers with a throwaway CA (fixtures/redis.py).
 
 Verification is on by default and a certificate that fails it is a store
 error (503, /readyz 503) with the reason in the log, never a silent fallback
@@ -11,7 +11,7 @@ from fixtures.marks import redis_only
 from fixtures.pki import make_pki
 from fixtures.probes import executes_then_replays, readyz, refused_503
 from fixtures.proxy import run_binary
-from fixtures.redis import RedisInstance, TlsRedisServer
+from fixtures.redis import RedisServer, TlsRedisServer
 from fixtures.waiting import wait_for
 
 ACL = ["user app on >s3cret ~idem:* &idemproxy:* +@all",
@@ -48,7 +48,7 @@ def wrong_name_redis(tmp_path_factory, pki):
 
 @pytest.fixture(scope="module")
 def acl_redis(tmp_path_factory):
-    srv = RedisInstance(str(tmp_path_factory.mktemp("acl")), acl=ACL).start()
+    srv = RedisServer(str(tmp_path_factory.mktemp("acl")), acl=ACL).start()
     yield srv
     srv.stop()
 
@@ -65,7 +65,7 @@ def stored_keys(client):
 
 @redis_only
 def test_rediss_verified_by_ca_executes_and_replays_redis(proxy, upstream, tls_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=tls_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=tls_redis.url)
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 over TLS")
     key = executes_then_replays(p, upstream)
     assert any(k.decode().endswith(":" + key) for k in stored_keys(tls_redis.client()))
@@ -78,7 +78,7 @@ def test_rediss_verified_by_ca_executes_and_replays_redis(proxy, upstream, tls_r
 @redis_only
 def test_rediss_with_another_ca_is_a_store_error_with_the_reason_redis(proxy, upstream,
                                                                        tls_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.other_ca_crt, redis_url=tls_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.other_ca_crt, redis_url=tls_redis.url)
     refused_503(p, upstream, "certificate failed verification")
     assert "TLS" in p.stderr()
 
@@ -86,11 +86,11 @@ def test_rediss_with_another_ca_is_a_store_error_with_the_reason_redis(proxy, up
 @redis_only
 def test_rediss_wrong_name_is_refused_and_server_name_is_what_is_checked_redis(
         proxy, upstream, wrong_name_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=wrong_name_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=wrong_name_redis.url)
     refused_503(p, upstream, "certificate failed verification", "mismatch")
     # the certificate is for wrong.example: that is the name to check
     p2 = proxy("--redis-tls-ca-file", pki.ca_crt, "--redis-tls-server-name", "wrong.example",
-               redis_url=wrong_name_redis.url())
+               redis_url=wrong_name_redis.url)
     wait_for(lambda: readyz(p2) == 200, timeout=5, what="/readyz 200 with the server name")
     executes_then_replays(p2, upstream)
 
@@ -98,7 +98,7 @@ def test_rediss_wrong_name_is_refused_and_server_name_is_what_is_checked_redis(
 @redis_only
 def test_rediss_insecure_skips_verification_and_warns_redis(proxy, upstream, tls_redis, pki):
     p = proxy("--redis-tls-ca-file", pki.other_ca_crt, "--redis-tls-insecure",
-              redis_url=tls_redis.url())
+              redis_url=tls_redis.url)
     executes_then_replays(p, upstream)
     assert "--redis-tls-insecure" in p.stderr() and "not verified" in p.stderr()
 

@@ -1,7 +1,7 @@
 """TLS to the upstream and on the listener (SPEC §11), and upstream errors
-that name their cause: a real HTTPS upstream (fake_upstream.py behind
+that name their cause: a real HTTPS upstream (fixtures/upstream.py behind
 Python's ssl module) with a throwaway CA made by the openssl CLI
-(redis_fixtures.make_pki), and real TLS clients (curl, Python's ssl)."""
+(fixtures.pki.make_pki), and real TLS clients (curl, Python's ssl)."""
 import json
 import os
 import socket
