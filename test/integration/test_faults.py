@@ -23,6 +23,7 @@ import pytest
 
 from fixtures.client import (REPLAY, assert_problem, hone, keyed, metrics_value, new_key,
                              recv_until_closed)
+from fixtures.load import Load
 from fixtures.marks import redis_only, shared_store
 from fixtures.probes import (assert_completed, assert_free, assert_locked, assert_unknown,
                              redis_keys, redis_lease_ms, redis_state, start_held, stored_lease_ms,
@@ -575,34 +576,6 @@ def fault_path(i):
     return "/reset"
 
 
-def fault_client(proxies, key, path, rng, deadline, tries):
-    """One duplicate as an SDK sends it: retried (<tries> at most) on 409, 503,
-    502/504 of the upstream and a dead or frozen proxy, until replayed,
-    answered, refused as unknown, or out of time. Returns the last status and
-    code."""
-    last = (None, None)
-    for _ in range(tries):
-        if time.monotonic() >= deadline:
-            break
-        p = rng.choice([q for q in proxies if q.proc is not None] or proxies)
-        try:
-            st, h, b = p.request("POST", path, [("Idempotency-Key", key)], b"pay", timeout=2.5)
-        except OSError:
-            time.sleep(0.1)
-            continue
-        code = None
-        if st >= 400:
-            try:
-                code = json.loads(b).get("code")
-            except ValueError:
-                pass
-        last = (st, code)
-        if st < 300 or code == "idempotency_outcome_unknown":
-            return last
-        time.sleep(0.1 + rng.random() * 0.2)
-    return last
-
-
 @shared_store
 @pytest.mark.parametrize("policy", [
     "refuse",
@@ -618,7 +591,6 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     the upstream. refuse: no key executes twice. retry: some do (at least
     once, by choice)."""
     import random
-    import threading
 
     args = ("--lock-ttl", "1", "--upstream-timeout", "0.3", "--upstream-late-timeout", "0.7",
             "--store-timeout", "0.5", "--on-unknown-outcome", policy)
@@ -626,27 +598,14 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     keys = [(new_key(), fault_path(i))
             for i in range(FAULT_KEYS if policy == "refuse" else FAULT_KEYS // 3)]
     rng = random.Random(24)
-    deadline = time.monotonic() + 60
-    results = {}
-    lock = threading.Lock()
     work = [(k, path) for k, path in keys for _ in range(FAULT_DUPLICATES)]
     rng.shuffle(work)
-
-    def worker(seed):
-        r = random.Random(seed)
-        while True:
-            with lock:
-                if not work:
-                    return
-                key, path = work.pop()
-            # retry: fewer tries; a lost answer's key runs again on each
-            res = fault_client(proxies, key, path, r, deadline, 8 if policy == "refuse" else 4)
-            with lock:
-                results.setdefault(key, []).append(res)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(24)]
-    for t in threads:
-        t.start()
+    # Each duplicate as an SDK sends it: retried on 409, 503, 502/504 of the
+    # upstream and a dead or frozen proxy (at any proxy running), until
+    # replayed, answered, refused as unknown, or out of time; with retry, fewer
+    # tries (a lost answer's key runs again on each).
+    load = Load(proxies, workers=24, work=work, tries=8 if policy == "refuse" else 4,
+                body=b"pay", timeout=2.5, pace_s=0, bound_s=60).start()
     time.sleep(1.5)
     assert proxies[1].kill() == -9          # a crash, requests of its own at the upstream
     time.sleep(0.5)
@@ -660,20 +619,14 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     frozen.proc.send_signal(signal.SIGSTOP)  # past --lock-ttl: its leases run out
     time.sleep(1.6)
     frozen.proc.send_signal(signal.SIGCONT)
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    assert load.join(60)
     time.sleep(3.0)  # late answers and the thawed holder's calls land
 
-    execs = {}
-    with upstream._lock:
-        for _method, _target, headers, _body in upstream.requests:
-            k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
-            if k is not None:
-                execs[k] = execs.get(k, 0) + 1
+    execs = upstream.executions()
     twice = sorted(k for k, n in execs.items() if n > 1)
-    unknown = sum(1 for rs in results.values() if any(c == "idempotency_outcome_unknown"
-                                                      for _, c in rs))
+    results = load.by_key()  # each duplicate's last answer
+    unknown = sum(1 for rs in results.values() if any(a.code == "idempotency_outcome_unknown"
+                                                      for a in rs))
     causes = {c: sum(metric(q, "idemproxy_unknown_outcomes_total", {"cause": c})
                      for q in proxies if q.proc is not None)
               for c in ("upstream_timeout", "upstream_reset", "holder_lost")}

@@ -10,12 +10,12 @@ The semantics every store shares run on PostgreSQL in the suite's PostgreSQL
 pass (IDEMPROXY_TEST_STORE=postgresql: conftest.py)."""
 import os
 import socket
-import threading
 import time
 
 import pytest
 
 from fixtures.client import REPLAY, hone, metrics_value, new_key
+from fixtures.load import Load
 from fixtures.marks import store_independent
 from fixtures.pki import make_pki
 from fixtures.postgres import PgServer
@@ -194,36 +194,18 @@ def test_postgres_killed_and_restarted_under_load_loses_nothing(proxy, upstream,
     twice; the proxy serves again without a restart."""
     p = proxy("--store", pg.url, "--store-timeout", "1")
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
-    stop = threading.Event()
-    answers = {}  # key -> (status, replay header)
-    lock = threading.Lock()
-
-    def client():
-        while not stop.is_set():
-            key = new_key()
-            try:
-                st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x",
-                                     timeout=5)
-            except OSError:
-                continue
-            with lock:
-                answers[key] = (st, hone(h, REPLAY))
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
-    for t in threads:
-        t.start()
+    # six clients sending new keys, one after another
+    load = Load([p], workers=6, body=b"x", timeout=5, pace_s=0).start()
     time.sleep(1.0)
     pg.kill()
     time.sleep(0.5)
     pg.start()
     time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join(10)
-    executed = [k for k, (st, rp) in answers.items() if st == 201 and rp == "false"]
-    refused = [k for k, (st, _) in answers.items() if st == 503]
+    load.stop()
+    executed = [a.key for a in load.answers if a.status == 201 and a.replayed == "false"]
+    refused = [a.key for a in load.answers if a.status == 503]
     print("kill -9 under load: %d keys, %d executed, %d refused (503)"
-          % (len(answers), len(executed), len(refused)))
+          % (len(load.keys), len(executed), len(refused)))
     assert len(executed) > 50 and refused, "the load or the crash did not bite"
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 after the restart")
     before = upstream.hits()
@@ -231,10 +213,7 @@ def test_postgres_killed_and_restarted_under_load_loses_nothing(proxy, upstream,
         st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k)], b"x")
         assert st == 201 and hone(h, REPLAY) == "true", (k, st)
     assert upstream.hits() == before, "a completed key ran again after the crash"
-    counts = {}
-    for _m, _t, headers, _b in list(upstream.requests):
-        k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
-        counts[k] = counts.get(k, 0) + 1
+    counts = upstream.executions()
     assert max(counts.values()) == 1
 
 

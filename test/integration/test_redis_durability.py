@@ -30,6 +30,7 @@ import pytest
 import redis
 
 from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.load import Load
 from fixtures.marks import redis_only
 from fixtures.probes import redis_keys, redis_state, start_held
 from fixtures.proxy import run_binary
@@ -484,98 +485,16 @@ def test_redis_wait_options_refused_exit_2(args, name, env):
 
 
 # --------------------------------------------------------- 5. failover: double executions
-# The load of the failover test: worker threads, each issuing new keys one
-# after another (bounded in time and count), every key sent three times: two
-# copies at once, one to each proxy, then one more to either; finally, once
-# service is back, every key once more (a client retrying after the outage).
+# The load of the failover test (fixtures.load.Load, race=True): worker
+# threads, each issuing new keys one after another (bounded in time and
+# count), every key sent three times: two copies at once, one to each proxy,
+# then one more to either; finally, once service is back, every key once more
+# (a client retrying after the outage: Load.retry_all).
 WORKERS = 6
 PACE_S = 0.08  # each worker's pause between keys: ~50 keys/s in all when served
 MAX_KEYS = 2000
 WINDOW_S = 1.0  # the replica's link cut -> the master killed (under node-timeout 2 s)
 TAG = "t"
-
-
-class Load:
-    def __init__(self, proxies, tag):
-        self.proxies = proxies
-        self.tag = tag
-        self.lock = threading.Lock()
-        self.keys = []
-        self.answers = []  # (sent, done, key, status, proxy index); status 0: no answer
-        self.stop = threading.Event()
-        self.threads = []
-        self.rng = random.Random(1234)
-
-    def send(self, p, key):
-        sent = time.monotonic()
-        try:
-            st, _, _ = post(p, key, timeout=10)
-        except OSError:
-            st = 0
-        with self.lock:
-            self.answers.append((sent, time.monotonic(), key, st, self.proxies.index(p)))
-        return st
-
-    def worker(self, n):
-        deadline = time.monotonic() + 60  # bounded whatever happens
-        i = 0
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            with self.lock:
-                if len(self.keys) >= MAX_KEYS:
-                    return
-                key = "{%s}-%s" % (self.tag, uuid.uuid4().hex)
-                self.keys.append(key)
-            a, b = self.proxies[(n + i) % 2], self.proxies[(n + i + 1) % 2]
-            i += 1
-            other = in_thread(self.send, b, key)
-            self.send(a, key)  # the two copies at once, one per proxy
-            other(15)
-            self.send(self.proxies[self.rng.randrange(2)], key)  # then a duplicate
-            time.sleep(PACE_S)
-
-    def start(self):
-        for n in range(WORKERS):
-            t = threading.Thread(target=self.worker, args=(n,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(20)
-            assert not t.is_alive(), "a load worker did not stop"
-
-    def retry_all(self, budget_s=4.0):
-        """Every key once more; those not answered 201 (503, 409, none) again
-        until budget_s runs out. Returns {key: its last status}."""
-        last = {}
-        pending = list(self.keys)
-        deadline = time.monotonic() + budget_s
-        rounds = 0
-        while pending and rounds < 50:
-            rounds += 1
-            chunks = [pending[i::8] for i in range(8)]
-
-            def run(chunk):
-                for k in chunk:
-                    last[k] = self.send(self.proxies[len(k) % 2 ^ (ord(k[-1]) & 1)], k)
-
-            getters = [in_thread(run, c) for c in chunks]
-            for g in getters:
-                g(60)
-            pending = [k for k in pending if last[k] != 201]
-            if not pending or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        return last
-
-
-def status_counts(answers, t_from=None, t_to=None):
-    c = collections.Counter(st for sent, _, _, st, _ in answers
-                            if (t_from is None or sent >= t_from)
-                            and (t_to is None or sent < t_to))
-    return {"201": c.get(201, 0), "503": c.get(503, 0), "409": c.get(409, 0),
-            "other": sum(v for s, v in c.items() if s not in (201, 503, 409))}
 
 
 def failover_run(proxy, upstream, cs, wait):
@@ -604,7 +523,8 @@ def failover_run(proxy, upstream, cs, wait):
         st, h, _ = post(p, key)
         assert st == 201 and hone(h, REPLAY) == "true" and executions(upstream, key) == 1
 
-    load = Load([p1, p2], TAG)
+    load = Load([p1, p2], workers=WORKERS, tag=TAG, race=True, pace_s=PACE_S,
+                max_keys=MAX_KEYS, bound_s=60, seed=1234)
     t0 = time.monotonic()
     load.start()
     time.sleep(2.0)  # keys executed, completed and replicated before the fault
@@ -625,26 +545,18 @@ def failover_run(proxy, upstream, cs, wait):
 
     def served_again():
         # the load's requests sent after the heal are answered 201 through both proxies
-        with load.lock:
-            ok = [i for sent, _, _, st, i in load.answers if sent > t_healed and st == 201]
-        return ok.count(0) >= 10 and ok.count(1) >= 10
+        return load.served_since(t_healed, 0) >= 10 and load.served_since(t_healed, 1) >= 10
 
     wait_for(served_again, timeout=20, interval=0.1, what="service back after the failover")
     t_back = time.monotonic()
     time.sleep(1.0)
-    load.finish()
+    load.stop()
     t_end = time.monotonic()
     last = load.retry_all()
 
     keys = list(load.keys)
     keyset = set(keys)
-    with upstream._lock:  # the fake upstream's own record of every request
-        reqs = list(upstream.requests)
-    execs = collections.Counter()
-    for _, target, headers, _ in reqs:
-        for k, v in headers:
-            if k.lower() == "idempotency-key" and v in keyset:
-                execs[v] += 1
+    execs = upstream.executions(keyset)  # the fake upstream's own record of every request
     doubles = sorted(k for k in keys if execs[k] > 1)
     never = [k for k in keys if execs[k] == 0]
     # keys left locked: their lock reached the replica, but what followed it (the
@@ -663,9 +575,9 @@ def failover_run(proxy, upstream, cs, wait):
         label=label, keys=len(keys), requests=len(load.answers), doubles=len(doubles),
         triples=sum(1 for k in keys if execs[k] > 2), never=len(never), locked=locked,
         last=collections.Counter(last.values()),
-        all=status_counts(load.answers),
-        window=status_counts(load.answers, t_cut, t_kill),
-        outage=status_counts(load.answers, t_kill, t_back),
+        all=load.statuses(),
+        window=load.statuses(t_cut, t_kill),
+        outage=load.statuses(t_kill, t_back),
         failover_s=took, back_s=t_back - t_kill, unreplicated=metrics,
         run_s=time.monotonic() - t0, load_s=t_end - t0)
     print("\n%(label)s: %(keys)d keys, %(requests)d requests in %(load_s).1f s; "

@@ -2,7 +2,6 @@
 sentinels, confirms it, and follows a failover without a restart. Real
 servers: a master, a replica and three sentinels (fixtures/redis.py)."""
 import collections
-import random
 import threading
 import time
 
@@ -10,6 +9,7 @@ import pytest
 import redis
 
 from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.load import Load
 from fixtures.marks import redis_only
 from fixtures.pki import make_pki
 from fixtures.redis import Monitor, SCRIPTS, SentinelSet, cut_links
@@ -81,18 +81,6 @@ def test_sentinel_unknown_master_name_is_503_with_the_reason_redis(proxy, upstre
              what="the reason in the log")
 
 
-def load(p, stop, results):
-    """New keys, one after another, until <stop>: (sent, answered, status)."""
-    while not stop.is_set():
-        sent = time.monotonic()
-        try:
-            st, _, _ = execute(p, new_key())
-        except OSError:
-            st = 0
-        results.append((sent, time.monotonic(), st))
-        time.sleep(0.02)
-
-
 def failover_under_load(p, sentinels, upstream, how):
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
     done_key = new_key()
@@ -101,23 +89,20 @@ def failover_under_load(p, sentinels, upstream, how):
     # replicated before the failover: Redis promises no more than that
     assert sentinels.master_client().wait(1, 2000) >= 1
     hits_before = upstream.hits("/echo")
-    stop, results = threading.Event(), []
-    t = threading.Thread(target=load, args=(p, stop, results), daemon=True)
-    t.start()
+    load = Load([p]).start()  # new keys, one after another
     time.sleep(0.5)
     old = how()
     t_fail = time.monotonic()  # the master is gone (killed or stopped) by now
     new = sentinels.wait_failover(old, timeout=FAILOVER_BOUND_S)
     assert new != old
     # service resumes without a restart of the proxy
-    wait_for(lambda: any(sent > t_fail and s == 201 for sent, _, s in results[-20:]),
+    wait_for(lambda: any(a.sent > t_fail and a.status == 201 for a in load.answers[-20:]),
              timeout=FAILOVER_BOUND_S, what="a 201 after the failover")
     time.sleep(0.5)
-    stop.set()
-    t.join(10)
+    results = load.stop().answers
     # the first request sent after the master went that executed
-    resumed = min(done for sent, done, s in results if sent > t_fail and s == 201) - t_fail
-    statuses = {s for _, _, s in results}
+    resumed = min(a.done for a in results if a.sent > t_fail and a.status == 201) - t_fail
+    statuses = {a.status for a in results}
     assert statuses <= {201, 503}, statuses  # refused while there was no master, never worse
     assert resumed < FAILOVER_BOUND_S
     # the answer completed and replicated before the failover still replays
@@ -127,7 +112,7 @@ def failover_under_load(p, sentinels, upstream, how):
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 on the new master")
     assert metrics_value(p.metrics(), "idemproxy_redis_failovers_total") >= 1
     print("service resumed %.2f s after the master went (%s); %d requests, %d refused"
-          % (resumed, how.__name__, len(results), sum(1 for _, _, s in results if s == 503)))
+          % (resumed, how.__name__, len(results), sum(1 for a in results if a.status == 503)))
     return resumed, hits_before
 
 
@@ -230,67 +215,6 @@ def cut_subscriptions(ss, stop):
         time.sleep(0.02)
 
 
-class DuplicateLoad:
-    """Workers sending new keys, each to both proxies at once and then once
-    more to either; pause() waits until none is in the middle of a key."""
-
-    def __init__(self, proxies, workers=4):
-        self.proxies = proxies
-        self.lock = threading.Lock()
-        self.keys, self.answers = [], []  # answers: (sent, proxy index, status)
-        self.go, self.stop = threading.Event(), threading.Event()
-        self.busy = 0
-        self.rng = random.Random(7)
-        self.threads = [threading.Thread(target=self.worker, daemon=True)
-                        for _ in range(workers)]
-
-    def send(self, i, key):
-        sent = time.monotonic()
-        try:
-            st = execute(self.proxies[i], key)[0]
-        except OSError:
-            st = 0
-        with self.lock:
-            self.answers.append((sent, i, st))
-        return st
-
-    def worker(self):
-        deadline = time.monotonic() + 120  # bounded whatever happens
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if not self.go.wait(0.05):
-                continue
-            with self.lock:
-                self.busy += 1
-                key = new_key()
-                self.keys.append(key)
-            other = in_thread(self.send, 1, key)
-            self.send(0, key)
-            other(30)
-            self.send(self.rng.randrange(2), key)
-            with self.lock:
-                self.busy -= 1
-            time.sleep(0.02)
-
-    def start(self):
-        self.go.set()
-        for t in self.threads:
-            t.start()
-
-    def pause(self):
-        self.go.clear()
-        wait_for(lambda: self.busy == 0, timeout=40, what="the load to pause")
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(40)
-            assert not t.is_alive(), "a load worker did not stop"
-
-    def served_since(self, t, i):
-        with self.lock:
-            return sum(1 for sent, pi, st in self.answers if sent > t and pi == i and st == 201)
-
-
 def wait_promotable(ss, timeout=30.0):
     """Until every sentinel sees a replica with its link up (one they can
     promote), other than a frozen node."""
@@ -328,8 +252,8 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
     try:
         for p in (p1, p2):
             wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
-        load = DuplicateLoad([p1, p2])
-        load.start()
+        # new keys, each sent to both proxies at once and then once more to either
+        load = Load([p1, p2], workers=4, race=True).start()
         last_failover = None
         for cycle in range(2):
             old = ss.master()
@@ -350,7 +274,7 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
                 time.sleep(0.1)
                 cut_links(old, keep={mon.id})
                 old.freeze()
-                load.go.set()
+                load.resume()
                 new = ss.wait_failover(old.addr, timeout=FAILOVER_BOUND_S)
                 last_failover = time.monotonic()
                 t_thaw = time.time()
@@ -372,20 +296,17 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
                       ", ".join(sorted({c[2] for c in after})), len(scripts)))
             assert not scripts, scripts[:5]
             wait_promotable(ss)
-        load.finish()
+        load.stop()
         for p in (p1, p2):
             assert p.alive(), p.stderr()
     finally:
         if load:
-            load.finish()
+            load.stop()
         ss.stop()
     keys = set(load.keys)
-    with upstream._lock:  # the fake upstream's own record of every request
-        execs = collections.Counter(v for _, _, headers, _ in upstream.requests
-                                    for k, v in headers
-                                    if k.lower() == "idempotency-key" and v in keys)
+    execs = upstream.executions(keys)  # the fake upstream's own record of every request
     twice = [k for k, n in execs.items() if n > 1]
-    statuses = collections.Counter(st for _, _, st in load.answers)
+    statuses = collections.Counter(a.status for a in load.answers)
     print("%d keys, %d requests %s, %d executed twice" % (len(keys), len(load.answers),
                                                           dict(statuses), len(twice)))
     assert not twice, twice[:5]
