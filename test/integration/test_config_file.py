@@ -124,8 +124,9 @@ def test_check_config_yaml_syntax_error(tmp_path, text, line):
 
 
 def test_routes_that_are_not_a_list_are_refused(tmp_path):
-    """One route written without its "- ": `routes` is then a mapping, a value
-    of the wrong type (SPEC §6), and must not be taken for no routes at all."""
+    """One route written without its "- ": `routes` is then a mapping, a
+    value of the wrong type (doc/configuration.md, Configuration file), and
+    must not be taken for no routes at all."""
     path = write_config(tmp_path, """
         upstream: http://127.0.0.1:3000
         routes:

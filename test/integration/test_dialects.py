@@ -20,7 +20,8 @@ from fixtures.waiting import free_port
 
 # --------------------------------------------------------------------------- helpers
 def assert_stripe_error(resp, status, code, etype):
-    """resp = (status, headers, body): the stripe dialect of SPEC §6."""
+    """resp = (status, headers, body): the stripe dialect (doc/configuration.md,
+    Error dialects)."""
     st, h, body = resp[:3]
     assert st == status, (st, body[:300])
     ct = hone(h, "Content-Type")

@@ -1,7 +1,8 @@
-"""Encryption at rest (SPEC §12): --store-encryption-key-file seals every
-stored answer with AES-256-GCM, its store key as associated data. The store is
-read directly: Redis's hashes, PostgreSQL's rows (the memory store's records
-are checked in test_pipeline.c, which reads the store itself)."""
+"""Encryption at rest (doc/configuration.md, Encryption at rest):
+--store-encryption-key-file seals every stored answer with AES-256-GCM, its
+store key as associated data. The store is read directly: Redis's hashes,
+PostgreSQL's rows (the memory store's records are checked in
+test_pipeline.c, which reads the store itself)."""
 import base64
 import json
 import os

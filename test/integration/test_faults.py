@@ -1,8 +1,8 @@
 """Faults: Redis killed, frozen or slow while a key is held; an upstream that
 breaks its answer; a client that leaves mid-body; a proxy killed holding a lock;
 every fault at once, with the unknown outcomes that keep each key to one
-execution (SPEC §1 store_error/upstream_error, §5 Upstream, Store,
-Connections, §9).
+execution (doc/guarantees.md, Guarantees and failure behaviour; Unknown
+outcomes).
 
 Tests that kill, freeze (SIGSTOP) or pause a Redis use a private redis-server
 of their own (the `private_redis` fixture), never the session's. Covered
@@ -346,11 +346,12 @@ def assert_broken(p, req):
 
 @pytest.mark.parametrize("path", FAULTS)
 def test_upstream_broken_answer_is_502_key_unknown(proxy, upstream, path):
-    """A connection closed mid-answer, a malformed status line, bytes that are
-    not HTTP: 502 upstream_unavailable, sent upstream once (never re-sent, even
-    on a reused connection). The upstream had the request, so it may have run
-    it: the key's outcome is unknown, and a retry gets 502
-    idempotency_outcome_unknown without reaching the upstream (SPEC §9)."""
+    """A connection closed mid-answer, a malformed status line, bytes that
+    are not HTTP: 502 upstream_unavailable, sent upstream once (never
+    re-sent, even on a reused connection). The upstream had the request, so
+    it may have run it: the key's outcome is unknown, and a retry gets 502
+    idempotency_outcome_unknown without reaching the upstream
+    (doc/guarantees.md, Unknown outcomes)."""
     p = proxy()
     warm_up(p)
     key = new_key()
@@ -558,7 +559,8 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
     assert metric(p2, LOCK_LOST) == 0
 
 
-# ------------------------------------------------------------ 6. every fault at once (SPEC §9)
+# --------------------------------------------------- 6. every fault at once
+# (doc/guarantees.md, Guarantees and failure behaviour: The fault test)
 FAULT_KEYS = 240
 FAULT_DUPLICATES = 4
 

@@ -1,4 +1,5 @@
-"""Forwarding: target, headers, X-Forwarded-*, Expect, hop-by-hop (SPEC §1, §5 Headers)."""
+"""Forwarding: target, headers, X-Forwarded-*, Expect, hop-by-hop (README.md,
+What it does with each request: Forwarding)."""
 import http.client
 import json
 import select

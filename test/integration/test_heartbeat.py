@@ -1,4 +1,5 @@
-"""Lock heartbeat, fencing of a stale holder, client disconnect (SPEC §1, §5)."""
+"""Lock heartbeat, fencing of a stale holder, client disconnect
+(doc/guarantees.md, Guarantees and failure behaviour)."""
 import json
 import socket
 import time

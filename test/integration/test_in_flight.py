@@ -1,4 +1,5 @@
-"""in_flight: a duplicate while the first request runs (SPEC §1, §5 --wait)."""
+"""in_flight: a duplicate while the first request runs (README.md, What it does
+with each request; doc/configuration.md, Holding duplicates: --wait)."""
 import time
 
 import pytest

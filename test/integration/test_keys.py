@@ -1,4 +1,4 @@
-"""missing_key, invalid_key (SPEC §1, §5 Keys)."""
+"""missing_key, invalid_key (README.md, What it does with each request)."""
 import pytest
 
 from fixtures.client import REPLAY, assert_problem, hone, new_key

@@ -1,7 +1,8 @@
-"""The memory store's own properties (SPEC §2, §5 Store): a budget that evicts the
-oldest completed records and never a lock, store_unavailable when only locks are
-left, nothing kept across a restart, no Redis. Everything else about the store is
-in the shared suite, which runs on both stores."""
+"""The memory store's own properties (doc/stores.md, Choosing a store;
+doc/guarantees.md, Guarantees and failure behaviour): a budget that evicts
+the oldest completed records and never a lock, store_unavailable when only
+locks are left, nothing kept across a restart, no Redis. Everything else
+about the store is in the shared suite, which runs on both stores."""
 import json
 import threading
 

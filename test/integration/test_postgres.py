@@ -1,10 +1,10 @@
-"""The PostgreSQL store's own behaviour (SPEC §10), on servers of these tests'
-own (fixtures/postgres.py): the table created at start and what a role that may not
-create it is told, a role without rights, a wrong password (never logged),
-TLS with sslmode=verify-full and a throwaway CA, a server down at start, the
-server killed (SIGKILL) and started again under load with nothing completed
-lost, a failover to a promoted streaming replica without a restart of the
-proxy, and the background job that deletes expired rows.
+"""The PostgreSQL store's own behaviour (doc/stores.md, PostgreSQL), on servers
+of these tests' own (fixtures/postgres.py): the table created at start and what
+a role that may not create it is told, a role without rights, a wrong password
+(never logged), TLS with sslmode=verify-full and a throwaway CA, a server down
+at start, the server killed (SIGKILL) and started again under load with nothing
+completed lost, a failover to a promoted streaming replica without a restart of
+the proxy, and the background job that deletes expired rows.
 
 The semantics every store shares run on PostgreSQL in the suite's PostgreSQL
 pass (IDEMPROXY_TEST_STORE=postgresql: conftest.py)."""
@@ -93,8 +93,9 @@ OLD_TABLE = """CREATE TABLE idemproxy_keys (
 
 @store_independent
 def test_postgres_table_of_an_older_version_gets_the_resource_column(proxy, upstream, pg):
-    """A table made before resource links (SPEC §12): the proxy adds the
-    column when it may; a role that may not is told what to run."""
+    """A table made before resource links (doc/configuration.md, Resource
+    links): the proxy adds the column when it may; a role that may not is
+    told what to run."""
     pg.sql(OLD_TABLE)
     url = pg.add_role("app", "s3cret", RIGHTS).replace("app@", "app:s3cret@")
     r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)

@@ -1,4 +1,5 @@
-"""Concurrent duplicates: exactly one execution (SPEC §1)."""
+"""Concurrent duplicates: exactly one execution (doc/guarantees.md, Guarantees
+and failure behaviour)."""
 import json
 import threading
 

@@ -1,9 +1,10 @@
-"""Redis Cluster (SPEC 2.1 "Cluster"): the proxy finds the cluster from any
-seed node (CLUSTER SLOTS), sends each store key to its slot's master (CRC16,
-hash tags honoured), follows MOVED and ASK while a slot moves, rides out a
-master's failover without a restart, wakes --wait duplicates across nodes,
-and /keys scans every master. Real servers: three masters with a replica
-each (fixtures.redis.ClusterSet, cluster-node-timeout 2000 ms).
+"""Redis Cluster (doc/stores.md, Pointing idemproxy at Redis: Redis Cluster):
+the proxy finds the cluster from any seed node (CLUSTER SLOTS), sends each
+store key to its slot's master (CRC16, hash tags honoured), follows MOVED and
+ASK while a slot moves, rides out a master's failover without a restart, wakes
+--wait duplicates across nodes, and /keys scans every master. Real servers:
+three masters with a replica each (fixtures.redis.ClusterSet,
+cluster-node-timeout 2000 ms).
 
 A store key is idem:<32 hex scope>:<client key>; its first "{" is the client
 key's, so a client key "{t}-1" puts the store key in the slot of "t"
@@ -621,7 +622,8 @@ def test_cluster_seed_with_nothing_listening_is_503_fast_redis(proxy, upstream):
 @pytest.mark.concurrency
 def test_cluster_frozen_master_resumed_demoted_never_gets_a_script_redis(proxy, upstream,
                                                                          own_cluster):
-    """The Cluster form of the deposed master (SPEC 2.1): two proxies run keys
+    """The Cluster form of the deposed master (doc/stores.md, A master that does
+    not know it was deposed): two proxies run keys
     of one master's slots, their links to it are cut and it is frozen
     (SIGSTOP); the cluster promotes its replica and the proxies follow it; the
     old master is thawed, and until its peers tell it that it lost its slots

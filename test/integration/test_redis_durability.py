@@ -1,11 +1,11 @@
-"""Durable writes (SPEC 2.1 "Durability"): --redis-wait-replicas N pipelines
-`WAIT N <--redis-wait-timeout>` after each Lua script write. A new key's lock
-that N replicas do not confirm in time is released (fenced by its token) and
-answered 503 store_unavailable before it reaches the upstream; a completion
-(or release, extend) not confirmed is still answered to the client. Both are
-counted in idemproxy_store_unreplicated_total{op}. Real servers on loopback:
-a master and a replica (fixtures.redis.RedisServer), and Redis Clusters
-(fixtures.redis.ClusterSet, 3 masters with 1 replica each).
+"""Durable writes (doc/stores.md, Durable writes): --redis-wait-replicas N
+pipelines `WAIT N <--redis-wait-timeout>` after each Lua script write. A new
+key's lock that N replicas do not confirm in time is released (fenced by its
+token) and answered 503 store_unavailable before it reaches the upstream; a
+completion (or release, extend) not confirmed is still answered to the client.
+Both are counted in idemproxy_store_unreplicated_total{op}. Real servers on
+loopback: a master and a replica (fixtures.redis.RedisServer), and Redis
+Clusters (fixtures.redis.ClusterSet, 3 masters with 1 replica each).
 
 How a replica is made to miss writes. SIGSTOP alone (freeze) stops the
 replica's acknowledgements, so WAIT times out, which is all the refusal tests
@@ -231,10 +231,10 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
 
 @redis_only
 def test_redis_wait_unknown_outcome_is_replicated(proxy, upstream, replicated):
-    """--redis-wait-replicas 1 (SPEC §9): a key made unknown (a reset after the
-    upstream read the request) is a write WAIT confirms like the others: the
-    replica has the unknown record, and a duplicate gets 502
-    idempotency_outcome_unknown, never forwarded."""
+    """--redis-wait-replicas 1 (doc/guarantees.md, Unknown outcomes): a key
+    made unknown (a reset after the upstream read the request) is a write
+    WAIT confirms like the others: the replica has the unknown record, and a
+    duplicate gets 502 idempotency_outcome_unknown, never forwarded."""
     master, replica = replicated
     mc = master.client()
     p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
@@ -299,15 +299,16 @@ def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, u
 @redis_only
 def test_redis_wait_refused_lock_given_back_even_when_its_link_is_cut(proxy, upstream,
                                                                       replicated):
-    """Every acquire that WAIT refused is given back with its token (SPEC 2.1
-    "Durability"), also when the proxy's connection is cut while it waits for
-    the WAIT (the release then goes on another connection, retried), and so is
-    an acquire whose answer the cut lost: no refused key is left locked, where
-    each would answer 409 for a whole --lock-ttl. The replica is frozen (WAIT 1
-    can never be met, so every new key is refused) while a thread cuts the
-    proxy's connections on the master (CLIENT KILL TYPE normal) every 0.1-0.3 s;
-    the releases are counted as Redis publishes them (release.lua publishes
-    each key whose lock it deletes)."""
+    """Every acquire that WAIT refused is given back with its token
+    (doc/stores.md, Durable writes), also when the proxy's connection is cut
+    while it waits for the WAIT (the release then goes on another
+    connection, retried), and so is an acquire whose answer the cut lost: no
+    refused key is left locked, where each would answer 409 for a whole
+    --lock-ttl. The replica is frozen (WAIT 1 can never be met, so every new
+    key is refused) while a thread cuts the proxy's connections on the
+    master (CLIENT KILL TYPE normal) every 0.1-0.3 s; the releases are
+    counted as Redis publishes them (release.lua publishes each key whose
+    lock it deletes)."""
     master, replica = replicated
     p = on(proxy, master.url, master.client(), "--redis-wait-replicas", "1")
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
@@ -623,10 +624,11 @@ def test_redis_cluster_failover_double_executions_with_and_without_wait(proxy, u
       execute once: no double execution. (A key whose lock was confirmed but
       whose completion fell in the window stays locked on the new master, 409,
       until --lock-ttl: counted as "left locked" and in unreplicated{complete};
-      SPEC: a completion is answered even when not confirmed. So does a key
-      whose refused lock still reached the replica, from the socket's buffer,
-      while its release did not: counted in unreplicated{acquire}, never run
-      until --lock-ttl frees it, never run twice.)
+      doc/stores.md, Durable writes: a completion is answered even when not
+      confirmed. So does a key whose refused lock still reached the replica,
+      from the socket's buffer, while its release did not: counted in
+      unreplicated{acquire}, never run until --lock-ttl frees it, never run
+      twice.)
 
     Why a cluster rather than Sentinel: the cluster is the form this feature
     came with (test 3 covers it too); ClusterSet.revive turns the killed

@@ -1,6 +1,7 @@
-"""Redis under Sentinel (SPEC 2.1): the proxy finds the master through the
-sentinels, confirms it, and follows a failover without a restart. Real
-servers: a master, a replica and three sentinels (fixtures/redis.py)."""
+"""Redis under Sentinel (doc/stores.md, Pointing idemproxy at Redis): the
+proxy finds the master through the sentinels, confirms it, and follows a
+failover without a restart. Real servers: a master, a replica and three
+sentinels (fixtures/redis.py)."""
 import collections
 import threading
 import time
@@ -56,9 +57,10 @@ def test_sentinel_finds_the_master_and_serves_redis(proxy, upstream, sentinels):
 
 @redis_only
 def test_sentinel_unknown_outcome_on_the_master_redis(proxy, upstream, sentinels):
-    """Through the sentinels as on one Redis (SPEC §9): a reset after the
-    upstream read the request makes the key unknown on the master; a
-    duplicate gets 502 idempotency_outcome_unknown, never forwarded."""
+    """Through the sentinels as on one Redis (doc/guarantees.md, Unknown
+    outcomes): a reset after the upstream read the request makes the key
+    unknown on the master; a duplicate gets 502 idempotency_outcome_unknown,
+    never forwarded."""
     p = proxy(redis_url=sentinels.sentinel_url())
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 through the sentinels")
     key = new_key()
@@ -138,7 +140,8 @@ def test_sentinel_master_frozen_under_load_service_resumes_redis(proxy, upstream
 def test_rediss_sentinel_with_passwords_everywhere_redis(proxy, upstream, tmp_path):
     """rediss-sentinel://: TLS to the sentinels and to the master, the
     master's ACL user in the URL, the sentinels' own password in the query
-    (SPEC 2.1), and a failover followed over TLS."""
+    (doc/stores.md, Pointing idemproxy at Redis), and a failover followed
+    over TLS."""
     pki = make_pki(str(tmp_path / "pki"))
     ss = SentinelSet(str(tmp_path / "tls-sentinel"), pki=pki, username="app",
                      password="m4ster", sentinel_password="s3ntinel").start()
@@ -168,10 +171,11 @@ def test_sentinel_first_sentinel_dead_the_others_are_asked_redis(proxy, upstream
 @redis_only
 def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, tmp_path):
     """An ACL user that may not run ROLE (-role): the proxy trusts what the
-    sentinels said and relies on READONLY replies instead (SPEC 2.1). A
-    graceful failover (SENTINEL FAILOVER) leaves the old master running as a
-    replica: writes sent there get READONLY, and the proxy moves to the new
-    master, through the reply or +switch-master, whichever comes first."""
+    sentinels said and relies on READONLY replies instead (doc/stores.md, A
+    master that does not know it was deposed). A graceful failover (SENTINEL
+    FAILOVER) leaves the old master running as a replica: writes sent there
+    get READONLY, and the proxy moves to the new master, through the reply
+    or +switch-master, whichever comes first."""
     ss = SentinelSet(str(tmp_path / "ro"), username="admin", password="adminpw",
                      acl_users=["user app on >apppw ~* &* +@all -role"]).start()
     try:
@@ -236,16 +240,17 @@ def _pairs(flat):
 
 @redis_only
 def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstream, tmp_path):
-    """The path that ran keys twice (SPEC 2.1 "Sentinel"), twice over: two
-    proxies under a load of keys sent to both at once; their links to the
-    master are cut and the master frozen (SIGSTOP: a VM pause), while their
-    +switch-master subscriptions are cut every 20 ms, so that they never hear
-    the failover; the sentinels promote a replica; the old master is thawed at
-    once, still believing it is the master. A set-up that waited on it all that
-    time completes then, and ROLE says master; yet no script may run there
-    after it resumed (its MONITOR, kept open through the freeze, says what it
-    ran and when), service goes on on the new master through both proxies, and
-    no key runs twice."""
+    """The path that ran keys twice (doc/stores.md, A master that does not
+    know it was deposed), twice over: two proxies under a load of keys sent
+    to both at once; their links to the master are cut and the master frozen
+    (SIGSTOP: a VM pause), while their +switch-master subscriptions are cut
+    every 20 ms, so that they never hear the failover; the sentinels promote
+    a replica; the old master is thawed at once, still believing it is the
+    master. A set-up that waited on it all that time completes then, and
+    ROLE says master; yet no script may run there after it resumed (its
+    MONITOR, kept open through the freeze, says what it ran and when),
+    service goes on on the new master through both proxies, and no key runs
+    twice."""
     ss = SentinelSet(str(tmp_path / "deposed"), replicas=2).start()
     p1, p2 = proxy(redis_url=ss.sentinel_url()), proxy(redis_url=ss.sentinel_url())
     load = None
@@ -315,13 +320,14 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
 
 @redis_only
 def test_sentinel_switch_master_unheard_is_found_by_asking_redis(proxy, upstream, tmp_path):
-    """A +switch-master the proxy never hears (SPEC 2.1): its subscriptions
-    are cut every 20 ms on every sentinel while a graceful failover
-    (SENTINEL FAILOVER) moves the master, and no request is sent, so no
-    connection fails and no READONLY reply tells (the old master, now a
-    replica, still answers the readiness PING). The proxy must find the new
-    master by asking: every second while it has no subscription, and once
-    when one comes back. Then a new key is stored on the new master."""
+    """A +switch-master the proxy never hears (doc/stores.md, Pointing
+    idemproxy at Redis: Sentinel): its subscriptions are cut every 20 ms on
+    every sentinel while a graceful failover (SENTINEL FAILOVER) moves the
+    master, and no request is sent, so no connection fails and no READONLY
+    reply tells (the old master, now a replica, still answers the readiness
+    PING). The proxy must find the new master by asking: every second while
+    it has no subscription, and once when one comes back. Then a new key is
+    stored on the new master."""
     ss = SentinelSet(str(tmp_path / "unheard")).start()
     try:
         p = proxy(redis_url=ss.sentinel_url())

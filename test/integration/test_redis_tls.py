@@ -1,5 +1,6 @@
-"""Redis over TLS and with ACL users (SPEC 2.1): the proxy's own connections
-against real TLS redis-servers with a throwaway CA (fixtures/redis.py).
+"""Redis over TLS and with ACL users (doc/stores.md, Pointing idemproxy at
+Redis): the proxy's own connections against real TLS redis-servers with a
+throwaway CA (fixtures/redis.py).
 
 Verification is on by default and a certificate that fails it is a store
 error (503, /readyz 503) with the reason in the log, never a silent fallback
@@ -135,7 +136,8 @@ def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstre
                                                                      tmp_path):
     p = proxy(redis_url="redis://app:s3cret@127.0.0.1:%d" % acl_redis.port)
     executes_then_replays(p, upstream)
-    # the password file beats the URL's password (SPEC 2.1)
+    # the password file beats the URL's password (doc/stores.md, Pointing
+    # idemproxy at Redis)
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
     p3 = proxy("--redis-password-file", str(pw),
@@ -150,9 +152,10 @@ def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstre
 
 @redis_only
 def test_acl_user_named_alone_in_the_url_redis(proxy, upstream, acl_redis, tmp_path):
-    """redis://USER@HOST names an ACL user (SPEC §11): its password comes from
-    --redis-password-file, or there is none (a nopass user); it is never
-    taken for a password, and never masked as one."""
+    """redis://USER@HOST names an ACL user (doc/stores.md, Pointing
+    idemproxy at Redis): its password comes from --redis-password-file, or
+    there is none (a nopass user); it is never taken for a password, and
+    never masked as one."""
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
     p = proxy("--redis-password-file", str(pw),

@@ -1,4 +1,5 @@
-"""passthrough, executed, replayed (SPEC §1)."""
+"""passthrough, executed, replayed (README.md, What it does with each
+request)."""
 import json
 
 from fixtures.client import REPLAY, end_to_end, hone, hvalues, keyed, new_key

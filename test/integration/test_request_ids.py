@@ -1,4 +1,5 @@
-"""Request ids and the access line (SPEC §11): a client's id is kept when it
+"""Request ids and the access line (doc/operations.md, Metrics and access
+log): a client's id is kept when it
 is 1-200 bytes of 0x21-0x7E, else one is made; it is forwarded upstream,
 set on every answer (executions, replays, problems, passthrough) and logged
 with the client's address; a refused request gets one log line."""

@@ -1,9 +1,9 @@
-"""Resource links (SPEC §12): a route's `resource` takes the id of what a
-completed 2xx answer created (a header such as Location, or a JSON pointer
-into its body); GET /keys?resource=ID finds the key; a 422 names the
-resource; the link lives as long as the record. Redis keeps it as a second
-key <prefix>r:<scope>:<resource>, PostgreSQL in an indexed column, the
-memory store in an index."""
+"""Resource links (doc/configuration.md, Resource links): a route's
+`resource` takes the id of what a completed 2xx answer created (a header
+such as Location, or a JSON pointer into its body); GET /keys?resource=ID
+finds the key; a 422 names the resource; the link lives as long as the
+record. Redis keeps it as a second key <prefix>r:<scope>:<resource>,
+PostgreSQL in an indexed column, the memory store in an index."""
 import json
 import textwrap
 import urllib.parse

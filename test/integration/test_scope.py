@@ -1,4 +1,5 @@
-"""Scope: one client can never replay another's response (SPEC §1, §5 Scope)."""
+"""Scope: one client can never replay another's response (README.md, What it
+does with each request: Scope; doc/guarantees.md, Threat model)."""
 import json
 import re
 

@@ -1,4 +1,5 @@
-"""TLS to the upstream and on the listener (SPEC §11), and upstream errors
+"""TLS to the upstream and on the listener (doc/configuration.md, Options;
+Recipes: HTTPS both ways), and upstream errors
 that name their cause: a real HTTPS upstream (fixtures/upstream.py behind
 Python's ssl module) with a throwaway CA made by the openssl CLI
 (fixtures.pki.make_pki), and real TLS clients (curl, Python's ssl)."""

@@ -1,6 +1,6 @@
-"""The trust boundary (issue 12, SPEC §7): no client input can steer where a
-request goes, smuggle bytes past the proxy, or reach what another client or
-an operator owns.
+"""The trust boundary (issue 12; doc/guarantees.md, Threat model): no client
+input can steer where a request goes, smuggle bytes past the proxy, or reach
+what another client or an operator owns.
 
 - Request targets: whatever the target, the request goes to the --upstream
   origin and nowhere else (a second listener that must never be reached is

@@ -1,16 +1,17 @@
-"""Unknown outcomes (SPEC §9): a request that may have run upstream without
-an answer being stored makes its key unknown, and every later request with
-the key gets 502 idempotency_outcome_unknown without reaching the upstream;
-a failure where nothing reached the upstream releases the lock as before.
-Each cause against a socket that behaves that way, on both stores: a sleep
-past the timeout (with and without a late answer), a reset after the request
-was read, one that never accepts (a connect timeout), a TLS handshake that
-fails, a name that does not resolve (an upstream not listening is
-test_upstream.py's test_upstream_unreachable_then_up), and the
-holder lost (SIGSTOP past --lock-ttl, on two proxies sharing Redis), with the
-holder coming back. Then the policy per route, --wait, /keys, the metrics
-and the log. The resets mid-answer are test_faults.py's; the proxy killed
-mid-request is test_faults.py's too."""
+"""Unknown outcomes (doc/guarantees.md, Unknown outcomes): a request that
+may have run upstream without an answer being stored makes its key unknown,
+and every later request with the key gets 502 idempotency_outcome_unknown
+without reaching the upstream; a failure where nothing reached the upstream
+releases the lock as before. Each cause against a socket that behaves that
+way, on both stores: a sleep past the timeout (with and without a late
+answer), a reset after the request was read, one that never accepts (a
+connect timeout), a TLS handshake that fails, a name that does not resolve
+(an upstream not listening is test_upstream.py's
+test_upstream_unreachable_then_up), and the holder lost (SIGSTOP past
+--lock-ttl, on two proxies sharing Redis), with the holder coming back. Then
+the policy per route, --wait, /keys, the metrics and the log. The resets
+mid-answer are test_faults.py's; the proxy killed mid-request is
+test_faults.py's too."""
 import json
 import signal
 import socket

@@ -1,5 +1,6 @@
 """upstream_error: unreachable (the lock is released), timeout and reset (the
-key's outcome is unknown, or a late answer completes it) (SPEC §1, §5, §9)."""
+key's outcome is unknown, or a late answer completes it) (doc/guarantees.md,
+Guarantees and failure behaviour; Unknown outcomes)."""
 import json
 import time
 
@@ -35,14 +36,16 @@ def test_upstream_unreachable_then_up(proxy, rdb):
         assert up.hits("/echo") == 1
     finally:
         up.stop()
-    # Nothing was sent: no key became unknown (SPEC §9).
+    # Nothing was sent: no key became unknown (doc/guarantees.md, Unknown
+    # outcomes).
     assert (metrics_value(p.metrics(), "idemproxy_unknown_outcomes_total") or 0) == 0
 
 
 def test_upstream_timeout(proxy, upstream):
     """504 at --upstream-timeout; the exchange goes on (--upstream-late-timeout,
     60 s by default), and its late answer completes the key: duplicates are
-    replayed, never run again (SPEC §9)."""
+    replayed, never run again (doc/guarantees.md, Unknown outcomes: Late
+    answers)."""
     p = proxy("--upstream-timeout", "0.5")
     key = new_key()
     req = keyed(key, path="/slow?ms=2000")
@@ -65,7 +68,7 @@ def test_upstream_timeout(proxy, upstream):
 def test_upstream_reset_is_502_and_never_resent(proxy, upstream, rdb):
     """A reset after the upstream read the request: 502, never re-sent, and
     the key's outcome is unknown: a retry gets 502 idempotency_outcome_unknown
-    without reaching the upstream (SPEC §9)."""
+    without reaching the upstream (doc/guarantees.md, Unknown outcomes)."""
     p = proxy()
     # Warm up kept-alive upstream connections so the reset hits a reused one
     # (libcurl would silently retry a request on a reused connection).

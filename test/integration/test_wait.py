@@ -1,7 +1,7 @@
-"""--wait (issue 4, SPEC §1 in_flight and §5 --wait): a duplicate that arrives
-while the first request runs is held, without a thread, until the first ends:
-it then gets the replay, or (the first stored nothing) one duplicate executes;
-when the wait runs out it gets the 409."""
+"""--wait (issue 4; doc/configuration.md, Holding duplicates: --wait): a
+duplicate that arrives while the first request runs is held, without a
+thread, until the first ends: it then gets the replay, or (the first stored
+nothing) one duplicate executes; when the wait runs out it gets the 409."""
 import json
 import threading
 import time

@@ -1,4 +1,5 @@
-"""meson install, and the hardened systemd unit it installs (SPEC §8).
+"""meson install, and the hardened systemd unit it installs (doc/operations.md,
+Running it under systemd).
 
 The install goes to a prefix in a temporary directory, so that the unit's
 paths exist on this machine, as systemd-analyze verify wants. This machine has
