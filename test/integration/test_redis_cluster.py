@@ -26,7 +26,7 @@ from fixtures.load import Load
 from fixtures.marks import redis_only
 from fixtures.pki import make_pki
 from fixtures.probes import assert_free, start_held
-from fixtures.redis import ClusterSet, Monitor, SCRIPTS, cut_links
+from fixtures.redis import SCRIPTS, ClusterSet, Monitor, cut_links
 from fixtures.waiting import free_port, in_thread, wait_for
 
 # How long service may stop when a master dies: the other masters flag it

@@ -13,7 +13,7 @@ from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
 from fixtures.load import Load
 from fixtures.marks import redis_only
 from fixtures.pki import make_pki
-from fixtures.redis import Monitor, SCRIPTS, SentinelSet, cut_links
+from fixtures.redis import SCRIPTS, Monitor, SentinelSet, cut_links
 from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
