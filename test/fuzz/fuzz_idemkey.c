@@ -8,7 +8,7 @@
 
 static bool is_hex_lower(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
-/* An accepted key obeys SPEC: 1-255 bytes of 0x21-0x7E. */
+/* An accepted key is what README.md says one is: 1-255 bytes of 0x21-0x7E. */
 static void check_key(const struct idemkey *k)
 {
     FUZZ_CHECK(k->len >= 1 && k->len <= IDEMKEY_MAX);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* A route's key sources (SPEC §6): an RFC 6901 pointer into a JSON body
- * (keysource_json) and composite keys (keysource_composite). */
+/* A route's key sources (doc/configuration.md, Key sources): an RFC 6901
+ * pointer into a JSON body (keysource_json) and composite keys
+ * (keysource_composite). */
 #include <stdlib.h>
 
 #include "fuzz.h"
@@ -10,7 +11,7 @@
  * that wrapping the body in one more array or object cannot make it too deep. */
 #define WRAP_MAX_OPEN 2000
 
-/* An accepted key obeys SPEC: 1-255 bytes of 0x21-0x7E. */
+/* An accepted key is what README.md says one is: 1-255 bytes of 0x21-0x7E. */
 static void check_key(const struct idemkey *k)
 {
     FUZZ_CHECK(k->len >= 1 && k->len <= IDEMKEY_MAX);

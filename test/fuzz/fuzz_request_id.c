@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* The request id (SPEC §11): client bytes that go upstream (a curl header
- * line), back to the client (an MHD response header) and into the log. Input:
- * the values of the request's X-Request-Id fields, one a line. Properties:
- * the id is always 1 to 200 bytes of 0x21-0x7E (nothing that could end a
- * header line or split a log field), the client's is kept exactly when there
- * is one field and it is such bytes, and a made one is 32 hex digits. */
+/* The request id (doc/guarantees.md, Threat model): client bytes that go
+ * upstream (a curl header line), back to the client (an MHD response header)
+ * and into the log. Input: the values of the request's X-Request-Id fields,
+ * one a line. Properties: the id is always 1 to 200 bytes of 0x21-0x7E
+ * (nothing that could end a header line or split a log field), the client's
+ * is kept exactly when there is one field and it is such bytes, and a made
+ * one is 32 hex digits. */
 #include "fuzz.h"
 #include "idemproxy/request.h"
 

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* Encryption at rest (SPEC §12): the key file, an operator's file that must
- * never leak a key into a message, and sealed records, which come back from
- * a store an attacker may write to. Input: a key file, a NUL, then bytes that
- * are both an answer's body to seal and a sealed body to open. Properties:
- * a parsed file has 1-64 keys, each id 1-32 bytes of [A-Za-z0-9._-] and
- * unique; a refusal's message never holds a line's 44-byte key text; what
- * is sealed holds no 8 bytes of its body in clear after its header (whose
- * key id is the file's), opens to the same answer, and under another store
- * key does not;
- * bytes that open are a valid record; nothing crashes or leaks. */
+/* Encryption at rest (doc/configuration.md): the key file, an operator's
+ * file that must never leak a key into a message, and sealed records, which
+ * come back from a store an attacker may write to. Input: a key file, a NUL,
+ * then bytes that are both an answer's body to seal and a sealed body to
+ * open. Properties: a parsed file has 1-64 keys, each id 1-32 bytes of
+ * [A-Za-z0-9._-] and unique; a refusal's message never holds a line's
+ * 44-byte key text; what is sealed holds no 8 bytes of its body in clear
+ * after its header (whose key id is the file's), opens to the same answer,
+ * and under another store key does not; bytes that open are a valid record;
+ * nothing crashes or leaks. */
 #define _GNU_SOURCE
 #include <string.h>
 

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* The storage header (SPEC §12): bytes an upstream sends, that decide
- * whether and how long an answer is kept. Input: the values of its fields,
- * one a line, among other headers. Properties: the parse agrees with a
- * plain reading of the rule (no-store; ttl= and digits, not zero, in
- * seconds, saturating), more than one field is ignored, the header never
- * stays in the answer and the others keep their order. */
+/* The storage header (doc/configuration.md, The API steers storage): bytes
+ * an upstream sends, that decide whether and how long an answer is kept.
+ * Input: the values of its fields, one a line, among other headers.
+ * Properties: the parse agrees with a plain reading of the rule (no-store;
+ * ttl= and digits, not zero, in seconds, saturating), more than one field is
+ * ignored, the header never stays in the answer and the others keep their
+ * order. */
 #include <ctype.h>
 #include <strings.h>
 

@@ -4,14 +4,14 @@
  * forwarded), upstream_base_parse() (the fixed origin and path prefix of
  * --upstream) and upstream_request_target() (the request line's target).
  *
- * The property of SPEC §7, for every input: whatever the method and target,
- * the connection goes to the --upstream origin and nowhere else, with no user
- * info, and the request line's target starts with the upstream's path prefix
- * and holds nothing that splits a request line. The origin is checked as
- * libcurl's URL API reads it back, and so is the origin with the request
- * target glued to it (what the old code handed to curl). Also: the fingerprint
- * does not depend on how the body is chunked, and its framing keeps method and
- * target apart.
+ * The property of doc/guarantees.md (Threat model), for every input: whatever
+ * the method and target, the connection goes to the --upstream origin and
+ * nowhere else, with no user info, and the request line's target starts with
+ * the upstream's path prefix and holds nothing that splits a request line. The
+ * origin is checked as libcurl's URL API reads it back, and so is the origin
+ * with the request target glued to it (what the old code handed to curl).
+ * Also: the fingerprint does not depend on how the body is chunked, and its
+ * framing keeps method and target apart.
  *
  * Input: one selector byte, then "<method> <target>" (no space: the method is
  * POST and all of it is the target). A selector with bit 7 set takes the base
@@ -102,7 +102,7 @@ static char *forwarded(const struct http_target *t)
     return p;
 }
 
-/* The accepted forms are exactly what SPEC §7 names. */
+/* The accepted forms are exactly what doc/guarantees.md (Threat model) names. */
 static void check_form(struct span method, struct span target, const struct http_target *t)
 {
     FUZZ_CHECK(!span_is(method, "CONNECT"));

@@ -1,13 +1,15 @@
-"""Admin listener, SIGTERM (SPEC §3, §5)."""
+"""Admin listener, SIGTERM (doc/configuration.md, Options; doc/guarantees.md,
+Guarantees and failure behaviour)."""
 import signal
 import socket
 import subprocess
 import time
 
-from conftest import (REPLAY, assert_free, assert_locked, assert_problem, assert_unknown, hone,
-                      new_key,
-                      shared_store, redis_state, stored_state, start_held, start_slow,
-                      store_independent, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import shared_store, store_independent
+from fixtures.probes import (assert_free, assert_locked, assert_unknown, redis_state, start_held,
+                             start_slow, stored_state)
+from fixtures.waiting import wait_for
 
 
 def test_admin_endpoints(proxy, upstream):
@@ -91,8 +93,9 @@ def test_sigterm_shutdown_timeout_drops_running_request(proxy, upstream):
 @shared_store
 def test_sigterm_shutdown_timeout_cut_request_is_unknown_shared_redis(proxy, upstream, rdb):
     """A request cut at --shutdown-timeout had reached the upstream: its key
-    is unknown (SPEC §9), which only a store that outlives the process shows:
-    another proxy on it answers 502 idempotency_outcome_unknown."""
+    is unknown (doc/guarantees.md, Unknown outcomes), which only a store
+    that outlives the process shows: another proxy on it answers 502
+    idempotency_outcome_unknown."""
     p = proxy("--shutdown-timeout", "0.5")
     other = proxy()
     key = new_key()

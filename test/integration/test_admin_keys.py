@@ -5,8 +5,8 @@ import base64
 import json
 import urllib.parse
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_locked, hone, keyed,
-                      new_key, redis_keys, start_held)
+from fixtures.client import REPLAY, hone, keyed, new_key
+from fixtures.probes import assert_completed, assert_free, assert_locked, redis_keys, start_held
 
 
 def admin(p, method, key, query=""):

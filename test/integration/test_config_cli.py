@@ -1,10 +1,13 @@
-"""Command line and environment (SPEC §3)."""
+"""Command line and environment (doc/configuration.md, Options)."""
 import socket
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, new_key,
-                      recv_until_closed, redis_keys, run_binary, store_independent)
+from fixtures.client import REPLAY, assert_problem, hone, new_key, recv_until_closed
+from fixtures.marks import store_independent
+from fixtures.probes import assert_free, redis_keys
+from fixtures.proxy import run_binary
+from fixtures.waiting import free_port
 
 OPTIONS = [
     "--listen", "--upstream", "--redis", "--admin-listen", "--methods", "--key-header",
@@ -214,7 +217,7 @@ def test_listen_address_held_by_another_process_is_refused():
 def test_misspelt_names_get_the_nearest_one(proxy, upstream, tmp_path):
     """An unknown option or file key stops start-up naming the nearest known
     one; an IDEMPROXY_* variable that names no option is ignored with a
-    warning that does (SPEC §11, Names)."""
+    warning that does (doc/configuration.md, Options)."""
     r = run_binary(["--upstream", "http://127.0.0.1:1", "--max-bdy", "1M"])
     assert r.returncode == 2
     assert b"unknown option '--max-bdy' (did you mean --max-body? see --help)" in r.stderr
@@ -236,7 +239,8 @@ def test_misspelt_names_get_the_nearest_one(proxy, upstream, tmp_path):
 @store_independent
 def test_start_line_says_what_a_keyless_request_gets(proxy, upstream):
     """An operator need not guess: the start-up lines say whether a POST
-    without a key goes through unprotected or is refused (SPEC §11)."""
+    without a key goes through unprotected or is refused
+    (doc/configuration.md, Options: --require-key)."""
     p = proxy()
     assert ("a POST/PUT/PATCH without Idempotency-Key is passed through unprotected "
             "(--require-key refuses it with 400") in p.stderr()
@@ -253,8 +257,9 @@ def test_start_line_says_what_a_keyless_request_gets(proxy, upstream):
 ])
 def test_listen_and_admin_listen_on_one_address_stop_start_up(listen, admin):
     """--listen and --admin-listen sharing a port of an address: both would
-    bind it and the kernel would split the clients between them (SPEC §11):
-    exit 2, naming the option, before anything listens."""
+    bind it and the kernel would split the clients between them
+    (doc/configuration.md, Options): exit 2, naming the option, before
+    anything listens."""
     port = free_port()
     r = run_binary(["--upstream", "http://127.0.0.1:1", "--listen", listen.format(p=port),
                     "--admin-listen", admin.format(p=port)])

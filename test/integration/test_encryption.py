@@ -1,13 +1,17 @@
-"""Encryption at rest (SPEC §12): --store-encryption-key-file seals every
-stored answer with AES-256-GCM, its store key as associated data. The store is
-read directly: Redis's hashes, PostgreSQL's rows (the memory store's records
-are checked in test_pipeline.c, which reads the store itself)."""
+"""Encryption at rest (doc/configuration.md, Encryption at rest):
+--store-encryption-key-file seals every stored answer with AES-256-GCM, its
+store key as associated data. The store is read directly: Redis's hashes,
+PostgreSQL's rows (the memory store's records are checked in
+test_pipeline.c, which reads the store itself)."""
 import base64
 import json
 import os
 
-from conftest import (REPLAY, end_to_end, hone, http_request, new_key, redis_keys, run_binary,
-                      shared_store, store_independent, wait_for)
+from fixtures.client import REPLAY, end_to_end, hone, http_request, new_key
+from fixtures.marks import shared_store, store_independent
+from fixtures.probes import redis_keys
+from fixtures.proxy import run_binary
+from fixtures.waiting import wait_for
 
 SECRET_BODY = b'{"card": "4111-SECRET-BODY-7f3a", "name": "Ada Lovelace"}'
 SECRET_HEADER = "tok_SECRET_HEADER_9c2e"

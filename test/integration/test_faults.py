@@ -1,8 +1,8 @@
 """Faults: Redis killed, frozen or slow while a key is held; an upstream that
 breaks its answer; a client that leaves mid-body; a proxy killed holding a lock;
 every fault at once, with the unknown outcomes that keep each key to one
-execution (SPEC §1 store_error/upstream_error, §5 Upstream, Store,
-Connections, §9).
+execution (doc/guarantees.md, Guarantees and failure behaviour; Unknown
+outcomes).
 
 Tests that kill, freeze (SIGSTOP) or pause a Redis use a private redis-server
 of their own (the `private_redis` fixture), never the session's. Covered
@@ -21,11 +21,16 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, RedisServer, assert_completed, assert_free, assert_locked,
-                      assert_problem, assert_unknown, hone, in_thread, keyed, metrics_value, new_key,
-                      recv_until_closed, redis_keys, redis_lease_ms, redis_only, shared_store, stored_lease_ms, redis_state,
-                      start_held, wait_completed, wait_for)
-from fake_upstream import BAD_STATUS, big_body
+from fixtures.client import (REPLAY, assert_problem, hone, keyed, metrics_value, new_key,
+                             recv_until_closed)
+from fixtures.load import Load
+from fixtures.marks import redis_only, shared_store
+from fixtures.probes import (assert_completed, assert_free, assert_locked, assert_unknown,
+                             redis_keys, redis_lease_ms, redis_state, start_held, stored_lease_ms,
+                             wait_completed)
+from fixtures.redis import RedisServer
+from fixtures.upstream import BAD_STATUS, big_body
+from fixtures.waiting import in_thread, wait_for
 
 # Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
 pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]
@@ -38,19 +43,14 @@ LOCK_LOST = "idemproxy_lock_lost_total"
 @pytest.fixture
 def private_redis(tmp_path):
     """A redis-server of this test's own, which it may kill, freeze or pause."""
-    srv = RedisServer(str(tmp_path))
-    srv.start()
+    srv = RedisServer(str(tmp_path)).start()
     yield srv
-    if srv.proc is not None and srv.proc.poll() is None:
-        srv.proc.send_signal(signal.SIGCONT)  # a frozen server cannot act on SIGTERM
-    srv.stop()
+    srv.stop()  # thawed first if frozen: a frozen server cannot act on SIGTERM
 
 
 def kill_redis(srv):
     """SIGKILL: Redis dies at once, its (non-persistent) data with it."""
-    srv.proc.kill()
-    srv.proc.wait(10)
-    srv.proc = None
+    srv.kill()
 
 
 def on_private_redis(proxy, srv, *args):
@@ -135,7 +135,7 @@ def frozen_after_answer(p, private_redis, upstream, key):
     time of the freeze, the body answered); thaws Redis on the way out."""
     first = start_held(p, key)
     errors0 = metric(p, STORE_ERRORS)
-    private_redis.proc.send_signal(signal.SIGSTOP)
+    private_redis.freeze()  # SIGSTOP
     t_stop = time.monotonic()
     try:
         upstream.release(key)
@@ -146,7 +146,7 @@ def frozen_after_answer(p, private_redis, upstream, key):
                  what="the failed complete to be counted")
         yield t_stop, body
     finally:
-        private_redis.proc.send_signal(signal.SIGCONT)
+        private_redis.thaw()  # SIGCONT
 
 
 def warm_up(p, n=4):
@@ -346,11 +346,12 @@ def assert_broken(p, req):
 
 @pytest.mark.parametrize("path", FAULTS)
 def test_upstream_broken_answer_is_502_key_unknown(proxy, upstream, path):
-    """A connection closed mid-answer, a malformed status line, bytes that are
-    not HTTP: 502 upstream_unavailable, sent upstream once (never re-sent, even
-    on a reused connection). The upstream had the request, so it may have run
-    it: the key's outcome is unknown, and a retry gets 502
-    idempotency_outcome_unknown without reaching the upstream (SPEC §9)."""
+    """A connection closed mid-answer, a malformed status line, bytes that
+    are not HTTP: 502 upstream_unavailable, sent upstream once (never
+    re-sent, even on a reused connection). The upstream had the request, so
+    it may have run it: the key's outcome is unknown, and a retry gets 502
+    idempotency_outcome_unknown without reaching the upstream
+    (doc/guarantees.md, Unknown outcomes)."""
     p = proxy()
     warm_up(p)
     key = new_key()
@@ -558,7 +559,8 @@ def test_heartbeat_holds_lock_across_proxies_then_kill_frees_it_shared_redis(pro
     assert metric(p2, LOCK_LOST) == 0
 
 
-# ------------------------------------------------------------ 6. every fault at once (SPEC §9)
+# --------------------------------------------------- 6. every fault at once
+# (doc/guarantees.md, Guarantees and failure behaviour: The fault test)
 FAULT_KEYS = 240
 FAULT_DUPLICATES = 4
 
@@ -576,34 +578,6 @@ def fault_path(i):
     return "/reset"
 
 
-def fault_client(proxies, key, path, rng, deadline, tries):
-    """One duplicate as an SDK sends it: retried (<tries> at most) on 409, 503,
-    502/504 of the upstream and a dead or frozen proxy, until replayed,
-    answered, refused as unknown, or out of time. Returns the last status and
-    code."""
-    last = (None, None)
-    for _ in range(tries):
-        if time.monotonic() >= deadline:
-            break
-        p = rng.choice([q for q in proxies if q.proc is not None] or proxies)
-        try:
-            st, h, b = p.request("POST", path, [("Idempotency-Key", key)], b"pay", timeout=2.5)
-        except OSError:
-            time.sleep(0.1)
-            continue
-        code = None
-        if st >= 400:
-            try:
-                code = json.loads(b).get("code")
-            except ValueError:
-                pass
-        last = (st, code)
-        if st < 300 or code == "idempotency_outcome_unknown":
-            return last
-        time.sleep(0.1 + rng.random() * 0.2)
-    return last
-
-
 @shared_store
 @pytest.mark.parametrize("policy", [
     "refuse",
@@ -619,7 +593,6 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     the upstream. refuse: no key executes twice. retry: some do (at least
     once, by choice)."""
     import random
-    import threading
 
     args = ("--lock-ttl", "1", "--upstream-timeout", "0.3", "--upstream-late-timeout", "0.7",
             "--store-timeout", "0.5", "--on-unknown-outcome", policy)
@@ -627,27 +600,14 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     keys = [(new_key(), fault_path(i))
             for i in range(FAULT_KEYS if policy == "refuse" else FAULT_KEYS // 3)]
     rng = random.Random(24)
-    deadline = time.monotonic() + 60
-    results = {}
-    lock = threading.Lock()
     work = [(k, path) for k, path in keys for _ in range(FAULT_DUPLICATES)]
     rng.shuffle(work)
-
-    def worker(seed):
-        r = random.Random(seed)
-        while True:
-            with lock:
-                if not work:
-                    return
-                key, path = work.pop()
-            # retry: fewer tries; a lost answer's key runs again on each
-            res = fault_client(proxies, key, path, r, deadline, 8 if policy == "refuse" else 4)
-            with lock:
-                results.setdefault(key, []).append(res)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(24)]
-    for t in threads:
-        t.start()
+    # Each duplicate as an SDK sends it: retried on 409, 503, 502/504 of the
+    # upstream and a dead or frozen proxy (at any proxy running), until
+    # replayed, answered, refused as unknown, or out of time; with retry, fewer
+    # tries (a lost answer's key runs again on each).
+    load = Load(proxies, workers=24, work=work, tries=8 if policy == "refuse" else 4,
+                body=b"pay", timeout=2.5, pace_s=0, bound_s=60).start()
     time.sleep(1.5)
     assert proxies[1].kill() == -9          # a crash, requests of its own at the upstream
     time.sleep(0.5)
@@ -661,20 +621,14 @@ def test_unknown_outcome_fault_mix_shared_redis(proxy, upstream, rdb, policy):
     frozen.proc.send_signal(signal.SIGSTOP)  # past --lock-ttl: its leases run out
     time.sleep(1.6)
     frozen.proc.send_signal(signal.SIGCONT)
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    assert load.join(60)
     time.sleep(3.0)  # late answers and the thawed holder's calls land
 
-    execs = {}
-    with upstream._lock:
-        for _method, _target, headers, _body in upstream.requests:
-            k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
-            if k is not None:
-                execs[k] = execs.get(k, 0) + 1
+    execs = upstream.executions()
     twice = sorted(k for k, n in execs.items() if n > 1)
-    unknown = sum(1 for rs in results.values() if any(c == "idempotency_outcome_unknown"
-                                                      for _, c in rs))
+    results = load.by_key()  # each duplicate's last answer
+    unknown = sum(1 for rs in results.values() if any(a.code == "idempotency_outcome_unknown"
+                                                      for a in rs))
     causes = {c: sum(metric(q, "idemproxy_unknown_outcomes_total", {"cause": c})
                      for q in proxies if q.proc is not None)
               for c in ("upstream_timeout", "upstream_reset", "holder_lost")}

@@ -1,4 +1,5 @@
-"""Forwarding: target, headers, X-Forwarded-*, Expect, hop-by-hop (SPEC §1, §5 Headers)."""
+"""Forwarding: target, headers, X-Forwarded-*, Expect, hop-by-hop (README.md,
+What it does with each request: Forwarding)."""
 import http.client
 import json
 import select
@@ -6,7 +7,9 @@ import socket
 
 import pytest
 
-from conftest import REPLAY, hone, hvalues, new_key, redis_record, store_independent
+from fixtures.client import REPLAY, hone, hvalues, new_key
+from fixtures.marks import store_independent
+from fixtures.probes import redis_record
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

@@ -1,12 +1,16 @@
-"""Lock heartbeat, fencing of a stale holder, client disconnect (SPEC §1, §5)."""
+"""Lock heartbeat, fencing of a stale holder, client disconnect
+(doc/guarantees.md, Guarantees and failure behaviour)."""
 import json
 import socket
 import time
 
 import pytest
 
-from conftest import (REPLAY, metrics_value, assert_completed, assert_locked, hone, new_key, redis_keys,
-                      redis_lease_ms, redis_only, shared_store, start_held, start_slow, wait_completed, wait_for)
+from fixtures.client import REPLAY, hone, metrics_value, new_key
+from fixtures.marks import redis_only, shared_store
+from fixtures.probes import (assert_completed, assert_locked, redis_keys, redis_lease_ms,
+                             start_held, start_slow, wait_completed)
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

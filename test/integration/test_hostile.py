@@ -3,11 +3,11 @@ sections, slow clients, connection floods and keys built to collide.
 
 Every test drives the real binary against the fake upstream over loopback and
 is bounded in time by socket timeouts and deadlines; none asserts a speed. The
-rules proved are the ones of RFC 9112 (message framing) and SPEC §1/§5, and
-the overall one of an idempotency proxy: whatever a client sends, at most one
-well-formed request per client request reaches the upstream, a request hidden
-in a body never reaches it as a request of its own, and nothing is left locked
-by a request that was refused.
+rules proved are the ones of RFC 9112 (message framing) and doc/guarantees.md
+(Threat model), and the overall one of an idempotency proxy: whatever a client
+sends, at most one well-formed request per client request reaches the upstream,
+a request hidden in a body never reaches it as a request of its own, and
+nothing is left locked by a request that was refused.
 """
 import hashlib
 import json
@@ -20,8 +20,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, hone, in_thread, keyed, new_key,
-                      recv_until_closed, redis_keys, store_independent, wait_for)
+from fixtures.client import REPLAY, hone, keyed, new_key, recv_until_closed
+from fixtures.marks import store_independent
+from fixtures.probes import assert_completed, assert_free, redis_keys
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 
@@ -73,10 +75,10 @@ def first_status(answer):
 
 
 def scope_hex(*values):
-    """The scope of SPEC §5 computed here, to craft keys against the store key
-    layout: per scope header a presence byte, then its length (8 bytes, big
-    endian) and value; the first 16 bytes of the SHA-256, in hex. None is an
-    absent header."""
+    """The scope (README.md, What it does with each request: Scope) computed
+    here, to craft keys against the store key layout: per scope header a
+    presence byte, then its length (8 bytes, big endian) and value; the
+    first 16 bytes of the SHA-256, in hex. None is an absent header."""
     h = hashlib.sha256()
     for v in values:
         if v is None:
@@ -432,10 +434,11 @@ class Dribblers:
 
 @store_independent
 def test_header_dribbled_one_byte_per_second_is_cut_off(proxy, upstream):
-    """SPEC §5 Connections: a client that takes past --client-timeout to send its
-    header section is disconnected (a 408 first is allowed) even if it keeps
-    sending a byte now and then; otherwise a handful of clients hold connection
-    slots for hours. Checked with 5 clients, --client-timeout 2, for up to 15 s."""
+    """Slow clients (doc/guarantees.md, Guarantees and failure behaviour): a
+    client that takes past --client-timeout to send its header section is
+    disconnected (a 408 first is allowed) even if it keeps sending a byte
+    now and then; otherwise a handful of clients hold connection slots for
+    hours. Checked with 5 clients, --client-timeout 2, for up to 15 s."""
     p = proxy("--client-timeout", "2")
     d = Dribblers(p.port, 5).start()
     deadline = time.monotonic() + 15
@@ -640,9 +643,10 @@ def test_keys_crafted_against_the_store_key_layout_never_collide(proxy, upstream
         assert rdb.dbsize() == len(stored)
 
 
-# Header values sent, grouped by the key they denote (SPEC §1, §5: a quoted
-# sf-string, quotes removed and \" \\ unescaped, and the bare token with the
-# same content are one key; nothing else is decoded).
+# Header values sent, grouped by the key they denote (README.md, What it does
+# with each request: The key; a quoted sf-string, quotes removed and \" \\
+# unescaped, and the bare token with the same content are one key; nothing else
+# is decoded).
 KEY_FORMS = [
     [b"abc", b'"abc"'],
     [b'"\\"abc\\""'],           # the key "abc", quotes included

@@ -1,27 +1,28 @@
-"""in_flight: a duplicate while the first request runs (SPEC §1, §5 --wait)."""
+"""in_flight: a duplicate while the first request runs (README.md, What it does
+with each request; doc/configuration.md, Holding duplicates: --wait)."""
 import time
 
 import pytest
 
-import conftest
-from conftest import (REPLAY, assert_completed, assert_locked, assert_problem, hone, new_key,
-                      start_held)
+from fixtures import probes
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.probes import assert_completed, assert_locked, start_held
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
 
 def start_slow(p, rdb, key, ms, body=b"slow", path=None):
-    """conftest.start_slow, with the signature pending/test_wait.py still uses
+    """probes.start_slow, with the signature pending/test_wait.py still uses
     (rdb is not needed: the proxy knows its store and Redis client)."""
     assert rdb is None or rdb is p.rdb
-    return conftest.start_slow(p, key, ms, body=body, path=path)
+    return probes.start_slow(p, key, ms, body=body, path=path)
 
 
 def test_duplicate_in_flight_is_409(proxy, upstream):
     p = proxy()
     key = new_key()
     req = ("POST", "/slow?ms=1500", [("Idempotency-Key", key)], b"slow")
-    first = conftest.start_slow(p, key, 1500)
+    first = probes.start_slow(p, key, 1500)
     t0 = time.monotonic()
     resp = p.request(*req)
     assert time.monotonic() - t0 < 1.0, "the 409 must be answered at once"

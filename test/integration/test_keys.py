@@ -1,8 +1,9 @@
-"""missing_key, invalid_key (SPEC §1, §5 Keys)."""
+"""missing_key, invalid_key (README.md, What it does with each request)."""
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_nothing_stored, assert_problem, hone, new_key,
-                      store_independent)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import store_independent
+from fixtures.probes import assert_free, assert_nothing_stored
 
 
 def test_missing_key_with_require_key(proxy, upstream):

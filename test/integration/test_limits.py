@@ -1,14 +1,17 @@
-"""too_large, cacheability, --max-response, TTLs (SPEC §1, §3, §5)."""
+"""too_large, cacheability, --max-response, TTLs (README.md, What it does with
+each request; doc/configuration.md, Options)."""
 import json
 import socket
 import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_problem, hone, hvalues, keyed,
-                      new_key, recv_until_closed, redis_keys, redis_lease_ms, redis_only, redis_state,
-                      start_slow, store_independent, wait_for)
-from fake_upstream import big_body
+from fixtures.client import REPLAY, assert_problem, hone, hvalues, keyed, new_key, recv_until_closed
+from fixtures.marks import redis_only, store_independent
+from fixtures.probes import (assert_completed, assert_free, redis_keys, redis_lease_ms, redis_state,
+                             start_slow)
+from fixtures.upstream import big_body
+from fixtures.waiting import wait_for
 
 
 # --------------------------------------------------------------------------- too_large
@@ -137,8 +140,9 @@ def test_chunked_body_under_max_body_is_forwarded(proxy, upstream):
 
 
 # --------------------------------------------------------------------------- cacheability
-# 408 and 409 are not stored by default (SPEC §1): SDKs with built-in retries
-# retry them, and a stored 409 would answer every retry for the whole TTL.
+# 408 and 409 are not stored by default (README.md, What it does with each
+# request: Cacheable): SDKs with built-in retries retry them, and a stored 409
+# would answer every retry for the whole TTL.
 @pytest.mark.parametrize("status", [500, 503, 429, 408, 409])
 def test_not_cacheable_status_runs_again(proxy, upstream, status):
     p = proxy()

@@ -8,8 +8,8 @@ import os
 import re
 import subprocess
 
-from conftest import IDEMPROXY_BIN, REPO, clean_env, run_binary
-from redis_fixtures import make_pki
+from fixtures.pki import make_pki
+from fixtures.proxy import IDEMPROXY_BIN, REPO, clean_env, run_binary
 
 MANPAGE = os.path.join(REPO, "doc", "idemproxy.1")
 README = os.path.join(REPO, "doc", "configuration.md")  # the options table, the file

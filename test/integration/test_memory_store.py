@@ -1,15 +1,18 @@
-"""The memory store's own properties (SPEC §2, §5 Store): a budget that evicts the
-oldest completed records and never a lock, store_unavailable when only locks are
-left, nothing kept across a restart, no Redis. Everything else about the store is
-in the shared suite, which runs on both stores."""
+"""The memory store's own properties (doc/stores.md, Choosing a store;
+doc/guarantees.md, Guarantees and failure behaviour): a budget that evicts
+the oldest completed records and never a lock, store_unavailable when only
+locks are left, nothing kept across a restart, no Redis. Everything else
+about the store is in the shared suite, which runs on both stores."""
 import json
 import threading
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
-                      hone, keyed, memory_only, new_key, start_held, wait_for)
-from fake_upstream import big_body
+from fixtures.client import REPLAY, assert_problem, hone, keyed, new_key
+from fixtures.marks import memory_only
+from fixtures.probes import assert_completed, assert_free, assert_locked, start_held
+from fixtures.upstream import big_body
+from fixtures.waiting import wait_for
 
 # A small budget. --memory-max-bytes must be at least twice --max-response, so the
 # two are lowered together. A stored record costs about its body and headers plus

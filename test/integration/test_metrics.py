@@ -1,12 +1,14 @@
-"""/metrics (Prometheus text format 0.0.4) and the access log (SPEC §3, §5)."""
+"""/metrics (Prometheus text format 0.0.4) and the access log
+(doc/operations.md, Metrics and access log)."""
 import json
 import re
 import socket
 import time
 
-from conftest import (assert_problem, hone, memory_only, metrics_value, new_key, redis_keys,
-                      redis_only, single_redis_server, start_held, start_slow, store_independent,
-                      wait_for)
+from fixtures.client import assert_problem, hone, metrics_value, new_key
+from fixtures.marks import memory_only, redis_only, single_redis_server, store_independent
+from fixtures.probes import redis_keys, start_held, start_slow
+from fixtures.waiting import wait_for
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
             "invalid_key", "too_large", "store_error", "upstream_error", "bad_request",
@@ -110,7 +112,7 @@ def requests_by_outcome(fams):
         assert labels["route"] == "default", labels
         assert labels["outcome"] not in got
         got[labels["outcome"]] = value
-    assert sorted(got) == sorted(OUTCOMES), "every outcome of SPEC §1, exactly: %r" % got
+    assert sorted(got) == sorted(OUTCOMES), "every outcome of README.md, exactly: %r" % got
     return got
 
 
@@ -172,7 +174,8 @@ def test_metrics_count_outcomes(proxy, upstream):
     assert count("missing_key") == 1
     assert count("invalid_key") == 1
     assert count("passthrough") == 1
-    # Labels: route (default: no routes file), then outcome, exactly those of SPEC §1.
+    # Labels: route (default: no routes file), then outcome, exactly those of
+    # README.md (What it does with each request).
     for line in m.splitlines():
         if line.startswith("idemproxy_requests_total{"):
             assert line.startswith('idemproxy_requests_total{route="default",outcome="'), line
@@ -331,7 +334,8 @@ def test_store_down_metrics_redis(proxy, upstream, rdb, redis_server):
 @single_redis_server
 @redis_only
 def test_store_error_passthrough_counts_as_store_error_redis(proxy, upstream, rdb, redis_server):
-    """SPEC §5: a store error answered by passthrough counts as store_error."""
+    """A store error answered by passthrough counts as store_error
+    (doc/operations.md, Metrics and access log)."""
     p = proxy("--on-store-error", "passthrough")
     redis_server.stop()
     assert p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")[0] == 201

@@ -1,5 +1,7 @@
-"""mismatch: the same key with a different fingerprint (SPEC §1)."""
-from conftest import (REPLAY, assert_completed, assert_problem, hone, new_key, start_slow)
+"""mismatch: the same key with a different fingerprint (README.md, What it does
+with each request)."""
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.probes import assert_completed, start_slow
 
 
 def variants(key):

@@ -1,4 +1,4 @@
-"""The PostgreSQL fixtures themselves (pg_fixtures.py): a server made by
+"""The PostgreSQL fixtures themselves (fixtures/postgres.py): a server made by
 initdb and pg_ctl as an unprivileged user, roles with passwords, a crash and
 a restart that keeps what was committed, a streaming replica promoted."""
 import os
@@ -6,8 +6,8 @@ import os
 import psycopg2
 import pytest
 
-from pg_fixtures import PgServer, _owner
-from waiting import wait_for
+from fixtures.postgres import PgServer, _owner
+from fixtures.waiting import wait_for
 
 
 def test_pg_server_starts_as_an_unprivileged_user_and_stops():

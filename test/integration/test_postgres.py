@@ -1,24 +1,27 @@
-"""The PostgreSQL store's own behaviour (SPEC §10), on servers of these tests'
-own (pg_fixtures.py): the table created at start and what a role that may not
-create it is told, a role without rights, a wrong password (never logged),
-TLS with sslmode=verify-full and a throwaway CA, a server down at start, the
-server killed (SIGKILL) and started again under load with nothing completed
-lost, a failover to a promoted streaming replica without a restart of the
-proxy, and the background job that deletes expired rows.
+"""The PostgreSQL store's own behaviour (doc/stores.md, PostgreSQL), on servers
+of these tests' own (fixtures/postgres.py): the table created at start and what
+a role that may not create it is told, a role without rights, a wrong password
+(never logged), TLS with sslmode=verify-full and a throwaway CA, a server down
+at start, the server killed (SIGKILL) and started again under load with nothing
+completed lost, a failover to a promoted streaming replica without a restart of
+the proxy, and the background job that deletes expired rows.
 
 The semantics every store shares run on PostgreSQL in the suite's PostgreSQL
 pass (IDEMPROXY_TEST_STORE=postgresql: conftest.py)."""
 import os
 import socket
-import threading
 import time
 
 import pytest
 
-from conftest import (REPLAY, REPO, executes_then_replays, hone, in_thread, metrics_value, new_key,
-                      readyz, refused_503, run_binary, store_independent, wait_for)
-from pg_fixtures import PgServer
-from redis_fixtures import make_pki
+from fixtures.client import REPLAY, hone, metrics_value, new_key
+from fixtures.load import Load
+from fixtures.marks import store_independent
+from fixtures.pki import make_pki
+from fixtures.postgres import PgServer
+from fixtures.probes import executes_then_replays, readyz, refused_503
+from fixtures.proxy import REPO, run_binary
+from fixtures.waiting import in_thread, wait_for
 
 SCHEMA = os.path.join(REPO, "contrib", "postgresql", "schema.sql")
 RIGHTS = "GRANT SELECT, INSERT, UPDATE, DELETE ON idemproxy_keys TO app"
@@ -90,8 +93,9 @@ OLD_TABLE = """CREATE TABLE idemproxy_keys (
 
 @store_independent
 def test_postgres_table_of_an_older_version_gets_the_resource_column(proxy, upstream, pg):
-    """A table made before resource links (SPEC §12): the proxy adds the
-    column when it may; a role that may not is told what to run."""
+    """A table made before resource links (doc/configuration.md, Resource
+    links): the proxy adds the column when it may; a role that may not is
+    told what to run."""
     pg.sql(OLD_TABLE)
     url = pg.add_role("app", "s3cret", RIGHTS).replace("app@", "app:s3cret@")
     r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)
@@ -191,36 +195,18 @@ def test_postgres_killed_and_restarted_under_load_loses_nothing(proxy, upstream,
     twice; the proxy serves again without a restart."""
     p = proxy("--store", pg.url, "--store-timeout", "1")
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200")
-    stop = threading.Event()
-    answers = {}  # key -> (status, replay header)
-    lock = threading.Lock()
-
-    def client():
-        while not stop.is_set():
-            key = new_key()
-            try:
-                st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x",
-                                     timeout=5)
-            except OSError:
-                continue
-            with lock:
-                answers[key] = (st, hone(h, REPLAY))
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
-    for t in threads:
-        t.start()
+    # six clients sending new keys, one after another
+    load = Load([p], workers=6, body=b"x", timeout=5, pace_s=0).start()
     time.sleep(1.0)
     pg.kill()
     time.sleep(0.5)
     pg.start()
     time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join(10)
-    executed = [k for k, (st, rp) in answers.items() if st == 201 and rp == "false"]
-    refused = [k for k, (st, _) in answers.items() if st == 503]
+    load.stop()
+    executed = [a.key for a in load.answers if a.status == 201 and a.replayed == "false"]
+    refused = [a.key for a in load.answers if a.status == 503]
     print("kill -9 under load: %d keys, %d executed, %d refused (503)"
-          % (len(answers), len(executed), len(refused)))
+          % (len(load.keys), len(executed), len(refused)))
     assert len(executed) > 50 and refused, "the load or the crash did not bite"
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 after the restart")
     before = upstream.hits()
@@ -228,10 +214,7 @@ def test_postgres_killed_and_restarted_under_load_loses_nothing(proxy, upstream,
         st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", k)], b"x")
         assert st == 201 and hone(h, REPLAY) == "true", (k, st)
     assert upstream.hits() == before, "a completed key ran again after the crash"
-    counts = {}
-    for _m, _t, headers, _b in list(upstream.requests):
-        k = dict((n.lower(), v) for n, v in headers).get("idempotency-key")
-        counts[k] = counts.get(k, 0) + 1
+    counts = upstream.executions()
     assert max(counts.values()) == 1
 
 

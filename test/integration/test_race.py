@@ -1,10 +1,13 @@
-"""Concurrent duplicates: exactly one execution (SPEC §1)."""
+"""Concurrent duplicates: exactly one execution (doc/guarantees.md, Guarantees
+and failure behaviour)."""
 import json
 import threading
 
 import pytest
 
-from conftest import REPLAY, assert_completed, hone, http_request, new_key, shared_store
+from fixtures.client import REPLAY, hone, http_request, new_key
+from fixtures.marks import shared_store
+from fixtures.probes import assert_completed
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

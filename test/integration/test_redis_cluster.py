@@ -1,9 +1,10 @@
-"""Redis Cluster (SPEC 2.1 "Cluster"): the proxy finds the cluster from any
-seed node (CLUSTER SLOTS), sends each store key to its slot's master (CRC16,
-hash tags honoured), follows MOVED and ASK while a slot moves, rides out a
-master's failover without a restart, wakes --wait duplicates across nodes,
-and /keys scans every master. Real servers: three masters with a replica
-each (redis_fixtures.ClusterSet, cluster-node-timeout 2000 ms).
+"""Redis Cluster (doc/stores.md, Pointing idemproxy at Redis: Redis Cluster):
+the proxy finds the cluster from any seed node (CLUSTER SLOTS), sends each
+store key to its slot's master (CRC16, hash tags honoured), follows MOVED and
+ASK while a slot moves, rides out a master's failover without a restart, wakes
+--wait duplicates across nodes, and /keys scans every master. Real servers:
+three masters with a replica each (fixtures.redis.ClusterSet,
+cluster-node-timeout 2000 ms).
 
 A store key is idem:<32 hex scope>:<client key>; its first "{" is the client
 key's, so a client key "{t}-1" puts the store key in the slot of "t"
@@ -11,9 +12,7 @@ whatever the scope: the tests pick a master (or one slot) that way.
 
 The shared cluster (module scope) serves the tests that leave it as it was;
 the migration, the failover and TLS get clusters of their own."""
-import collections
 import json
-import random
 import threading
 import time
 import urllib.parse
@@ -22,9 +21,13 @@ import uuid
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_free, assert_problem, free_port, hone, in_thread,
-                      metrics_value, new_key, redis_only, start_held, wait_for)
-from redis_fixtures import SCRIPTS, ClusterSet, Monitor, cut_links, make_pki
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.load import Load
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.probes import assert_free, start_held
+from fixtures.redis import SCRIPTS, ClusterSet, Monitor, cut_links
+from fixtures.waiting import free_port, in_thread, wait_for
 
 # How long service may stop when a master dies: the other masters flag it
 # PFAIL after cluster-node-timeout (2 s) and FAIL once a majority agrees (a
@@ -108,7 +111,7 @@ def assert_ask(cs, src, dst, slot, key):
 
 
 def use_cluster_client(p, cs):
-    """The conftest helpers (start_held, assert_free...) read the store through
+    """The probes (start_held, assert_free...) read the store through
     p.rdb: point it at the cluster (a RedisCluster scans every master)."""
     p.rdb = cs.client()
     return p
@@ -227,102 +230,6 @@ def test_cluster_one_seed_even_a_replica_finds_the_whole_cluster_redis(proxy, up
 # --------------------------------------------------------------------------- a slot moves
 
 
-class Load:
-    """Threads that send, until stop(), requests for keys "{tag}-..." (one
-    slot): new keys, and replays of keys created earlier (theirs, and
-    <replayable>). Each answer is checked at once (201; replayed false for a
-    new key, true with the first answer's body for a known one); what else
-    came back is in .errors. pause() waits until no request is under way and
-    holds the threads; resume() lets them go on."""
-
-    def __init__(self, p, tag, replayable, threads=3):
-        self.p = p
-        self.tag = tag
-        self.bodies = dict(replayable)  # key -> the body of its executed answer
-        self.mu = threading.Lock()
-        self.cond = threading.Condition(self.mu)
-        self.busy = 0
-        self.paused = False
-        self.stopped = False
-        self.errors = []
-        self.executed = 0
-        self.replayed = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                        for i in range(threads)]
-        for t in self.threads:
-            t.start()
-
-    def _one(self, rnd):
-        with self.mu:
-            known = list(self.bodies)
-        if known and rnd.random() < 0.5:
-            key = rnd.choice(known)
-            replay = True
-        else:
-            key = "{%s}-load-%s" % (self.tag, uuid.uuid4().hex)
-            replay = False
-        try:
-            st, h, body = execute(self.p, key, b"load " + key.encode())
-        except OSError as e:
-            self.errors.append((key, "exception", repr(e)))
-            return
-        flag = hone(h, REPLAY)
-        if replay:
-            with self.mu:
-                want = self.bodies[key]
-            if st != 201 or flag != "true" or body != want:
-                self.errors.append((key, "replay", st, flag, body[:200]))
-                return
-            with self.mu:
-                self.replayed += 1
-        else:
-            if st != 201 or flag != "false":
-                self.errors.append((key, "new", st, flag, body[:200]))
-                return
-            with self.mu:
-                self.bodies[key] = body
-                self.executed += 1
-
-    def _run(self, i):
-        rnd = random.Random(i)
-        while True:
-            with self.cond:
-                while self.paused and not self.stopped:
-                    self.cond.wait()
-                if self.stopped:
-                    return
-                self.busy += 1
-            try:
-                self._one(rnd)
-            finally:
-                with self.cond:
-                    self.busy -= 1
-                    self.cond.notify_all()
-            time.sleep(0.01)
-
-    def pause(self):
-        with self.cond:
-            self.paused = True
-            assert self.cond.wait_for(lambda: self.busy == 0, timeout=30), "load did not pause"
-
-    def resume(self):
-        with self.cond:
-            self.paused = False
-            self.cond.notify_all()
-
-    def stop(self):
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-        for t in self.threads:
-            t.join(30)
-            assert not t.is_alive(), "a load thread did not end"
-
-    def count(self):
-        with self.mu:
-            return self.executed + self.replayed
-
-
 @redis_only
 @pytest.mark.concurrency
 def test_cluster_slot_migrated_under_load_ask_and_moved_redis(proxy, upstream, own_cluster):
@@ -354,7 +261,8 @@ def test_cluster_slot_migrated_under_load_ask_and_moved_redis(proxy, upstream, o
     assert sorted(client_key(k) for k in stored_on(cs, src)) == sorted(pre)
     assert redirections(p) == 0
 
-    load = Load(p, tag, pre)
+    # new keys and replays (of <pre> and of its own keys) in the slot, each answer checked
+    load = Load([p], workers=3, tag=tag, replays=0.5, known=pre, check=True, pace_s=0.01).start()
     try:
         time.sleep(0.4)
         assert cs.begin_migration(slot, dst) == src
@@ -443,25 +351,6 @@ def test_cluster_slot_migrated_under_load_ask_and_moved_redis(proxy, upstream, o
 # --------------------------------------------------------------------------- a master dies
 
 
-def master_load(p, tag, stop, results):
-    """New keys "{tag}-..." one after another until <stop>:
-    (sent, answered, status, problem code or None)."""
-    while not stop.is_set():
-        sent = time.monotonic()
-        code = None
-        try:
-            st, h, body = execute(p, "{%s}-%s" % (tag, uuid.uuid4().hex))
-        except OSError as e:
-            st, code = 0, repr(e)
-        if st not in (0, 201):
-            try:  # a well-formed problem (Retry-After 1 on a 503), or say what it was
-                code = assert_problem((st, h, body), st, json.loads(body)["code"])["code"]
-            except (AssertionError, ValueError, KeyError) as e:
-                code = "not a problem: %r" % e
-        results.append((sent, time.monotonic(), st, code))
-        time.sleep(0.02)
-
-
 @redis_only
 @pytest.mark.concurrency
 def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream, own_cluster):
@@ -491,12 +380,9 @@ def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream,
     vc.close()
     assert metrics_value(p.metrics(), "idemproxy_redis_failovers_total") == 0
 
-    stop = threading.Event()
-    vres, ores = [], []
-    threads = [threading.Thread(target=master_load, args=(p, t, stop, r), daemon=True)
-               for t, r in ((vtag, vres), (otag, ores))]
-    for t in threads:
-        t.start()
+    # new keys of each master's slots, one after another
+    vload, oload = Load([p], tag=vtag).start(), Load([p], tag=otag).start()
+    vres, ores = vload.answers, oload.answers
     ready_samples = []
     stop_ready = threading.Event()
 
@@ -511,7 +397,7 @@ def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream,
     rt = threading.Thread(target=poll_ready, daemon=True)
     try:
         time.sleep(0.5)
-        assert vres and all(s == 201 for _, _, s, _ in vres), vres
+        assert vres and all(a.status == 201 for a in vres), vres
         rt.start()
         old = cs.kill_master(victim)
         t_kill = time.monotonic()
@@ -519,19 +405,20 @@ def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream,
         took = cs.wait_failover(old, timeout=FAILOVER_BOUND_S)
         assert cs.promoted[old] == replica
         # service resumes without a restart of the proxy
-        wait_for(lambda: any(sent > t_kill and s == 201 for sent, _, s, _ in vres[-20:]),
+        wait_for(lambda: any(a.sent > t_kill and a.status == 201 for a in vres[-20:]),
                  timeout=FAILOVER_BOUND_S, what="a 201 on the failed master's slots")
         wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 after the failover")
         t_ready = time.monotonic()
         time.sleep(0.5)
     finally:
-        stop.set()
         stop_ready.set()
-        for t in threads + ([rt] if rt.ident is not None else []):
-            t.join(15)
-    resumed = min(done for sent, done, s, _ in vres if sent > t_kill and s == 201) - t_kill
+        vload.stop()
+        oload.stop()
+        if rt.ident is not None:
+            rt.join(15)
+    resumed = min(a.done for a in vres if a.sent > t_kill and a.status == 201) - t_kill
     for name, res in (("failed master", vres), ("other master", ores)):
-        outcomes = {(s, c) for _, _, s, c in res}
+        outcomes = {(a.status, a.code) for a in res}
         # refused while there was no master, never worse (no 5xx of another kind, no hang)
         assert outcomes <= {(201, None), (503, "store_unavailable")}, (name, outcomes)
     assert resumed < FAILOVER_BOUND_S
@@ -545,8 +432,8 @@ def test_cluster_master_killed_under_load_service_resumes_redis(proxy, upstream,
     assert back - t_kill >= 2.0, (back - t_kill, after)
     assert {s for t, s in after if t < back} == {503}, after
     assert {s for t, s in after if t >= back} == {200}, after
-    refused_v = sum(1 for _, _, s, _ in vres if s == 503)
-    refused_o = sum(1 for _, _, s, _ in ores if s == 503)
+    refused_v = sum(1 for a in vres if a.status == 503)
+    refused_o = sum(1 for a in ores if a.status == 503)
     print("failover: the cluster promoted the replica %.2f s after the kill; the proxy "
           "served the failed master's slots again %.2f s after it, /readyz 200 after "
           "%.2f s; failed master's slots: %d requests, %d refused; other master's: %d "
@@ -735,7 +622,8 @@ def test_cluster_seed_with_nothing_listening_is_503_fast_redis(proxy, upstream):
 @pytest.mark.concurrency
 def test_cluster_frozen_master_resumed_demoted_never_gets_a_script_redis(proxy, upstream,
                                                                          own_cluster):
-    """The Cluster form of the deposed master (SPEC 2.1): two proxies run keys
+    """The Cluster form of the deposed master (doc/stores.md, A master that does
+    not know it was deposed): two proxies run keys
     of one master's slots, their links to it are cut and it is frozen
     (SIGSTOP); the cluster promotes its replica and the proxies follow it; the
     old master is thawed, and until its peers tell it that it lost its slots
@@ -751,50 +639,41 @@ def test_cluster_frozen_master_resumed_demoted_never_gets_a_script_redis(proxy, 
     for p in (p1, p2):
         wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
     mon = Monitor(cs.node(victim))
-    stop, results = threading.Event(), ([], [])
-
-    def run_load():
-        threads = [threading.Thread(target=master_load, args=(p, vtag, stop, r), daemon=True)
-                   for p, r in zip((p1, p2), results)]
-        for t in threads:
-            t.start()
-        return threads
-
-    def stop_load(threads):
-        stop.set()
-        for t in threads:
-            t.join(15)
-        stop.clear()
+    # new keys of the victim's slots, one after another, through each proxy
+    loads = [Load([p], tag=vtag) for p in (p1, p2)]
 
     try:
-        threads = run_load()
+        for load in loads:
+            load.start()
         time.sleep(0.5)
         # no script of theirs in flight to it when it stops (one sent while it
         # was the master would run once it resumes: the check could not tell)
-        stop_load(threads)
+        for load in loads:
+            load.pause()
         cut_links(cs.node(victim), keep={mon.id})
         cs.freeze(victim)
-        threads = run_load()
+        for load in loads:
+            load.resume()
         cs.wait_failover(victim, timeout=FAILOVER_BOUND_S)
         t_failover = time.monotonic()
-        wait_for(lambda: all(any(sent > t_failover and s == 201 for sent, _, s, _ in r[-20:])
-                             for r in results),
+        wait_for(lambda: all(any(a.sent > t_failover and a.status == 201
+                                 for a in load.answers[-20:]) for load in loads),
                  timeout=FAILOVER_BOUND_S, what="both proxies serving the promoted replica")
         t_thaw = time.time()
         cs.thaw(victim)
         time.sleep(2.0)
-        stop_load(threads)
+        for load in loads:
+            load.pause()
         after = mon.commands(t_thaw)
     finally:
-        stop.set()
+        for load in loads:
+            load.stop()
         mon.close()
     scripts = [c for c in after if c[2] in SCRIPTS]
     print("after it resumed the old master ran %d commands of clients (%s), %d scripts" % (
         len(after), ", ".join(sorted({c[2] for c in after})), len(scripts)))
     assert not scripts, scripts[:5]
-    with upstream._lock:  # the fake upstream's own record of every request
-        execs = collections.Counter(v for _, _, headers, _ in upstream.requests
-                                    for k, v in headers if k.lower() == "idempotency-key")
+    execs = upstream.executions()  # the fake upstream's own record of every request
     assert execs and max(execs.values()) == 1, execs.most_common(3)
     # demoted: MOVED to the new master for its old slots, which a proxy follows
     n = cs.node(victim)

@@ -1,11 +1,11 @@
-"""Durable writes (SPEC 2.1 "Durability"): --redis-wait-replicas N pipelines
-`WAIT N <--redis-wait-timeout>` after each Lua script write. A new key's lock
-that N replicas do not confirm in time is released (fenced by its token) and
-answered 503 store_unavailable before it reaches the upstream; a completion
-(or release, extend) not confirmed is still answered to the client. Both are
-counted in idemproxy_store_unreplicated_total{op}. Real servers on loopback:
-a master and a replica (redis_fixtures.RedisInstance), and Redis Clusters
-(redis_fixtures.ClusterSet, 3 masters with 1 replica each).
+"""Durable writes (doc/stores.md, Durable writes): --redis-wait-replicas N
+pipelines `WAIT N <--redis-wait-timeout>` after each Lua script write. A new
+key's lock that N replicas do not confirm in time is released (fenced by its
+token) and answered 503 store_unavailable before it reaches the upstream; a
+completion (or release, extend) not confirmed is still answered to the client.
+Both are counted in idemproxy_store_unreplicated_total{op}. Real servers on
+loopback: a master and a replica (fixtures.redis.RedisServer), and Redis
+Clusters (fixtures.redis.ClusterSet, 3 masters with 1 replica each).
 
 How a replica is made to miss writes. SIGSTOP alone (freeze) stops the
 replica's acknowledgements, so WAIT times out, which is all the refusal tests
@@ -29,10 +29,13 @@ import uuid
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_problem, free_port, hone, in_thread, metrics_value,
-                      new_key, redis_keys, redis_only, redis_state, run_binary, start_held,
-                      wait_for)
-from redis_fixtures import ClusterSet, RedisInstance
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.load import Load
+from fixtures.marks import redis_only
+from fixtures.probes import redis_keys, redis_state, start_held
+from fixtures.proxy import run_binary
+from fixtures.redis import ClusterSet, RedisServer
+from fixtures.waiting import free_port, in_thread, wait_for
 
 UNREPLICATED = "idemproxy_store_unreplicated_total"
 WAIT_TIMEOUT_S = 0.1  # --redis-wait-timeout's default
@@ -93,7 +96,7 @@ def wait_master_counts_replicas(client, n=1, timeout=10.0, tag=""):
     """Waits until <n> replicas acknowledge a write of the master behind
     <client> (SET and DEL of a probe key, which leave nothing, then WAIT n
     answering n; on a cluster <tag> is a hash tag whose slot that master
-    serves). RedisInstance.wait_replica_up and ClusterSet's start/revive look
+    serves). RedisServer.wait_replica_up and ClusterSet's start/revive look
     at the replica's side only (master_link_status:up). After a diskless sync
     the master sends a replica no command stream, and so no REPLCONF GETACK,
     until that replica's first ACK, which it sends once a second: until then
@@ -122,11 +125,11 @@ def wait_cluster_replicas_confirm(cs):
 
 @pytest.fixture
 def replicated(tmp_path):
-    """A master and one replica of it (RedisInstance, `replicaof`), the
+    """A master and one replica of it (RedisServer, `replicaof`), the
     replica's link up. Yields (master, replica); both stopped at teardown
     (a frozen one is thawed first by stop())."""
-    master = RedisInstance(str(tmp_path / "repl")).start()
-    replica = RedisInstance(str(tmp_path / "repl"), replicaof=master.addr)
+    master = RedisServer(str(tmp_path / "repl")).start()
+    replica = RedisServer(str(tmp_path / "repl"), replicaof=master.addr)
     try:
         replica.start()
         replica.wait_replica_up()
@@ -176,7 +179,7 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
     back and its link up, new keys execute again."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
 
     done = new_key()
@@ -228,13 +231,13 @@ def test_redis_wait_replica_down_new_key_refused_replay_served(proxy, upstream, 
 
 @redis_only
 def test_redis_wait_unknown_outcome_is_replicated(proxy, upstream, replicated):
-    """--redis-wait-replicas 1 (SPEC §9): a key made unknown (a reset after the
-    upstream read the request) is a write WAIT confirms like the others: the
-    replica has the unknown record, and a duplicate gets 502
-    idempotency_outcome_unknown, never forwarded."""
+    """--redis-wait-replicas 1 (doc/guarantees.md, Unknown outcomes): a key
+    made unknown (a reset after the upstream read the request) is a write
+    WAIT confirms like the others: the replica has the unknown record, and a
+    duplicate gets 502 idempotency_outcome_unknown, never forwarded."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     key = new_key()
     req = ("POST", "/reset", [("Idempotency-Key", key)], b"pay")
     assert_problem(p.request(*req), 502, "upstream_unavailable")
@@ -259,7 +262,7 @@ def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, u
     (a late replication, not a loss)."""
     master, replica = replicated
     mc = master.client()
-    p = on(proxy, master.url(), mc, "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, mc, "--redis-wait-replicas", "1")
     key = new_key()
     req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"held")
     first = start_held(p, key)  # acquired, confirmed by the replica, at the upstream
@@ -296,17 +299,18 @@ def test_redis_wait_completion_not_confirmed_still_answered_and_counted(proxy, u
 @redis_only
 def test_redis_wait_refused_lock_given_back_even_when_its_link_is_cut(proxy, upstream,
                                                                       replicated):
-    """Every acquire that WAIT refused is given back with its token (SPEC 2.1
-    "Durability"), also when the proxy's connection is cut while it waits for
-    the WAIT (the release then goes on another connection, retried), and so is
-    an acquire whose answer the cut lost: no refused key is left locked, where
-    each would answer 409 for a whole --lock-ttl. The replica is frozen (WAIT 1
-    can never be met, so every new key is refused) while a thread cuts the
-    proxy's connections on the master (CLIENT KILL TYPE normal) every 0.1-0.3 s;
-    the releases are counted as Redis publishes them (release.lua publishes
-    each key whose lock it deletes)."""
+    """Every acquire that WAIT refused is given back with its token
+    (doc/stores.md, Durable writes), also when the proxy's connection is cut
+    while it waits for the WAIT (the release then goes on another
+    connection, retried), and so is an acquire whose answer the cut lost: no
+    refused key is left locked, where each would answer 409 for a whole
+    --lock-ttl. The replica is frozen (WAIT 1 can never be met, so every new
+    key is refused) while a thread cuts the proxy's connections on the
+    master (CLIENT KILL TYPE normal) every 0.1-0.3 s; the releases are
+    counted as Redis publishes them (release.lua publishes each key whose
+    lock it deletes)."""
     master, replica = replicated
-    p = on(proxy, master.url(), master.client(), "--redis-wait-replicas", "1")
+    p = on(proxy, master.url, master.client(), "--redis-wait-replicas", "1")
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
     listener = redis.Redis(host=master.addr[0], port=master.addr[1]).pubsub()
     listener.subscribe("idemproxy:done")  # a pubsub client: TYPE normal spares it
@@ -482,98 +486,16 @@ def test_redis_wait_options_refused_exit_2(args, name, env):
 
 
 # --------------------------------------------------------- 5. failover: double executions
-# The load of the failover test: worker threads, each issuing new keys one
-# after another (bounded in time and count), every key sent three times: two
-# copies at once, one to each proxy, then one more to either; finally, once
-# service is back, every key once more (a client retrying after the outage).
+# The load of the failover test (fixtures.load.Load, race=True): worker
+# threads, each issuing new keys one after another (bounded in time and
+# count), every key sent three times: two copies at once, one to each proxy,
+# then one more to either; finally, once service is back, every key once more
+# (a client retrying after the outage: Load.retry_all).
 WORKERS = 6
 PACE_S = 0.08  # each worker's pause between keys: ~50 keys/s in all when served
 MAX_KEYS = 2000
 WINDOW_S = 1.0  # the replica's link cut -> the master killed (under node-timeout 2 s)
 TAG = "t"
-
-
-class Load:
-    def __init__(self, proxies, tag):
-        self.proxies = proxies
-        self.tag = tag
-        self.lock = threading.Lock()
-        self.keys = []
-        self.answers = []  # (sent, done, key, status, proxy index); status 0: no answer
-        self.stop = threading.Event()
-        self.threads = []
-        self.rng = random.Random(1234)
-
-    def send(self, p, key):
-        sent = time.monotonic()
-        try:
-            st, _, _ = post(p, key, timeout=10)
-        except OSError:
-            st = 0
-        with self.lock:
-            self.answers.append((sent, time.monotonic(), key, st, self.proxies.index(p)))
-        return st
-
-    def worker(self, n):
-        deadline = time.monotonic() + 60  # bounded whatever happens
-        i = 0
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            with self.lock:
-                if len(self.keys) >= MAX_KEYS:
-                    return
-                key = "{%s}-%s" % (self.tag, uuid.uuid4().hex)
-                self.keys.append(key)
-            a, b = self.proxies[(n + i) % 2], self.proxies[(n + i + 1) % 2]
-            i += 1
-            other = in_thread(self.send, b, key)
-            self.send(a, key)  # the two copies at once, one per proxy
-            other(15)
-            self.send(self.proxies[self.rng.randrange(2)], key)  # then a duplicate
-            time.sleep(PACE_S)
-
-    def start(self):
-        for n in range(WORKERS):
-            t = threading.Thread(target=self.worker, args=(n,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(20)
-            assert not t.is_alive(), "a load worker did not stop"
-
-    def retry_all(self, budget_s=4.0):
-        """Every key once more; those not answered 201 (503, 409, none) again
-        until budget_s runs out. Returns {key: its last status}."""
-        last = {}
-        pending = list(self.keys)
-        deadline = time.monotonic() + budget_s
-        rounds = 0
-        while pending and rounds < 50:
-            rounds += 1
-            chunks = [pending[i::8] for i in range(8)]
-
-            def run(chunk):
-                for k in chunk:
-                    last[k] = self.send(self.proxies[len(k) % 2 ^ (ord(k[-1]) & 1)], k)
-
-            getters = [in_thread(run, c) for c in chunks]
-            for g in getters:
-                g(60)
-            pending = [k for k in pending if last[k] != 201]
-            if not pending or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        return last
-
-
-def status_counts(answers, t_from=None, t_to=None):
-    c = collections.Counter(st for sent, _, _, st, _ in answers
-                            if (t_from is None or sent >= t_from)
-                            and (t_to is None or sent < t_to))
-    return {"201": c.get(201, 0), "503": c.get(503, 0), "409": c.get(409, 0),
-            "other": sum(v for s, v in c.items() if s not in (201, 503, 409))}
 
 
 def failover_run(proxy, upstream, cs, wait):
@@ -602,7 +524,8 @@ def failover_run(proxy, upstream, cs, wait):
         st, h, _ = post(p, key)
         assert st == 201 and hone(h, REPLAY) == "true" and executions(upstream, key) == 1
 
-    load = Load([p1, p2], TAG)
+    load = Load([p1, p2], workers=WORKERS, tag=TAG, race=True, pace_s=PACE_S,
+                max_keys=MAX_KEYS, bound_s=60, seed=1234)
     t0 = time.monotonic()
     load.start()
     time.sleep(2.0)  # keys executed, completed and replicated before the fault
@@ -623,26 +546,18 @@ def failover_run(proxy, upstream, cs, wait):
 
     def served_again():
         # the load's requests sent after the heal are answered 201 through both proxies
-        with load.lock:
-            ok = [i for sent, _, _, st, i in load.answers if sent > t_healed and st == 201]
-        return ok.count(0) >= 10 and ok.count(1) >= 10
+        return load.served_since(t_healed, 0) >= 10 and load.served_since(t_healed, 1) >= 10
 
     wait_for(served_again, timeout=20, interval=0.1, what="service back after the failover")
     t_back = time.monotonic()
     time.sleep(1.0)
-    load.finish()
+    load.stop()
     t_end = time.monotonic()
     last = load.retry_all()
 
     keys = list(load.keys)
     keyset = set(keys)
-    with upstream._lock:  # the fake upstream's own record of every request
-        reqs = list(upstream.requests)
-    execs = collections.Counter()
-    for _, target, headers, _ in reqs:
-        for k, v in headers:
-            if k.lower() == "idempotency-key" and v in keyset:
-                execs[v] += 1
+    execs = upstream.executions(keyset)  # the fake upstream's own record of every request
     doubles = sorted(k for k in keys if execs[k] > 1)
     never = [k for k in keys if execs[k] == 0]
     # keys left locked: their lock reached the replica, but what followed it (the
@@ -661,9 +576,9 @@ def failover_run(proxy, upstream, cs, wait):
         label=label, keys=len(keys), requests=len(load.answers), doubles=len(doubles),
         triples=sum(1 for k in keys if execs[k] > 2), never=len(never), locked=locked,
         last=collections.Counter(last.values()),
-        all=status_counts(load.answers),
-        window=status_counts(load.answers, t_cut, t_kill),
-        outage=status_counts(load.answers, t_kill, t_back),
+        all=load.statuses(),
+        window=load.statuses(t_cut, t_kill),
+        outage=load.statuses(t_kill, t_back),
         failover_s=took, back_s=t_back - t_kill, unreplicated=metrics,
         run_s=time.monotonic() - t0, load_s=t_end - t0)
     print("\n%(label)s: %(keys)d keys, %(requests)d requests in %(load_s).1f s; "
@@ -709,10 +624,11 @@ def test_redis_cluster_failover_double_executions_with_and_without_wait(proxy, u
       execute once: no double execution. (A key whose lock was confirmed but
       whose completion fell in the window stays locked on the new master, 409,
       until --lock-ttl: counted as "left locked" and in unreplicated{complete};
-      SPEC: a completion is answered even when not confirmed. So does a key
-      whose refused lock still reached the replica, from the socket's buffer,
-      while its release did not: counted in unreplicated{acquire}, never run
-      until --lock-ttl frees it, never run twice.)
+      doc/stores.md, Durable writes: a completion is answered even when not
+      confirmed. So does a key whose refused lock still reached the replica,
+      from the socket's buffer, while its release did not: counted in
+      unreplicated{acquire}, never run until --lock-ttl frees it, never run
+      twice.)
 
     Why a cluster rather than Sentinel: the cluster is the form this feature
     came with (test 3 covers it too); ClusterSet.revive turns the killed

@@ -1,6 +1,7 @@
-"""Tests of redis_fixtures itself (redis-py only, no idemproxy): the PKI, the
-TLS servers, ACL users, the Sentinel set and the Redis Cluster (with its
-command-line entry) behave as the tests that use them assume. Run:
+"""Tests of fixtures.redis and fixtures.pki themselves (redis-py only, no
+idemproxy): the PKI, the TLS servers, ACL users, the Sentinel set and the
+Redis Cluster (with its command-line entry) behave as the tests that use
+them assume. Run:
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider test/integration/test_redis_fixtures.py
 """
@@ -15,24 +16,25 @@ import time
 import pytest
 import redis
 
-sys.path.insert(0, os.path.dirname(__file__))
-import redis_fixtures as rf  # noqa: E402
+from fixtures import redis as rf
+from fixtures.pki import OPENSSL, Pki, make_pki
 
 pytestmark = pytest.mark.skipif(
-    not os.access(rf.REDIS_SERVER, os.X_OK) or shutil.which(rf.OPENSSL) is None,
+    not os.access(rf.REDIS_SERVER, os.X_OK) or shutil.which(OPENSSL) is None,
     reason="needs %s and the openssl CLI" % rf.REDIS_SERVER)
 
 # Bounds asserted on the Sentinel set, generous against the measured times
 # (start-up about 1.4 s, a kill-master failover about 2.3 s on an idle machine).
 STARTUP_BOUND = 10.0
 FAILOVER_BOUND = 15.0
+HERE = os.path.dirname(os.path.abspath(__file__))  # where `python3 -m fixtures.redis` runs
 
 
 # --------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    return rf.make_pki(tmp_path_factory.mktemp("pki"))
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ ACL = ["user app on >secret ~idem:* &idemproxy:* +@all", "user default off"]
 
 @pytest.fixture(scope="module", params=["plain", "tls"])
 def acl_server(request, pki, tmp_path_factory):
-    srv = rf.RedisInstance(tmp_path_factory.mktemp("acl"), acl=ACL,
+    srv = rf.RedisServer(tmp_path_factory.mktemp("acl"), acl=ACL,
                            pki=pki if request.param == "tls" else None)
     try:
         srv.start()
@@ -127,7 +129,7 @@ def openssl_verify(pki, cafile, cert, *extra):
 
 
 def test_pki_certificates(pki):
-    for name in rf.Pki.FILES:
+    for name in Pki.FILES:
         assert os.path.getsize(pki[name]) > 0, name
     ok, out = openssl_verify(pki, pki.ca_crt, pki.server_crt, "-purpose", "sslserver",
                              "-verify_hostname", "localhost")
@@ -157,7 +159,7 @@ def test_pki_certificates(pki):
 # --------------------------------------------------------------------------- TLS
 
 def test_tls_server_answers_with_the_right_ca(tls_server):
-    assert tls_server.url() == "rediss://127.0.0.1:%d" % tls_server.port
+    assert tls_server.url == "rediss://127.0.0.1:%d" % tls_server.port
     c = tls_server.client(check_hostname=True)  # the name checked is 127.0.0.1 (IP SAN)
     assert c.set("idem:tls", "v") is True
     assert c.get("idem:tls") == b"v"
@@ -227,12 +229,12 @@ def test_acl_wrong_password_and_default_user_refused(acl_server):
     with pytest.raises(redis.exceptions.AuthenticationError):  # NOAUTH: default is off
         acl_server.client().ping()
     scheme = "rediss" if acl_server.tls else "redis"
-    assert acl_server.url("app", "se cret") == "%s://app:se%%20cret@127.0.0.1:%d" % (
+    assert acl_server.url_for("app", "se cret") == "%s://app:se%%20cret@127.0.0.1:%d" % (
         scheme, acl_server.port)
 
 
 def test_requirepass_server(tmp_path):
-    with rf.RedisInstance(tmp_path, password="p w").start() as srv:
+    with rf.RedisServer(tmp_path, password="p w").start() as srv:
         assert srv.client().ping()  # the fixture's own client uses the password
         with pytest.raises(redis.exceptions.AuthenticationError):
             srv.client(password="").ping()
@@ -680,8 +682,9 @@ def test_cluster_command_line(tmp_path):
     err_path = tmp_path / "cli.err"
     t0 = time.monotonic()
     with open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, rf.__file__, "cluster", "--dir", str(workdir)],
-                                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, "-m", "fixtures.redis", "cluster", "--dir",
+                                 str(workdir)], cwd=HERE, stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL)
     pids = []
     try:
         line = _read_line(proc, 30)
@@ -739,9 +742,9 @@ def test_cluster_command_line(tmp_path):
 
 
 def test_cluster_command_line_start_failure(tmp_path):
-    r = subprocess.run([sys.executable, rf.__file__, "cluster", "--dir", str(tmp_path / "x"),
-                        "--masters", "2"], capture_output=True, timeout=30,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run([sys.executable, "-m", "fixtures.redis", "cluster", "--dir",
+                        str(tmp_path / "x"), "--masters", "2"], cwd=HERE, capture_output=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
     assert r.returncode == 1
     assert r.stdout == b""
     assert b"at least 3 masters" in r.stderr, r.stderr

@@ -1,17 +1,20 @@
-"""Redis under Sentinel (SPEC 2.1): the proxy finds the master through the
-sentinels, confirms it, and follows a failover without a restart. Real
-servers: a master, a replica and three sentinels (redis_fixtures.py)."""
+"""Redis under Sentinel (doc/stores.md, Pointing idemproxy at Redis): the
+proxy finds the master through the sentinels, confirms it, and follows a
+failover without a restart. Real servers: a master, a replica and three
+sentinels (fixtures/redis.py)."""
 import collections
-import random
 import threading
 import time
 
 import pytest
 import redis
 
-from conftest import (REPLAY, assert_problem, hone, in_thread, metrics_value, new_key,
-                      redis_only, wait_for)
-from redis_fixtures import SCRIPTS, Monitor, SentinelSet, cut_links, make_pki
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.load import Load
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.redis import SCRIPTS, Monitor, SentinelSet, cut_links
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
@@ -54,9 +57,10 @@ def test_sentinel_finds_the_master_and_serves_redis(proxy, upstream, sentinels):
 
 @redis_only
 def test_sentinel_unknown_outcome_on_the_master_redis(proxy, upstream, sentinels):
-    """Through the sentinels as on one Redis (SPEC §9): a reset after the
-    upstream read the request makes the key unknown on the master; a
-    duplicate gets 502 idempotency_outcome_unknown, never forwarded."""
+    """Through the sentinels as on one Redis (doc/guarantees.md, Unknown
+    outcomes): a reset after the upstream read the request makes the key
+    unknown on the master; a duplicate gets 502 idempotency_outcome_unknown,
+    never forwarded."""
     p = proxy(redis_url=sentinels.sentinel_url())
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200 through the sentinels")
     key = new_key()
@@ -79,18 +83,6 @@ def test_sentinel_unknown_master_name_is_503_with_the_reason_redis(proxy, upstre
              what="the reason in the log")
 
 
-def load(p, stop, results):
-    """New keys, one after another, until <stop>: (sent, answered, status)."""
-    while not stop.is_set():
-        sent = time.monotonic()
-        try:
-            st, _, _ = execute(p, new_key())
-        except OSError:
-            st = 0
-        results.append((sent, time.monotonic(), st))
-        time.sleep(0.02)
-
-
 def failover_under_load(p, sentinels, upstream, how):
     wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
     done_key = new_key()
@@ -99,23 +91,20 @@ def failover_under_load(p, sentinels, upstream, how):
     # replicated before the failover: Redis promises no more than that
     assert sentinels.master_client().wait(1, 2000) >= 1
     hits_before = upstream.hits("/echo")
-    stop, results = threading.Event(), []
-    t = threading.Thread(target=load, args=(p, stop, results), daemon=True)
-    t.start()
+    load = Load([p]).start()  # new keys, one after another
     time.sleep(0.5)
     old = how()
     t_fail = time.monotonic()  # the master is gone (killed or stopped) by now
     new = sentinels.wait_failover(old, timeout=FAILOVER_BOUND_S)
     assert new != old
     # service resumes without a restart of the proxy
-    wait_for(lambda: any(sent > t_fail and s == 201 for sent, _, s in results[-20:]),
+    wait_for(lambda: any(a.sent > t_fail and a.status == 201 for a in load.answers[-20:]),
              timeout=FAILOVER_BOUND_S, what="a 201 after the failover")
     time.sleep(0.5)
-    stop.set()
-    t.join(10)
+    results = load.stop().answers
     # the first request sent after the master went that executed
-    resumed = min(done for sent, done, s in results if sent > t_fail and s == 201) - t_fail
-    statuses = {s for _, _, s in results}
+    resumed = min(a.done for a in results if a.sent > t_fail and a.status == 201) - t_fail
+    statuses = {a.status for a in results}
     assert statuses <= {201, 503}, statuses  # refused while there was no master, never worse
     assert resumed < FAILOVER_BOUND_S
     # the answer completed and replicated before the failover still replays
@@ -125,7 +114,7 @@ def failover_under_load(p, sentinels, upstream, how):
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 on the new master")
     assert metrics_value(p.metrics(), "idemproxy_redis_failovers_total") >= 1
     print("service resumed %.2f s after the master went (%s); %d requests, %d refused"
-          % (resumed, how.__name__, len(results), sum(1 for _, _, s in results if s == 503)))
+          % (resumed, how.__name__, len(results), sum(1 for a in results if a.status == 503)))
     return resumed, hits_before
 
 
@@ -151,7 +140,8 @@ def test_sentinel_master_frozen_under_load_service_resumes_redis(proxy, upstream
 def test_rediss_sentinel_with_passwords_everywhere_redis(proxy, upstream, tmp_path):
     """rediss-sentinel://: TLS to the sentinels and to the master, the
     master's ACL user in the URL, the sentinels' own password in the query
-    (SPEC 2.1), and a failover followed over TLS."""
+    (doc/stores.md, Pointing idemproxy at Redis), and a failover followed
+    over TLS."""
     pki = make_pki(str(tmp_path / "pki"))
     ss = SentinelSet(str(tmp_path / "tls-sentinel"), pki=pki, username="app",
                      password="m4ster", sentinel_password="s3ntinel").start()
@@ -181,10 +171,11 @@ def test_sentinel_first_sentinel_dead_the_others_are_asked_redis(proxy, upstream
 @redis_only
 def test_sentinel_role_forbidden_and_a_graceful_failover_redis(proxy, upstream, tmp_path):
     """An ACL user that may not run ROLE (-role): the proxy trusts what the
-    sentinels said and relies on READONLY replies instead (SPEC 2.1). A
-    graceful failover (SENTINEL FAILOVER) leaves the old master running as a
-    replica: writes sent there get READONLY, and the proxy moves to the new
-    master, through the reply or +switch-master, whichever comes first."""
+    sentinels said and relies on READONLY replies instead (doc/stores.md, A
+    master that does not know it was deposed). A graceful failover (SENTINEL
+    FAILOVER) leaves the old master running as a replica: writes sent there
+    get READONLY, and the proxy moves to the new master, through the reply
+    or +switch-master, whichever comes first."""
     ss = SentinelSet(str(tmp_path / "ro"), username="admin", password="adminpw",
                      acl_users=["user app on >apppw ~* &* +@all -role"]).start()
     try:
@@ -228,67 +219,6 @@ def cut_subscriptions(ss, stop):
         time.sleep(0.02)
 
 
-class DuplicateLoad:
-    """Workers sending new keys, each to both proxies at once and then once
-    more to either; pause() waits until none is in the middle of a key."""
-
-    def __init__(self, proxies, workers=4):
-        self.proxies = proxies
-        self.lock = threading.Lock()
-        self.keys, self.answers = [], []  # answers: (sent, proxy index, status)
-        self.go, self.stop = threading.Event(), threading.Event()
-        self.busy = 0
-        self.rng = random.Random(7)
-        self.threads = [threading.Thread(target=self.worker, daemon=True)
-                        for _ in range(workers)]
-
-    def send(self, i, key):
-        sent = time.monotonic()
-        try:
-            st = execute(self.proxies[i], key)[0]
-        except OSError:
-            st = 0
-        with self.lock:
-            self.answers.append((sent, i, st))
-        return st
-
-    def worker(self):
-        deadline = time.monotonic() + 120  # bounded whatever happens
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if not self.go.wait(0.05):
-                continue
-            with self.lock:
-                self.busy += 1
-                key = new_key()
-                self.keys.append(key)
-            other = in_thread(self.send, 1, key)
-            self.send(0, key)
-            other(30)
-            self.send(self.rng.randrange(2), key)
-            with self.lock:
-                self.busy -= 1
-            time.sleep(0.02)
-
-    def start(self):
-        self.go.set()
-        for t in self.threads:
-            t.start()
-
-    def pause(self):
-        self.go.clear()
-        wait_for(lambda: self.busy == 0, timeout=40, what="the load to pause")
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(40)
-            assert not t.is_alive(), "a load worker did not stop"
-
-    def served_since(self, t, i):
-        with self.lock:
-            return sum(1 for sent, pi, st in self.answers if sent > t and pi == i and st == 201)
-
-
 def wait_promotable(ss, timeout=30.0):
     """Until every sentinel sees a replica with its link up (one they can
     promote), other than a frozen node."""
@@ -310,24 +240,25 @@ def _pairs(flat):
 
 @redis_only
 def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstream, tmp_path):
-    """The path that ran keys twice (SPEC 2.1 "Sentinel"), twice over: two
-    proxies under a load of keys sent to both at once; their links to the
-    master are cut and the master frozen (SIGSTOP: a VM pause), while their
-    +switch-master subscriptions are cut every 20 ms, so that they never hear
-    the failover; the sentinels promote a replica; the old master is thawed at
-    once, still believing it is the master. A set-up that waited on it all that
-    time completes then, and ROLE says master; yet no script may run there
-    after it resumed (its MONITOR, kept open through the freeze, says what it
-    ran and when), service goes on on the new master through both proxies, and
-    no key runs twice."""
+    """The path that ran keys twice (doc/stores.md, A master that does not
+    know it was deposed), twice over: two proxies under a load of keys sent
+    to both at once; their links to the master are cut and the master frozen
+    (SIGSTOP: a VM pause), while their +switch-master subscriptions are cut
+    every 20 ms, so that they never hear the failover; the sentinels promote
+    a replica; the old master is thawed at once, still believing it is the
+    master. A set-up that waited on it all that time completes then, and
+    ROLE says master; yet no script may run there after it resumed (its
+    MONITOR, kept open through the freeze, says what it ran and when),
+    service goes on on the new master through both proxies, and no key runs
+    twice."""
     ss = SentinelSet(str(tmp_path / "deposed"), replicas=2).start()
     p1, p2 = proxy(redis_url=ss.sentinel_url()), proxy(redis_url=ss.sentinel_url())
     load = None
     try:
         for p in (p1, p2):
             wait_for(lambda: readyz(p) == 200, timeout=10, what="/readyz 200")
-        load = DuplicateLoad([p1, p2])
-        load.start()
+        # new keys, each sent to both proxies at once and then once more to either
+        load = Load([p1, p2], workers=4, race=True).start()
         last_failover = None
         for cycle in range(2):
             old = ss.master()
@@ -348,7 +279,7 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
                 time.sleep(0.1)
                 cut_links(old, keep={mon.id})
                 old.freeze()
-                load.go.set()
+                load.resume()
                 new = ss.wait_failover(old.addr, timeout=FAILOVER_BOUND_S)
                 last_failover = time.monotonic()
                 t_thaw = time.time()
@@ -370,20 +301,17 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
                       ", ".join(sorted({c[2] for c in after})), len(scripts)))
             assert not scripts, scripts[:5]
             wait_promotable(ss)
-        load.finish()
+        load.stop()
         for p in (p1, p2):
             assert p.alive(), p.stderr()
     finally:
         if load:
-            load.finish()
+            load.stop()
         ss.stop()
     keys = set(load.keys)
-    with upstream._lock:  # the fake upstream's own record of every request
-        execs = collections.Counter(v for _, _, headers, _ in upstream.requests
-                                    for k, v in headers
-                                    if k.lower() == "idempotency-key" and v in keys)
+    execs = upstream.executions(keys)  # the fake upstream's own record of every request
     twice = [k for k, n in execs.items() if n > 1]
-    statuses = collections.Counter(st for _, _, st in load.answers)
+    statuses = collections.Counter(a.status for a in load.answers)
     print("%d keys, %d requests %s, %d executed twice" % (len(keys), len(load.answers),
                                                           dict(statuses), len(twice)))
     assert not twice, twice[:5]
@@ -392,13 +320,14 @@ def test_sentinel_deposed_master_resumed_never_gets_a_script_redis(proxy, upstre
 
 @redis_only
 def test_sentinel_switch_master_unheard_is_found_by_asking_redis(proxy, upstream, tmp_path):
-    """A +switch-master the proxy never hears (SPEC 2.1): its subscriptions
-    are cut every 20 ms on every sentinel while a graceful failover
-    (SENTINEL FAILOVER) moves the master, and no request is sent, so no
-    connection fails and no READONLY reply tells (the old master, now a
-    replica, still answers the readiness PING). The proxy must find the new
-    master by asking: every second while it has no subscription, and once
-    when one comes back. Then a new key is stored on the new master."""
+    """A +switch-master the proxy never hears (doc/stores.md, Pointing
+    idemproxy at Redis: Sentinel): its subscriptions are cut every 20 ms on
+    every sentinel while a graceful failover (SENTINEL FAILOVER) moves the
+    master, and no request is sent, so no connection fails and no READONLY
+    reply tells (the old master, now a replica, still answers the readiness
+    PING). The proxy must find the new master by asking: every second while
+    it has no subscription, and once when one comes back. Then a new key is
+    stored on the new master."""
     ss = SentinelSet(str(tmp_path / "unheard")).start()
     try:
         p = proxy(redis_url=ss.sentinel_url())

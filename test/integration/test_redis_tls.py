@@ -1,5 +1,6 @@
-"""Redis over TLS and with ACL users (SPEC 2.1): the proxy's own connections
-against real TLS redis-servers with a throwaway CA (redis_fixtures.py).
+"""Redis over TLS and with ACL users (doc/stores.md, Pointing idemproxy at
+Redis): the proxy's own connections against real TLS redis-servers with a
+throwaway CA (fixtures/redis.py).
 
 Verification is on by default and a certificate that fails it is a store
 error (503, /readyz 503) with the reason in the log, never a silent fallback
@@ -7,9 +8,12 @@ to plain TCP; plain TCP against a TLS port and TLS against a plain port
 never work either."""
 import pytest
 
-from conftest import (executes_then_replays, readyz, redis_only, refused_503, run_binary,
-                      wait_for)
-from redis_fixtures import RedisInstance, TlsRedisServer, make_pki
+from fixtures.marks import redis_only
+from fixtures.pki import make_pki
+from fixtures.probes import executes_then_replays, readyz, refused_503
+from fixtures.proxy import run_binary
+from fixtures.redis import RedisServer, TlsRedisServer
+from fixtures.waiting import wait_for
 
 ACL = ["user app on >s3cret ~idem:* &idemproxy:* +@all",
        "user open on nopass ~idem:* &idemproxy:* +@all", "user default off"]
@@ -45,7 +49,7 @@ def wrong_name_redis(tmp_path_factory, pki):
 
 @pytest.fixture(scope="module")
 def acl_redis(tmp_path_factory):
-    srv = RedisInstance(str(tmp_path_factory.mktemp("acl")), acl=ACL).start()
+    srv = RedisServer(str(tmp_path_factory.mktemp("acl")), acl=ACL).start()
     yield srv
     srv.stop()
 
@@ -62,7 +66,7 @@ def stored_keys(client):
 
 @redis_only
 def test_rediss_verified_by_ca_executes_and_replays_redis(proxy, upstream, tls_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=tls_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=tls_redis.url)
     wait_for(lambda: readyz(p) == 200, timeout=5, what="/readyz 200 over TLS")
     key = executes_then_replays(p, upstream)
     assert any(k.decode().endswith(":" + key) for k in stored_keys(tls_redis.client()))
@@ -75,7 +79,7 @@ def test_rediss_verified_by_ca_executes_and_replays_redis(proxy, upstream, tls_r
 @redis_only
 def test_rediss_with_another_ca_is_a_store_error_with_the_reason_redis(proxy, upstream,
                                                                        tls_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.other_ca_crt, redis_url=tls_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.other_ca_crt, redis_url=tls_redis.url)
     refused_503(p, upstream, "certificate failed verification")
     assert "TLS" in p.stderr()
 
@@ -83,11 +87,11 @@ def test_rediss_with_another_ca_is_a_store_error_with_the_reason_redis(proxy, up
 @redis_only
 def test_rediss_wrong_name_is_refused_and_server_name_is_what_is_checked_redis(
         proxy, upstream, wrong_name_redis, pki):
-    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=wrong_name_redis.url())
+    p = proxy("--redis-tls-ca-file", pki.ca_crt, redis_url=wrong_name_redis.url)
     refused_503(p, upstream, "certificate failed verification", "mismatch")
     # the certificate is for wrong.example: that is the name to check
     p2 = proxy("--redis-tls-ca-file", pki.ca_crt, "--redis-tls-server-name", "wrong.example",
-               redis_url=wrong_name_redis.url())
+               redis_url=wrong_name_redis.url)
     wait_for(lambda: readyz(p2) == 200, timeout=5, what="/readyz 200 with the server name")
     executes_then_replays(p2, upstream)
 
@@ -95,7 +99,7 @@ def test_rediss_wrong_name_is_refused_and_server_name_is_what_is_checked_redis(
 @redis_only
 def test_rediss_insecure_skips_verification_and_warns_redis(proxy, upstream, tls_redis, pki):
     p = proxy("--redis-tls-ca-file", pki.other_ca_crt, "--redis-tls-insecure",
-              redis_url=tls_redis.url())
+              redis_url=tls_redis.url)
     executes_then_replays(p, upstream)
     assert "--redis-tls-insecure" in p.stderr() and "not verified" in p.stderr()
 
@@ -132,7 +136,8 @@ def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstre
                                                                      tmp_path):
     p = proxy(redis_url="redis://app:s3cret@127.0.0.1:%d" % acl_redis.port)
     executes_then_replays(p, upstream)
-    # the password file beats the URL's password (SPEC 2.1)
+    # the password file beats the URL's password (doc/stores.md, Pointing
+    # idemproxy at Redis)
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
     p3 = proxy("--redis-password-file", str(pw),
@@ -147,9 +152,10 @@ def test_acl_user_wrong_password_is_refused_and_never_logged_redis(proxy, upstre
 
 @redis_only
 def test_acl_user_named_alone_in_the_url_redis(proxy, upstream, acl_redis, tmp_path):
-    """redis://USER@HOST names an ACL user (SPEC §11): its password comes from
-    --redis-password-file, or there is none (a nopass user); it is never
-    taken for a password, and never masked as one."""
+    """redis://USER@HOST names an ACL user (doc/stores.md, Pointing
+    idemproxy at Redis): its password comes from --redis-password-file, or
+    there is none (a nopass user); it is never taken for a password, and
+    never masked as one."""
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
     p = proxy("--redis-password-file", str(pw),

@@ -1,9 +1,9 @@
-"""SIGHUP reloads the configuration file (SPEC §3, §6): a valid file applies
-to the requests that begin after it, while a running request keeps its route;
-an invalid one changes nothing and logs each problem as
+"""SIGHUP reloads the configuration file (doc/configuration.md, Reloading): a
+valid file applies to the requests that begin after it, while a running request
+keeps its route; an invalid one changes nothing and logs each problem as
 `reload: FILE:LINE:COLUMN: message`; the settings that need a restart are
-logged as such and keep their value; no connection or request is dropped;
-the log level and format apply; a `wait` that no route had at start needs a
+logged as such and keep their value; no connection or request is dropped; the
+log level and format apply; a `wait` that no route had at start needs a
 restart. idemproxy_config_reloads_total{result} counts reloads.
 
 The proxy fixture passes --listen, --admin-listen, --upstream (and --redis)
@@ -20,10 +20,11 @@ import urllib.parse
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_locked, assert_problem, free_port, hone,
-                      http_request, in_thread, keyed, metrics_value, new_key, recv_until_closed,
-                      pg_rows, redis_keys, start_held, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import (REPLAY, assert_problem, hone, http_request, keyed, metrics_value,
+                             new_key, recv_until_closed)
+from fixtures.probes import assert_free, assert_locked, pg_rows, redis_keys, start_held
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import free_port, in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
@@ -345,10 +346,11 @@ def _refused(p):
 
 def test_reload_restart_settings_keep_their_value(proxy, upstream, redis_server, tmp_path):
     """listen, admin-listen, upstream, redis, memory-max-bytes,
-    max-connections (SPEC §6), and key-prefix, store-timeout,
-    upstream-timeout, upstream-late-timeout, client-timeout, admin-token-file,
-    redis-wait-timeout and redis-password-file (main.c) are logged as
-    needing a restart and keep their value; the rest of the file applies."""
+    max-connections (doc/configuration.md, Reloading), and key-prefix,
+    store-timeout, upstream-timeout, upstream-late-timeout, client-timeout,
+    admin-token-file, redis-wait-timeout and redis-password-file (main.c)
+    are logged as needing a restart and keep their value; the rest of the
+    file applies."""
     other = FakeUpstream().start()
     try:
         p = proxy(upstream_url=False, redis_arg=False, start=False)

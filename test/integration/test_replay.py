@@ -1,11 +1,12 @@
-"""passthrough, executed, replayed (SPEC §1)."""
+"""passthrough, executed, replayed (README.md, What it does with each
+request)."""
 import json
 
-from fake_upstream import fake_date
-
-from conftest import (REPLAY, assert_completed, assert_free, assert_nothing_stored, end_to_end,
-                      hone, hvalues, keyed, new_key, redis_keys, redis_only, redis_record,
-                      single_redis_server)
+from fixtures.client import REPLAY, end_to_end, hone, hvalues, keyed, new_key
+from fixtures.marks import redis_only, single_redis_server
+from fixtures.probes import (assert_completed, assert_free, assert_nothing_stored, redis_keys,
+                             redis_record)
+from fixtures.upstream import fake_date
 
 
 def test_get_is_passthrough_with_and_without_key(proxy, upstream):

@@ -1,4 +1,5 @@
-"""Request ids and the access line (SPEC §11): a client's id is kept when it
+"""Request ids and the access line (doc/operations.md, Metrics and access
+log): a client's id is kept when it
 is 1-200 bytes of 0x21-0x7E, else one is made; it is forwarded upstream,
 set on every answer (executions, replays, problems, passthrough) and logged
 with the client's address; a refused request gets one log line."""
@@ -7,8 +8,9 @@ import re
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, hvalues, new_key, raw_request,
-                      store_independent, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, hvalues, new_key, raw_request
+from fixtures.marks import store_independent
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 

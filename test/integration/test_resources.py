@@ -1,15 +1,18 @@
-"""Resource links (SPEC §12): a route's `resource` takes the id of what a
-completed 2xx answer created (a header such as Location, or a JSON pointer
-into its body); GET /keys?resource=ID finds the key; a 422 names the
-resource; the link lives as long as the record. Redis keeps it as a second
-key <prefix>r:<scope>:<resource>, PostgreSQL in an indexed column, the
-memory store in an index."""
+"""Resource links (doc/configuration.md, Resource links): a route's
+`resource` takes the id of what a completed 2xx answer created (a header
+such as Location, or a JSON pointer into its body); GET /keys?resource=ID
+finds the key; a 422 names the resource; the link lives as long as the
+record. Redis keeps it as a second key <prefix>r:<scope>:<resource>,
+PostgreSQL in an indexed column, the memory store in an index."""
 import json
 import textwrap
 import urllib.parse
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_keys, redis_only, run_binary,
-                      wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only
+from fixtures.probes import redis_keys
+from fixtures.proxy import run_binary
+from fixtures.waiting import wait_for
 
 ROUTES = """
 routes:

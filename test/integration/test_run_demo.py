@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from conftest import IDEMPROXY_BIN, REPLAY, REPO, free_port, hone, http_request, wait_for
+from fixtures.client import REPLAY, hone, http_request
+from fixtures.proxy import IDEMPROXY_BIN, REPO
+from fixtures.waiting import free_port, wait_for
 
 RUN = os.path.join(REPO, "scripts", "run")
 SLOW_SECONDS = 3  # the demo's slow endpoint; the 409 duplicate is sent about 1 s in

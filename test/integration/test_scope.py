@@ -1,8 +1,10 @@
-"""Scope: one client can never replay another's response (SPEC §1, §5 Scope)."""
+"""Scope: one client can never replay another's response (README.md, What it
+does with each request: Scope; doc/guarantees.md, Threat model)."""
 import json
 import re
 
-from conftest import REPLAY, hone, new_key, redis_keys
+from fixtures.client import REPLAY, hone, new_key
+from fixtures.probes import redis_keys
 
 
 def post(p, key, extra=(), body=b"same"):

@@ -1,9 +1,10 @@
-"""The API steers storage (SPEC §12): the upstream's Idempotency-Storage
-answer header (--storage-header) says no-store or ttl=S; it never reaches the
-client; anything else is ignored and logged once."""
+"""The API steers storage (doc/configuration.md, The API steers storage):
+the upstream's Idempotency-Storage answer header (--storage-header) says
+no-store or ttl=S; it never reaches the client; anything else is ignored and
+logged once."""
 import json
 
-from conftest import REPLAY, hone, hvalues, new_key
+from fixtures.client import REPLAY, hone, hvalues, new_key
 
 H = "Idempotency-Storage"
 

@@ -1,4 +1,5 @@
-"""store_error: Redis down, back, script cache flushed (SPEC §1, §5 Store).
+"""store_error: Redis down, back, script cache flushed (doc/guarantees.md,
+Guarantees and failure behaviour: Redis down, slow or erroring).
 
 All Redis-only: they stop, fake or flush the Redis server. The memory store's
 own store_unavailable (a budget full of locks) is in test_memory_store.py."""
@@ -8,8 +9,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, new_key, redis_only, single_redis_server, redis_record,
-                      start_slow, wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only, single_redis_server
+from fixtures.probes import redis_record, start_slow
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 
@@ -196,7 +199,8 @@ def test_redis_host_name_that_does_not_resolve_is_503_redis(proxy, upstream):
     st, h, _ = p.request("GET", "/echo")  # passthrough is unaffected
     assert st == 201 and hone(h, REPLAY) is None
     assert upstream.hits("/echo") == 1
-    # said as such in the log, not as a refused connection (SPEC 2.1)
+    # said as such in the log, not as a refused connection (doc/stores.md,
+    # Pointing idemproxy at Redis)
     err = p.stderr()
     assert "no-such-host.invalid does not resolve" in err, err
     assert "the store's host name does not resolve" in err, err

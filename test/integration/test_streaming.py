@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, heavy, hone, in_thread, metrics_value, new_key,
-                      shared_store, store_independent, wait_for)
-from fake_upstream import big_body
+from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
+from fixtures.marks import heavy, store_independent
+from fixtures.upstream import big_body
+from fixtures.waiting import in_thread, wait_for
 
 # Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
 pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]

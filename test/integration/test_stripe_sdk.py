@@ -1,11 +1,11 @@
 """The official Stripe Node SDK (npm package `stripe`) through idemproxy, in
 front of a fake Stripe-like API (FakeStripe below): with `errors: stripe` on
-the route (SPEC §6) the SDK raises the proxy's own answers (409, 422, 502,
-504) as errors; with the default problem dialect it does not, and hands the
-caller the problem object as if it were a charge (no `id`): the gap that the
-stripe dialect closes. And with the SDK's built-in retries and `wait` on the
-route, a retry that arrives while the first attempt still runs is replayed,
-and the API runs the charge once.
+the route (doc/configuration.md, Error dialects) the SDK raises the proxy's own
+answers (409, 422, 502, 504) as errors; with the default problem dialect it
+does not, and hands the caller the problem object as if it were a charge (no
+`id`): the gap that the stripe dialect closes. And with the SDK's built-in
+retries and `wait` on the route, a retry that arrives while the first attempt
+still runs is replayed, and the API runs the charge once.
 
 The SDK runs in stripe_client.js (node), installed with npm into the build
 tree beside IDEMPROXY_BIN (<build>/npm/stripe-<version>), once: later runs
@@ -37,8 +37,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from conftest import IDEMPROXY_BIN, free_port, metrics_value
-from fake_upstream import QuietHandler
+from fixtures.client import metrics_value
+from fixtures.proxy import IDEMPROXY_BIN
+from fixtures.upstream import QuietHandler
+from fixtures.waiting import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_JS = os.path.join(HERE, "stripe_client.js")

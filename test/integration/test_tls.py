@@ -1,7 +1,8 @@
-"""TLS to the upstream and on the listener (SPEC §11), and upstream errors
-that name their cause: a real HTTPS upstream (fake_upstream.py behind
+"""TLS to the upstream and on the listener (doc/configuration.md, Options;
+Recipes: HTTPS both ways), and upstream errors
+that name their cause: a real HTTPS upstream (fixtures/upstream.py behind
 Python's ssl module) with a throwaway CA made by the openssl CLI
-(redis_fixtures.make_pki), and real TLS clients (curl, Python's ssl)."""
+(fixtures.pki.make_pki), and real TLS clients (curl, Python's ssl)."""
 import json
 import os
 import socket
@@ -11,10 +12,11 @@ import warnings
 
 import pytest
 
-from conftest import (assert_problem, hone, http_request, keyed, new_key, run_binary,
-                      store_independent)
-from fake_upstream import FakeUpstream
-from redis_fixtures import make_pki
+from fixtures.client import assert_problem, hone, http_request, keyed, new_key
+from fixtures.marks import store_independent
+from fixtures.pki import make_pki
+from fixtures.proxy import run_binary
+from fixtures.upstream import FakeUpstream
 
 REPLAY = "X-Idempotency-Replayed"
 

@@ -1,6 +1,6 @@
-"""The trust boundary (issue 12, SPEC §7): no client input can steer where a
-request goes, smuggle bytes past the proxy, or reach what another client or
-an operator owns.
+"""The trust boundary (issue 12; doc/guarantees.md, Threat model): no client
+input can steer where a request goes, smuggle bytes past the proxy, or reach
+what another client or an operator owns.
 
 - Request targets: whatever the target, the request goes to the --upstream
   origin and nowhere else (a second listener that must never be reached is
@@ -26,10 +26,11 @@ import urllib.parse
 
 import pytest
 
-from conftest import (REPLAY, assert_free, assert_nothing_stored, assert_problem, free_port,
-                      hone, keyed, new_key, recv_until_closed, run_binary, store_independent,
-                      wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import REPLAY, assert_problem, hone, new_key, recv_until_closed
+from fixtures.marks import store_independent
+from fixtures.probes import assert_free, assert_nothing_stored
+from fixtures.proxy import run_binary
+from fixtures.upstream import FakeUpstream
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 
@@ -184,7 +185,7 @@ def test_no_target_reaches_a_port_one_digit_longer(tmp_path):
         break
     else:
         pytest.fail("no free pair of ports P and P*10+1 on 127.0.0.1")
-    from conftest import Proxy
+    from fixtures.proxy import Proxy
     p = Proxy(["--upstream", up.url], None, str(tmp_path), "digit", store="memory",
               upstream=up).start()
     try:
@@ -465,7 +466,7 @@ def test_ttl_header_larger_than_any_integer_is_capped(proxy, upstream):
 
 # --------------------------------------------------------------------------- admin
 def admin_get(p, path, headers=()):
-    from conftest import http_request
+    from fixtures.client import http_request
     return http_request("127.0.0.1", p.admin_port, "GET", path, list(headers), None, 5.0)
 
 
@@ -485,7 +486,7 @@ def test_keys_requires_the_admin_token(proxy, upstream, tmp_path):
     st, _, b = admin_get(p, "/keys/" + key, [("Authorization", "Bearer s3cret-admin-Token.1")])
     assert st == 200 and len(json.loads(b)["records"]) == 1
     # DELETE needs it too
-    from conftest import http_request
+    from fixtures.client import http_request
     scope = json.loads(b)["records"][0]["scope"]
     resp = http_request("127.0.0.1", p.admin_port, "DELETE", "/keys/%s?scope=%s" % (key, scope))
     assert_problem(resp, 401, "unauthorized")

@@ -1,16 +1,17 @@
-"""Unknown outcomes (SPEC §9): a request that may have run upstream without
-an answer being stored makes its key unknown, and every later request with
-the key gets 502 idempotency_outcome_unknown without reaching the upstream;
-a failure where nothing reached the upstream releases the lock as before.
-Each cause against a socket that behaves that way, on both stores: a sleep
-past the timeout (with and without a late answer), a reset after the request
-was read, one that never accepts (a connect timeout), a TLS handshake that
-fails, a name that does not resolve (an upstream not listening is
-test_upstream.py's test_upstream_unreachable_then_up), and the
-holder lost (SIGSTOP past --lock-ttl, on two proxies sharing Redis), with the
-holder coming back. Then the policy per route, --wait, /keys, the metrics
-and the log. The resets mid-answer are test_faults.py's; the proxy killed
-mid-request is test_faults.py's too."""
+"""Unknown outcomes (doc/guarantees.md, Unknown outcomes): a request that
+may have run upstream without an answer being stored makes its key unknown,
+and every later request with the key gets 502 idempotency_outcome_unknown
+without reaching the upstream; a failure where nothing reached the upstream
+releases the lock as before. Each cause against a socket that behaves that
+way, on both stores: a sleep past the timeout (with and without a late
+answer), a reset after the request was read, one that never accepts (a
+connect timeout), a TLS handshake that fails, a name that does not resolve
+(an upstream not listening is test_upstream.py's
+test_upstream_unreachable_then_up), and the holder lost (SIGSTOP past
+--lock-ttl, on two proxies sharing Redis), with the holder coming back. Then
+the policy per route, --wait, /keys, the metrics and the log. The resets
+mid-answer are test_faults.py's; the proxy killed mid-request is
+test_faults.py's too."""
 import json
 import signal
 import socket
@@ -19,11 +20,15 @@ import time
 
 import pytest
 
-from conftest import (REPLAY, RedisServer, assert_completed, assert_locked, assert_problem,
-                      assert_unknown, hone, http_request, in_thread, keyed,
-                      memory_only, metrics_value, new_key, redis_keys, redis_only, shared_store, stored_cause, stored_state, redis_state,
-                      run_binary, start_held, store_independent, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import (REPLAY, assert_problem, hone, http_request, keyed, metrics_value,
+                             new_key)
+from fixtures.marks import memory_only, redis_only, shared_store, store_independent
+from fixtures.probes import (assert_completed, assert_locked, assert_unknown, redis_keys,
+                             redis_state, start_held, stored_cause, stored_state)
+from fixtures.proxy import run_binary
+from fixtures.redis import RedisServer
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import in_thread, wait_for
 
 # Also run under ThreadSanitizer (scripts/test), and on both upstream clients.
 pytestmark = [pytest.mark.concurrency, pytest.mark.both_clients]

@@ -1,14 +1,17 @@
 """upstream_error: unreachable (the lock is released), timeout and reset (the
-key's outcome is unknown, or a late answer completes it) (SPEC §1, §5, §9)."""
+key's outcome is unknown, or a late answer completes it) (doc/guarantees.md,
+Guarantees and failure behaviour; Unknown outcomes)."""
 import json
 import time
 
 import pytest
 
-from conftest import (REPLAY, assert_completed, assert_free, assert_locked, assert_problem,
-                      assert_unknown, free_port, hone, keyed, metrics_value, new_key, redis_keys,
-                      redis_state, store_independent, wait_for)
-from fake_upstream import FakeUpstream
+from fixtures.client import REPLAY, assert_problem, hone, keyed, metrics_value, new_key
+from fixtures.marks import store_independent
+from fixtures.probes import (assert_completed, assert_free, assert_locked, assert_unknown,
+                             redis_keys, redis_state)
+from fixtures.upstream import FakeUpstream
+from fixtures.waiting import free_port, wait_for
 
 pytestmark = pytest.mark.both_clients  # on idemproxy's own upstream client and libcurl's
 
@@ -33,14 +36,16 @@ def test_upstream_unreachable_then_up(proxy, rdb):
         assert up.hits("/echo") == 1
     finally:
         up.stop()
-    # Nothing was sent: no key became unknown (SPEC §9).
+    # Nothing was sent: no key became unknown (doc/guarantees.md, Unknown
+    # outcomes).
     assert (metrics_value(p.metrics(), "idemproxy_unknown_outcomes_total") or 0) == 0
 
 
 def test_upstream_timeout(proxy, upstream):
     """504 at --upstream-timeout; the exchange goes on (--upstream-late-timeout,
     60 s by default), and its late answer completes the key: duplicates are
-    replayed, never run again (SPEC §9)."""
+    replayed, never run again (doc/guarantees.md, Unknown outcomes: Late
+    answers)."""
     p = proxy("--upstream-timeout", "0.5")
     key = new_key()
     req = keyed(key, path="/slow?ms=2000")
@@ -63,7 +68,7 @@ def test_upstream_timeout(proxy, upstream):
 def test_upstream_reset_is_502_and_never_resent(proxy, upstream, rdb):
     """A reset after the upstream read the request: 502, never re-sent, and
     the key's outcome is unknown: a retry gets 502 idempotency_outcome_unknown
-    without reaching the upstream (SPEC §9)."""
+    without reaching the upstream (doc/guarantees.md, Unknown outcomes)."""
     p = proxy()
     # Warm up kept-alive upstream connections so the reset hits a reused one
     # (libcurl would silently retry a request on a reused connection).

@@ -1,15 +1,17 @@
-"""--wait (issue 4, SPEC §1 in_flight and §5 --wait): a duplicate that arrives
-while the first request runs is held, without a thread, until the first ends:
-it then gets the replay, or (the first stored nothing) one duplicate executes;
-when the wait runs out it gets the 409."""
+"""--wait (issue 4; doc/configuration.md, Holding duplicates: --wait): a
+duplicate that arrives while the first request runs is held, without a
+thread, until the first ends: it then gets the replay, or (the first stored
+nothing) one duplicate executes; when the wait runs out it gets the 409."""
 import json
 import threading
 import time
 
 import pytest
 
-from conftest import (REPLAY, assert_problem, hone, in_thread, new_key, redis_only, shared_store, start_held,
-                      wait_for)
+from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.marks import redis_only, shared_store
+from fixtures.probes import start_held
+from fixtures.waiting import in_thread, wait_for
 
 pytestmark = pytest.mark.concurrency  # also run under ThreadSanitizer (scripts/test)
 

@@ -3,7 +3,6 @@ runs once, after the plain build: meson install and the systemd unit, the
 Debian package, the container file, the alerting rules and the dashboard."""
 import os
 import re
-import socket
 import subprocess
 import sys
 from http.client import HTTPConnection
@@ -12,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "test"))
-from waiting import free_port, wait_for  # noqa: E402
+sys.path.insert(0, str(ROOT / "test" / "integration"))  # the integration suite's fixtures
+from fixtures.waiting import free_port, wait_for  # noqa: E402,F401 (tests import them from here)
 BIN = Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "src" / "idemproxy"))
 
 
@@ -93,13 +92,11 @@ def stop(proc):
 @pytest.fixture(scope="session")
 def pg_url():
     """scripts/test's PostgreSQL (IDEMPROXY_TEST_PG_URL), else a server started
-    here (test/integration/pg_fixtures.py)."""
+    here (test/integration/fixtures/postgres.py)."""
     if os.environ.get("IDEMPROXY_TEST_PG_URL"):
         yield os.environ["IDEMPROXY_TEST_PG_URL"]
         return
-    sys.path.insert(0, str(ROOT / "test" / "integration"))
-    sys.path.insert(0, str(ROOT / "test"))
-    from pg_fixtures import PgServer
+    from fixtures.postgres import PgServer
     with PgServer() as pg:
         yield pg.url
 
@@ -107,26 +104,13 @@ def pg_url():
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     """scripts/test's Redis (IDEMPROXY_TEST_REDIS_URL), else a redis-server
-    started here on a free loopback port."""
+    started here on a free loopback port (test/integration/fixtures/redis.py)."""
     if os.environ.get("IDEMPROXY_TEST_REDIS_URL"):
         yield os.environ["IDEMPROXY_TEST_REDIS_URL"]
         return
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def pong():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
+    from fixtures.redis import RedisServer
+    srv = RedisServer(str(tmp_path_factory.mktemp("redis"))).start()
     try:
-        wait_for(pong, timeout=10, what="redis-server on port %d" % port)
-        yield "redis://127.0.0.1:%d" % port
+        yield srv.url
     finally:
-        stop(proc)
+        srv.stop()

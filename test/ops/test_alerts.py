@@ -5,8 +5,8 @@ exports.
 - the rules pass `promtool check rules`, and their unit tests
   (idemproxy.rules.test.yml) pass `promtool test rules`; every alert there has
   a case where it fires and one where it must not;
-- every alert SPEC section 8 asks for exists, with a severity and the
-  annotations the runbook relies on;
+- every alert doc/operations.md (Alerts, Alert runbook) documents exists,
+  with a severity and the annotations the runbook relies on;
 - every query of the dashboard (targets, variables, annotations), with
   Grafana's variables replaced by values, passes `promtool check rules` as a
   recording rule;
@@ -18,7 +18,7 @@ exports.
 
 Redis: IDEMPROXY_TEST_REDIS_URL when set (scripts/test exports one), else a
 redis-server started here on a free port; PostgreSQL: IDEMPROXY_TEST_PG_URL,
-else a server of pg_fixtures.py.
+else a server of test/integration/fixtures/postgres.py.
 
 Run: IDEMPROXY_PROMTOOL=build-tools/prometheus/usr/bin/promtool
      IDEMPROXY_BIN=build/src/idemproxy
@@ -41,17 +41,18 @@ DASHBOARD = str(ROOT / "contrib/grafana/idemproxy.json")
 PROMTOOL = os.environ.get("IDEMPROXY_PROMTOOL") or shutil.which("promtool") or str(
     ROOT / "build-tools/prometheus/usr/bin/promtool")
 
-# SPEC section 8 (store down, error and 5xx rates, lock_lost, memory store
-# nearly full, unreplicated writes), section 9 (a key became unknown, a store
-# that may forget keys) and what an operator needs besides.
+# The alerts of doc/operations.md (Alerts, Alert runbook): store down, error
+# and 5xx rates, lock_lost, memory store nearly full, unreplicated writes, a
+# key became unknown, a store that may forget keys, and what an operator
+# needs besides.
 REQUIRED_ALERTS = {
     "IdemproxyDown", "IdemproxyTargetMissing", "IdemproxyRedisDisconnected",
     "IdemproxyStoreUnavailable", "IdemproxyHigh5xxRatio", "IdemproxyUpstreamErrors",
     "IdemproxyLockLost", "IdemproxyMemoryStoreNearlyFull", "IdemproxyMemoryStoreEvicting",
     "IdemproxyUnreplicatedWrites", "IdemproxyConfigReloadFailed", "IdemproxyUnknownOutcome",
     "IdemproxyStoreNotDurable", "IdemproxyPostgresDisconnected",
-    # SPEC section 11: the upstream's own 5xx, memory store locks near their
-    # share, a restart that forgot every key.
+    # The upstream's own 5xx, memory store locks near their share, a restart
+    # that forgot every key.
     "IdemproxyUpstream5xx", "IdemproxyMemoryStoreLocksNearBudget",
     "IdemproxyMemoryStoreRestarted",
 }

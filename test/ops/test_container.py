@@ -1,7 +1,8 @@
-"""The Containerfile (SPEC §8). No image registry can be reached from these
-machines, so the image is not built here: the file is read, its build stage
-must run only a command CI runs (scripts/package, which test_package.py runs),
-and the run stage's settings are given to the packaged binary."""
+"""The Containerfile (doc/operations.md, Container). No image registry can
+be reached from these machines, so the image is not built here: the file is
+read, its build stage must run only a command CI runs (scripts/package,
+which test_package.py runs), and the run stage's settings are given to the
+packaged binary."""
 import os
 import re
 import shlex

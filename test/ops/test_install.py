@@ -1,4 +1,5 @@
-"""meson install, and the hardened systemd unit it installs (SPEC §8).
+"""meson install, and the hardened systemd unit it installs (doc/operations.md,
+Running it under systemd).
 
 The install goes to a prefix in a temporary directory, so that the unit's
 paths exist on this machine, as systemd-analyze verify wants. This machine has
@@ -11,16 +12,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, free_port, http, project_version, run, unit_settings, wait_for
-
-sys.path.insert(0, str(ROOT / "test" / "integration"))
-from fake_upstream import FakeUpstream  # noqa: E402  (the integration suite's upstream)
+from fixtures.upstream import FakeUpstream  # the integration suite's upstream (conftest's path)
 
 UNIT = "lib/systemd/system/idemproxy.service"
 INSTALLED = {

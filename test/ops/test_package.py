@@ -1,6 +1,7 @@
-"""scripts/package: the Debian package (SPEC §8). Built once here, checked by
-lintian (scripts/package fails on an error), unpacked into a throwaway root
-with dpkg -x, and the installed binary run from there."""
+"""scripts/package: the Debian package (doc/operations.md, The Debian
+package). Built once here, checked by lintian (scripts/package fails on an
+error), unpacked into a throwaway root with dpkg -x, and the installed
+binary run from there."""
 import re
 
 import pytest

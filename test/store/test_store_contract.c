@@ -957,9 +957,9 @@ static struct res resolve(struct store *st, const char *store_key, struct record
     return call_finish(c, store_resolve(st, span_from_cstr(store_key), rec, 60000, call_done, c));
 }
 
-/* SPEC §12: a complete with a link keeps the resource with the record (a
- * mismatch names it) and finds the record from the resource, in every
- * scope, as long as the record lives. */
+/* Resource links (doc/configuration.md): a complete with a link keeps the
+ * resource with the record (a mismatch names it) and finds the record from
+ * the resource, in every scope, as long as the record lives. */
 static void test_resource_links_find_the_record(void)
 {
     struct store *st = store_open();
@@ -2062,7 +2062,7 @@ static const struct store_kind store_kinds[] = {
     { "redis-tls", make_redis, false },     /* the same suite over rediss:// */
     { "redis-cluster", make_redis, false }, /* the same suite on a Redis Cluster */
     { "memory", make_memory, true },
-    { "postgresql", make_pg, false }, /* the same suite on PostgreSQL (SPEC §10) */
+    { "postgresql", make_pg, false }, /* the same suite on PostgreSQL (doc/stores.md) */
 };
 
 int main(int argc, char **argv)

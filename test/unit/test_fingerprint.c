@@ -29,8 +29,9 @@ static void test_fingerprint_known_answer(void)
     CHECK_EQ_INT(strlen(hex), FINGERPRINT_HEX);
 }
 
-/* The framed input of SPEC §1, built here byte by byte and hashed in one call
- * of OpenSSL's: what fingerprint_* computes incrementally must be the same. */
+/* The framed input (README.md, What it does with each request: The
+ * fingerprint), built here byte by byte and hashed in one call of OpenSSL's:
+ * what fingerprint_* computes incrementally must be the same. */
 static void framed_sha256(const char *method, const char *target, const char *body, size_t n,
                           uint8_t ret[FINGERPRINT_LEN])
 {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* PostgreSQL URLs (SPEC §10): pure logic, tested without a server. */
+/* PostgreSQL URLs (doc/stores.md, PostgreSQL): pure logic, tested without a server. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>

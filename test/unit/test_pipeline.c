@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* The pipeline's state machine (SPEC §1, §5), without sockets: requests are
+/* The pipeline's state machine (README.md, What it does with each request;
+ * doc/architecture.md, A request's path), without sockets: requests are
  * built as the front end builds them, the store is the in-process memory
  * store (or a fake that fails), and the upstream is a fake forwarder that
  * answers at once, fails, or holds a request until the test lets it answer.
- * Every outcome of SPEC §1, the lock released after an upstream failure, the
- * --wait hand-off, and the forwarded request's target and Host. */
+ * Every outcome of README.md, the lock released after an upstream failure,
+ * the --wait hand-off, and the forwarded request's target and Host. */
 #define _GNU_SOURCE /* memmem */
 #include <pthread.h>
 #include <stdlib.h>
@@ -97,7 +98,8 @@ static void release_held(unsigned status, int err)
 }
 
 /* --upstream-timeout passes for the held request, as the upstream client
- * says when the exchange goes on (SPEC §9); it stays held. */
+ * says when the exchange goes on (doc/guarantees.md, Unknown outcomes); it
+ * stays held. */
 static void overdue_held(void)
 {
     void (*overdue)(void *ctx);
@@ -796,7 +798,8 @@ static void test_pipeline_wait_hands_off(void)
 }
 
 /* A request that may have reached the upstream without an answer: its key
- * is unknown, and every duplicate gets 502 without being forwarded (SPEC §9). */
+ * is unknown, and every duplicate gets 502 without being forwarded
+ * (doc/guarantees.md, Unknown outcomes). */
 static void test_pipeline_lost_answer_makes_the_key_unknown(void)
 {
     static const int maybe_sent[] = { -ECONNRESET, -ETIMEDOUT, -ESHUTDOWN };
@@ -864,7 +867,7 @@ static void test_pipeline_retry_policy_releases_a_lost_answer(void)
 /* Past --upstream-timeout the client gets its 504 while the exchange goes on:
  * a late cacheable answer completes the key, a late non-cacheable one
  * releases it, none makes it unknown; the front end may free the request in
- * between (SPEC §9). */
+ * between (doc/guarantees.md, Unknown outcomes: Late answers). */
 static void test_pipeline_late_answers(void)
 {
     static const struct {
@@ -908,7 +911,7 @@ static void test_pipeline_late_answers(void)
     env_down(&e);
 }
 
-/* ---- encryption at rest (SPEC §12), read in the memory store itself ---- */
+/* ---- encryption at rest (doc/configuration.md), read in the memory store itself ---- */
 
 struct listing {
     pthread_mutex_t mu;

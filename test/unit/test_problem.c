@@ -200,8 +200,9 @@ static void test_problem_tables(void)
     CHECK(problem_code(_PROBLEM_MAX) != NULL);
 }
 
-/* SPEC §9: a retry cannot help, and SDKs are told so in the header they
- * read; no Retry-After, which would invite one. */
+/* An unknown outcome (doc/guarantees.md, Unknown outcomes): a retry cannot
+ * help, and SDKs are told so in the header they read; no Retry-After, which
+ * would invite one. */
 static void test_problem_outcome_unknown_says_do_not_retry(void)
 {
     struct record *plain = problem_new(PROBLEM_OUTCOME_UNKNOWN, PROBLEM_DIALECT_PROBLEM, NULL);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Redis URLs (SPEC §2.1): pure logic, tested without a Redis. */
+/* Redis URLs (doc/stores.md, Pointing idemproxy at Redis): pure logic, tested
+ * without a Redis. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

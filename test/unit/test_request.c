@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Request ids (SPEC §11): a client's is kept when it is 1 to 200 bytes of
- * 0x21-0x7E and the only one; else one is made, 32 hex digits, new each time. */
+/* Request ids (doc/operations.md, Metrics and access log): a client's is kept
+ * when it is 1 to 200 bytes of 0x21-0x7E and the only one; else one is made,
+ * 32 hex digits, new each time. */
 #include "check.h"
 #include "idemproxy/request.h"
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Routes and the configuration file (SPEC §6): matching, the file's schema,
- * precedence, and every problem as FILE:LINE:COLUMN. */
+/* Routes and the configuration file (doc/configuration.md, Configuration
+ * file): matching, the file's schema, precedence, and every problem as
+ * FILE:LINE:COLUMN. */
 #include <stdarg.h>
 #include <unistd.h>
 
