@@ -173,6 +173,23 @@ def test_tampered_record_refused_shared_redis(proxy, upstream, tmp_path):
 
 
 @shared_store
+def test_unreadable_record_refused_even_with_passthrough_shared_redis(proxy, upstream, tmp_path):
+    """--on-store-error passthrough forwards a request the store cannot
+    serve; an answer that does not open is not that: its request ran, so it
+    gets 503 and is never forwarded again."""
+    p = proxy("--store-encryption-key-file", key_file(tmp_path, "k1:" + new_secret()),
+              "--on-store-error", "passthrough")
+    key = new_key()
+    execute(p, key)
+    body, store_key = stored_field(p, key, "body")
+    flipped = bytearray(body)
+    flipped[-1] ^= 0x01
+    set_stored_field(p, store_key, "body", bytes(flipped))
+    refused_unreadable(p, upstream, key, before=1)
+    refused_unreadable(p, upstream, key, before=1)
+
+
+@shared_store
 def test_record_copied_to_another_key_refused_shared_redis(proxy, upstream, tmp_path):
     """A sealed answer moved under another key (same fingerprint, so that it
     would replay) does not open there: the store key is its associated data."""

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* Admission (SPEC §1, §6, §7): what a request is, decided from its head and
- * its body through admission.h alone. Malformed heads first, then
- * passthrough or enforcement, the body limits and the streaming decision, the
- * key of each source (header, composite, JSON, fingerprint fallback) with its
- * store key and scope, the TTL header, and the absolute-form target. */
+/* Admission (README.md, What it does with each request; doc/configuration.md,
+ * Key sources; doc/guarantees.md, Threat model): what a request is, decided
+ * from its head and its body through admission.h alone. Malformed heads first,
+ * then passthrough or enforcement, the body limits and the streaming decision,
+ * the key of each source (header, composite, JSON, fingerprint fallback) with
+ * its store key and scope, the TTL header, and the absolute-form target. */
 #include <unistd.h>
 
 #include "check.h"
