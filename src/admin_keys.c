@@ -594,8 +594,8 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
                                   "answer.");
     if (err == -E2BIG)
         return reply_error(conn, 413, "the answer is larger than the store takes");
-    if (err == -EIO || err == -ENOMEM) /* the sealing filter could not seal it (store_seal.h) */
-        return reply_error(conn, 500, err == -EIO ? "cannot seal the answer" : "out of memory");
+    if (err == -EIO) /* the sealing filter could not seal it (store_seal.h) */
+        return reply_error(conn, 500, "cannot seal the answer");
     if (err < 0)
         return reply_error(conn, 503, "the store is not answering");
     return reply_json(conn, 200, json_pack("{s:s}", "resolved", "completed"));

@@ -100,8 +100,6 @@ size_t app_capture_bytes(const struct route_table *t)
     return most > MIN_CAPTURE_BYTES / 4 ? most * 4 : MIN_CAPTURE_BYTES;
 }
 
-/* Opens the store (none when enforcement is off). A store that cannot use
- * an option's value is a bad option value: exit status 2. */
 /* The store options of <cfg>, into <ret> (strings borrowed from <cfg>). */
 static void store_opts(const struct config *cfg, struct store_registry_opts *ret)
 {
@@ -120,6 +118,8 @@ static void store_opts(const struct config *cfg, struct store_registry_opts *ret
     };
 }
 
+/* Opens the store (none when enforcement is off). A store that cannot use
+ * an option's value is a bad option value: exit status 2. */
 static int open_store(struct app *app)
 {
     struct store_registry_opts o;
@@ -224,11 +224,12 @@ static int seal_store(struct app *app)
     struct stat sb;
     int err;
 
-    if (!app->st)
-        return 0;
-    app->plain = app->st;
-    if (!path)
+    if (app->st && !path) {
+        app->plain = app->st;
         return wrap_store(app, NULL);
+    }
+    if (!path)
+        return 0;
     err = seal_keys_load(path, &keys, why, sizeof(why));
     if (err < 0) {
         log_error("--store-encryption-key-file: %s", err == -ENOMEM ? "out of memory" : why);
@@ -241,6 +242,11 @@ static int seal_store(struct app *app)
                  path, (unsigned)(sb.st_mode & 07777));
     log_info("stored answers are sealed with AES-256-GCM under key '%s' (%zu key%s in %s)",
              keys->keys[0].id, keys->n, keys->n == 1 ? "" : "s", path);
+    if (!app->st) { /* enforcement off: the file was checked all the same */
+        seal_keys_free(keys);
+        return 0;
+    }
+    app->plain = app->st;
     return wrap_store(app, keys);
 }
 

@@ -599,7 +599,6 @@ static void value_err(const struct opt *o, const char *src, const char *v, int r
         char why[200], forms[400];
 
         /* the parser says what is wrong, then what the forms are */
-
         config_store_url_why(v, o->kind == K_STORE, why, sizeof(why));
         store_registry_redact_url(v, masked, sizeof(masked));
         v = masked;
@@ -894,10 +893,12 @@ static int load_flags(struct config *cfg, int argc, char *const argv[], char *er
         } else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
             v = argv[++i];
         } else {
-            char expect[128];
+            char expect[400];
 
             if (o->kind == K_CHOICE)
                 choices_text(o->choices, expect, sizeof(expect));
+            else if (o->kind == K_STORE)
+                store_registry_forms(expect, sizeof(expect));
             else
                 snprintf(expect, sizeof(expect), "%s", kind_info[o->kind].expect);
             set_err(err, errlen, "%s: missing value (%s %s: %s)", o->flag, o->flag, o->arg, expect);

@@ -176,8 +176,11 @@ static struct log_burst sealed_failures = LOG_BURST_INIT("stored answers that do
  * --on-store-error says. */
 void pipeline_answer_unreadable(struct pipeline_req *r, const char *why)
 {
+    char kind[96]; /* why, less the key id it may name: one kind per failure */
+
+    snprintf(kind, sizeof(kind), "%.*s", (int)strcspn(why, "("), why);
     metrics_store_error();
-    if (log_enabled(LOG_LEVEL_ERROR) && log_burst_admit(&sealed_failures, why))
+    if (log_enabled(LOG_LEVEL_ERROR) && log_burst_admit(&sealed_failures, kind))
         log_error("key %s: its stored answer does not open: %s; answered 503, neither replayed "
                   "nor run again",
                   r->adm.store_key, why);

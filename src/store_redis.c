@@ -280,8 +280,13 @@ static int redis_complete(struct store *base, struct span key, const struct stor
         return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
     if (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX || !done)
         return -EINVAL;
-    /* The link is a key of its own beside the record's: <prefix>r:<scope>:<resource>. */
-    if ((err = idemkey_link_key(key, link->prefix_len, link->resource, &link_key)) < 0)
+    /* The link is a key of its own beside the record's: <prefix>r:<scope>:<resource>.
+     * A store key it cannot be made from is stored without it: the answer is
+     * what matters. */
+    err = idemkey_link_key(key, link->prefix_len, link->resource, &link_key);
+    if (err == -EINVAL)
+        return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
+    if (err < 0)
         return err;
     link_len = strlen(link_key);
     w = malloc(sizeof(*w) + link_len + key.len);

@@ -166,25 +166,24 @@ int store_registry_check_url(const char *url, char *why, size_t whylen)
     if (i >= 0 && registry[i].check)
         return registry[i].check(url, why, whylen);
     schemes_text(schemes, sizeof(schemes));
-    snprintf(why, whylen, "no store has URLs of this scheme (use %s)", schemes);
+    snprintf(why, whylen, "no store has URLs of this scheme (the schemes: %s)", schemes);
     return -EINVAL;
 }
 
-/* A URL of no store's scheme (a misspelt one's, maybe): its user info
- * shown as "***" whole, its query and fragment left out. */
+/* A URL of no store's scheme (a misspelt one's, maybe): nobody's parser
+ * says where its secrets are (a password may hold '/', '?', '@'), so one
+ * that could hold any (user info, a query) is shown as its scheme, when it
+ * looks like one, and three stars for the rest. */
 static void redact_any(const char *url, char *out, size_t outlen)
 {
-    const char *sep = strstr(url, "://"), *host = sep ? sep + 3 : url;
-    size_t host_len = strcspn(host, "/?#"), path_len;
-    const char *at = memchr(host, '@', host_len);
+    size_t n = strspn(url, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-");
 
-    path_len = strcspn(host + host_len, "?#");
-    if (!at) {
-        snprintf(out, outlen, "%.*s", (int)(host - url + host_len + path_len), url);
-        return;
-    }
-    snprintf(out, outlen, "%.*s***%.*s", (int)(host - url), url,
-             (int)(host + host_len + path_len - at), at);
+    if (!strpbrk(url, "@?#"))
+        snprintf(out, outlen, "%s", url);
+    else if (n > 0 && n <= 32 && strncmp(url + n, "://", 3) == 0)
+        snprintf(out, outlen, "%.*s://***", (int)n, url);
+    else
+        snprintf(out, outlen, "***");
 }
 
 void store_registry_redact_url(const char *url, char *out, size_t outlen)

@@ -45,8 +45,9 @@ int store_registry_open(const struct store_registry_opts *o, struct worker_pool 
 int store_registry_check_url(const char *url, char *why, size_t whylen);
 
 /* Writes the store URL <url> into <out> (<outlen> bytes, at least 1) with its
- * secrets shown as "***" by its store; a URL of no store's scheme with its
- * user info hidden whole and no query. */
+ * secrets shown as "***" by its store; a URL of no store's scheme as its
+ * scheme only (its rest shown as three stars) when it has user info or a
+ * query, where a secret could hide. */
 void store_registry_redact_url(const char *url, char *out, size_t outlen);
 
 /* Writes "use <form>, or <form>...", the forms of every store's URLs, into
