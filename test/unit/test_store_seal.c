@@ -59,30 +59,32 @@ static struct store *sealed_over(struct store **ret_plain, struct seal_keys *k)
     return st;
 }
 
-static struct got acquire(struct store *st)
+/* Acquires KEY in <st> under the new token <t>: what it gave. */
+static struct got acquire_as(struct store *st, struct store_token *t)
 {
     struct got g = { .status = -1 };
-    struct store_token t;
 
-    CHECK_EQ_INT(store_token_new(&t), 0);
-    CHECK_EQ_INT(store_acquire(st, SPAN_LIT(KEY), fp, &t,
+    CHECK_EQ_INT(store_token_new(t), 0);
+    CHECK_EQ_INT(store_acquire(st, SPAN_LIT(KEY), fp, t,
                                &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, on_done,
                                &g),
                  0); /* the memory store answers before the call returns */
     return g;
 }
 
+static struct got acquire(struct store *st)
+{
+    struct store_token t;
+
+    return acquire_as(st, &t);
+}
+
 /* Locks KEY in <st> and completes it with <rec> (borrowed). */
 static void store_record(struct store *st, struct record *rec)
 {
-    struct got g = { .status = -1 };
     struct store_token t;
+    struct got g = acquire_as(st, &t);
 
-    CHECK_EQ_INT(store_token_new(&t), 0);
-    CHECK_EQ_INT(store_acquire(st, SPAN_LIT(KEY), fp, &t,
-                               &(struct store_lock){ .lease_ms = 10000, .keep_ms = 60000 }, on_done,
-                               &g),
-                 0);
     CHECK_EQ_INT(g.status, STORE_ACQUIRED);
     CHECK_EQ_INT(store_complete(st, SPAN_LIT(KEY), &t, rec, 60000, NULL, on_done, &g), 0);
     CHECK_EQ_INT(g.status, STORE_OK);
