@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idemproxy/canonjson.h"
 #include "idemproxy/config.h"
+#include "idemproxy/fingerprint.h"
 #include "idemproxy/http.h"
 #include "idemproxy/idemkey.h"
 #include "idemproxy/request.h"
@@ -178,11 +180,30 @@ static int check_head(struct admission *a, const struct request *rq, struct admi
     return 0;
 }
 
-/* Starts hashing the request: its key will be checked against it. */
+/* Starts hashing the request, as its route says (the target's query sorted,
+ * the named headers): its key will be checked against it. */
 static int start_fingerprint(struct admission *a, const struct request *rq,
                              struct admission_refusal *ret)
 {
-    if (fingerprint_init(&a->fp, rq->method, a->fwd_target) < 0)
+    const struct route_fingerprint *f = &a->route->fingerprint;
+    struct span target = a->fwd_target;
+    char *sorted = NULL;
+    int err = 0;
+
+    if (f->query_sorted && fingerprint_sort_query(a->fwd_target, &sorted, &target.len) < 0)
+        return oom(ret);
+    if (sorted)
+        target.base = sorted;
+    err = fingerprint_init(&a->fp, rq->method, target);
+    free(sorted);
+    for (size_t i = 0; err == 0 && i < f->nheaders; i++) {
+        struct span name = span_from_cstr(f->headers[i]);
+        size_t n = 0;
+        const struct span *v = request_header(rq, name, &n);
+
+        err = fingerprint_add_field(&a->fp, name, v, v ? n : 0);
+    }
+    if (err < 0)
         return oom(ret);
     a->enforced = true;
     a->ttl_ms = request_ttl_ms(a, rq);
@@ -301,7 +322,8 @@ int admission_body(struct admission *a, const char *p, size_t n, struct admissio
 {
     int err = buf_append(&a->body, p, n);
 
-    if (err == 0 && a->enforced)
+    /* A json body is hashed whole, in its canonical form, at its end. */
+    if (err == 0 && a->enforced && !a->route->fingerprint.body_json)
         err = fingerprint_update(&a->fp, p, n);
     if (err == 0)
         return 0;
@@ -309,6 +331,26 @@ int admission_body(struct admission *a, const char *p, size_t n, struct admissio
     if (err == -E2BIG)
         return refuse(ret, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE, TOO_LARGE_DETAIL);
     return oom(ret);
+}
+
+/* Hashes the body of <a> in its canonical JSON form (RFC 8785, less the
+ * route's ignored members), or as its bytes when it is no I-JSON or its
+ * canonical form would pass four times its size (numbers written out: a
+ * hostile body grows no further). Returns 0, or -ENOMEM, -EIO. */
+static int hash_json_body(struct admission *a)
+{
+    const struct route_fingerprint *f = &a->route->fingerprint;
+    struct span body = buf_span(&a->body);
+    struct buf canon = BUF_INIT(body.len > SIZE_MAX / 4 ? SIZE_MAX : 4 * body.len + 16);
+    int err = canonjson_write(body, (const char *const *)f->ignore, f->nignore, CANONJSON_DEPTH_MAX,
+                              &canon);
+
+    if (err == 0)
+        err = fingerprint_update(&a->fp, canon.data, canon.len);
+    else if (err == -EINVAL || err == -E2BIG)
+        err = fingerprint_update(&a->fp, body.base, body.len);
+    buf_done(&canon);
+    return err;
 }
 
 int admission_end(struct admission *a, const struct request *rq, struct admission_refusal *ret)
@@ -319,6 +361,8 @@ int admission_end(struct admission *a, const struct request *rq, struct admissio
 
     if (!a->enforced)
         return 0;
+    if (a->route->fingerprint.body_json && hash_json_body(a) < 0)
+        return oom(ret);
     if (fingerprint_final(&a->fp, a->digest) < 0)
         return oom(ret);
     if (!a->key_deferred)

@@ -335,7 +335,8 @@ static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
 {
     struct config *cfg = ctx;
 
-    if (strcmp(key, "routes") == 0 || strcmp(key, "key") == 0 || strcmp(key, "errors") == 0)
+    if (strcmp(key, "routes") == 0 || strcmp(key, "key") == 0 || strcmp(key, "errors") == 0 ||
+        strcmp(key, "fingerprint") == 0)
         return; /* config_file_routes() */
     if (strcmp(key, "config") == 0 || strcmp(key, "check-config") == 0) {
         errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
@@ -426,6 +427,57 @@ static void resource_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_
     }
 }
 
+/* Copies the <n> <items> into <list>, each passing <ok> (else reported as
+ * not <what>). */
+static void fingerprint_list(struct errs *e, const char *key, yaml_node_t *v, char **list,
+                             size_t *ret_n, bool (*ok)(const char *), const char *what)
+{
+    const char *items[CONFIG_MAX_LIST];
+    bool is_list;
+    int n = items_of(e, key, v, items, &is_list);
+
+    for (int i = 0; i < n; i++) {
+        if (!ok(items[i])) {
+            errs_add(e, v, "%s: '%s' is not %s", key, items[i], what);
+            return;
+        }
+    }
+    for (int i = 0; i < n && !e->oom; i++) {
+        list[*ret_n] = dup_or_oom(e, items[i]);
+        *ret_n += list[*ret_n] != NULL;
+    }
+}
+
+static bool is_pointer(const char *s) { return keysource_pointer_check(s) == 0; }
+
+static bool is_header_name(const char *s) { return http_is_token(span_from_cstr(s)); }
+
+/* fingerprint: {body: raw|json, ignore: [POINTER...], headers: [NAME...],
+ * query: raw|sorted} (doc/configuration.md, Fingerprint). */
+static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v,
+                             void *ctx)
+{
+    struct route_fingerprint *fp = ctx;
+    const char *s = scalar(v);
+
+    if (strcmp(key, "body") == 0 && s && (!strcmp(s, "raw") || !strcmp(s, "json")))
+        fp->body_json = strcmp(s, "json") == 0;
+    else if (strcmp(key, "body") == 0)
+        errs_add(e, v, "fingerprint.body: '%s' is not raw or json", s ? s : type_name(v));
+    else if (strcmp(key, "query") == 0 && s && (!strcmp(s, "raw") || !strcmp(s, "sorted")))
+        fp->query_sorted = strcmp(s, "sorted") == 0;
+    else if (strcmp(key, "query") == 0)
+        errs_add(e, v, "fingerprint.query: '%s' is not raw or sorted", s ? s : type_name(v));
+    else if (strcmp(key, "ignore") == 0 && fp->nignore == 0)
+        fingerprint_list(e, "fingerprint.ignore", v, fp->ignore, &fp->nignore, is_pointer,
+                         "a JSON pointer (RFC 6901, such as /id or /metadata/at)");
+    else if (strcmp(key, "headers") == 0 && fp->nheaders == 0)
+        fingerprint_list(e, "fingerprint.headers", v, fp->headers, &fp->nheaders, is_header_name,
+                         "a header name (a token such as Stripe-Version)");
+    else
+        errs_add(e, k, "fingerprint: unknown key '%s' (use body, ignore, headers or query)", key);
+}
+
 static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
 {
     const char *s = scalar(v);
@@ -492,7 +544,8 @@ struct route_ctx {
     const struct route_table *t; /* the routes before this one, for unique names */
     size_t index;
     yaml_node_t *name_node;
-    bool has_key; /* the route sets its own key (else: the top level's) */
+    bool has_key;         /* the route sets its own key (else: the top level's) */
+    bool has_fingerprint; /* the route sets its own fingerprint (else: the top level's) */
 };
 
 static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -533,6 +586,9 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         parse_errors(e, v, &rt->errors);
     } else if (strcmp(key, "resource") == 0) {
         each_pair(e, v, "resource", resource_pair, rt);
+    } else if (strcmp(key, "fingerprint") == 0) {
+        c->has_fingerprint = true;
+        each_pair(e, v, "fingerprint", fingerprint_pair, &rt->fingerprint);
     } else if (config_is_route_option(key)) {
         set_option(e, NULL, &rt->settings, key, k, v);
     } else {
@@ -541,14 +597,14 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         config_route_option_names(names, sizeof(names));
         errs_add(e, k,
                  "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
-                 "resource, and the options %s)",
+                 "resource, fingerprint, and the options %s)",
                  key, names);
     }
 }
 
-/* The top level's key, errors and routes nodes (NULL: absent). */
+/* The top level's key, errors, fingerprint and routes nodes (NULL: absent). */
 struct top_nodes {
-    yaml_node_t *key, *errors, *routes;
+    yaml_node_t *key, *errors, *fingerprint, *routes;
 };
 
 static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -560,6 +616,8 @@ static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         t->key = v;
     else if (strcmp(key, "errors") == 0)
         t->errors = v;
+    else if (strcmp(key, "fingerprint") == 0)
+        t->fingerprint = v;
     else if (strcmp(key, "routes") == 0)
         t->routes = v;
 }
@@ -583,6 +641,8 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
     def->name = dup_or_oom(e, ROUTE_DEFAULT);
     if (top->key)
         each_pair(e, top->key, "key", key_pair, &def->key);
+    if (top->fingerprint)
+        each_pair(e, top->fingerprint, "fingerprint", fingerprint_pair, &def->fingerprint);
     for (size_t i = 0; i <= t->nroutes; i++) {
         if (keysource_set_default(&t->routes[i].key, cfg->key_header) < 0)
             e->oom = true;
@@ -603,7 +663,7 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
 {
     struct config_file none = { .path = (char *)"" };
     struct errs e = { .f = f ? f : &none, .err = err, .errlen = errlen };
-    struct top_nodes top = { NULL, NULL, NULL };
+    struct top_nodes top = { NULL, NULL, NULL, NULL };
     enum problem_dialect dialect = PROBLEM_DIALECT_PROBLEM;
     struct route_table *t = NULL;
     yaml_node_t *root = f ? yaml_document_get_root_node(f->doc) : NULL;
@@ -645,11 +705,15 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
         if (!rn)
             continue;
         each_pair(&e, rn, "a route", route_pair, &c);
-        if (!c.has_key && top.key) {
-            /* the top level's key: its problems are said once, for the default route */
+        if ((!c.has_key && top.key) || (!c.has_fingerprint && top.fingerprint)) {
+            /* the top level's: its problems are said once, for the default route */
             struct errs quiet = { .f = f, .err = (char[1]){ 0 }, .errlen = 1 };
 
-            each_pair(&quiet, top.key, "key", key_pair, &c.rt->key);
+            if (!c.has_key && top.key)
+                each_pair(&quiet, top.key, "key", key_pair, &c.rt->key);
+            if (!c.has_fingerprint && top.fingerprint)
+                each_pair(&quiet, top.fingerprint, "fingerprint", fingerprint_pair,
+                          &c.rt->fingerprint);
             e.oom |= quiet.oom;
         }
         if (rn->type == YAML_MAPPING_NODE && !c.name_node)

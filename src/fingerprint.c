@@ -3,20 +3,122 @@
 #include "idemproxy/fingerprint.h"
 
 #include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "idemproxy/digest.h"
 
-/* Feeds <s> after its length, so ("POS", "T/a") and ("POST", "/a") differ. */
-static int feed_framed(EVP_MD_CTX *md, struct span s)
+static int feed_len(EVP_MD_CTX *md, uint64_t n)
 {
     uint8_t len[8];
 
     for (int i = 0; i < 8; i++)
-        len[i] = (uint8_t)((uint64_t)s.len >> (56 - 8 * i));
-    if (EVP_DigestUpdate(md, len, sizeof(len)) != 1)
+        len[i] = (uint8_t)(n >> (56 - 8 * i));
+    return EVP_DigestUpdate(md, len, sizeof(len)) == 1 ? 0 : -EIO;
+}
+
+/* Feeds <s> after its length, so ("POS", "T/a") and ("POST", "/a") differ. */
+static int feed_framed(EVP_MD_CTX *md, struct span s)
+{
+    if (feed_len(md, s.len) < 0)
         return -EIO;
     if (s.len > 0 && EVP_DigestUpdate(md, s.base, s.len) != 1)
         return -EIO;
+    return 0;
+}
+
+static struct span trim_ows(struct span v)
+{
+    while (v.len > 0 && (v.base[0] == ' ' || v.base[0] == '\t')) {
+        v.base++;
+        v.len--;
+    }
+    while (v.len > 0 && (v.base[v.len - 1] == ' ' || v.base[v.len - 1] == '\t'))
+        v.len--;
+    return v;
+}
+
+int fingerprint_add_field(struct fingerprint *fp, struct span name, const struct span *values,
+                          size_t n)
+{
+    uint64_t joined = n > 1 ? 2 * (n - 1) : 0;
+    int r;
+
+    if (!fp->md)
+        return -EIO;
+    for (size_t i = 0; i < n; i++)
+        joined += trim_ows(values[i]).len;
+    r = feed_framed(fp->md, name);
+    if (r == 0)
+        r = feed_len(fp->md, n > 0); /* absent is not empty */
+    if (r == 0)
+        r = feed_len(fp->md, joined);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        struct span v = trim_ows(values[i]);
+
+        if ((i > 0 && EVP_DigestUpdate(fp->md, ", ", 2) != 1) ||
+            (v.len > 0 && EVP_DigestUpdate(fp->md, v.base, v.len) != 1))
+            r = -EIO;
+    }
+    return r;
+}
+
+/* Orders two parameters by name (up to the first '='), then whole. */
+static int param_cmp(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    const char *xe = memchr(x->base, '=', x->len), *ye = memchr(y->base, '=', y->len);
+    size_t xn = xe ? (size_t)(xe - x->base) : x->len, yn = ye ? (size_t)(ye - y->base) : y->len;
+    int c = memcmp(x->base, y->base, xn < yn ? xn : yn);
+
+    if (c == 0 && xn != yn)
+        return xn < yn ? -1 : 1;
+    if (c == 0)
+        c = memcmp(x->base, y->base, x->len < y->len ? x->len : y->len);
+    if (c == 0 && x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return c;
+}
+
+int fingerprint_sort_query(struct span target, char **ret, size_t *ret_len)
+{
+    const char *q = memchr(target.base, '?', target.len);
+    size_t path_len = q ? (size_t)(q - target.base) + 1 : target.len, n = 1, at;
+    struct span *params;
+    char *out = malloc(target.len + 1);
+
+    if (!out)
+        return -ENOMEM;
+    memcpy(out, target.base, path_len);
+    at = path_len;
+    if (q) {
+        struct span rest = { q + 1, target.len - path_len };
+
+        for (size_t i = 0; i < rest.len; i++)
+            n += rest.base[i] == '&';
+        if (!(params = calloc(n, sizeof(*params)))) {
+            free(out);
+            return -ENOMEM;
+        }
+        for (size_t i = 0, start = 0, k = 0; i <= rest.len; i++) {
+            if (i == rest.len || rest.base[i] == '&') {
+                params[k++] = (struct span){ rest.base + start, i - start };
+                start = i + 1;
+            }
+        }
+        qsort(params, n, sizeof(*params), param_cmp);
+        for (size_t k = 0; k < n; k++) {
+            if (k > 0)
+                out[at++] = '&';
+            if (params[k].len)
+                memcpy(out + at, params[k].base, params[k].len);
+            at += params[k].len;
+        }
+        free(params);
+    }
+    out[at] = '\0';
+    *ret = out;
+    *ret_len = at;
     return 0;
 }
 

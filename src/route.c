@@ -223,6 +223,8 @@ void route_done(struct route *rt)
     free(rt->resource_header);
     free(rt->resource_json);
     rt->resource_header = rt->resource_json = NULL;
+    list_free(rt->fingerprint.ignore, &rt->fingerprint.nignore);
+    list_free(rt->fingerprint.headers, &rt->fingerprint.nheaders);
     keysource_done(&rt->key);
     config_route_done(&rt->settings);
 }

@@ -17,6 +17,20 @@ struct fingerprint {
  * or done). Returns 0, -ENOMEM or -EIO. */
 int fingerprint_init(struct fingerprint *fp, struct span method, struct span target);
 
+/* Feeds the header field <name> with its <n> <values> (as received, in
+ * order; n == 0: absent): each trimmed of spaces and tabs, joined with
+ * ", " (two fields are the one field that lists both, as in HTTP), framed
+ * with its length after whether it is present, so that absent and empty
+ * differ. Call after init, before the body. Returns 0 or -EIO. */
+int fingerprint_add_field(struct fingerprint *fp, struct span name, const struct span *values,
+                          size_t n);
+
+/* Writes <target> with the parameters of its query sorted (by name, then
+ * the whole parameter, bytes as received, '&'-separated; the path and each
+ * parameter unchanged) into the new string <ret> (NUL-terminated, the
+ * caller frees it) of <ret_len> bytes. Returns 0 or -ENOMEM. */
+int fingerprint_sort_query(struct span target, char **ret, size_t *ret_len);
+
 /* Feeds <n> body bytes at <p>. Returns 0 or -EIO. */
 int fingerprint_update(struct fingerprint *fp, const void *p, size_t n);
 

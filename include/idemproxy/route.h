@@ -20,6 +20,18 @@
 
 struct record;
 
+/* What a route's requests are fingerprinted by (doc/configuration.md,
+ * Fingerprint), beyond the method and the target: the default (all zero) is
+ * the body's bytes and the target as received. */
+struct route_fingerprint {
+    bool body_json;    /* body: json: the body's RFC 8785 form (canonjson.h), else its bytes */
+    bool query_sorted; /* query: sorted: the target's parameters sorted, else as received */
+    char *ignore[CONFIG_MAX_LIST]; /* owned: JSON pointers removed from a json body first */
+    size_t nignore;
+    char *headers[CONFIG_MAX_LIST]; /* owned: header names whose values join it */
+    size_t nheaders;
+};
+
 struct route {
     char *name;          /* owned: [a-z0-9_-]{1,64}, or "default" */
     unsigned metrics_id; /* metrics_route_id() of <name> */
@@ -38,6 +50,7 @@ struct route {
     char *resource_header; /* owned: resource: {header: NAME} */
     char *resource_json;   /* owned: resource: {json: POINTER} (checked) */
     enum problem_dialect errors;
+    struct route_fingerprint fingerprint;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };
 

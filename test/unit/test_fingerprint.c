@@ -193,8 +193,62 @@ static void test_fingerprint_hex_is_lowercase(void)
     CHECK_EQ_STR(hex, "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
 }
 
+static void check_sorted(const char *in, const char *want)
+{
+    char *out = NULL;
+    size_t n = 0;
+
+    CHECK_EQ_INT(fingerprint_sort_query(span_from_cstr(in), &out, &n), 0);
+    CHECK_EQ_STR(out, want);
+    CHECK_EQ_INT(n, strlen(want));
+    free(out);
+}
+
+/* query: sorted: parameters by name, then whole; bytes as received. */
+static void test_fingerprint_sort_query(void)
+{
+    check_sorted("/p", "/p");
+    check_sorted("/p?", "/p?");
+    check_sorted("/p?b=2&a=1", "/p?a=1&b=2");
+    check_sorted("/p?a=2&a=1&a", "/p?a&a=1&a=2");
+    check_sorted("/p?ab=1&a=2", "/p?a=2&ab=1"); /* by name first: "a" before "ab" */
+    check_sorted("/p?b&&a", "/p?&a&b");
+    check_sorted("/p?%62=1&a=%20", "/p?%62=1&a=%20"); /* '%' sorts before 'a': not decoded */
+}
+
+static void digest_with(const char *name, const struct span *v, size_t n,
+                        uint8_t out[FINGERPRINT_LEN])
+{
+    struct fingerprint fp = { 0 };
+
+    CHECK_EQ_INT(fingerprint_init(&fp, SPAN_LIT("POST"), SPAN_LIT("/p")), 0);
+    CHECK_EQ_INT(fingerprint_add_field(&fp, span_from_cstr(name), v, n), 0);
+    CHECK_EQ_INT(fingerprint_update(&fp, "x", 1), 0);
+    CHECK_EQ_INT(fingerprint_final(&fp, out), 0);
+}
+
+/* A header's values join trimmed with ", "; absent and empty differ. */
+static void test_fingerprint_fields(void)
+{
+    const struct span one[] = { SPAN_LIT(" a, b\t") }, two[] = { SPAN_LIT("a"), SPAN_LIT(" b") },
+                      empty[] = { SPAN_LIT("") }, a[] = { SPAN_LIT("a") };
+    uint8_t d1[FINGERPRINT_LEN], d2[FINGERPRINT_LEN], d3[FINGERPRINT_LEN], d4[FINGERPRINT_LEN],
+        d5[FINGERPRINT_LEN];
+
+    digest_with("V", one, 1, d1);
+    digest_with("V", two, 2, d2);
+    CHECK_EQ_MEM(d1, d2, FINGERPRINT_LEN); /* one field "a, b" is the two fields a and b */
+    digest_with("V", NULL, 0, d3);
+    digest_with("V", empty, 1, d4);
+    CHECK(memcmp(d3, d4, FINGERPRINT_LEN) != 0);
+    digest_with("V", a, 1, d5);
+    CHECK(memcmp(d5, d4, FINGERPRINT_LEN) != 0);
+    digest_with("V", two, 2, d1);
+    CHECK_EQ_MEM(d1, d2, FINGERPRINT_LEN);
+}
+
 TEST_MAIN(test_fingerprint_known_answer, test_fingerprint_is_the_framed_sha256,
           test_fingerprint_method_target_body_each_change_it,
           test_fingerprint_framing_separates_fields, test_fingerprint_body_chunking_does_not_matter,
           test_fingerprint_unstarted_context_fails, test_fingerprint_done_is_safe,
-          test_fingerprint_hex_is_lowercase)
+          test_fingerprint_hex_is_lowercase, test_fingerprint_sort_query, test_fingerprint_fields)
