@@ -57,7 +57,7 @@ static int parse_uint(struct span s, uint64_t *ret)
 }
 
 /* The TTL of the completed answer: the TTL header when it is a positive
- * integer (capped at --max-ttl), else --ttl. */
+ * integer (capped at --max-ttl, raised to --min-ttl), else --ttl. */
 static uint64_t request_ttl_ms(const struct admission *a, const struct request *rq)
 {
     const struct route_settings *rs = &a->route->settings;
@@ -71,7 +71,7 @@ static uint64_t request_ttl_ms(const struct admission *a, const struct request *
         return rs->ttl_ms;
     if (s > rs->max_ttl_ms / 1000)
         return rs->max_ttl_ms;
-    return s * 1000;
+    return s * 1000 < rs->min_ttl_ms ? rs->min_ttl_ms : s * 1000;
 }
 
 /* The value of scope header <name> of <rq>: its one instance, or several

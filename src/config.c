@@ -214,6 +214,8 @@ static const struct opt opts[] = {
       CONFIG_ROUTE, R(ttl_ms), 0, NULL, false, false },
     { "--max-ttl", "IDEMPROXY_MAX_TTL", "S", "604800", "cap on a TTL asked for by a request",
       K_SECONDS, CONFIG_ROUTE, R(max_ttl_ms), 0, NULL, false, false },
+    { "--min-ttl", "IDEMPROXY_MIN_TTL", "S", "0", "floor of a TTL asked for by a request",
+      K_SECONDS0, CONFIG_ROUTE, R(min_ttl_ms), 0, NULL, false, false },
     { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
       "request header asking for another TTL; \"\" disables", K_HEADER_OPT, CONFIG_ROUTE,
       R(ttl_header), 0, NULL, false, false },

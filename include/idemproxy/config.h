@@ -51,6 +51,7 @@ struct route_settings {
     size_t nscope_headers;
     uint64_t ttl_ms;       /* ttl, default 86400 s */
     uint64_t max_ttl_ms;   /* max-ttl, default 604800 s */
+    uint64_t min_ttl_ms;   /* min-ttl, default 0: the floor of a TTL a request asks for */
     char *ttl_header;      /* ttl-header, default X-TTL; "" disables */
     uint64_t lock_ttl_ms;  /* lock-ttl, default 30 s */
     uint64_t wait_ms;      /* wait, default 0 */

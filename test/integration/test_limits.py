@@ -227,15 +227,18 @@ def test_large_response_passthrough_not_limited(proxy, upstream):
 def test_records_expire_after_their_ttl(proxy, upstream):
     """Seen by behaviour, on both stores: a record replays until its TTL runs out,
     then the key executes again. --ttl is the default, X-TTL asks for another,
-    capped at --max-ttl; a bad X-TTL is ignored."""
+    capped at --max-ttl, raised to --min-ttl; a bad X-TTL is ignored."""
     p = proxy("--ttl", "1", "--max-ttl", "100")
     capped = proxy("--ttl", "1", "--max-ttl", "1")
+    floored = proxy("--ttl", "1", "--min-ttl", "60")
     cases = [  # (proxy, X-TTL or None, replays after 2.5 s)
         (p, None, False),        # --ttl 1
         (p, "abc", False),       # ignored: --ttl 1
         (p, "0", False),         # ignored: --ttl 1
         (p, "60", True),         # X-TTL beats --ttl
         (capped, "60", False),   # capped at --max-ttl 1
+        (floored, "1", True),    # raised to --min-ttl 60
+        (floored, None, False),  # --ttl 1: --min-ttl floors X-TTL only
     ]
     reqs = []
     for px, xttl, _ in cases:
