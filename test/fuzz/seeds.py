@@ -323,3 +323,31 @@ for name, v in {
                   "X-Drop: 1\r\nContent-Length: 1\r\n\r\nZ",
 }.items():
     write("fuzz_answer", name, v)
+
+# fuzz_canonjson: the first line holds JSON pointers one space apart (to
+# remove), the rest is the body; without a '\n' the whole input is the body.
+for name, v in {
+    "rfc8785-sample": '\n{"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],'
+                      '"string": "\\u20ac$\\u000F\\u000aA\'\\u0042\\u0022\\u005c\\\\\\"\\/",'
+                      '"literals": [null, true, false]}',
+    "rfc8785-sort": '{"\\u20ac":"Euro","\\r":"CR","\\ufb33":"Dalet","1":"One",'
+                    '"\\ud83d\\ude00":"Emoji","\\u0080":"Control","\\u00f6":"o"}',
+    "utf16-order": '{"\xee\x80\x80":1,"\xf0\x9f\x98\x80":2,"\\ue000":3}',
+    "stripe-charge": '/metadata/nonce /expand/0\n{"amount": 2000, "currency": "usd", '
+                     '"source": "tok_visa", "metadata": {"order_id": "6735", "nonce": "n-1"}, '
+                     '"expand": ["customer", "invoice"]}',
+    "numbers": '[1.0, 1e2, -0, -0.0, 0.1000000000000000055511151231257827, 1e400, 4.9e-324, '
+               '100000000000000000000.0, 1e21, 9007199254740993, 1.5e-7, 0e5, 5e-324, '
+               '1.7976931348623157e308, 123456789012345678901234567890]',
+    "escapes": '"\\b\\t\\n\\f\\r\\"\\\\\\/\\u0000\\u001f\\u007f\\u2028\\uD83D\\uDE00 caf\xc3\xa9"',
+    "pointers-escaped": '/a~1b /m~0n / /d/1 /d/01 /d/-\n{"a/b":1,"m~n":2,"":3,"d":[1,2,3],"x":{}}',
+    "whole": ' \n{"a":1}',
+    "empty-pointer-list": '\n[ ]',
+    "deep": "[" * 70 + "]" * 70,
+    "duplicates": '{"a":1,"\\u0061":2}',
+    "lone-surrogate": '["\\ud800", "\\udc00"]',
+    "bad-utf8": '["\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"]',
+    "trailing": '{} {}',
+    "scalar": '"just a string"',
+}.items():
+    write("fuzz_canonjson", name, v)
