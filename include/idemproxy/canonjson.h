@@ -30,8 +30,11 @@ struct buf;
  * than <max_depth> arrays and objects open at once (1 allows [1] but not
  * [[1]]; 0, scalars only; above CANONJSON_DEPTH_MAX it is that), a number
  * that is not JSON's grammar (01, 1., .5, +1, NaN); -E2BIG when <out> would
- * pass its limit, or <body> is 4 GiB or more; -ENOMEM. The caller
- * fingerprints the raw body on -EINVAL. On failure <out> keeps its length
+ * pass its limit (only for an I-JSON body: the walk goes on unwritten to
+ * find out), or <body> is 4 GiB or more; -ENOMEM. Noncharacters (U+FFFF,
+ * U+FDD0) are accepted, though RFC 7493 §2.1 excludes them: they are text
+ * that means one thing. The caller fingerprints the raw body on -EINVAL,
+ * whatever <ignore> removes. On failure <out> keeps its length
  * (its capacity may have grown). <body> is read, never written, never past
  * body.len; no NUL is needed.
  *
