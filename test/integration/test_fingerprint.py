@@ -120,7 +120,7 @@ BROKEN = """
       - name: pay
         fingerprint:
           body: yaml
-          ignore: [sent_at]
+          ignore: [/ok, sent_at]
           headers: ["Stripe Version"]
           query: shuffled
           hash: md5
@@ -137,3 +137,14 @@ def test_a_broken_fingerprint_is_said_where_it_is(tmp_path):
     assert "fingerprint.headers: 'Stripe Version' is not a header name" in got[(7, 16)], got
     assert "fingerprint.query: 'shuffled' is not raw or sorted" in got[(8, 14)], got
     assert "fingerprint: unknown key 'hash'" in got[(9, 7)], got
+
+
+def test_ignoring_the_whole_body_is_refused(tmp_path):
+    """"" points at the whole body: every JSON body would fingerprint alike."""
+    path = write_config(tmp_path, """
+        upstream: http://127.0.0.1:3000
+        fingerprint: {body: json, ignore: [""]}
+    """, name="whole.yaml")
+    r = run_binary(["--check-config", "--config", str(path)])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert b"fingerprint.ignore: '' is not a JSON pointer" in r.stderr, r.stderr
