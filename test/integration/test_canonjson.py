@@ -28,13 +28,12 @@ import decimal
 import json
 import os
 import random
-import shutil
 import struct
 import subprocess
-import tempfile
 
 import pytest
 
+from fixtures.npm import npm_install
 from fixtures.proxy import IDEMPROXY_BIN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,54 +49,10 @@ def build_dir():
     return os.path.dirname(os.path.dirname(os.path.abspath(IDEMPROXY_BIN)))
 
 
-def npm_root():
-    """<build dir of IDEMPROXY_BIN>/npm (IDEMPROXY_TEST_NPM_DIR overrides it)."""
-    env = os.environ.get("IDEMPROXY_TEST_NPM_DIR")
-    return os.path.abspath(env) if env else os.path.join(build_dir(), "npm")
-
-
-def installed_version(prefix):
-    try:
-        with open(os.path.join(prefix, "node_modules", "canonicalize", "package.json")) as f:
-            return json.load(f).get("version")
-    except (OSError, ValueError):
-        return None
-
-
 @pytest.fixture(scope="session")
 def canonicalize_dir():
     """The --prefix directory of canonicalize@CANONICALIZE_VERSION, installed once."""
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            pytest.fail("`%s` is not installed: the canonical JSON cross-check needs Debian's "
-                        "nodejs and npm (scripts/test installs them)" % tool)
-    root = npm_root()
-    prefix = os.path.join(root, "canonicalize-" + CANONICALIZE_VERSION)
-    if installed_version(prefix) == CANONICALIZE_VERSION:
-        return prefix
-    os.makedirs(root, exist_ok=True)
-    # Into a fresh directory, renamed when complete: an interrupted install is
-    # never taken for a cached one.
-    tmp = tempfile.mkdtemp(prefix=".canonicalize-", dir=root)
-    try:
-        try:
-            r = subprocess.run(
-                ["npm", "install", "--prefix", tmp, "--no-audit", "--no-fund", "--no-save",
-                 "--no-package-lock", "--ignore-scripts", "--no-update-notifier",
-                 "canonicalize@" + CANONICALIZE_VERSION],
-                capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            pytest.fail("npm install canonicalize@%s did not finish in 300 s: can this machine "
-                        "reach the npm registry?" % CANONICALIZE_VERSION)
-        if r.returncode != 0 or installed_version(tmp) != CANONICALIZE_VERSION:
-            pytest.fail("npm install canonicalize@%s failed (exit %d): can this machine reach the "
-                        "npm registry?\n%s\n%s" % (CANONICALIZE_VERSION, r.returncode,
-                                                   r.stdout[-3000:], r.stderr[-3000:]))
-        shutil.rmtree(prefix, ignore_errors=True)
-        os.rename(tmp, prefix)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return prefix
+    return npm_install("canonicalize", CANONICALIZE_VERSION, "the canonical JSON cross-check")
 
 
 def canonicalize(prefix, texts):

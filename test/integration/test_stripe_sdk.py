@@ -27,7 +27,6 @@ body has an `error` member, cjs/RequestSender.js _jsonResponseHandler):
 """
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from fixtures.client import metrics_value
-from fixtures.proxy import IDEMPROXY_BIN
+from fixtures.npm import npm_install
 from fixtures.upstream import QuietHandler
 from fixtures.waiting import free_port
 
@@ -54,57 +53,9 @@ SDK_VERSIONS = {
 
 
 # --------------------------------------------------------------------------- the SDK
-def npm_root():
-    """Where the SDK is installed: <build dir of IDEMPROXY_BIN>/npm, outside the
-    source tree (IDEMPROXY_TEST_NPM_DIR overrides it)."""
-    env = os.environ.get("IDEMPROXY_TEST_NPM_DIR")
-    if env:
-        return os.path.abspath(env)
-    build = os.path.dirname(os.path.dirname(os.path.abspath(IDEMPROXY_BIN)))
-    return os.path.join(build, "npm")
-
-
-def installed_version(prefix):
-    try:
-        with open(os.path.join(prefix, "node_modules", "stripe", "package.json")) as f:
-            return json.load(f).get("version")
-    except (OSError, ValueError):
-        return None
-
-
 def install_stripe(version):
     """Installs stripe@<version> (once) and returns its --prefix directory."""
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            pytest.fail("`%s` is not installed: the Stripe SDK test needs Debian's nodejs and "
-                        "npm (scripts/test installs them: apt-get install nodejs npm)" % tool)
-    root = npm_root()
-    prefix = os.path.join(root, "stripe-" + version)
-    if installed_version(prefix) == version:
-        return prefix
-    os.makedirs(root, exist_ok=True)
-    # Into a fresh directory, renamed when complete: an interrupted install is
-    # never taken for a cached one.
-    tmp = tempfile.mkdtemp(prefix=".stripe-%s-" % version, dir=root)
-    try:
-        try:
-            r = subprocess.run(
-                ["npm", "install", "--prefix", tmp, "--no-audit", "--no-fund", "--no-save",
-                 "--no-package-lock", "--ignore-scripts", "--no-update-notifier",
-                 "stripe@" + version],
-                capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            pytest.fail("npm install stripe@%s did not finish in 300 s: can this machine reach "
-                        "the npm registry?" % version)
-        if r.returncode != 0 or installed_version(tmp) != version:
-            pytest.fail("npm install stripe@%s failed (exit %d): can this machine reach the npm "
-                        "registry?\n%s\n%s" % (version, r.returncode, r.stdout[-3000:],
-                                               r.stderr[-3000:]))
-        shutil.rmtree(prefix, ignore_errors=True)
-        os.rename(tmp, prefix)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return prefix
+    return npm_install("stripe", version, "the Stripe SDK test")
 
 
 @pytest.fixture(scope="session", params=sorted(SDK_VERSIONS), ids=lambda v: "stripe-" + v)
