@@ -196,13 +196,9 @@ static int start_fingerprint(struct admission *a, const struct request *rq,
         target.base = sorted;
     err = fingerprint_init(&a->fp, rq->method, target);
     free(sorted);
-    for (size_t i = 0; err == 0 && i < f->nheaders; i++) {
-        struct span name = span_from_cstr(f->headers[i]);
-        size_t n = 0;
-        const struct span *v = request_header(rq, name, &n);
-
-        err = fingerprint_add_field(&a->fp, name, v, v ? n : 0);
-    }
+    for (size_t i = 0; err == 0 && i < f->nheaders; i++)
+        err =
+            fingerprint_add_field(&a->fp, span_from_cstr(f->headers[i]), rq->headers, rq->nheaders);
     if (err < 0)
         return oom(ret);
     a->enforced = true;

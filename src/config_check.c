@@ -266,12 +266,15 @@ int config_check_route(const struct config *cfg, const struct route_settings *rs
         snprintf(why, whylen, "--ttl: %s is above --max-ttl (%s)", ttl, max);
         return -EINVAL;
     }
-    if (rs->min_ttl_ms > rs->max_ttl_ms) {
-        char min[32], max[32];
+    if (rs->min_ttl_ms > rs->ttl_ms) {
+        char min[32], ttl[32];
 
         format_secs(rs->min_ttl_ms, min, sizeof(min));
-        format_secs(rs->max_ttl_ms, max, sizeof(max));
-        snprintf(why, whylen, "--min-ttl: %s is above --max-ttl (%s)", min, max);
+        format_secs(rs->ttl_ms, ttl, sizeof(ttl));
+        snprintf(why, whylen,
+                 "--min-ttl: %s is above --ttl (%s), the TTL of a request that asks "
+                 "for none",
+                 min, ttl);
         return -EINVAL;
     }
     return check_memory_budget(cfg, rs, why, whylen);

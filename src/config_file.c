@@ -630,6 +630,11 @@ static void check_route(struct errs *e, const struct config *cfg, struct route *
 
     if (config_check_route(cfg, &rt->settings, why, sizeof(why)) < 0)
         errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
+    if (rt->fingerprint.nignore && !rt->fingerprint.body_json)
+        errs_add(e, at,
+                 "route '%s': fingerprint.ignore needs body: json (a raw body's bytes "
+                 "have no members to leave out)",
+                 rt->name ? rt->name : ROUTE_DEFAULT);
 }
 
 /* The default route (the top level's key), every route without a key
@@ -645,6 +650,10 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
         each_pair(e, top->key, "key", key_pair, &def->key);
     if (top->fingerprint)
         each_pair(e, top->fingerprint, "fingerprint", fingerprint_pair, &def->fingerprint);
+    if (top->fingerprint && def->fingerprint.nignore && !def->fingerprint.body_json)
+        errs_add(e, top->fingerprint,
+                 "fingerprint.ignore needs body: json (a raw body's bytes "
+                 "have no members to leave out)");
     for (size_t i = 0; i <= t->nroutes; i++) {
         if (keysource_set_default(&t->routes[i].key, cfg->key_header) < 0)
             e->oom = true;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "idemproxy/digest.h"
+#include "idemproxy/http.h"
 
 static int feed_len(EVP_MD_CTX *md, uint64_t n)
 {
@@ -38,25 +39,30 @@ static struct span trim_ows(struct span v)
     return v;
 }
 
-int fingerprint_add_field(struct fingerprint *fp, struct span name, const struct span *values,
-                          size_t n)
+int fingerprint_add_field(struct fingerprint *fp, struct span name,
+                          const struct http_header *fields, size_t n)
 {
-    uint64_t joined = n > 1 ? 2 * (n - 1) : 0;
+    uint64_t joined = 0;
+    size_t found = 0;
     int r;
 
     if (!fp->md)
         return -EIO;
-    for (size_t i = 0; i < n; i++)
-        joined += trim_ows(values[i]).len;
+    for (size_t i = 0; i < n; i++) {
+        if (span_eq_nocase(fields[i].name, name))
+            joined += (found++ ? 2 : 0) + trim_ows(fields[i].value).len;
+    }
     r = feed_framed(fp->md, name);
     if (r == 0)
-        r = feed_len(fp->md, n > 0); /* absent is not empty */
+        r = feed_len(fp->md, found > 0); /* absent is not empty */
     if (r == 0)
         r = feed_len(fp->md, joined);
-    for (size_t i = 0; r == 0 && i < n; i++) {
-        struct span v = trim_ows(values[i]);
+    for (size_t i = 0, k = 0; r == 0 && i < n; i++) {
+        struct span v = trim_ows(fields[i].value);
 
-        if ((i > 0 && EVP_DigestUpdate(fp->md, ", ", 2) != 1) ||
+        if (!span_eq_nocase(fields[i].name, name))
+            continue;
+        if ((k++ > 0 && EVP_DigestUpdate(fp->md, ", ", 2) != 1) ||
             (v.len > 0 && EVP_DigestUpdate(fp->md, v.base, v.len) != 1))
             r = -EIO;
     }

@@ -12,7 +12,7 @@
 struct buf;
 
 /* The deepest nesting canonjson_write() ever accepts, whatever its caller
- * asks: each level is two stack frames of its writer. */
+ * asks: each level is three stack frames of its writer. */
 #define CANONJSON_DEPTH_MAX 1000
 
 /* Room for ECMAScript's text of any double and a NUL

@@ -6,6 +6,8 @@
 
 #include "idemproxy/common.h"
 
+struct http_header;
+
 #define FINGERPRINT_LEN 32
 #define FINGERPRINT_HEX (2 * FINGERPRINT_LEN)
 
@@ -17,13 +19,14 @@ struct fingerprint {
  * or done). Returns 0, -ENOMEM or -EIO. */
 int fingerprint_init(struct fingerprint *fp, struct span method, struct span target);
 
-/* Feeds the header field <name> with its <n> <values> (as received, in
- * order; n == 0: absent): each trimmed of spaces and tabs, joined with
- * ", " (two fields are the one field that lists both, as in HTTP), framed
- * with its length after whether it is present, so that absent and empty
- * differ. Call after init, before the body. Returns 0 or -EIO. */
-int fingerprint_add_field(struct fingerprint *fp, struct span name, const struct span *values,
-                          size_t n);
+/* Feeds the header field <name> as the <n> <fields> of a request have it
+ * (names compared case-insensitively; none: absent): the values, in order,
+ * each trimmed of spaces and tabs, joined with ", " (two fields are the one
+ * field that lists both, as in HTTP), framed with its length after whether
+ * it is present, so that absent and empty differ. Call after init, before
+ * the body. Returns 0 or -EIO. */
+int fingerprint_add_field(struct fingerprint *fp, struct span name,
+                          const struct http_header *fields, size_t n);
 
 /* Writes <target> with the parameters of its query sorted (by name, then
  * the whole parameter, bytes as received, '&'-separated; the path and each

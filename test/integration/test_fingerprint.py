@@ -148,3 +148,17 @@ def test_ignoring_the_whole_body_is_refused(tmp_path):
     r = run_binary(["--check-config", "--config", str(path)])
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert b"fingerprint.ignore: '' is not a JSON pointer" in r.stderr, r.stderr
+
+
+def test_ignore_without_a_json_body_is_refused(tmp_path):
+    """A raw body has no members to leave out: the operator is told, rather
+    than every retry getting a 422."""
+    path = write_config(tmp_path, """
+        upstream: http://127.0.0.1:3000
+        routes:
+          - name: pay
+            fingerprint: {ignore: [/sent_at]}
+    """, name="raw-ignore.yaml")
+    r = run_binary(["--check-config", "--config", str(path)])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert b"route 'pay': fingerprint.ignore needs body: json" in r.stderr, r.stderr

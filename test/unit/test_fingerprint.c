@@ -3,6 +3,7 @@
 
 #include "check.h"
 #include "idemproxy/fingerprint.h"
+#include "idemproxy/http.h"
 
 /* The fingerprint of one request, body fed in one update (or none if empty). */
 static void fp_of(const char *method, const char *target, const char *body, size_t body_len,
@@ -216,35 +217,42 @@ static void test_fingerprint_sort_query(void)
     check_sorted("/p?%62=1&a=%20", "/p?%62=1&a=%20"); /* '%' sorts before 'a': not decoded */
 }
 
-static void digest_with(const char *name, const struct span *v, size_t n,
-                        uint8_t out[FINGERPRINT_LEN])
+static void digest_with(const struct http_header *fields, size_t n, uint8_t out[FINGERPRINT_LEN])
 {
     struct fingerprint fp = { 0 };
 
     CHECK_EQ_INT(fingerprint_init(&fp, SPAN_LIT("POST"), SPAN_LIT("/p")), 0);
-    CHECK_EQ_INT(fingerprint_add_field(&fp, span_from_cstr(name), v, n), 0);
+    CHECK_EQ_INT(fingerprint_add_field(&fp, SPAN_LIT("v"), fields, n), 0);
     CHECK_EQ_INT(fingerprint_update(&fp, "x", 1), 0);
     CHECK_EQ_INT(fingerprint_final(&fp, out), 0);
 }
 
-/* A header's values join trimmed with ", "; absent and empty differ. */
+#define H(n, v)                                                                                    \
+    {                                                                                              \
+        SPAN_LIT(n), SPAN_LIT(v)                                                                   \
+    }
+
+/* A header's values join trimmed with ", ", whatever lies between them;
+ * absent and empty differ; names are case-insensitive. */
 static void test_fingerprint_fields(void)
 {
-    const struct span one[] = { SPAN_LIT(" a, b\t") }, two[] = { SPAN_LIT("a"), SPAN_LIT(" b") },
-                      empty[] = { SPAN_LIT("") }, a[] = { SPAN_LIT("a") };
+    const struct http_header one[] = { H("X", "1"), H("V", " a, b\t") },
+                             two[] = { H("v", "a"), H("X", "b"), H("V", " b") },
+                             other[] = { H("v", "a"), H("V", "c"), H("X", "b") },
+                             none[] = { H("X", "a") }, empty[] = { H("V", "") };
     uint8_t d1[FINGERPRINT_LEN], d2[FINGERPRINT_LEN], d3[FINGERPRINT_LEN], d4[FINGERPRINT_LEN],
         d5[FINGERPRINT_LEN];
 
-    digest_with("V", one, 1, d1);
-    digest_with("V", two, 2, d2);
+    digest_with(one, ARRAY_SIZE(one), d1);
+    digest_with(two, ARRAY_SIZE(two), d2);
     CHECK_EQ_MEM(d1, d2, FINGERPRINT_LEN); /* one field "a, b" is the two fields a and b */
-    digest_with("V", NULL, 0, d3);
-    digest_with("V", empty, 1, d4);
-    CHECK(memcmp(d3, d4, FINGERPRINT_LEN) != 0);
-    digest_with("V", a, 1, d5);
-    CHECK(memcmp(d5, d4, FINGERPRINT_LEN) != 0);
-    digest_with("V", two, 2, d1);
-    CHECK_EQ_MEM(d1, d2, FINGERPRINT_LEN);
+    digest_with(other, ARRAY_SIZE(other), d3);
+    CHECK(memcmp(d2, d3, FINGERPRINT_LEN) != 0); /* the second value counts, not what follows */
+    digest_with(none, ARRAY_SIZE(none), d4);
+    digest_with(empty, ARRAY_SIZE(empty), d5);
+    CHECK(memcmp(d4, d5, FINGERPRINT_LEN) != 0);
+    digest_with(NULL, 0, d5);
+    CHECK_EQ_MEM(d4, d5, FINGERPRINT_LEN); /* absent, whatever other fields there are */
 }
 
 TEST_MAIN(test_fingerprint_known_answer, test_fingerprint_is_the_framed_sha256,
