@@ -10,6 +10,7 @@
 #include "idemproxy/canonjson.h"
 
 #include <assert.h>
+#include <float.h>
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
@@ -684,6 +685,11 @@ static int write_number(struct writer *w, uint32_t at)
         return emit(w, s + at, end - at);
     if (dec.n == 0)
         return emit(w, "0", 1);
+    /* At most DBL_DIG (15) digits in the normal range: two such decimals never
+     * read as one double, so the shortest text of the literal's double is the
+     * literal's own value (its digits, normalized), with no double to make. */
+    if (dec.n <= DBL_DIG && dec.exp + (long)dec.n - 1 >= -307 && dec.exp + (long)dec.n - 1 <= 307)
+        return emit(w, text, es_layout(neg, &dec, text));
     d = decimal_value(&dec);
     if (!isfinite(d) || d == 0)
         return emit(w, s + at, end - at);

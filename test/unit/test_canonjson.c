@@ -444,9 +444,42 @@ static void test_canonjson_large_objects(void)
     buf_done(&out);
 }
 
+/* Literals of at most 15 significant digits in the normal range are written
+ * from their own digits, with no double made: the same text as the shortest
+ * form of their double, for 200,000 random ones (1 to 15 digits, a fraction
+ * or an exponent, each sign). */
+static void test_canonjson_short_literals_are_their_double_s_text(void)
+{
+    unsigned long long x = 88172645463325252ull;
+    unsigned bad = 0;
+
+    for (int i = 0; i < 200000; i++) {
+        char lit[64], want[CANONJSON_DOUBLE_MAX + 8], d[16];
+        int n, e, point;
+
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        n = 1 + (int)(x % 15);
+        for (int k = 0; k < n; k++)
+            d[k] = (char)('0' + (x >> (8 + 4 * k)) % 10);
+        d[0] = d[0] == '0' ? '7' : d[0];
+        d[n] = '\0';
+        e = (int)((x >> 40) % 601) - 300 - n;
+        point = (int)((x >> 52) % (unsigned)(n + 1));
+        if (x & 1)
+            snprintf(lit, sizeof(lit), "[%s%.*s.%s0]", (x & 2) ? "-" : "", point ? point : 1, d,
+                     point ? d + point : d + 1);
+        else
+            snprintf(lit, sizeof(lit), "[%s%se%d]", (x & 2) ? "-" : "", d, e);
+        snprintf(want, sizeof(want), "[%s]", format(strtod(lit + 1, NULL)));
+        if (strcmp(canon(lit), want) != 0 && bad++ < 5)
+            fprintf(stderr, "  %s: %s, its double's text %s\n", lit, result, want);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 TEST_MAIN(test_canonjson_rfc8785_sample, test_canonjson_rfc8785_sort_order,
           test_canonjson_rfc8785_number_table, test_canonjson_numbers_keep_their_amount,
           test_canonjson_strings_are_escaped_minimally,
           test_canonjson_removes_what_the_pointers_find, test_canonjson_refuses_what_is_not_i_json,
           test_canonjson_depth_is_bounded, test_canonjson_output_limit,
-          test_canonjson_large_objects)
+          test_canonjson_large_objects, test_canonjson_short_literals_are_their_double_s_text)
