@@ -460,7 +460,7 @@ static void test_canonjson_short_literals_are_their_double_s_text(void)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         n = 1 + (int)(x % 15);
         for (int k = 0; k < n; k++)
-            d[k] = (char)('0' + (x >> (8 + 4 * k)) % 10);
+            d[k] = (char)('0' + (x >> (4 * k)) % 10); /* k < 15: shifts of at most 56 */
         d[0] = d[0] == '0' ? '7' : d[0];
         d[n] = '\0';
         e = (int)((x >> 40) % 601) - 300 - n;
