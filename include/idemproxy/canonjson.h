@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Canonical JSON (RFC 8785, the JSON Canonicalization Scheme) for the semantic
- * fingerprint (SPEC §15.2): a body that says the same thing in other words
+ * fingerprint (doc/configuration.md, Fingerprint): a body that says the same thing in other words
  * (members in another order, other whitespace, other escapes, 1.0 for 1)
  * gives the same bytes, and two bodies that say different things never do.
  * Pure functions, any thread. */
@@ -55,8 +55,8 @@ struct buf;
  * other controls below 0x20, everything else as UTF-8, '/', DEL and U+2028
  * included; true, false and null.
  *
- * Numbers (SPEC §15.2: two different amounts never fingerprint alike, so this
- * is stricter than RFC 8785, which would turn every number into a double):
+ * Numbers (doc/configuration.md, Fingerprint: two different amounts never fingerprint alike, so
+ * this is stricter than RFC 8785, which would turn every number into a double):
  * - an integer literal (an optional '-' and digits, no fraction, no
  *   exponent) keeps its digits, however many: 9007199254740993 stays
  *   9007199254740993 (RFC 8785: 9007199254740992). "-0" is "0" (the same

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Canonical JSON for the semantic fingerprint (canonjson_write, SPEC §15.2):
+/* Canonical JSON for the semantic fingerprint (canonjson_write, doc/configuration.md, Fingerprint):
  * every byte of the body comes from a client. */
 #include <stdlib.h>
 

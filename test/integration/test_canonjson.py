@@ -1,4 +1,4 @@
-"""Canonical JSON (src/canonjson.c, SPEC §15.2 "Semantic fingerprint")
+"""Canonical JSON (src/canonjson.c, doc/configuration.md, "Fingerprint")
 against an independent implementation: npm's `canonicalize`, the JavaScript
 reference of RFC 8785 by the RFC's author, run by node over the same
 documents. The documents are generated (seeded, so a failure replays):

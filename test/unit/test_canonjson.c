@@ -187,7 +187,7 @@ static void test_canonjson_rfc8785_number_table(void)
     CHECK_EQ_STR(format(-123.456), "-123.456");
 }
 
-/* SPEC §15.2: two different amounts never fingerprint alike. */
+/* doc/configuration.md, Fingerprint: two different amounts never fingerprint alike. */
 static void test_canonjson_numbers_keep_their_amount(void)
 {
     /* Integer literals keep their digits, however many. */
