@@ -30,12 +30,25 @@ const char *problem_code(enum problem p)
     return (unsigned)p < ARRAY_SIZE(problems) ? problems[p].code : "internal_error";
 }
 
-/* The four key problems are the client's to fix; Stripe-style SDKs raise an
- * error of their own class for "idempotency_error". */
-static bool is_key_problem(enum problem p)
+/* The error's type in the stripe dialect: the key problems are the client's
+ * to fix, and Stripe-style SDKs raise an error of their own class for
+ * "idempotency_error"; a credential refused is an "invalid_request_error"
+ * (their SDKs raise an authentication error for any 401). */
+static const char *stripe_type(enum problem p)
 {
-    return p == PROBLEM_KEY_IN_USE || p == PROBLEM_KEY_MISMATCH || p == PROBLEM_KEY_MISSING ||
-           p == PROBLEM_KEY_INVALID;
+    switch (p) {
+    case PROBLEM_KEY_IN_USE:
+    case PROBLEM_KEY_MISMATCH:
+    case PROBLEM_KEY_MISSING:
+    case PROBLEM_KEY_INVALID:
+    case PROBLEM_KEY_EXPIRED:
+        return "idempotency_error";
+    case PROBLEM_SCOPE_UNVERIFIED:
+    case PROBLEM_SCOPE_MISSING:
+        return "invalid_request_error";
+    default:
+        return "api_error";
+    }
 }
 
 static json_t *body_object(enum problem p, enum problem_dialect dialect, const char *detail)
@@ -43,8 +56,7 @@ static json_t *body_object(enum problem p, enum problem_dialect dialect, const c
     const struct problem_desc *d = &problems[p];
 
     if (dialect == PROBLEM_DIALECT_STRIPE)
-        return json_pack("{s:{s:s, s:s, s:s}}", "error", "type",
-                         is_key_problem(p) ? "idempotency_error" : "api_error", "code", d->code,
+        return json_pack("{s:{s:s, s:s, s:s}}", "error", "type", stripe_type(p), "code", d->code,
                          "message", detail);
     return json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", d->type, "title", d->title, "status",
                      (int)d->status, "detail", detail, "code", d->code);

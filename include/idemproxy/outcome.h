@@ -20,7 +20,9 @@
     X(UPSTREAM_ERROR, "upstream_error")                                                            \
     X(BAD_REQUEST, "bad_request")                                                                  \
     X(UNKNOWN, "outcome_unknown")                                                                  \
-    X(INTERNAL_ERROR, "internal_error")
+    X(INTERNAL_ERROR, "internal_error")                                                            \
+    X(SCOPE_REFUSED, "scope_refused")                                                              \
+    X(EXPIRED, "expired")
 
 enum outcome {
 #define X(id, label) OUTCOME_##id,
@@ -56,7 +58,13 @@ enum outcome {
       "about:blank")                                                                               \
     X(OUTCOME_UNKNOWN, 502, "idempotency_outcome_unknown",                                         \
       "The outcome of the original request is unknown", "about:blank")                             \
-    X(INTERNAL, 503, "internal_error", "The proxy cannot take the request now", "about:blank")
+    X(INTERNAL, 503, "internal_error", "The proxy cannot take the request now", "about:blank")     \
+    X(SCOPE_UNVERIFIED, 401, "idempotency_scope_unverified",                                       \
+      "The credential that scopes the key could not be verified", "about:blank")                   \
+    X(SCOPE_MISSING, 401, "idempotency_scope_missing",                                             \
+      "A credential that scopes the key is required", "about:blank")                               \
+    X(KEY_EXPIRED, 410, "idempotency_key_expired",                                                 \
+      "This Idempotency-Key was used and its answer has expired", "about:blank")
 
 enum problem {
 #define X(id, status, code, title, type) PROBLEM_##id,

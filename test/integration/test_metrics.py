@@ -12,7 +12,7 @@ from fixtures.waiting import wait_for
 
 OUTCOMES = ("passthrough", "executed", "replayed", "in_flight", "mismatch", "missing_key",
             "invalid_key", "too_large", "store_error", "upstream_error", "bad_request",
-            "outcome_unknown", "internal_error")
+            "outcome_unknown", "internal_error", "scope_refused", "expired")
 TYPES = ("counter", "gauge", "histogram")
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(r"^(%s)(\{(.*)\})? (\S+)$" % NAME)
@@ -235,7 +235,8 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
     assert got == {"passthrough": 1, "executed": 3, "replayed": 2, "in_flight": 1,
                    "mismatch": 1, "missing_key": 1, "invalid_key": 1, "too_large": 1,
                    "store_error": 0, "upstream_error": 2, "bad_request": 1,
-                   "outcome_unknown": 1, "internal_error": 0}, got
+                   "outcome_unknown": 1, "internal_error": 0, "scope_refused": 0,
+                   "expired": 0}, got
     assert (histogram_count(fams, "idemproxy_request_duration_seconds", route="default")
             == sum(got.values()))
     # Every answer by class: 201 201 200 200 201; 422 409 413 400 400 400; 502 x4.
