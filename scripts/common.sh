@@ -20,9 +20,11 @@ ensure_packages() {
         { echo "apt-get install ${missing[*]} failed" >&2; return 1; }
 }
 
-# curl: the demo of scripts/run prints curl commands, and the integration suite runs them.
+# curl: the demo of scripts/run prints curl commands, and the integration suite runs them;
+# libcjose-dev: bearer tokens verified for scope: jwt (doc/configuration.md, Scope).
 BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcurl4-openssl-dev
-    libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev libhttp-parser-dev curl)
+    libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev libhttp-parser-dev libcjose-dev
+    curl)
 
 # build DIR [meson options...] configures DIR (again from scratch when it was
 # configured with other options or another compiler) and builds it: all of

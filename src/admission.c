@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "idemproxy/canonjson.h"
 #include "idemproxy/config.h"
@@ -16,6 +17,7 @@
 #include "idemproxy/idemkey.h"
 #include "idemproxy/request.h"
 #include "idemproxy/route.h"
+#include "idemproxy/scope.h"
 
 #define TOO_LARGE_DETAIL "The request body is larger than this proxy accepts (--max-body)."
 
@@ -104,32 +106,95 @@ static int scope_value(const struct request *rq, struct span name, struct buf *j
     return err;
 }
 
-/* Builds <prefix><scope>:<key> (idemkey.h), the scope hashing the
- * --scope-header values in order, then the key source's domain tag. */
-static int build_store_key(struct admission *a, const struct request *rq)
+/* What the client is told of a token that does not verify (never the
+ * token), by enum scope_failure. */
+static const char *const unverified_detail[SCOPE_FAILURE_MAX] = {
+    [SCOPE_FAILURE_MISSING] = "no bearer token was given",
+    [SCOPE_FAILURE_MALFORMED] = "it is not one bearer token in JWS compact form",
+    [SCOPE_FAILURE_SIGNATURE] = "its signature does not verify",
+    [SCOPE_FAILURE_ALGORITHM] = "its algorithm (alg) is not one its key is for",
+    [SCOPE_FAILURE_UNKNOWN_KID] = "its key id (kid) is not among the keys",
+    [SCOPE_FAILURE_EXPIRED] = "it has expired or is not valid yet (exp, nbf)",
+    [SCOPE_FAILURE_CLAIMS] = "its issuer, audience or a required claim does not match",
+    [SCOPE_FAILURE_KEYS_UNAVAILABLE] = "the keys to verify it with cannot be fetched now",
+};
+
+/* A keyed request whose principal is refused for <f> (doc/configuration.md,
+ * Scope): 401, or (on-unverified: passthrough, for a token) forwarded
+ * unprotected. Returns 1 with the refusal, or 0 with <a> passthrough. */
+static int refuse_scope(struct admission *a, enum scope_failure f, struct admission_refusal *ret)
 {
     const struct route_settings *rs = &a->route->settings;
-    struct span values[CONFIG_MAX_LIST + 1];
-    size_t nvalues = rs->nscope_headers;
-    struct buf joined[CONFIG_MAX_LIST];
-    char scope[IDEMKEY_SCOPE_HEX + 1];
+    char detail[256];
+
+    a->scope_failure = (int)f + 1;
+    if (f == SCOPE_FAILURE_MISSING)
+        return refuse(ret, PROBLEM_SCOPE_MISSING, OUTCOME_SCOPE_REFUSED,
+                      "This route needs a credential to scope the Idempotency-Key "
+                      "(require-scope): none was given.");
+    if (rs->on_unverified == CONFIG_ON_UNVERIFIED_PASSTHROUGH) {
+        a->enforced = false; /* forwarded unprotected: no key, no lock */
+        return 0;
+    }
+    snprintf(detail, sizeof(detail), "The bearer token that scopes the Idempotency-Key: %s.",
+             unverified_detail[f]);
+    return refuse(ret, PROBLEM_SCOPE_UNVERIFIED, OUTCOME_SCOPE_REFUSED, detail);
+}
+
+/* The scope values of <rq>: its --scope-header values in order (into
+ * <joined>, <values>), and whether any was present. Returns 0 or -ENOMEM. */
+static int header_values(const struct route_settings *rs, const struct request *rq,
+                         struct buf *joined, struct span *values, bool *present)
+{
     int err = 0;
 
+    *present = false;
     for (size_t i = 0; i < rs->nscope_headers; i++) {
         joined[i] = BUF_INIT(SIZE_MAX);
         if (err == 0)
             err = scope_value(rq, span_from_cstr(rs->scope_headers[i]), &joined[i], &values[i]);
+        *present |= err == 0 && values[i].base != NULL;
     }
-    values[nvalues] = keysource_tag(&a->route->key, &a->key);
-    if (values[nvalues].base)
-        nvalues++;
-    if (err == 0)
+    return err;
+}
+
+/* Builds <prefix><scope>:<key> (idemkey.h), the scope hashing the
+ * principal (the --scope-header values in order, or the route's scope's),
+ * then the key source's domain tag. Returns 0 (no store key: passthrough,
+ * for a token on-unverified lets through), 1 with the refusal, or -ENOMEM. */
+static int build_store_key(struct admission *a, const struct request *rq,
+                           struct admission_refusal *ret)
+{
+    const struct route *rt = a->route;
+    struct scope_principal p = { .n = 0 };
+    struct buf joined[CONFIG_MAX_LIST];
+    struct span *values = p.values;
+    char scope[IDEMKEY_SCOPE_HEX + 1];
+    size_t nvalues = rt->scope ? 0 : rt->settings.nscope_headers;
+    enum scope_failure f = SCOPE_FAILURE_MISSING;
+    bool present = false;
+    int err;
+
+    if (rt->scope) {
+        err = scope_eval(rt->scope, rq, (uint64_t)time(NULL), &p, &f);
+        nvalues = p.n;
+        present = p.n > 0;
+    } else {
+        err = header_values(&rt->settings, rq, joined, values, &present);
+    }
+    if (err == 0 && !present && rt->settings.require_scope)
+        err = 1;
+    if (err == 0) {
+        values[nvalues] = keysource_tag(&rt->key, &a->key);
+        nvalues += values[nvalues].base != NULL;
         err = idemkey_scope(values, nvalues, scope);
+    }
     if (err == 0)
         err = idemkey_store_key(span_from_cstr(a->key_prefix), scope, a->key.key, &a->store_key);
-    for (size_t i = 0; i < rs->nscope_headers; i++)
+    for (size_t i = 0; !rt->scope && i < rt->settings.nscope_headers; i++)
         buf_done(&joined[i]);
-    return err;
+    scope_principal_done(&p);
+    return err == 1 ? refuse_scope(a, f, ret) : err;
 }
 
 /* ---- the head ---- */
@@ -231,10 +296,13 @@ static int no_key(struct admission *a, const struct request *rq, struct admissio
 static int on_key(struct admission *a, const struct request *rq, int found, const char *detail,
                   struct admission_refusal *ret)
 {
+    int r;
+
     switch (found) {
     case KEYSOURCE_FOUND:
-        if (build_store_key(a, rq) < 0)
-            return oom(ret);
+        r = build_store_key(a, rq, ret);
+        if (r != 0 || !a->store_key)
+            return r < 0 ? oom(ret) : r; /* refused, or passed through unprotected */
         return a->enforced ? 0 : start_fingerprint(a, rq, ret);
     case KEYSOURCE_MISSING:
         return no_key(a, rq, ret);

@@ -18,6 +18,7 @@
 #include "idemproxy/keysource.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/route.h"
+#include "idemproxy/scope.h"
 
 #define ERR_LINES_MAX 50 /* past this many problems, one line says how many more */
 
@@ -329,35 +330,6 @@ static void set_option(struct errs *e, struct config *cfg, struct route_settings
         errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
-/* ---- the top level ---- */
-
-static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
-{
-    struct config *cfg = ctx;
-
-    if (strcmp(key, "routes") == 0 || strcmp(key, "key") == 0 || strcmp(key, "errors") == 0 ||
-        strcmp(key, "fingerprint") == 0)
-        return; /* config_file_routes() */
-    if (strcmp(key, "config") == 0 || strcmp(key, "check-config") == 0) {
-        errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
-        return;
-    }
-    set_option(e, cfg, NULL, key, k, v);
-}
-
-int config_file_apply(const struct config_file *f, struct config *cfg, char *err, size_t errlen)
-{
-    struct errs e = { .f = f, .err = err, .errlen = errlen };
-    yaml_node_t *root = yaml_document_get_root_node(f->doc);
-
-    if (!root)
-        return 0; /* an empty file sets nothing */
-    each_pair(&e, root, "the file", top_pair, cfg);
-    if (e.oom)
-        return -ENOMEM;
-    return e.n ? -EINVAL : 0;
-}
-
 /* ---- routes ---- */
 
 static bool parse_bool_node(struct errs *e, const char *key, yaml_node_t *v, bool *ret)
@@ -480,6 +452,199 @@ static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, ya
         errs_add(e, k, "fingerprint: unknown key '%s' (use body, ignore, headers or query)", key);
 }
 
+/* ---- scope (doc/configuration.md, Scope) ---- */
+
+/* The forms a scope takes: one of them. */
+struct scope_nodes {
+    yaml_node_t *headers, *jwt, *header, *trusted;
+};
+
+static void scope_find(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct scope_nodes *n = ctx;
+
+    if (strcmp(key, "headers") == 0)
+        n->headers = v;
+    else if (strcmp(key, "jwt") == 0)
+        n->jwt = v;
+    else if (strcmp(key, "header") == 0)
+        n->header = v;
+    else if (strcmp(key, "trusted") == 0)
+        n->trusted = v;
+    else
+        errs_add(e, k, "scope: unknown key '%s' (use headers, jwt, or header with trusted)", key);
+}
+
+struct jwt_ctx {
+    struct scope_jwt_config c;
+    const char *claims[CONFIG_MAX_LIST];
+};
+
+/* Where scope.jwt's text key <key> goes in <c>, NULL: not one. */
+static const char **jwt_slot(struct scope_jwt_config *c, const char *key)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+    } slots[] = {
+        { "header", offsetof(struct scope_jwt_config, header) },
+        { "keys", offsetof(struct scope_jwt_config, keys_file) },
+        { "keys-url", offsetof(struct scope_jwt_config, keys_url) },
+        { "secret-file", offsetof(struct scope_jwt_config, secret_file) },
+        { "issuer", offsetof(struct scope_jwt_config, issuer) },
+        { "audience", offsetof(struct scope_jwt_config, audience) },
+    };
+
+    for (size_t i = 0; i < ARRAY_SIZE(slots); i++) {
+        if (strcmp(slots[i].key, key) == 0)
+            return (const char **)(void *)((char *)c + slots[i].off);
+    }
+    return NULL;
+}
+
+static void jwt_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct jwt_ctx *j = ctx;
+    const char **slot = jwt_slot(&j->c, key);
+    const char *s = scalar(v);
+    uint64_t ms;
+    bool is_list;
+    int n;
+
+    if (strcmp(key, "claims") == 0) {
+        n = items_of(e, "scope.jwt.claims", v, j->claims, &is_list);
+        j->c.nclaims = n > 0 ? (size_t)n : 0;
+    } else if (strcmp(key, "leeway") == 0) {
+        if (s && config_parse_seconds0(s, &ms) == 0 && ms % 1000 == 0 && ms <= 3600000)
+            j->c.leeway_s = ms / 1000;
+        else
+            errs_add(e, v, "scope.jwt.leeway: '%s' is not a number of seconds (0 to 3600)",
+                     s ? s : type_name(v));
+    } else if (!slot) {
+        errs_add(e, k,
+                 "scope.jwt: unknown key '%s' (use header, keys, keys-url, secret-file, issuer, "
+                 "audience, claims or leeway)",
+                 key);
+    } else if (!s || !s[0]) {
+        errs_add(e, v, "scope.jwt.%s: needs a value", key);
+    } else if (strcmp(key, "header") == 0 && !is_header_name(s)) {
+        errs_add(e, v, "scope.jwt.header: '%s' is not a header name", s);
+    } else {
+        *slot = s;
+    }
+}
+
+/* scope: {jwt: {...}} into <ret>. */
+static void parse_jwt(struct errs *e, yaml_node_t *v, struct scope **ret)
+{
+    struct jwt_ctx j = { .c.leeway_s = 60 };
+    size_t before = e->n;
+    char why[512];
+    int r;
+
+    each_pair(e, v, "scope.jwt", jwt_pair, &j);
+    if (e->n != before || e->oom)
+        return;
+    j.c.claims = j.claims;
+    r = scope_jwt_new(&j.c, ret, why, sizeof(why));
+    if (r == -ENOMEM)
+        e->oom = true;
+    else if (r < 0)
+        errs_add(e, v, "%s", why);
+}
+
+/* scope: {header: NAME, trusted: [CIDR...]} into <ret>. */
+static void parse_trusted(struct errs *e, yaml_node_t *at, const struct scope_nodes *n,
+                          struct scope **ret)
+{
+    const char *cidrs[CONFIG_MAX_LIST], *h = n->header ? scalar(n->header) : NULL;
+    char why[512];
+    bool is_list;
+    int count, r;
+
+    if (!n->header || !n->trusted) {
+        errs_add(e, at,
+                 "scope: a principal header needs trusted: the networks of the gateway that "
+                 "sets it (and trusted needs header)");
+        return;
+    }
+    if (!h || !is_header_name(h)) {
+        errs_add(e, n->header, "scope.header: '%s' is not a header name",
+                 h ? h : type_name(n->header));
+        return;
+    }
+    count = items_of(e, "scope.trusted", n->trusted, cidrs, &is_list);
+    if (count < 0)
+        return;
+    r = scope_trusted_new(h, cidrs, (size_t)count, ret, why, sizeof(why));
+    if (r == -ENOMEM)
+        e->oom = true;
+    else if (r < 0)
+        errs_add(e, n->trusted, "%s", why);
+}
+
+/* A scope node <v>: {headers} sets the scope headers of <rs> (when not
+ * NULL: the top level's are set by config_file_apply()), {jwt} and
+ * {header, trusted} make <ret>. */
+static void parse_scope(struct errs *e, yaml_node_t *v, struct route_settings *rs,
+                        struct scope **ret)
+{
+    struct scope_nodes n = { NULL, NULL, NULL, NULL };
+    size_t before = e->n;
+
+    each_pair(e, v, "scope", scope_find, &n);
+    if (e->n != before)
+        return;
+    if (!!n.headers + !!n.jwt + !!(n.header || n.trusted) != 1)
+        errs_add(e, v, "scope: give one of headers, jwt, or header with trusted");
+    else if (n.headers && rs)
+        set_option(e, NULL, rs, "scope-header", n.headers, n.headers);
+    else if (n.jwt)
+        parse_jwt(e, n.jwt, ret);
+    else if (!n.headers)
+        parse_trusted(e, v, &n, ret);
+}
+
+/* ---- the top level ---- */
+
+static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
+{
+    struct config *cfg = ctx;
+
+    if (strcmp(key, "scope") == 0) {
+        /* {headers} is the top level's scope-header; the other forms, and
+         * every problem, are config_file_routes()' */
+        struct scope_nodes n = { NULL, NULL, NULL, NULL };
+        struct errs quiet = { .f = e->f, .err = (char[1]){ 0 }, .errlen = 1 };
+
+        each_pair(&quiet, v, "scope", scope_find, &n);
+        if (n.headers && !n.jwt && !n.header && !n.trusted)
+            set_option(e, cfg, NULL, "scope-header", n.headers, n.headers);
+        return;
+    }
+    if (strcmp(key, "routes") == 0 || strcmp(key, "key") == 0 || strcmp(key, "errors") == 0 ||
+        strcmp(key, "fingerprint") == 0)
+        return; /* config_file_routes() */
+    if (strcmp(key, "config") == 0 || strcmp(key, "check-config") == 0) {
+        errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
+        return;
+    }
+    set_option(e, cfg, NULL, key, k, v);
+}
+
+int config_file_apply(const struct config_file *f, struct config *cfg, char *err, size_t errlen)
+{
+    struct errs e = { .f = f, .err = err, .errlen = errlen };
+    yaml_node_t *root = yaml_document_get_root_node(f->doc);
+
+    if (!root)
+        return 0; /* an empty file sets nothing */
+    each_pair(&e, root, "the file", top_pair, cfg);
+    if (e.oom)
+        return -ENOMEM;
+    return e.n ? -EINVAL : 0;
+}
+
 static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
 {
     const char *s = scalar(v);
@@ -548,6 +713,7 @@ struct route_ctx {
     yaml_node_t *name_node;
     bool has_key;         /* the route sets its own key (else: the top level's) */
     bool has_fingerprint; /* the route sets its own fingerprint (else: the top level's) */
+    bool has_scope;       /* the route sets its own scope or scope-header (else: the top's) */
 };
 
 static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -591,7 +757,11 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
     } else if (strcmp(key, "fingerprint") == 0) {
         c->has_fingerprint = true;
         each_pair(e, v, "fingerprint", fingerprint_pair, &rt->fingerprint);
+    } else if (strcmp(key, "scope") == 0) {
+        c->has_scope = true;
+        parse_scope(e, v, &rt->settings, &rt->scope);
     } else if (config_is_route_option(key)) {
+        c->has_scope |= strcmp(key, "scope-header") == 0;
         set_option(e, NULL, &rt->settings, key, k, v);
     } else {
         char names[512];
@@ -599,14 +769,14 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         config_route_option_names(names, sizeof(names));
         errs_add(e, k,
                  "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
-                 "resource, fingerprint, and the options %s)",
+                 "resource, fingerprint, scope, and the options %s)",
                  key, names);
     }
 }
 
-/* The top level's key, errors, fingerprint and routes nodes (NULL: absent). */
+/* The top level's key, errors, fingerprint, scope and routes nodes (NULL: absent). */
 struct top_nodes {
-    yaml_node_t *key, *errors, *fingerprint, *routes;
+    yaml_node_t *key, *errors, *fingerprint, *scope, *routes;
 };
 
 static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -620,6 +790,8 @@ static void find_top(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         t->errors = v;
     else if (strcmp(key, "fingerprint") == 0)
         t->fingerprint = v;
+    else if (strcmp(key, "scope") == 0)
+        t->scope = v;
     else if (strcmp(key, "routes") == 0)
         t->routes = v;
 }
@@ -674,7 +846,8 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
 {
     struct config_file none = { .path = (char *)"" };
     struct errs e = { .f = f ? f : &none, .err = err, .errlen = errlen };
-    struct top_nodes top = { NULL, NULL, NULL, NULL };
+    struct top_nodes top = { NULL, NULL, NULL, NULL, NULL };
+    struct scope *top_scope = NULL;
     enum problem_dialect dialect = PROBLEM_DIALECT_PROBLEM;
     struct route_table *t = NULL;
     yaml_node_t *root = f ? yaml_document_get_root_node(f->doc) : NULL;
@@ -697,9 +870,13 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
     }
     if (top.errors)
         parse_errors(&e, top.errors, &dialect); /* every route's default, and the default's */
+    if (top.scope)
+        parse_scope(&e, top.scope, NULL, &top_scope); /* {headers}: config_file_apply() */
     r = route_table_new(n, &t);
-    if (r < 0)
+    if (r < 0) {
+        scope_unref(top_scope);
         return r;
+    }
     t->on_store_error = cfg->on_store_error;
     for (size_t i = 0; i <= n; i++) {
         struct route *rt = &t->routes[i];
@@ -727,11 +904,14 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
                           &c.rt->fingerprint);
             e.oom |= quiet.oom;
         }
+        if (!c.has_scope)
+            c.rt->scope = scope_ref(top_scope);
         if (rn->type == YAML_MAPPING_NODE && !c.name_node)
             errs_add(&e, rn, "route %zu: name is required", i + 1);
         check_route(&e, cfg, c.rt, rn);
     }
     finish_table(&e, cfg, &top, t);
+    route_table_default(t)->scope = top_scope; /* the reference made above */
     if (e.oom || e.n) {
         route_table_unref(t);
         return e.oom ? -ENOMEM : -EINVAL;

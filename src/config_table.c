@@ -44,6 +44,7 @@ const struct config_kind_info config_kind_info[] = {
 
 static const char *const on_store_error_names[] = { "reject", "passthrough", NULL };
 static const char *const on_unknown_names[] = { "refuse", "retry", NULL };
+static const char *const on_unverified_names[] = { "reject", "passthrough", NULL };
 static const char *const upstream_client_names[] = { "auto", "curl", NULL };
 static const char *const log_format_names[] = { "text", "json", NULL };
 static const char *const log_level_names[] = { "error", "warn", "info", "debug", NULL };
@@ -52,6 +53,7 @@ static const char *const log_level_names[] = { "error", "warn", "info", "debug",
 _Static_assert(sizeof(enum config_on_store_error) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_upstream_client) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum config_on_unknown) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum config_on_unverified) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
 
@@ -158,6 +160,14 @@ const struct opt config_opts[] = {
     { "--scope-header", "IDEMPROXY_SCOPE_HEADER", "NAME", "Authorization",
       "header whose value scopes keys per client; repeatable (environment: comma-separated)",
       K_HEADERS, CONFIG_ROUTE, R(scope_headers), R(nscope_headers), NULL, false, false },
+    { "--require-scope", "IDEMPROXY_REQUIRE_SCOPE", NULL, "false",
+      "answer 401 idempotency_scope_missing to a keyed request without a principal (no "
+      "scope header, token or trusted principal header)",
+      K_BOOL, CONFIG_ROUTE, R(require_scope), 0, NULL, false, false },
+    { "--on-unverified", "IDEMPROXY_ON_UNVERIFIED", "reject|passthrough", "reject",
+      "a keyed request whose bearer token does not verify (scope: jwt in the file): answer 401 "
+      "idempotency_scope_unverified, or proxy it unprotected",
+      K_CHOICE, CONFIG_ROUTE, R(on_unverified), 0, on_unverified_names, false, false },
     { "--key-prefix", "IDEMPROXY_KEY_PREFIX", "STR", "idem:", "prefix of every store key", K_STR,
       CONFIG_RESTART, F(key_prefix), 0, NULL, false, false },
     { "--ttl", "IDEMPOTENCY_DEFAULT_TTL_SEC", "S", NULL,

@@ -18,6 +18,7 @@
 #include "idemproxy/metrics.h"
 #include "idemproxy/pipeline.h"
 #include "idemproxy/route.h"
+#include "idemproxy/scope.h"
 #include "idemproxy/upstream.h"
 #include "idemproxy_version.h"
 
@@ -152,6 +153,7 @@ static int app_exit(struct app *app, int status)
     app_down(app);
     route_table_unref(app->routes);
     config_done(&app->cfg);
+    scope_shutdown(); /* the keys-url fetcher, once no route holds a scope */
     curl_global_cleanup();
     return status;
 }

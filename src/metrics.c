@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "idemproxy/buf.h"
+#include "idemproxy/scope.h"
 #include "idemproxy/store.h"
 #include "idemproxy_version.h"
 
@@ -44,6 +45,9 @@ static const char *const store_op_names[] = {
      METRICS_ROUTE_NAME_MAX + 16 + 20)
 /* A route's two histograms: each bucket line, with "le" of 8 and a 20-digit
  * count, and the _sum and _count lines; and its responses by class. */
+#define SCOPE_LINE_MAX                                                                             \
+    (sizeof("idemproxy_scope_failures_total{route=\"\",reason=\"\"} \n") - 1 +                     \
+     METRICS_ROUTE_NAME_MAX + 16 + 20)
 #define HISTOGRAM_LINE_MAX                                                                         \
     (sizeof("idemproxy_upstream_duration_seconds_bucket{route=\"\",le=\"\"} \n") - 1 +             \
      METRICS_ROUTE_NAME_MAX + 8 + 20)
@@ -56,8 +60,8 @@ static const char *const store_op_names[] = {
 #define REQUESTS_TEXT_MAX                                                                          \
     ((uint64_t)METRICS_ROUTES_MAX *                                                                \
      (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX +                      \
-      2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX + 4 * RESPONSES_LINE_MAX +                   \
-      2 * STREAMED_LINE_MAX))
+      SCOPE_FAILURE_MAX * SCOPE_LINE_MAX + 2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX +       \
+      4 * RESPONSES_LINE_MAX + 2 * STREAMED_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
@@ -69,6 +73,7 @@ _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
 struct shard {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
+    _Atomic uint64_t scope_failures[METRICS_ROUTES_MAX][SCOPE_FAILURE_MAX];
     _Atomic uint64_t responses[METRICS_ROUTES_MAX][4]; /* 2xx, 3xx, 4xx, 5xx */
     _Atomic uint64_t streamed[METRICS_ROUTES_MAX][2];  /* [0] down, [1] up */
     struct metrics_histogram request_duration[METRICS_ROUTES_MAX];
@@ -260,6 +265,12 @@ void metrics_inflight_add(int delta)
     atomic_fetch_add_explicit(&shard()->inflight, (uint64_t)(int64_t)delta, memory_order_relaxed);
 }
 
+void metrics_scope_failure(unsigned route_id, unsigned reason)
+{
+    assert(route_id < METRICS_ROUTES_MAX && reason < SCOPE_FAILURE_MAX);
+    atomic_fetch_add_explicit(&shard()->scope_failures[route_id][reason], 1, memory_order_relaxed);
+}
+
 void metrics_unknown_outcome(unsigned route_id, unsigned cause)
 {
     assert(route_id < METRICS_ROUTES_MAX && cause < STORE_CAUSE_MAX);
@@ -447,6 +458,21 @@ static int format_streamed(struct buf *out, unsigned nroutes)
     return err;
 }
 
+static int format_scope_failures(struct buf *out, unsigned nroutes)
+{
+    int err = family(out, "idemproxy_scope_failures_total", "counter",
+                     "Keyed requests whose principal was refused (doc/configuration.md, Scope), "
+                     "answered 401 or forwarded unprotected, by route and reason.");
+
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (unsigned f = 0; f < SCOPE_FAILURE_MAX && err == 0; f++)
+            err = appendf(out, "idemproxy_scope_failures_total{route=\"%s\",reason=\"%s\"} %llu\n",
+                          route_name(r), scope_failure_label((enum scope_failure)f),
+                          (unsigned long long)SUM(scope_failures[r][f]));
+    }
+    return err;
+}
+
 int metrics_format(struct buf *out, struct store *st)
 {
     unsigned nroutes = atomic_load_explicit(&route_count, memory_order_acquire);
@@ -472,6 +498,8 @@ int metrics_format(struct buf *out, struct store *st)
                           route_name(r), store_cause_name((enum store_cause)c),
                           (unsigned long long)SUM(unknown[r][c]));
     }
+    if (err == 0)
+        err = format_scope_failures(out, nroutes);
     if (err == 0)
         err = format_streamed(out, nroutes);
     if (err == 0)

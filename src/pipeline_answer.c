@@ -22,6 +22,7 @@
 #include "idemproxy/record.h"
 #include "idemproxy/request.h"
 #include "idemproxy/route.h"
+#include "idemproxy/scope.h"
 #include "idemproxy/store.h"
 
 #include "pipeline_impl.h"
@@ -57,6 +58,18 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
 
     (void)pl;
     r->accounted = true;
+    if (r->adm.scope_failure) {
+        enum scope_failure f = (enum scope_failure)(r->adm.scope_failure - 1);
+        char why[160];
+
+        metrics_scope_failure(rt->metrics_id, f);
+        snprintf(why, sizeof(why),
+                 "its bearer token does not verify (%s): forwarded unprotected (on-unverified: "
+                 "passthrough)",
+                 scope_failure_label(f));
+        if (!r->reason && (r->reason_buf = strdup(why)))
+            r->reason = r->reason_buf; /* a refusal has its detail already */
+    }
     if (r->streamed)
         metrics_streamed(rt->metrics_id, false, r->flow->taken);
     if (r->body_streaming)

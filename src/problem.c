@@ -115,6 +115,14 @@ struct record *problem_new_with(enum problem p, enum problem_dialect dialect, co
     if ((p == PROBLEM_KEY_IN_USE || d->status == 503) && /* a retry may succeed */
         record_add_header(rec, SPAN_LIT("Retry-After"), SPAN_LIT("1")) < 0)
         goto fail;
+    /* Every 401 carries a challenge (RFC 9110, 15.5.2; RFC 6750, 3). */
+    if (p == PROBLEM_SCOPE_UNVERIFIED &&
+        record_add_header(rec, SPAN_LIT("WWW-Authenticate"),
+                          SPAN_LIT("Bearer error=\"invalid_token\"")) < 0)
+        goto fail;
+    if (p == PROBLEM_SCOPE_MISSING &&
+        record_add_header(rec, SPAN_LIT("WWW-Authenticate"), SPAN_LIT("Bearer")) < 0)
+        goto fail;
     /* Framing or bytes the proxy could not trust: nothing after this request
      * on the connection can be trusted either. */
     if ((p == PROBLEM_BAD_REQUEST || p == PROBLEM_NOT_IMPLEMENTED) &&

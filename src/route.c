@@ -11,6 +11,7 @@
 
 #include "idemproxy/http.h"
 #include "idemproxy/record.h"
+#include "idemproxy/scope.h"
 #include "idemproxy/store.h"
 
 static bool path_matches(const struct route *rt, struct span path)
@@ -226,6 +227,8 @@ void route_done(struct route *rt)
     list_free(rt->fingerprint.ignore, &rt->fingerprint.nignore);
     list_free(rt->fingerprint.headers, &rt->fingerprint.nheaders);
     keysource_done(&rt->key);
+    scope_unref(rt->scope);
+    rt->scope = NULL;
     config_route_done(&rt->settings);
 }
 

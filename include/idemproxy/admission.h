@@ -43,6 +43,7 @@ struct admission {
     bool streams;
     uint64_t body_length;     /* its Content-Length, or UINT64_MAX: none (chunked) */
     struct keysource_key key; /* its key, once read (owns what it derived) */
+    int scope_failure;        /* an enum scope_failure + 1 when its principal was refused; 0 */
     char *store_key;          /* owned: <prefix><scope>:<key> */
     uint64_t ttl_ms;          /* how long a completed answer is kept */
     /* What is forwarded and fingerprinted: the target in origin-form (or

@@ -31,6 +31,12 @@ enum config_on_unknown {
     CONFIG_ON_UNKNOWN_RETRY,  /* the lock is released or taken over: at least once */
 };
 
+/* A keyed request whose token does not verify (doc/configuration.md, Scope). */
+enum config_on_unverified {
+    CONFIG_ON_UNVERIFIED_REJECT,      /* 401 idempotency_scope_unverified */
+    CONFIG_ON_UNVERIFIED_PASSTHROUGH, /* forwarded unprotected */
+};
+
 /* What an option's entry says of it. */
 enum config_trait {
     /* a route may set it (doc/configuration.md, The file): it lives in struct route_settings */
@@ -58,10 +64,12 @@ struct route_settings {
     bool no_cache[600];    /* no-cache-status: no_cache[status] is true when not cached (default
                               5xx,408,409,429) */
     size_t max_body_bytes; /* max-body, default 1 MiB: keyed requests */
-    size_t max_passthrough_body_bytes; /* max-passthrough-body, default 0: no limit */
-    size_t max_response_bytes;         /* max-response, default 4 MiB */
-    char *replay_header;               /* replay-header, default X-Idempotency-Replayed */
-    enum config_on_unknown on_unknown; /* on-unknown-outcome, default refuse */
+    size_t max_passthrough_body_bytes;       /* max-passthrough-body, default 0: no limit */
+    size_t max_response_bytes;               /* max-response, default 4 MiB */
+    char *replay_header;                     /* replay-header, default X-Idempotency-Replayed */
+    enum config_on_unknown on_unknown;       /* on-unknown-outcome, default refuse */
+    bool require_scope;                      /* require-scope: a keyed request needs a principal */
+    enum config_on_unverified on_unverified; /* on-unverified, default reject */
 };
 
 struct config {

@@ -100,6 +100,11 @@ void metrics_process_started(void);
  * (an enum store_cause: doc/guarantees.md, Unknown outcomes). */
 void metrics_unknown_outcome(unsigned route_id, unsigned cause);
 
+/* Counts a keyed request of route <route_id> whose principal was refused
+ * for <reason> (an enum scope_failure: doc/configuration.md, Scope), whether
+ * it was answered 401 or forwarded unprotected. */
+void metrics_scope_failure(unsigned route_id, unsigned reason);
+
 /* Counts <bytes> of a streamed body of route <route_id> (doc/guarantees.md,
  * "Streaming"): <up> from the client to the upstream, else from the
  * upstream to the client. */

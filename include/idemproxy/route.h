@@ -19,6 +19,7 @@
 #define ROUTE_DEFAULT "default" /* the route of a request that matches none */
 
 struct record;
+struct scope;
 
 /* What a route's requests are fingerprinted by (doc/configuration.md,
  * Fingerprint), beyond the method and the target: the default (all zero) is
@@ -51,6 +52,9 @@ struct route {
     char *resource_json;   /* owned: resource: {json: POINTER} (checked) */
     enum problem_dialect errors;
     struct route_fingerprint fingerprint;
+    /* scope: jwt or a trusted header (doc/configuration.md, Scope), a
+     * reference; NULL: the scope headers of <settings> */
+    struct scope *scope;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };
 

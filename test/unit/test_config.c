@@ -1064,9 +1064,12 @@ static void test_config_route_settings_copy_and_options(void)
     CHECK(config_is_route_option("max-body") && config_is_route_option("on-unknown-outcome"));
     CHECK(!config_is_route_option("listen") && !config_is_route_option("key-header"));
     config_route_option_names(names, sizeof(names));
-    CHECK_EQ_STR(names, "methods, replay-header, require-key, scope-header, ttl, max-ttl, min-ttl, "
-                        "ttl-header, lock-ttl, no-cache-status, max-body, max-passthrough-body, "
-                        "max-response, on-unknown-outcome, wait");
+    CHECK_EQ_STR(
+        names,
+        "methods, replay-header, require-key, scope-header, require-scope, on-unverified, ttl, "
+        "max-ttl, min-ttl, "
+        "ttl-header, lock-ttl, no-cache-status, max-body, max-passthrough-body, "
+        "max-response, on-unknown-outcome, wait");
     config_route_done(&copy);
     config_route_done(&copy); /* idempotent */
     config_done(&c);
