@@ -7,6 +7,7 @@ only from its addresses. Every token that does not verify is refused with
 import base64
 import json
 import random
+import signal
 import time
 
 import pytest
@@ -265,3 +266,25 @@ def test_scope_config_problems(tmp_path, upstream):
         path = write_config(tmp_path, text + "\n")
         r = run_binary(["--config", str(path), "--upstream", upstream.url, "--check-config"])
         assert r.returncode == 2 and needle in r.stderr.decode(), (text, r.stderr)
+
+
+def test_keys_files_reload_on_sighup(proxy, upstream, tmp_path):
+    a, b = ec_key(), ec_key()
+    (tmp_path / "keys.pem").write_bytes(public_pem(a))
+    p = proxy("--config", str(jwt_config(tmp_path, "keys: %s/keys.pem" % tmp_path)))
+    assert post(p, new_key(), bearer(token(a, "ES256")))[0] == 201
+    assert_unverified(post(p, new_key(), bearer(token(b, "ES256"))))
+    reloads = lambda: metrics_value(p.metrics(), "idemproxy_config_reloads_total",  # noqa: E731
+                                    {"result": "ok"})
+    (tmp_path / "keys.pem").write_bytes(public_pem(b))
+    p.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: reloads() == 1, timeout=10, what="the reload")
+    assert post(p, new_key(), bearer(token(b, "ES256")))[0] == 201
+    assert_unverified(post(p, new_key(), bearer(token(a, "ES256"))))
+    # A keys file that does not load: the reload changes nothing.
+    (tmp_path / "keys.pem").write_bytes(b"-----BEGIN PUBLIC KEY-----\nnope\n")
+    p.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: metrics_value(p.metrics(), "idemproxy_config_reloads_total",
+                                   {"result": "error"}) == 1, timeout=10, what="the refusal")
+    assert "keys.pem" in p.stderr()
+    assert post(p, new_key(), bearer(token(b, "ES256")))[0] == 201
