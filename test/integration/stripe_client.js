@@ -6,12 +6,15 @@
 //        "port": the proxy's port, "control": the fake API's base URL,
 //        "calls": [{"id", "params", "key" (null: the SDK's own key), "port"
 //                   (default: PLAN's), "max_retries", "timeout_ms",
+//                   "resource" (optional, default "charges": the resource
+//                   whose create() is called, a dotted path such as
+//                   "v2.billing.meterEvents"),
 //                   "after": ID (optional: start once the earlier call ID has
 //                   ended), "after_received": KEY (optional: start once the
 //                   fake API has received a request with Idempotency-Key KEY)}]}
 // The calls run concurrently, each through its own client
 // (new Stripe(key, {host, port, protocol: 'http', maxNetworkRetries, timeout})),
-// as stripe.charges.create(params, {idempotencyKey}). Prints one JSON object:
+// as stripe.<resource>.create(params, {idempotencyKey}). Prints one JSON object:
 // {"sdk_version", "results": {id: what the call resolved with or raised}}.
 'use strict';
 
@@ -66,9 +69,13 @@ async function run(call, ended) {
         timeout: call.timeout_ms ?? 20000,
         telemetry: false,
     });
+    const resource = (call.resource ?? 'charges').split('.').reduce((o, k) => {
+        if (!o || !o[k]) throw new Error(`call ${call.id}: no resource ${call.resource}`);
+        return o[k];
+    }, stripe);
     const t0 = Date.now();
     try {
-        const obj = await stripe.charges.create(
+        const obj = await resource.create(
             call.params,
             call.key ? { idempotencyKey: call.key } : undefined,
         );

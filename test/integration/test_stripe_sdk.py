@@ -24,6 +24,8 @@ body has an `error` member, cjs/RequestSender.js _jsonResponseHandler):
           idempotency_error, 429 StripeRateLimitError, 401/402/403 their
           own, and any other status (409 and 422 included) StripeAPIError,
           the body's type kept as err.rawType and its code as err.code
+That is for /v1 paths; on a /v2 path (sent as JSON) both versions pick
+StripeIdempotencyError by error.type idempotency_error (generateV2Error).
 """
 import json
 import os
@@ -110,6 +112,9 @@ class _StripeHandler(QuietHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0") or "0")
         body = self.rfile.read(n) if n > 0 else b""
+        if urlsplit(self.path).path == "/v2/billing/meter_events":
+            self._meter_event(body)
+            return
         if urlsplit(self.path).path != "/v1/charges":
             self._send(404, {"error": {"type": "invalid_request_error",
                                        "message": "Unrecognized request URL"}})
@@ -124,12 +129,35 @@ class _StripeHandler(QuietHandler):
                          "currency": params.get("currency"), "livemode": False},
                    extra=[("Request-Id", "req_%06d" % seq)])
 
+    def _meter_event(self, body):
+        """A v2 API: the body is JSON, and so is the answer, a meter event
+        as Stripe writes it (no id; the identifier names it)."""
+        try:
+            params = json.loads(body)
+            payload = params["payload"]
+            name = params["event_name"]
+        except (ValueError, KeyError, TypeError):
+            self._send(400, {"error": {"type": "invalid_request_error", "code": "invalid_fields",
+                                       "message": "event_name and payload are required"}})
+            return
+        seq = self.server.record(self.headers.get("Idempotency-Key"), body)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        self._send(200, {"object": "v2.billing.meter_event", "created": now,
+                         "event_name": name,
+                         "identifier": params.get("identifier") or "mev_%06d" % seq,
+                         "livemode": False, "payload": payload,
+                         "timestamp": params.get("timestamp") or now},
+                   extra=[("Request-Id", "req_%06d" % seq)])
+
 
 class FakeStripe(ThreadingHTTPServer):
     """POST /v1/charges (form-encoded, as the SDK sends it): 200 with a charge
-    {"id": "ch_<seq>", ...}, after sleeping metadata[sleep_ms]. GET
-    /_test/received?key=K: how many charges arrived with Idempotency-Key K
-    (counted on arrival, before the sleep)."""
+    {"id": "ch_<seq>", ...}, after sleeping metadata[sleep_ms]. POST
+    /v2/billing/meter_events (JSON, as the SDK sends every /v2 path): 200 with
+    the meter event {"object": "v2.billing.meter_event", "identifier":
+    "mev_<seq>", ...}. GET
+    /_test/received?key=K: how many requests (charges and meter events)
+    arrived with Idempotency-Key K (counted on arrival, before the sleep)."""
 
     daemon_threads = True
     block_on_close = False
@@ -337,3 +365,84 @@ def test_stripe_sdk_retry_while_first_runs_is_replayed_with_wait(proxy, sdk, fak
     assert metrics_value(m, "idemproxy_requests_total", {"route": "charges",
                                                          "outcome": "replayed"}) == 1
     assert not metrics_value(m, "idemproxy_requests_total", {"outcome": "in_flight"})
+
+
+REORDERED_ROUTES = """routes:
+  - name: meter-events
+    match: {methods: [POST], path: /v2/billing/meter_events}
+    errors: stripe
+    fingerprint: {body: json}
+  - name: charges
+    match: {methods: [POST], path: /v1/charges}
+    errors: stripe
+    fingerprint: {body: json}
+"""
+
+
+def test_stripe_sdk_retry_with_reordered_params_is_replayed_on_a_json_route(proxy, sdk,
+                                                                            fake_stripe,
+                                                                            tmp_path):
+    """An application that rebuilds its params object on a retry may put its
+    members in another order, and the SDK writes them in that order. On a /v2
+    path the SDK sends JSON, and `fingerprint: {body: json}` (doc/
+    configuration.md, Fingerprint) makes the retry a replay; another value is
+    still a 422, raised as StripeIdempotencyError by both versions (a /v2
+    answer's class comes from its error.type). A /v1 path is form-encoded,
+    not JSON: the body is fingerprinted as its bytes, and the reordered retry
+    is a 422 there."""
+    version, _ = sdk
+    cfg = tmp_path / "reordered.yaml"
+    cfg.write_text(REORDERED_ROUTES)
+    p = proxy("--config", str(cfg), upstream_url=fake_stripe.url)
+    suffix = suffix_of()
+    ke, ko, kc = ("%s-%s" % (n, suffix) for n in ("event", "order", "charge"))
+    meter = "v2.billing.meterEvents"
+    first = {"event_name": "api_calls", "payload": {"stripe_customer_id": "cus_1", "value": "25"}}
+    rebuilt = {"payload": {"value": "25", "stripe_customer_id": "cus_1"},
+               "event_name": "api_calls"}
+    other = {"event_name": "api_calls", "payload": {"stripe_customer_id": "cus_1", "value": "26"}}
+    calls = [
+        {"id": "e1", "key": ke, "resource": meter, "params": first},
+        {"id": "e2", "key": ke, "resource": meter, "after": "e1", "params": rebuilt},
+        {"id": "e3", "key": ke, "resource": meter, "after": "e2", "params": other},
+        # the rebuilt params under a key of their own: what the SDK writes for them
+        {"id": "o1", "key": ko, "resource": meter, "params": rebuilt},
+        {"id": "c1", "key": kc, "params": {"amount": 100, "currency": "usd"}},
+        {"id": "c2", "key": kc, "after": "c1", "params": {"currency": "usd", "amount": 100}},
+    ]
+    res = run_client(sdk, p.port, fake_stripe.url, calls)
+
+    bodies = {k: [b for key, b in fake_stripe.charges if key == k] for k in (ke, ko, kc)}
+    # The SDK writes JSON in the params' own order: the two orders are other bytes.
+    assert bodies[ke] == [b'{"event_name":"api_calls","payload":'
+                          b'{"stripe_customer_id":"cus_1","value":"25"}}'], bodies
+    assert bodies[ko] == [b'{"payload":{"value":"25","stripe_customer_id":"cus_1"},'
+                          b'"event_name":"api_calls"}'], bodies
+    e1, e2, e3 = res["e1"], res["e2"], res["e3"]
+    for r in (e1, e2):
+        assert r["raised"] is False and r["status"] == 200, r
+        assert r["body"]["object"] == "v2.billing.meter_event", r
+        assert r["body"]["payload"]["value"] == "25", r
+    assert e1["replayed"] == "false", e1
+    assert e2["replayed"] == "true", e2
+    assert e2["body"] == e1["body"], (e1, e2)  # the first answer, identifier and all
+    # Another value under the key: 422, the API not called again.
+    assert e3["raised"] is True, e3
+    assert e3["class"] == "StripeIdempotencyError" and e3["is_idempotency_error"] is True, e3
+    assert e3["raw_type"] == "idempotency_error", e3
+    assert e3["status"] == 422 and e3["code"] == "idempotency_key_mismatch", e3
+    assert fake_stripe.received(ke) == 1
+
+    # /v1 is form-encoded: amount=100&currency=usd, then currency=usd&amount=100, a 422.
+    assert bodies[kc] == [b"amount=100&currency=usd"], bodies
+    assert_charge(res["c1"], 100)
+    c2 = res["c2"]
+    assert c2["raised"] is True and c2["class"] == SDK_VERSIONS[version], c2
+    assert c2["status"] == 422 and c2["code"] == "idempotency_key_mismatch", c2
+
+    m = p.metrics()
+    for route, outcome, n in (("meter-events", "executed", 2), ("meter-events", "replayed", 1),
+                              ("meter-events", "mismatch", 1), ("charges", "executed", 1),
+                              ("charges", "mismatch", 1)):
+        got = metrics_value(m, "idemproxy_requests_total", {"route": route, "outcome": outcome})
+        assert got == n, (route, outcome, got)
