@@ -351,3 +351,30 @@ for name, v in {
     "scalar": '"just a string"',
 }.items():
     write("fuzz_canonjson", name, v)
+
+
+# fuzz_scope: a bearer token; the target's secret MACs the "good" ones.
+def _b64(b):
+    import base64
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def _hs256(header, claims, key=b"fuzzing secret, thirty-two bytes or more"):
+    import hashlib
+    import hmac
+    import json
+    signing = _b64(json.dumps(header).encode()) + "." + _b64(json.dumps(claims).encode())
+    return signing + "." + _b64(hmac.new(key, signing.encode(), hashlib.sha256).digest())
+
+
+for name, v in {
+    "good": _hs256({"alg": "HS256"}, {"iss": "i", "sub": "a", "exp": 1900000000}),
+    "expired": _hs256({"alg": "HS256"}, {"iss": "i", "sub": "a", "exp": 1}),
+    "kid": _hs256({"alg": "HS256", "kid": "k"}, {"iss": "i", "sub": {"x": [1, 2]}}),
+    "none": _b64(b'{"alg":"none"}') + "." + _b64(b'{"iss":"i","sub":"a"}') + ".",
+    "rs256": _hs256({"alg": "RS256"}, {"iss": "i", "sub": "a"}),
+    "badsig": _hs256({"alg": "HS256"}, {"iss": "i", "sub": "a"}, b"x" * 40),
+    "dup": _b64(b'{"alg":"HS256","alg":"none"}') + ".e30.AAAA",
+    "junk": "a.b.c",
+}.items():
+    write("fuzz_scope", name, v)
