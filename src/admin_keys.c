@@ -388,7 +388,7 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
         free(store_key);
         return reply_error(conn, 500, "out of memory");
     }
-    err = store_purge(st, span_from_cstr(store_key), on_purged, w);
+    err = store_purge(st, span_from_cstr(store_key), strlen(prefix), on_purged, w);
     if (err < 0) {
         waiter_unref(w);
         waiter_unref(w);
