@@ -255,9 +255,10 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
-                          info->completed ? "completed"
-                          : info->unknown ? "unknown"
-                                          : "locked",
+                          info->tombstone ? "tombstone"
+                          : info->completed ? "completed"
+                          : info->unknown   ? "unknown"
+                                            : "locked",
                           "fingerprint", info->fp_hex, "age_ms", (json_int_t)info->age_ms, "ttl_ms",
                           (json_int_t)info->ttl_ms);
 
