@@ -255,7 +255,7 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
-                          info->tombstone ? "tombstone"
+                          info->tombstone   ? "tombstone"
                           : info->completed ? "completed"
                           : info->unknown   ? "unknown"
                                             : "locked",
