@@ -2,7 +2,10 @@
 -- fencing token, ARGV[3] lease (ms), ARGV[4] keep (ms), ARGV[5] "1" to take
 -- over a lapsed lock or an unknown key (on-unknown-outcome retry), "0" to
 -- make a lapsed lock unknown (refuse), ARGV[6] what an unknown record says
--- of its request ("route method target"). The key is one hash: state (L
+-- of its request ("route method target"), ARGV[7] "1" to probe: where there
+-- is no record, answer {"absent"} and write nothing (the caller looks for a
+-- tombstone, a key of its own, then sends it again with "0": doc/stores.md,
+-- The state machine). The key is one hash: state (L
 -- locked, C completed, U unknown), fp, token, ts (Redis time in ms of the
 -- last state change, for operators), keep; once completed head and body;
 -- once unknown cause and about.
@@ -30,6 +33,9 @@ local function lock()
     return {'acquired'}
 end
 if not state then
+    if ARGV[7] == '1' then
+        return {'absent'}
+    end
     return lock()
 end
 if fp ~= ARGV[1] then

@@ -1,8 +1,10 @@
 -- ACQUIRE: $1 the store key, $2 fingerprint, $3 fencing token, $4 lease
 -- (ms), $5 keep (ms), $6 take over a lapsed lock or an unknown key
 -- (on-unknown-outcome retry; false: a lapsed lock becomes unknown), $7
--- what an unknown record says of its request. lua/acquire.lua's state
--- machine: a row that expired counts as none.
+-- what an unknown record says of its request, $8 look at tombstones.
+-- lua/acquire.lua's state machine: a row that expired counts as none, and
+-- so does a tombstone (a completed row past its answer_until: doc/stores.md,
+-- The table) when not $8.
 -- The row as this statement's snapshot has it answers by itself when no
 -- change follows from it (another fingerprint, completed, in flight, this
 -- token's own lock, unknown without a take-over): then nothing is written
@@ -12,11 +14,13 @@
 -- statement's snapshot, and would not give up) is answered by sending it
 -- again.
 -- Columns: state, changed (this statement made the row), mismatch, mine
--- (the token is $3), cause, about, head, body, resource.
+-- (the token is $3), cause, about, head, body, resource, tomb (a
+-- tombstone: the answer is not sent).
 WITH cur AS (
-    SELECT state, fp, token, lease_until, cause, about, head, body, resource
+    SELECT state, fp, token, lease_until, cause, about, head, body, resource,
+           coalesce(answer_until <= now(), false) AS tomb
     FROM idemproxy_keys
-    WHERE key = $1 AND expires_at > now()
+    WHERE key = $1 AND expires_at > now() AND ($8::boolean OR NOT coalesce(answer_until <= now(), false))
 ),
 ins AS (
     INSERT INTO idemproxy_keys AS k
@@ -49,16 +53,19 @@ ins AS (
                      THEN $7::text END,
         head = NULL,
         body = NULL,
-        resource = NULL
-    WHERE k.expires_at <= now()
+        resource = NULL,
+        answer_until = NULL
+    WHERE k.expires_at <= now() OR (NOT $8::boolean AND k.answer_until <= now())
        OR (k.fp = EXCLUDED.fp
            AND ((k.state = 'L' AND k.token <> EXCLUDED.token AND k.lease_until <= now())
                 OR (k.state = 'U' AND $6::boolean)))
     RETURNING k.state, true AS changed, false AS mismatch, k.token = $3::text AS mine, k.cause,
-              k.about, NULL::bytea AS head, NULL::bytea AS body, NULL::text AS resource
+              k.about, NULL::bytea AS head, NULL::bytea AS body, NULL::text AS resource,
+              false AS tomb
 )
 SELECT * FROM ins
 UNION ALL
-SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about, head, body, resource
+SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about,
+       CASE WHEN NOT tomb THEN head END, CASE WHEN NOT tomb THEN body END, resource, tomb
 FROM cur
 WHERE NOT EXISTS (SELECT FROM ins)

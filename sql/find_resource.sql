@@ -6,4 +6,5 @@ SELECT key, state, fp, (extract(epoch FROM now() - changed_at) * 1000)::bigint,
        0::bigint, cause, about, head, CASE WHEN $4::boolean THEN body END, resource
 FROM idemproxy_keys
 WHERE resource = $3 AND key >= $1 AND key < $2 AND expires_at > now()
+  AND NOT coalesce(answer_until <= now(), false) -- a tombstone created nothing that lives
 LIMIT 1000

@@ -255,9 +255,10 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
 {
     json_t *o = json_pack("{s:s, s:s#, s:s, s:s, s:I, s:I}", "store_key", info->store_key, "scope",
                           info->store_key + prefix_len, (int)IDEMKEY_SCOPE_HEX, "state",
-                          info->completed ? "completed"
-                          : info->unknown ? "unknown"
-                                          : "locked",
+                          info->tombstone   ? "tombstone"
+                          : info->completed ? "completed"
+                          : info->unknown   ? "unknown"
+                                            : "locked",
                           "fingerprint", info->fp_hex, "age_ms", (json_int_t)info->age_ms, "ttl_ms",
                           (json_int_t)info->ttl_ms);
 
@@ -388,7 +389,7 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
         free(store_key);
         return reply_error(conn, 500, "out of memory");
     }
-    err = store_purge(st, span_from_cstr(store_key), on_purged, w);
+    err = store_purge(st, span_from_cstr(store_key), strlen(prefix), on_purged, w);
     if (err < 0) {
         waiter_unref(w);
         waiter_unref(w);

@@ -62,10 +62,11 @@ int config_parse_bytes(const char *s, size_t *ret)
     return 0;
 }
 
-/* Decimal only: strtod() would also take "inf", "nan", "0x1p3" and "1e3". */
+/* Decimal only: strtod() would also take "inf", "nan", "0x1p3" and "1e3";
+ * then one unit, s (the default), m, h or d: "7d", "1.5h". */
 static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
 {
-    uint64_t whole = 0, frac_ms = 0, ms;
+    uint64_t whole = 0, frac_ms = 0, ms, unit = 1;
     unsigned frac_digits = 0;
     bool digits = false, nonzero = false;
     const char *p = s;
@@ -90,11 +91,29 @@ static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
             nonzero |= *p != '0';
         }
     }
-    if (!digits || *p != '\0')
+    if (!digits || (*p != '\0' && p[1] != '\0'))
+        return -EINVAL;
+    switch (*p) { /* a unit: s, m, h or d (doc/configuration.md, Durations) */
+    case '\0':
+    case 's':
+        break;
+    case 'm':
+        unit = 60;
+        break;
+    case 'h':
+        unit = 3600;
+        break;
+    case 'd':
+        unit = 86400;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (whole > SECONDS_MAX / unit)
         return -EINVAL;
     for (; frac_digits < 4; frac_digits++)
         frac_ms *= 10;
-    ms = whole * 1000 + (frac_ms + 5) / 10;
+    ms = ((whole * 10000 + frac_ms) * unit + 5) / 10; /* from tenths of milliseconds */
     if (ms == 0 && nonzero)
         ms = 1; /* a positive value never becomes zero */
     if (ms == 0 && !allow_zero)

@@ -25,8 +25,10 @@ const struct config_kind_info config_kind_info[] = {
     [K_HEADERS] = { "a header name", "use a token such as Authorization; a list is "
                                      "comma-separated" },
     [K_BOOL] = { "a boolean", "use true/false, 1/0, yes/no or on/off" },
-    [K_SECONDS] = { "a positive number of seconds", "e.g. 30 or 0.5" },
-    [K_SECONDS0] = { "a number of seconds", "0 or more, e.g. 0.5" },
+    [K_SECONDS] = { "a positive number of seconds",
+                    "e.g. 30, 0.5, or with a unit s, m, h or d: 7d" },
+    [K_SECONDS0] = { "a number of seconds",
+                     "0 or more, e.g. 0.5, or with a unit s, m, h or d: 7d" },
     [K_BYTES] = { "a size", "use BYTES, optionally K, M or G" },
     [K_STATUS] = { "a status list", "use codes 100-599 and classes such as 4xx, comma-separated, "
                                     "or \"\" to cache every status" },
@@ -179,6 +181,9 @@ const struct opt config_opts[] = {
       K_SECONDS, CONFIG_ROUTE, R(max_ttl_ms), 0, NULL, false, false },
     { "--min-ttl", "IDEMPROXY_MIN_TTL", "S", "0", "floor of a TTL asked for by a request",
       K_SECONDS0, CONFIG_ROUTE, R(min_ttl_ms), 0, NULL, false, false },
+    { "--tombstone-ttl", "IDEMPROXY_TOMBSTONE_TTL", "S", "7d",
+      "how long an expired key answers 410 idempotency_key_expired; 0 disables", K_SECONDS0,
+      CONFIG_ROUTE, R(tombstone_ttl_ms), 0, NULL, false, false },
     { "--ttl-header", "IDEMPROXY_TTL_HEADER", "NAME", "X-TTL",
       "request header asking for another TTL; \"\" disables", K_HEADER_OPT, CONFIG_ROUTE,
       R(ttl_header), 0, NULL, false, false },

@@ -136,22 +136,43 @@ struct span idemkey_store_key_key(struct span s, struct span prefix)
     return (struct span){ s.base + head, s.len - head };
 }
 
-int idemkey_link_key(struct span store_key, size_t prefix_len, struct span resource, char **ret)
+/* <prefix><mark><scope>:<tail> of the store key <store_key>. */
+static int marked_key(struct span store_key, size_t prefix_len, const char *marker,
+                      struct span tail, char **ret)
 {
-    size_t mark = strlen(IDEMKEY_LINK_MARK), n;
+    size_t mark = strlen(marker), n;
     char *s;
 
     if (store_key.len < prefix_len + IDEMKEY_SCOPE_HEX + 1 ||
         !idemkey_is_scope((struct span){ store_key.base + prefix_len, IDEMKEY_SCOPE_HEX }) ||
         store_key.base[prefix_len + IDEMKEY_SCOPE_HEX] != ':')
         return -EINVAL;
-    n = prefix_len + mark + IDEMKEY_SCOPE_HEX + 1 + resource.len;
+    n = prefix_len + mark + IDEMKEY_SCOPE_HEX + 1 + tail.len;
     if (!(s = malloc(n + 1)))
         return -ENOMEM;
-    snprintf(s, n + 1, "%.*s%s%.*s:%.*s", (int)prefix_len, store_key.base, IDEMKEY_LINK_MARK,
-             IDEMKEY_SCOPE_HEX, store_key.base + prefix_len, (int)resource.len, resource.base);
+    memcpy(s, store_key.base, prefix_len);
+    memcpy(s + prefix_len, marker, mark);
+    memcpy(s + prefix_len + mark, store_key.base + prefix_len, IDEMKEY_SCOPE_HEX + 1);
+    if (tail.len)
+        memcpy(s + n - tail.len, tail.base, tail.len);
+    s[n] = '\0';
     *ret = s;
     return 0;
+}
+
+int idemkey_link_key(struct span store_key, size_t prefix_len, struct span resource, char **ret)
+{
+    return marked_key(store_key, prefix_len, IDEMKEY_LINK_MARK, resource, ret);
+}
+
+int idemkey_tomb_key(struct span store_key, size_t prefix_len, char **ret)
+{
+    size_t head = prefix_len + IDEMKEY_SCOPE_HEX + 1;
+
+    if (store_key.len < head)
+        return -EINVAL;
+    return marked_key(store_key, prefix_len, IDEMKEY_TOMB_MARK,
+                      (struct span){ store_key.base + head, store_key.len - head }, ret);
 }
 
 int idemkey_store_key(struct span prefix, const char *scope, struct span key, char **ret)

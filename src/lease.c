@@ -58,8 +58,9 @@ struct lease {
     /* The finishing chain only: */
     uint64_t attempt_sent_us;
     struct record *rec;     /* owned reference to complete with; NULL: release, or unknown */
-    struct store_link link; /* complete: the resource link, in <link_buf> */
-    char *link_buf;         /* owned; NULL: no link */
+    struct store_link link; /* complete: the resource link (in <link_buf>) and tombstone */
+    char *link_buf;         /* owned; NULL: no resource */
+    bool linked;            /* complete: with <link> */
     bool unknown;           /* mark the key unknown (doc/guarantees.md, Unknown outcomes) instead */
     enum store_cause cause;
     struct store_about about; /* unknown: its parts, in <about_buf> */
@@ -380,7 +381,7 @@ static void attempt(void *ctx)
     l->attempt_sent_us = metrics_now_us();
     if (l->rec)
         err = store_complete(ls->st, span_from_cstr(l->key), &l->tok, l->rec, l->ttl_ms,
-                             l->link_buf ? &l->link : NULL, on_finished, l);
+                             l->linked ? &l->link : NULL, on_finished, l);
     else if (l->unknown)
         err = store_unknown(ls->st, span_from_cstr(l->key), &l->tok, l->cause, &l->about, l->ttl_ms,
                             on_finished, l);
@@ -394,10 +395,15 @@ void lease_finish(struct lease *l, struct record *rec, uint64_t ttl_ms,
                   const struct store_link *link, lease_finish_fn *done, void *ctx)
 {
     atomic_store(&l->finishing, true);
-    if (rec && link && (l->link_buf = malloc(link->resource.len))) {
-        memcpy(l->link_buf, link->resource.base, link->resource.len);
-        l->link = (struct store_link){ { l->link_buf, link->resource.len }, link->prefix_len };
-    } /* else (out of memory): no link, the answer is what matters */
+    if (rec && link) {
+        l->linked = true;
+        l->link = *link;
+        l->link.resource = (struct span){ NULL, 0 };
+        if (link->resource.len && (l->link_buf = malloc(link->resource.len))) {
+            memcpy(l->link_buf, link->resource.base, link->resource.len);
+            l->link.resource = (struct span){ l->link_buf, link->resource.len };
+        } /* else (out of memory): no resource link, the answer is what matters */
+    }
     l->rec = rec;
     l->ttl_ms = ttl_ms;
     l->backoff_ms = FINISH_BACKOFF_MIN_MS;

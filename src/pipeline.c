@@ -212,6 +212,8 @@ static void acquire(struct pipeline_req *r)
                 .about = { .route = span_from_cstr(r->adm.route->name),
                            .method = r->rq->method,
                            .target = r->adm.fwd_target },
+                .tombstones = r->adm.route->settings.tombstone_ttl_ms > 0,
+                .prefix_len = strlen(pl->key_prefix),
             },
             on_acquired, r);
     if (err < 0) {
@@ -262,6 +264,10 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         pipeline_answer_stored(r, res->rec);
     } else if (err == 0 && res->status == STORE_UNREADABLE) {
         pipeline_answer_unreadable(r, res->unreadable);
+    } else if (err == 0 && res->status == STORE_EXPIRED) {
+        pipeline_set_problem(r, PROBLEM_KEY_EXPIRED, OUTCOME_EXPIRED,
+                             "This Idempotency-Key was used for a request whose stored answer has "
+                             "expired; nothing was run. Use a new key.");
     } else {
         char why[1024];
 

@@ -123,7 +123,8 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
 {
     const struct route_settings *rs = &r->adm.route->settings;
     char resource[STORE_RESOURCE_MAX + 1];
-    struct store_link link = { .prefix_len = strlen(r->pl->key_prefix) };
+    struct store_link link = { .prefix_len = strlen(r->pl->key_prefix),
+                               .tomb_ms = rs->tombstone_ttl_ms };
     bool linked;
 
     if (!keep || !config_is_cacheable(rs, rec->status)) {
@@ -133,9 +134,10 @@ static void lease_end_answer(struct pipeline_req *r, struct record *rec, bool ke
     record_ensure_date(rec);
     /* The resource its answer created, by its route (doc/configuration.md,
      * Resource links): a marker, too, keeps its answer's link. */
+    memcpy(link.fp, r->adm.digest, FINGERPRINT_LEN);
     link.resource.len = route_resource(r->adm.route, rec, resource);
     link.resource.base = resource;
-    linked = link.resource.len > 0;
+    linked = link.resource.len > 0 || link.tomb_ms > 0;
     if (over || rec->body.len > rs->max_response_bytes) /* NULL (OOM): released */
         lease_end_linked(r, record_new_too_large(rec->status), linked ? &link : NULL);
     else

@@ -150,109 +150,10 @@ void store_memory_link_completed(struct shard *sh, struct mentry *e)
     shard_update_oldest(sh);
 }
 
-static void shard_unlink_completed(struct shard *sh, struct mentry *e)
+void store_memory_unlink_completed(struct shard *sh, struct mentry *e)
 {
     list_remove(&e->completed);
     shard_update_oldest(sh);
-}
-
-/* ---- the resource index (its entries' shard lock held) ---- */
-
-#define RES_FIRST_BUCKETS 64
-
-static struct mentry **res_bucket(struct store_memory *st, const char *resource)
-{
-    return &st->res_buckets[store_memory_hash(st, resource, strlen(resource)) &
-                            (st->res_nbuckets - 1)];
-}
-
-/* Doubles the index past one entry per bucket; failing to grow only makes
- * chains longer. */
-static void res_maybe_grow(struct store_memory *st)
-{
-    size_t n = st->res_nbuckets * 2;
-    struct mentry **old = st->res_buckets, **nb;
-
-    if (st->res_count <= st->res_nbuckets || !(nb = calloc(n, sizeof(*nb))))
-        return;
-    st->res_buckets = nb;
-    st->res_nbuckets = n;
-    for (size_t b = 0; b < n / 2; b++) {
-        while (old[b]) {
-            struct mentry *e = old[b], **to = res_bucket(st, e->resource);
-
-            old[b] = e->res_next;
-            e->res_next = *to;
-            *to = e;
-        }
-    }
-    free(old);
-}
-
-static void res_index_add(struct store_memory *st, struct mentry *e)
-{
-    struct mentry **b;
-
-    pthread_mutex_lock(&st->res_mu);
-    b = res_bucket(st, e->resource);
-    e->res_next = *b;
-    *b = e;
-    st->res_count++;
-    res_maybe_grow(st);
-    pthread_mutex_unlock(&st->res_mu);
-}
-
-static void res_index_remove(struct store_memory *st, struct mentry *e)
-{
-    struct mentry **pp;
-
-    pthread_mutex_lock(&st->res_mu);
-    for (pp = res_bucket(st, e->resource); *pp && *pp != e; pp = &(*pp)->res_next)
-        ;
-    if (*pp) {
-        *pp = e->res_next;
-        st->res_count--;
-    }
-    pthread_mutex_unlock(&st->res_mu);
-}
-
-int store_memory_resource_keys(struct store_memory *st, struct span resource, char ***ret,
-                               size_t *ret_n)
-{
-    char **keys = NULL, *r = strndup(resource.base, resource.len);
-    size_t n = 0, cap = 0;
-    uint64_t now = now_ms();
-    int err = r ? 0 : -ENOMEM;
-
-    pthread_mutex_lock(&st->res_mu);
-    for (struct mentry *e = r ? *res_bucket(st, r) : NULL; e && err == 0; e = e->res_next) {
-        if (strcmp(e->resource, r) != 0 || now >= e->expires_ms)
-            continue;
-        if (n == cap) {
-            char **more = realloc(keys, (cap = cap ? cap * 2 : 4) * sizeof(*keys));
-
-            if (!more) {
-                err = -ENOMEM;
-                break;
-            }
-            keys = more;
-        }
-        if (!(keys[n] = strndup(e->key, e->key_len)))
-            err = -ENOMEM;
-        else
-            n++;
-    }
-    pthread_mutex_unlock(&st->res_mu);
-    free(r);
-    if (err < 0) {
-        while (n)
-            free(keys[--n]);
-        free(keys);
-        return err;
-    }
-    *ret = keys;
-    *ret_n = n;
-    return 0;
 }
 
 /* ---- one shard (its lock held by the caller) ---- */
@@ -267,13 +168,15 @@ static size_t shard_remove(struct store_memory *st, struct shard *sh, struct men
     *pp = e->next;
     sh->count--;
     if (e->state == MSTATE_COMPLETED) {
-        shard_unlink_completed(sh, e);
+        store_memory_unlink_completed(sh, e);
+    } else if (e->state == MSTATE_TOMB) {
+        store_memory_tomb_unlink(sh, e);
     } else {
         sh->locks--;
         atomic_fetch_sub_explicit(&st->lock_bytes, bytes, memory_order_relaxed);
     }
     if (e->resource)
-        res_index_remove(st, e);
+        store_memory_res_remove(st, e);
     record_unref(e->rec);
     free(e->about);
     free(e->resource);
@@ -307,6 +210,18 @@ static void shard_maybe_grow(struct shard *sh)
     sh->nbuckets = n;
 }
 
+/* Ends the expired entry at <pp> of <sh>: a completed one that keeps a
+ * tombstone (not expired too) becomes it, anything else goes. Returns the
+ * bytes freed; <ret_gone>: whether the entry went. */
+static size_t shard_expire(struct store_memory *st, struct shard *sh, struct mentry **pp,
+                           uint64_t now, bool *ret_gone)
+{
+    struct mentry *e = *pp;
+
+    *ret_gone = !(e->state == MSTATE_COMPLETED && now < e->expires_ms + e->tomb_ms);
+    return *ret_gone ? shard_remove(st, sh, pp) : store_memory_tomb_make(st, sh, e);
+}
+
 /* Removes the expired entries of <sh>. Returns the bytes freed. */
 static size_t shard_sweep(struct store_memory *st, struct shard *sh, uint64_t now,
                           uint64_t *ret_count)
@@ -317,12 +232,14 @@ static size_t shard_sweep(struct store_memory *st, struct shard *sh, uint64_t no
         struct mentry **pp = &sh->buckets[i];
 
         while (*pp) {
+            bool gone = false;
+
             if (now >= (*pp)->expires_ms) {
-                freed += shard_remove(st, sh, pp);
+                freed += shard_expire(st, sh, pp, now, &gone);
                 (*ret_count)++;
-            } else {
-                pp = &(*pp)->next;
             }
+            if (!gone)
+                pp = &(*pp)->next;
         }
     }
     return freed;
@@ -348,9 +265,9 @@ static void sweep_all(struct store_memory *st)
         atomic_fetch_add_explicit(&st->expired, n, memory_order_relaxed);
 }
 
-/* Evicts the completed record that completed first, store-wide. Returns
- * false when there is none. */
-static bool evict_oldest(struct store_memory *st)
+/* Evicts the tombstone made first, store-wide (<tombs>), or the completed
+ * record that completed first. Returns false when there is none. */
+static bool evict_oldest(struct store_memory *st, bool tombs)
 {
     for (;;) {
         uint64_t best = NO_COMPLETED;
@@ -359,7 +276,9 @@ static bool evict_oldest(struct store_memory *st)
         size_t freed = 0;
 
         for (size_t i = 0; i < NSHARDS; i++) {
-            uint64_t t = atomic_load_explicit(&st->shards[i].oldest_seq, memory_order_relaxed);
+            uint64_t t =
+                atomic_load_explicit(tombs ? &st->shards[i].oldest_tomb : &st->shards[i].oldest_seq,
+                                     memory_order_relaxed);
 
             if (t < best) {
                 best = t;
@@ -369,8 +288,8 @@ static bool evict_oldest(struct store_memory *st)
         if (!victim)
             return false;
         pthread_mutex_lock(&victim->mu);
-        if (shard_oldest(victim)) {
-            struct mentry *e = shard_oldest(victim);
+        if (tombs ? store_memory_tomb_oldest(victim) : shard_oldest(victim)) {
+            struct mentry *e = tombs ? store_memory_tomb_oldest(victim) : shard_oldest(victim);
 
             freed = shard_remove(st, victim,
                                  shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
@@ -432,7 +351,7 @@ int store_memory_budget_reserve(struct store_memory *st, size_t n)
                     SWEEP_WHEN_FULL_EVERY_MS) {
                 sweep_all(st);
                 swept = true;
-            } else if (!evict_oldest(st)) {
+            } else if (!evict_oldest(st, true) && !evict_oldest(st, false)) {
                 pthread_mutex_unlock(&st->evict_mu);
                 return -ENOSPC;
             }
@@ -454,10 +373,13 @@ struct mentry **store_memory_lookup_live(struct store_memory *st, struct shard *
                                          struct span key, uint64_t now)
 {
     struct mentry **pp = shard_slot(sh, hash, key);
+    bool gone;
 
     if (*pp && now >= (*pp)->expires_ms) {
-        store_memory_budget_give_back(st, shard_remove(st, sh, pp));
+        store_memory_budget_give_back(st, shard_expire(st, sh, pp, now, &gone));
         atomic_fetch_add_explicit(&st->expired, 1, memory_order_relaxed);
+        if (gone) /* *pp is the next of the chain now: the end of the chain is where it goes */
+            pp = shard_slot(sh, hash, key);
     }
     return pp;
 }
@@ -506,7 +428,9 @@ static void make_unknown(struct store_memory *st, struct mentry *e, enum store_c
 static bool answer_known(struct store_memory *st, struct mentry *e, const struct mop *op,
                          uint64_t now, struct store_result *res)
 {
-    if (memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0) {
+    if (e->state == MSTATE_TOMB) {
+        res->status = STORE_EXPIRED; /* whatever the fingerprint */
+    } else if (memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0) {
         res->status = STORE_MISMATCH;
         if (e->resource)
             res->resource = span_from_cstr(e->resource); /* copied before the lock goes */
@@ -535,9 +459,23 @@ static bool answer_known(struct store_memory *st, struct mentry *e, const struct
     return false;
 }
 
-static int do_acquire(struct store_memory *st, struct mop *op, struct store_result *res)
+/* The slot of <op>'s key for an acquire: a tombstone the route does not
+ * look at is no record (it goes). */
+static struct mentry **acquire_lookup(struct store_memory *st, struct shard *sh, uint64_t hash,
+                                      const struct mop *op, uint64_t now)
 {
     struct span key = { op->key, op->key_len };
+    struct mentry **pp = store_memory_lookup_live(st, sh, hash, key, now);
+
+    if (*pp && (*pp)->state == MSTATE_TOMB && !op->tombstones) {
+        store_memory_budget_give_back(st, shard_remove(st, sh, pp));
+        pp = shard_slot(sh, hash, key);
+    }
+    return pp;
+}
+
+static int do_acquire(struct store_memory *st, struct mop *op, struct store_result *res)
+{
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
     struct shard *sh = store_memory_shard_of(st, hash);
     size_t need = store_memory_entry_bytes(op->key_len);
@@ -547,7 +485,7 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
 
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
-    pp = store_memory_lookup_live(st, sh, hash, key, now);
+    pp = acquire_lookup(st, sh, hash, op, now);
     if (!*pp && !reserved) {
         /* Full: evict without holding this lock (evicting takes other shard
          * locks), then look again. A known key never evicts anything, and
@@ -561,7 +499,7 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         reserved = true;
         pthread_mutex_lock(&sh->mu);
         now = now_ms();
-        pp = store_memory_lookup_live(st, sh, hash, key, now);
+        pp = acquire_lookup(st, sh, hash, op, now);
     }
     if (*pp) {
         answer_known(st, *pp, op, now, res);
@@ -620,7 +558,7 @@ static int holder_check(struct store_memory *st, struct mop *op, bool *ret_done)
 
     pthread_mutex_lock(&sh->mu);
     e = *store_memory_lookup_live(st, sh, hash, key, now_ms());
-    if (!e || !tok_eq(&e->tok, &op->tok))
+    if (!e || !tok_eq(&e->tok, &op->tok) || e->state == MSTATE_TOMB)
         err = -ESTALE;
     else
         *ret_done = e->state == MSTATE_COMPLETED;
@@ -639,7 +577,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     bool done = false, changed = false;
     int err;
 
-    if (op->link) {
+    if (op->link && op->link->resource.len) {
         resource = strndup(op->link->resource.base, op->link->resource.len);
         if (!resource)
             return -ENOMEM;
@@ -662,7 +600,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
     e = *store_memory_lookup_live(st, sh, hash, key, now);
-    if (!e || !tok_eq(&e->tok, &op->tok)) {
+    if (!e || !tok_eq(&e->tok, &op->tok) || e->state == MSTATE_TOMB) {
         err = -ESTALE;
     } else if (e->state != MSTATE_COMPLETED) {
         /* locked, or unknown since its holder lost its lease: it came back */
@@ -675,6 +613,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
         e->bytes += need;
         need = 0;
         e->expires_ms = now + op->ttl_ms;
+        e->tomb_ms = op->link ? op->link->tomb_ms : 0;
         e->changed_ms = now;
         e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
         sh->locks--;
@@ -682,7 +621,7 @@ static int do_complete(struct store_memory *st, struct mop *op, struct store_res
         if (resource) {
             e->resource = resource; /* moves to the entry */
             resource = NULL;
-            res_index_add(st, e);
+            store_memory_res_add(st, e);
         }
         changed = true;
     }
@@ -714,7 +653,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
     if (!e && op->kind == MOP_RELEASE)
         ; /* a key already gone is released */
     else if (!e || !tok_eq(&e->tok, &op->tok) || e->state == MSTATE_COMPLETED ||
-             (op->kind == MOP_EXTEND && e->state != MSTATE_LOCKED))
+             e->state == MSTATE_TOMB || (op->kind == MOP_EXTEND && e->state != MSTATE_LOCKED))
         err = -ESTALE;
     else if (op->kind == MOP_RELEASE)
         freed = shard_remove(st, sh, pp); /* a lock, or the unknown record it became */
@@ -813,6 +752,7 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
     op.keep_ms = lk->keep_ms;
     op.take_over = lk->take_over;
     op.about = &lk->about;
+    op.tombstones = lk->tombstones;
     mop_run(&op);
     return 0;
 }
@@ -840,7 +780,7 @@ static int memory_complete(struct store *base, struct span key, const struct sto
     struct mop op;
 
     if (!rec || ttl_ms == 0 || !store_call_is_valid(key, tok, done) ||
-        (link && (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX)))
+        (link && link->resource.len > STORE_RESOURCE_MAX))
         return -EINVAL;
     op = mop_make(store_memory_of(base), MOP_COMPLETE, key, tok, done, ctx);
     op.rec = record_ref(rec);
@@ -875,11 +815,13 @@ static int memory_extend(struct store *base, struct span key, const struct store
     return 0;
 }
 
-static int memory_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+static int memory_purge(struct store *base, struct span store_key, size_t prefix_len,
+                        store_done_fn *done, void *ctx)
 {
     static const struct store_token any = { .hex = "00000000000000000000000000000000" };
     struct mop op;
 
+    (void)prefix_len; /* a tombstone is the entry itself */
     if (!store_call_is_valid(store_key, &any, done))
         return -EINVAL;
     op = mop_make(store_memory_of(base), MOP_PURGE, store_key, &any, done, ctx);
@@ -1029,7 +971,9 @@ int store_memory_new(size_t max_bytes, uint64_t reap_interval_ms, struct worker_
     for (size_t i = 0; i < NSHARDS; i++) {
         pthread_mutex_init(&st->shards[i].mu, NULL);
         atomic_init(&st->shards[i].oldest_seq, NO_COMPLETED);
+        atomic_init(&st->shards[i].oldest_tomb, NO_COMPLETED);
         list_init(&st->shards[i].completed);
+        list_init(&st->shards[i].tombs);
     }
     st->res_nbuckets = RES_FIRST_BUCKETS;
     st->res_buckets = calloc(RES_FIRST_BUCKETS, sizeof(*st->res_buckets));

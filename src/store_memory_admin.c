@@ -13,11 +13,13 @@
 
 static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
 {
-    *info = (struct store_info){ .completed = e->state == MSTATE_COMPLETED,
-                                 .unknown = e->state == MSTATE_UNKNOWN,
-                                 .cause = e->cause,
-                                 .age_ms = now - e->changed_ms,
-                                 .ttl_ms = e->expires_ms - now };
+    *info =
+        (struct store_info){ .completed = e->state == MSTATE_COMPLETED || e->state == MSTATE_TOMB,
+                             .tombstone = e->state == MSTATE_TOMB,
+                             .unknown = e->state == MSTATE_UNKNOWN,
+                             .cause = e->cause,
+                             .age_ms = now - e->changed_ms,
+                             .ttl_ms = e->expires_ms - now };
     if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
         info->lease_ms = e->lease_until_ms - now;
     if (e->about && !(info->about = strdup(e->about)))

@@ -19,20 +19,25 @@
 #define FIRST_BUCKETS 64
 #define NO_COMPLETED UINT64_MAX
 #define SWEEP_WHEN_FULL_EVERY_MS 100
+#define RES_FIRST_BUCKETS 64
 
-enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED, MSTATE_UNKNOWN };
+/* MSTATE_TOMB: a completed entry whose answer expired, kept as its
+ * tombstone (doc/configuration.md, Tombstones): key, fingerprint, no answer. */
+enum mstate { MSTATE_LOCKED, MSTATE_COMPLETED, MSTATE_UNKNOWN, MSTATE_TOMB };
 
-/* One idempotency key: a lock, a completed record, or an unknown one (kept
- * like a lock: never evicted). Owned by its shard. */
+/* One idempotency key: a lock, a completed record, an unknown one (kept
+ * like a lock: never evicted), or a tombstone. Owned by its shard. */
 struct mentry {
-    struct mentry *next;        /* hash chain */
-    struct list_node completed; /* completed only: in the shard's completion order */
+    struct mentry *next; /* hash chain */
+    /* completed: in the shard's completion order; a tombstone: in its tombs */
+    struct list_node completed;
     uint64_t hash;
     uint64_t expires_ms;     /* now_ms() clock; expired when now >= expires_ms */
-    uint64_t completed_seq;  /* completed only: the store-wide completion order */
+    uint64_t completed_seq;  /* completed, tombstone: the store-wide order they became so */
     uint64_t changed_ms;     /* when it was locked, completed or made unknown (store_inspect) */
     uint64_t lease_until_ms; /* locked: its lease runs out then */
     uint64_t keep_ms;        /* locked: kept this long beyond its lease */
+    uint64_t tomb_ms;        /* completed: its tombstone is kept this long after it expires */
     size_t bytes;            /* counted in the budget for this entry */
     struct record *rec;      /* completed only: one reference */
     char *about;             /* unknown only: owned "<route> <method> <target>", or NULL */
@@ -50,8 +55,10 @@ struct shard {
     alignas(64) pthread_mutex_t mu; /* guards everything below but <oldest_seq> */
     struct mentry **buckets;        /* owned array of nbuckets chains */
     size_t nbuckets, count, locks;
-    struct list completed;       /* completed entries, oldest first */
-    _Atomic uint64_t oldest_seq; /* completed_seq of the oldest, NO_COMPLETED: none */
+    struct list completed;        /* completed entries, oldest first */
+    _Atomic uint64_t oldest_seq;  /* completed_seq of the oldest, NO_COMPLETED: none */
+    struct list tombs;            /* tombstones, oldest first */
+    _Atomic uint64_t oldest_tomb; /* completed_seq of the oldest tombstone, NO_COMPLETED: none */
 };
 
 struct store_memory;
@@ -98,6 +105,7 @@ struct mop {
     char about_text[STORE_ABOUT_MAX]; /* acquire: an unknown key's words, for the callback */
     struct record *rec;               /* complete: own reference, handed to the entry */
     const struct store_link *link;    /* complete: borrowed, NULL: none */
+    bool tombstones;                  /* acquire: a tombstone is an answer */
     size_t key_len;
     const char *key; /* borrowed from the caller */
 };
@@ -129,6 +137,25 @@ void store_memory_budget_give_back(struct store_memory *st, size_t n);
 
 /* Puts completed <e> last in <sh>'s completion order (its lock held). */
 void store_memory_link_completed(struct shard *sh, struct mentry *e);
+
+/* Takes completed <e> out of <sh>'s completion order (its lock held). */
+void store_memory_unlink_completed(struct shard *sh, struct mentry *e);
+
+/* Adds <e> (completed, with a resource) to the resource index, or removes
+ * it (store_memory_keep.c). */
+void store_memory_res_add(struct store_memory *st, struct mentry *e);
+void store_memory_res_remove(struct store_memory *st, struct mentry *e);
+
+/* Makes the completed <e> of <sh> (its lock held), whose answer expired, its
+ * tombstone, kept e->tomb_ms more (doc/configuration.md, Tombstones).
+ * Returns the bytes it no longer holds, for the caller to give back. */
+size_t store_memory_tomb_make(struct store_memory *st, struct shard *sh, struct mentry *e);
+
+/* Takes the tombstone <e> out of <sh>'s tombs (its lock held). */
+void store_memory_tomb_unlink(struct shard *sh, struct mentry *e);
+
+/* The tombstone of <sh> made first (its lock held), or NULL. */
+struct mentry *store_memory_tomb_oldest(const struct shard *sh);
 
 /* The store keys of the live entries whose answer created <resource>: a new
  * array of <ret_n> owned strings in <ret> (free each, then the array).

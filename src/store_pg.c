@@ -113,7 +113,8 @@ static void give_back(const struct pg_op *acq)
         atomic_fetch_sub(&st->releases_pending, 1); /* stopping: freed, nothing calls back */
 }
 
-/* The acquire's row: state, changed, mismatch, mine, cause, about, head, body. */
+/* The acquire's row: state, changed, mismatch, mine, cause, about, head, body,
+ * resource, tomb. */
 static int acquire_result(const PGresult *res, struct store_result *r)
 {
     char state = *PQgetvalue(res, 0, 0);
@@ -121,7 +122,9 @@ static int acquire_result(const PGresult *res, struct store_result *r)
          mine = *PQgetvalue(res, 0, 3);
     struct span cause = store_pg_field(res, 0, 4);
 
-    if (mismatch) {
+    if (*PQgetvalue(res, 0, 9) == 1) { /* binary: true */
+        r->status = STORE_EXPIRED;     /* whatever the fingerprint */
+    } else if (mismatch) {
         r->status = STORE_MISMATCH;
         r->resource = store_pg_field(res, 0, 8);
     } else if (state == 'L') {
@@ -151,7 +154,7 @@ static void read_acquire(struct pg_op *op, int err, const PGresult *res)
         return;
     }
     if (err == 0)
-        err = PQntuples(res) == 1 && PQnfields(res) == 9 ? acquire_result(res, &r) : -EPROTO;
+        err = PQntuples(res) == 1 && PQnfields(res) == 10 ? acquire_result(res, &r) : -EPROTO;
     if (err < 0 && op->sent)
         give_back(op);
     op->done(op->ctx, err, err == 0 ? &r : NULL);
@@ -207,6 +210,7 @@ static int pg_acquire(struct store *base, struct span key, const uint8_t fp[FING
     store_pg_param_num(op, 1, lk->keep_ms);
     store_pg_param_text(op, lk->take_over ? "t" : "f");
     store_pg_param_text(op, op->head.data);
+    store_pg_param_text(op, lk->tombstones ? "t" : "f");
     return store_pg_op_submit(op);
 }
 
@@ -217,15 +221,15 @@ static int pg_complete(struct store *base, struct span key, const struct store_t
     struct pg_op *op;
     int err;
 
-    if (!rec || ttl_ms == 0 ||
-        (link && (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX)))
+    if (!rec || ttl_ms == 0 || (link && link->resource.len > STORE_RESOURCE_MAX))
         return -EINVAL;
     err = keyed_op(base, SQL_COMPLETE, key, tok, done, ctx, read_ok_or_stale, &op);
     if (err < 0)
         return err;
     /* here, so that a record that cannot be stored is refused at once */
     err = store_pg_param_record(op, rec);
-    if (err == 0 && link && !(op->resource = strndup(link->resource.base, link->resource.len)))
+    if (err == 0 && link && link->resource.len &&
+        !(op->resource = strndup(link->resource.base, link->resource.len)))
         err = -ENOMEM;
     if (err < 0) {
         store_pg_op_free(op);
@@ -233,6 +237,7 @@ static int pg_complete(struct store *base, struct span key, const struct store_t
     }
     store_pg_param_num(op, 0, ttl_ms);
     store_pg_param_text(op, op->resource ? op->resource : ""); /* the link: a column, indexed */
+    store_pg_param_num(op, 1, link ? link->tomb_ms : 0);
     return store_pg_op_submit(op);
 }
 
@@ -452,13 +457,14 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
         r = PQexec(conn, sql_scripts[SQL_SCHEMA].src);
         if (PQresultStatus(r) == PGRES_COMMAND_OK) {
             log_info("PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
-                     had ? "added the resource column (resource links) to" : "created");
+                     had ? "added the columns of this version (resource, answer_until) to"
+                         : "created");
         } else {
             snprintf(why, why_len,
                      "the table " PG_TABLE
                      " %s and this role may not %s (%.*s): have it %s with " PG_SCHEMA_FILE
                      " (/usr/share/idemproxy/postgresql/schema.sql)",
-                     had ? "lacks the column resource of this version" : "is missing",
+                     had ? "lacks a column of this version (resource, answer_until)" : "is missing",
                      had ? "add it" : "create it", (int)strcspn(PQresultErrorMessage(r), "\n"),
                      PQresultErrorMessage(r), had ? "brought up to date" : "created");
             err = -EACCES;

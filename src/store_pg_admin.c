@@ -54,13 +54,15 @@ static int row_info(const PGresult *res, int row, bool with_body, struct store_i
     char state = *PQgetvalue(res, row, 1);
 
     *in = (struct store_info){ .completed = state == 'C', .unknown = state == 'U' };
+    /* inspect: a tombstone's answer expired (its row keeps it until it goes) */
+    in->tombstone = in->completed && PQnfields(res) > 11 && *PQgetvalue(res, row, 11) == 1;
     if (fp.len != FINGERPRINT_LEN || !(in->store_key = strndup(key.base, key.len)))
         return -EPROTO;
     fingerprint_hex((const uint8_t *)fp.base, in->fp_hex);
     in->age_ms = store_pg_u64(res, row, 3);
     in->ttl_ms = store_pg_u64(res, row, 4);
     in->lease_ms = store_pg_u64(res, row, 5);
-    if (in->completed &&
+    if (in->completed && !in->tombstone &&
         record_decode(store_pg_field(res, row, 8),
                       with_body ? store_pg_field(res, row, 9) : (struct span){ NULL, 0 },
                       &in->rec) < 0)
@@ -194,11 +196,13 @@ static void read_admin(struct pg_op *op, int err, const PGresult *res)
     op->done(op->ctx, err, err == 0 ? &r : NULL);
 }
 
-int store_pg_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+int store_pg_purge(struct store *base, struct span store_key, size_t prefix_len,
+                   store_done_fn *done, void *ctx)
 {
     struct pg_op *op;
     int err;
 
+    (void)prefix_len; /* a tombstone is the row itself */
     if (!done || !store_key.len)
         return -EINVAL;
     err = admin_op(base, SQL_PURGE, store_key, read_admin, &op);

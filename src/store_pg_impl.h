@@ -27,9 +27,10 @@
 /* True when the table is there as this version needs it (a table made
  * before resource links lacks their column: schema.sql adds it). */
 #define PG_HAVE_SCHEMA                                                                             \
-    "(to_regclass('" PG_TABLE "') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute WHERE "         \
-    "attrelid = to_regclass('" PG_TABLE "') AND attname = 'resource' AND NOT attisdropped))"
-#define PG_MAX_PARAMS 7
+    "(to_regclass('" PG_TABLE "') IS NOT NULL AND (SELECT count(*) = 2 FROM pg_attribute WHERE "   \
+    "attrelid = to_regclass('" PG_TABLE "') AND attname IN ('resource', 'answer_until') "          \
+    "AND NOT attisdropped))"
+#define PG_MAX_PARAMS 8
 #define PG_HEAD_MAX (64u << 20) /* far above what RECORD_MAX_HEADERS headers can need */
 
 struct store_pg;
@@ -227,7 +228,8 @@ void store_pg_reaped(struct store_pg *st, uint64_t n, bool more);
 
 int store_pg_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                      store_list_fn *done, void *ctx);
-int store_pg_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx);
+int store_pg_purge(struct store *base, struct span store_key, size_t prefix_len,
+                   store_done_fn *done, void *ctx);
 int store_pg_find_resource(struct store *base, struct span prefix, struct span resource,
                            bool with_body, store_list_fn *done, void *ctx);
 int store_pg_list_unknown(struct store *base, struct span prefix, const char *cursor,

@@ -79,6 +79,8 @@ static int script_args(const struct op *op, const char **argv, size_t *lens, int
         lens[argc++] = 1;
         argv[argc] = op->head.data ? op->head.data : "";
         lens[argc++] = op->head.len;
+        argv[argc] = op->probe ? "1" : "0";
+        lens[argc++] = 1;
         return argc;
     case LUA_UNKNOWN:
         argv[argc] = op->tok.hex;
@@ -154,27 +156,127 @@ int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, ch
     return script_args(op, argv, lens, argc, ttl, keep);
 }
 
-static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
-                         const struct store_token *tok, const struct store_lock *lk,
-                         store_done_fn *done, void *ctx)
+/* An acquire that looks for a tombstone (doc/configuration.md, Tombstones):
+ * the script probes (a known key answers at once), then where there is no
+ * record EXISTS <tombstone> (a key of its own, maybe in another slot), then
+ * the script again, which locks. Nothing is locked over a tombstone. */
+struct probe {
+    struct store_redis *st;
+    struct store_token tok;
+    char fp[FINGERPRINT_HEX + 1];
+    uint64_t lease_ms, keep_ms;
+    bool take_over;
+    store_done_fn *done;
+    void *ctx;
+    char *tomb; /* owned: the tombstone's key */
+    size_t key_len, about_len;
+    char bytes[]; /* the store key, then the about text */
+};
+
+/* Submits the acquire script for <p>'s key, probing or not. */
+static int probe_submit(struct probe *p, bool probe, store_done_fn *done, void *ctx)
 {
     struct op *op;
-    int err;
+    int err = store_redis_op_new(p->st, LUA_ACQUIRE, (struct span){ p->bytes, p->key_len }, &p->tok,
+                                 done, ctx, &op);
 
-    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0)
-        return -EINVAL;
-    err = store_redis_op_new(store_redis_of(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
     if (err < 0)
         return err;
-    fingerprint_hex(fp, op->fp);
-    op->ttl_ms = lk->lease_ms;
-    op->keep_ms = lk->keep_ms;
-    op->take_over = lk->take_over;
-    if (op_set_about(op, &lk->about) < 0) {
+    memcpy(op->fp, p->fp, sizeof(op->fp));
+    op->ttl_ms = p->lease_ms;
+    op->keep_ms = p->keep_ms;
+    op->take_over = p->take_over;
+    op->probe = probe;
+    if (buf_append(&op->head, p->bytes + p->key_len, p->about_len) < 0) {
         store_redis_op_free(op);
         return -ENOMEM;
     }
     return store_redis_op_submit(op);
+}
+
+static void probe_free(struct probe *p)
+{
+    free(p->tomb);
+    free(p);
+}
+
+static void on_tomb_exists(void *ctx, int err, const redisReply *r)
+{
+    struct probe *p = ctx;
+    struct store_result res = { .status = STORE_EXPIRED };
+
+    if (err == 0 && (!r || r->type != REDIS_REPLY_INTEGER))
+        err = -EPROTO;
+    if (err == 0 && r->integer == 0) /* no tombstone: lock it */
+        err = probe_submit(p, false, p->done, p->ctx);
+    else if (err == 0)
+        p->done(p->ctx, 0, &res);
+    if (err < 0)
+        p->done(p->ctx, err, NULL);
+    probe_free(p);
+}
+
+static void on_probed(void *ctx, int err, const struct store_result *res)
+{
+    struct probe *p = ctx;
+    const char *argv[] = { "EXISTS", p->tomb };
+    size_t lens[] = { 6, strlen(p->tomb) };
+
+    if (err < 0 || res->status != STORE_EXPIRED) { /* a known key, or a failure */
+        p->done(p->ctx, err, res);
+        probe_free(p);
+        return;
+    }
+    /* "absent": no record */
+    err = store_redis_raw(p->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_tomb_exists, p);
+    if (err < 0) {
+        p->done(p->ctx, err, NULL);
+        probe_free(p);
+    }
+}
+
+static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
+                         const struct store_token *tok, const struct store_lock *lk,
+                         store_done_fn *done, void *ctx)
+{
+    char about[STORE_ABOUT_MAX], *tomb = NULL;
+    struct probe *p;
+    size_t n;
+    int err;
+
+    if (!fp || !lk || lk->lease_ms == 0 || lk->keep_ms == 0 || !tok || !done)
+        return -EINVAL;
+    /* A store key a tombstone's key cannot be made from has none. */
+    if (lk->tombstones && (err = idemkey_tomb_key(key, lk->prefix_len, &tomb)) == -ENOMEM)
+        return err;
+    n = store_about_format(&lk->about, about, sizeof(about));
+    p = malloc(sizeof(*p) + key.len + n);
+    if (!p) {
+        free(tomb);
+        return -ENOMEM;
+    }
+    *p = (struct probe){ .st = store_redis_of(base),
+                         .tok = *tok,
+                         .lease_ms = lk->lease_ms,
+                         .keep_ms = lk->keep_ms,
+                         .take_over = lk->take_over,
+                         .done = done,
+                         .ctx = ctx,
+                         .tomb = tomb,
+                         .key_len = key.len,
+                         .about_len = n };
+    fingerprint_hex(fp, p->fp);
+    memcpy(p->bytes, key.base, key.len);
+    memcpy(p->bytes + key.len, about, n);
+    if (!tomb) { /* no tombstone to look for: one call, as it was */
+        err = probe_submit(p, false, done, ctx);
+        probe_free(p);
+        return err;
+    }
+    err = probe_submit(p, true, on_probed, p);
+    if (err < 0)
+        probe_free(p);
+    return err;
 }
 
 static int redis_unknown(struct store *base, struct span key, const struct store_token *tok,
@@ -228,43 +330,72 @@ static int submit_record(struct store *base, enum lua_script_id script, struct s
     return store_redis_op_submit(op);
 }
 
-/* A complete with a resource link: the script, then the link's own key,
- * SET <link> <store key> PX <ttl> (in a cluster the two are in two slots,
- * which no script may span). A failed SET fails the complete, whose retry
- * (its script finds its own answer) writes it again. */
+/* A complete with a resource link or a tombstone: the script, then the
+ * link's own key, SET <link> <store key> PX <ttl>, then the tombstone's,
+ * SET <tomb> <fingerprint, 32 bytes> PX <ttl + tombstone TTL> (in a cluster
+ * each is in a slot of its own, which no script may span). A failed SET
+ * fails the complete, whose retry (its script finds its own answer) writes
+ * them again. */
 struct link_write {
     struct store_redis *st;
     store_done_fn *done;
     void *ctx;
-    char ttl[24];
-    size_t key_len, link_len;
-    char bytes[]; /* the link key, then the store key */
+    char ttl[24], tomb_ttl[24];
+    bool linked; /* the link was written */
+    uint8_t fp[FINGERPRINT_LEN];
+    size_t key_len, link_len, tomb_len;
+    char bytes[]; /* the link key, the store key, then the tombstone's key */
 };
 
-static void on_link_set(void *ctx, int err, const redisReply *r)
+static void on_link_set(void *ctx, int err, const redisReply *r);
+
+/* Writes what is left of <w>: the link, then the tombstone. Returns 1 when
+ * a SET went, 0 when none is left, or a negative errno. */
+static int link_write_next(struct link_write *w)
 {
-    struct link_write *w = ctx;
+    const char *link = w->bytes, *key = w->bytes + w->link_len, *tomb = key + w->key_len;
+    const char *argv[] = { "SET", link, key, "PX", w->ttl };
+    size_t lens[] = { 3, w->link_len, w->key_len, 2, strlen(w->ttl) };
+
+    if (w->link_len && !w->linked) {
+        w->linked = true;
+    } else if (w->tomb_len) {
+        argv[1] = tomb;
+        lens[1] = w->tomb_len;
+        argv[2] = (const char *)w->fp;
+        lens[2] = FINGERPRINT_LEN;
+        argv[4] = w->tomb_ttl;
+        lens[4] = strlen(w->tomb_ttl);
+        w->tomb_len = 0; /* written with this one */
+    } else {
+        return 0;
+    }
+    int err = store_redis_raw(w->st, OP_RAW, NODE_BY_SLOT, 5, argv, lens, on_link_set, w);
+
+    return err < 0 ? err : 1;
+}
+
+static void link_write_end(struct link_write *w, int err)
+{
     struct store_result res = { .status = STORE_OK };
 
-    if (err == 0 && (!r || r->type != REDIS_REPLY_STATUS))
-        err = -EPROTO;
+    if (err == 0 && (err = link_write_next(w)) > 0)
+        return;
     w->done(w->ctx, err, err == 0 ? &res : NULL);
     free(w);
 }
 
+static void on_link_set(void *ctx, int err, const redisReply *r)
+{
+    if (err == 0 && (!r || r->type != REDIS_REPLY_STATUS))
+        err = -EPROTO;
+    link_write_end(ctx, err);
+}
+
 static void on_completed(void *ctx, int err, const struct store_result *res)
 {
-    struct link_write *w = ctx;
-    const char *argv[] = { "SET", w->bytes, w->bytes + w->link_len, "PX", w->ttl };
-    size_t lens[] = { 3, w->link_len, w->key_len, 2, strlen(w->ttl) };
-
     (void)res; /* STORE_OK: the answer is stored */
-    if (err == 0)
-        err = store_redis_raw(w->st, OP_RAW, NODE_BY_SLOT, 5, argv, lens, on_link_set, w);
-    if (err == 0)
-        return;
-    w->done(w->ctx, err, NULL);
-    free(w);
+    link_write_end(ctx, err);
 }
 
 static int redis_complete(struct store *base, struct span key, const struct store_token *tok,
@@ -272,39 +403,52 @@ static int redis_complete(struct store *base, struct span key, const struct stor
                           store_done_fn *done, void *ctx)
 {
     struct link_write *w;
-    char *link_key = NULL;
-    size_t link_len;
-    int err;
+    char *link_key = NULL, *tomb_key = NULL;
+    size_t link_len, tomb_len;
+    int err = 0;
 
     if (!link)
         return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
-    if (link->resource.len == 0 || link->resource.len > STORE_RESOURCE_MAX || !done)
+    if (link->resource.len > STORE_RESOURCE_MAX || !done)
         return -EINVAL;
-    /* The link is a key of its own beside the record's: <prefix>r:<scope>:<resource>.
-     * A store key it cannot be made from is stored without it: the answer is
-     * what matters. */
-    err = idemkey_link_key(key, link->prefix_len, link->resource, &link_key);
-    if (err == -EINVAL)
-        return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
-    if (err < 0)
-        return err;
-    link_len = strlen(link_key);
-    w = malloc(sizeof(*w) + link_len + key.len);
-    if (!w) {
+    /* The link is a key of its own beside the record's: <prefix>r:<scope>:<resource>,
+     * and so is the tombstone: <prefix>t:<scope>:<key>. A store key they
+     * cannot be made from is stored without them: the answer is what matters. */
+    if (link->resource.len)
+        err = idemkey_link_key(key, link->prefix_len, link->resource, &link_key);
+    if (err != -ENOMEM && link->tomb_ms)
+        err = idemkey_tomb_key(key, link->prefix_len, &tomb_key);
+    if (err == -ENOMEM) {
         free(link_key);
-        return -ENOMEM;
+        return err;
     }
-    *w = (struct link_write){ .st = store_redis_of(base),
-                              .done = done,
-                              .ctx = ctx,
-                              .key_len = key.len,
-                              .link_len = link_len };
-    u64_text(ttl_ms, w->ttl);
-    memcpy(w->bytes, link_key, link_len);
-    memcpy(w->bytes + link_len, key.base, key.len);
+    if (!link_key && !tomb_key)
+        return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
+    link_len = link_key ? strlen(link_key) : 0;
+    tomb_len = tomb_key ? strlen(tomb_key) : 0;
+    w = malloc(sizeof(*w) + link_len + key.len + tomb_len);
+    if (w) {
+        *w = (struct link_write){ .st = store_redis_of(base),
+                                  .done = done,
+                                  .ctx = ctx,
+                                  .key_len = key.len,
+                                  .link_len = link_len,
+                                  .tomb_len = tomb_len };
+        u64_text(ttl_ms, w->ttl);
+        u64_text(ttl_ms + link->tomb_ms, w->tomb_ttl);
+        memcpy(w->fp, link->fp, FINGERPRINT_LEN);
+        if (link_len)
+            memcpy(w->bytes, link_key, link_len);
+        memcpy(w->bytes + link_len, key.base, key.len);
+        if (tomb_len)
+            memcpy(w->bytes + link_len + key.len, tomb_key, tomb_len);
+    }
     free(link_key);
-    err =
-        submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, &link->resource, on_completed, w);
+    free(tomb_key);
+    if (!w)
+        return -ENOMEM;
+    err = submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms,
+                        link_len ? &link->resource : NULL, on_completed, w);
     if (err < 0)
         free(w);
     return err;

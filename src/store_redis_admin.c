@@ -349,14 +349,29 @@ static void inspect_run(void *arg)
     inspect_next(in);
 }
 
+/* A purge: DEL of the store key, then of its tombstone's (doc/configuration.md,
+ * Tombstones), a key of its own in <job->prefix> (none: prefix_len 0);
+ * <job->with_body> says that one of them was there. */
 static void on_purged(void *ctx, int err, const redisReply *r)
 {
     struct store_admin_job *job = ctx;
     struct store_redis *st = job->st;
     struct store_result res = { .status = STORE_OK };
 
-    if (err == 0)
-        err = !reply_is(r, REDIS_REPLY_INTEGER) ? -EPROTO : r->integer == 0 ? -ENOENT : 0;
+    if (err == 0 && !reply_is(r, REDIS_REPLY_INTEGER))
+        err = -EPROTO;
+    job->with_body |= err == 0 && r->integer > 0;
+    if (err == 0 && job->prefix_len) {
+        const char *argv[] = { "DEL", job->prefix };
+        size_t lens[] = { 3, job->prefix_len };
+
+        job->prefix_len = 0;
+        err = store_redis_raw(job->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_purged, job);
+        if (err == 0)
+            return;
+    }
+    if (err == 0 && !job->with_body)
+        err = -ENOENT;
     job->done(job->ctx, err, err == 0 ? &res : NULL);
     store_admin_job_free(job);
     store_calls_end(&st->calls);
@@ -369,8 +384,10 @@ static void purge_run(void *arg)
     size_t lens[] = { 3, job->key_len };
     int err = store_redis_raw(job->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_purged, job);
 
-    if (err < 0)
+    if (err < 0) {
+        job->prefix_len = 0;
         on_purged(job, err, NULL);
+    }
 }
 
 int store_redis_list_unknown(struct store *base, struct span prefix, const char *cursor,
@@ -416,13 +433,20 @@ int store_redis_find_resource(struct store *base, struct span prefix, struct spa
         prefix, resource);
 }
 
-int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx)
+int store_redis_purge(struct store *base, struct span store_key, size_t prefix_len,
+                      store_done_fn *done, void *ctx)
 {
     struct store_redis *st = store_redis_of(base);
+    char *tomb = NULL;
+    int err;
 
     if (!done || !store_key.base || store_key.len == 0)
         return -EINVAL;
-    return store_admin_job_submit(&st->calls, st->pool, purge_run,
-                                  &(struct store_admin_job){ .st = st, .done = done, .ctx = ctx },
-                                  (struct span){ NULL, 0 }, store_key);
+    if (idemkey_tomb_key(store_key, prefix_len, &tomb) == -ENOMEM)
+        return -ENOMEM;
+    err = store_admin_job_submit(&st->calls, st->pool, purge_run,
+                                 &(struct store_admin_job){ .st = st, .done = done, .ctx = ctx },
+                                 tomb ? span_from_cstr(tomb) : (struct span){ NULL, 0 }, store_key);
+    free(tomb);
+    return err;
 }

@@ -200,6 +200,7 @@ struct op {
     uint64_t ttl_ms;              /* acquire (the lease), complete, extend, unknown (keep) */
     uint64_t keep_ms;             /* acquire */
     bool take_over;               /* acquire */
+    bool probe;                   /* acquire: no record is "absent" (a tombstone is looked for) */
     enum store_cause cause;       /* unknown */
     struct record *rec;           /* complete: own reference, for the body */
     char *resource;               /* complete: owned, its resource link's id; NULL: none */
@@ -215,7 +216,7 @@ struct op {
 
 /* The command <op> sends: PING, an operator's command as given, or its
  * script (EVALSHA, or EVAL after NOSCRIPT) on its key, into <argv> and
- * <lens> (10 at least; <ttl> and <keep>, 24 bytes each, hold numbers as
+ * <lens> (12 at least; <ttl> and <keep>, 24 bytes each, hold numbers as
  * text). Returns the count. */
 int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, char *ttl,
                         char *keep);
@@ -373,7 +374,8 @@ int store_redis_inspect(struct store *base, struct span prefix, struct span key,
                         store_list_fn *done, void *ctx);
 int store_redis_find_resource(struct store *base, struct span prefix, struct span resource,
                               bool with_body, store_list_fn *done, void *ctx);
-int store_redis_purge(struct store *base, struct span store_key, store_done_fn *done, void *ctx);
+int store_redis_purge(struct store *base, struct span store_key, size_t prefix_len,
+                      store_done_fn *done, void *ctx);
 int store_redis_list_unknown(struct store *base, struct span prefix, const char *cursor,
                              store_list_fn *done, void *ctx);
 

@@ -65,6 +65,8 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         return -EPROTO;
     if (r->elements == 1 && reply_str_eq(r->element[0], "acquired"))
         res->status = STORE_ACQUIRED;
+    else if (r->elements == 1 && reply_str_eq(r->element[0], "absent"))
+        res->status = STORE_EXPIRED; /* a probe found no record: store_redis.c reads it so */
     else if (r->elements == 1 && reply_str_eq(r->element[0], "in_flight"))
         res->status = STORE_IN_FLIGHT;
     else if (r->elements == 2 && reply_str_eq(r->element[0], "mismatch") &&
@@ -354,8 +356,8 @@ static void on_asking(void *ctx, int err, const redisReply *reply)
  * other op of this loop turn in one write (pipelining). */
 static int op_send(struct link *k, struct op *op)
 {
-    const char *argv[10];
-    size_t lens[10];
+    const char *argv[12];
+    size_t lens[12];
     char ttl[24], keep[24];
     int argc, err;
 

@@ -251,9 +251,10 @@ static int seal_extend(struct store *st, struct span key, const struct store_tok
     return store_extend(seal_of(st)->inner, key, tok, lock_ttl_ms, done, ctx);
 }
 
-static int seal_purge(struct store *st, struct span store_key, store_done_fn *done, void *ctx)
+static int seal_purge(struct store *st, struct span store_key, size_t prefix_len,
+                      store_done_fn *done, void *ctx)
 {
-    return store_purge(seal_of(st)->inner, store_key, done, ctx);
+    return store_purge(seal_of(st)->inner, store_key, prefix_len, done, ctx);
 }
 
 static int seal_list_unknown(struct store *st, struct span prefix, const char *cursor,

@@ -17,13 +17,22 @@ CREATE TABLE IF NOT EXISTS idemproxy_keys (
     about       text,                 -- unknown: "<route> <method> <target>"
     head        bytea,                -- completed: status and headers (idemproxy's encoding)
     body        bytea,                -- completed: the body
-    resource    text                  -- completed: the resource its answer created (a route's resource)
+    resource    text,                 -- completed: the resource its answer created (a route's resource)
+    answer_until timestamptz          -- completed with a tombstone: its answer expires then, and
+                                      -- the row is its tombstone until expires_at
 );
 -- A table made before resource links gets their column.
 DO $$ BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
                    AND attname = 'resource' AND NOT attisdropped) THEN
         ALTER TABLE idemproxy_keys ADD COLUMN resource text;
+    END IF;
+END $$;
+-- A table made before tombstones gets their column.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
+                   AND attname = 'answer_until' AND NOT attisdropped) THEN
+        ALTER TABLE idemproxy_keys ADD COLUMN answer_until timestamptz;
     END IF;
 END $$;
 -- The background job deletes expired rows in small batches, oldest first.

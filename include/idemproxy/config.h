@@ -55,9 +55,11 @@ struct route_settings {
     bool require_key;                     /* require-key */
     char *scope_headers[CONFIG_MAX_LIST]; /* scope-header (repeatable), default Authorization */
     size_t nscope_headers;
-    uint64_t ttl_ms;       /* ttl, default 86400 s */
-    uint64_t max_ttl_ms;   /* max-ttl, default 604800 s */
-    uint64_t min_ttl_ms;   /* min-ttl, default 0: the floor of a TTL a request asks for */
+    uint64_t ttl_ms;     /* ttl, default 86400 s */
+    uint64_t max_ttl_ms; /* max-ttl, default 604800 s */
+    uint64_t min_ttl_ms; /* min-ttl, default 0: the floor of a TTL a request asks for */
+    /* tombstone-ttl, default 7 d; 0: none (doc/configuration.md, Tombstones) */
+    uint64_t tombstone_ttl_ms;
     char *ttl_header;      /* ttl-header, default X-TTL; "" disables */
     uint64_t lock_ttl_ms;  /* lock-ttl, default 30 s */
     uint64_t wait_ms;      /* wait, default 0 */

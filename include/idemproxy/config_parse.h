@@ -22,7 +22,8 @@ struct config_addr {
 
 /* BYTES: a non-negative integer with an optional K, M or G suffix (powers of 1024). */
 int config_parse_bytes(const char *s, size_t *ret);
-/* S: positive seconds, may be fractional ("0.5"), as milliseconds (at least 1). */
+/* S: positive seconds, may be fractional ("0.5"), with an optional unit s, m, h
+ * or d ("7d", "1.5h"), as milliseconds (at least 1). */
 int config_parse_seconds(const char *s, uint64_t *ret);
 /* S, zero allowed. */
 int config_parse_seconds0(const char *s, uint64_t *ret);

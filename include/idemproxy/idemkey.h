@@ -43,6 +43,15 @@ int idemkey_store_key(struct span prefix, const char *scope, struct span key, ch
  * layout is written. */
 int idemkey_link_key(struct span store_key, size_t prefix_len, struct span resource, char **ret);
 
+#define IDEMKEY_TOMB_MARK "t:" /* what follows the prefix in a tombstone's key */
+
+/* The key of the tombstone (doc/configuration.md, Tombstones) of the store
+ * key <store_key>, whose prefix is <prefix_len> bytes, into <ret> (new,
+ * NUL-terminated): <prefix>t:<scope>:<key>, a key no store key or link key
+ * can be. Returns 0, -EINVAL when <store_key> is no store key under such a
+ * prefix, or -ENOMEM. The one place the tombstone layout is written. */
+int idemkey_tomb_key(struct span store_key, size_t prefix_len, char **ret);
+
 /* The key text of <k>, borrowed. */
 static inline struct span idemkey_span(const struct idemkey *k)
 {

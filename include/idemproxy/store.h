@@ -50,18 +50,29 @@ struct store_lock {
      * key is taken over too when true. */
     bool take_over;
     struct store_about about; /* borrowed: what the key says if it becomes unknown */
+    /* Where there is no record, a tombstone of the key is STORE_EXPIRED
+     * (doc/configuration.md, Tombstones); false (the route keeps none): a
+     * tombstone is not looked at, and the key is locked over it. */
+    bool tombstones;
+    size_t prefix_len; /* the store key begins with its prefix, this long */
 };
 
 #define STORE_RESOURCE_MAX 255 /* a resource id: 1 to 255 bytes of 0x21-0x7E */
 
-/* A resource link (doc/configuration.md, Resource links): the id of what a
- * completed answer created, kept with its record (a 422 names it), and a link
- * of its own from that id to the record's key, kept as long as the record
- * (each store lays it out: a key of its own, idemkey_link_key(), or a
- * column). */
+/* What a complete keeps beside the answer. A resource link
+ * (doc/configuration.md, Resource links): the id of what a completed answer
+ * created, kept with its record (a 422 names it), and a link of its own from
+ * that id to the record's key, kept as long as the record (each store lays it
+ * out: a key of its own, idemkey_link_key(), or a column). A tombstone
+ * (doc/configuration.md, Tombstones): the key and its fingerprint, kept
+ * <tomb_ms> after the record expires (a key of its own,
+ * idemkey_tomb_key(), a row kept, or the entry itself). */
 struct store_link {
-    struct span resource; /* the resource id: 1 to STORE_RESOURCE_MAX bytes of 0x21-0x7E */
-    size_t prefix_len;    /* the record's store key begins with its prefix, this long */
+    /* the resource id: 1 to STORE_RESOURCE_MAX bytes of 0x21-0x7E; empty: none */
+    struct span resource;
+    size_t prefix_len;           /* the record's store key begins with its prefix, this long */
+    uint64_t tomb_ms;            /* 0: no tombstone */
+    uint8_t fp[FINGERPRINT_LEN]; /* with <tomb_ms>: the request's fingerprint, kept in it */
 };
 
 enum store_status {
@@ -75,6 +86,9 @@ enum store_status {
     /* acquire: completed earlier with this fingerprint, but its answer does
      * not open (store_seal.h): res->unreadable says why */
     STORE_UNREADABLE,
+    /* acquire: no record, but the tombstone of one that completed and
+     * expired (doc/configuration.md, Tombstones); nothing is locked */
+    STORE_EXPIRED,
 };
 
 struct store_result {
@@ -106,6 +120,7 @@ struct store;
 struct store_info {
     char *store_key; /* owned, NUL-terminated */
     bool completed;  /* false: locked, a request in flight, or unknown */
+    bool tombstone;  /* completed and expired: only its fingerprint is left (no <rec>) */
     bool unknown;    /* its outcome is unknown (doc/guarantees.md): <cause>, <about> */
     enum store_cause cause;
     char *about;                      /* unknown: owned "<route> <method> <target>", or NULL */
@@ -172,7 +187,8 @@ struct store_ops {
                    store_list_fn *done, void *ctx);
     int (*find_resource)(struct store *st, struct span prefix, struct span resource, bool with_body,
                          store_list_fn *done, void *ctx);
-    int (*purge)(struct store *st, struct span store_key, store_done_fn *done, void *ctx);
+    int (*purge)(struct store *st, struct span store_key, size_t prefix_len, store_done_fn *done,
+                 void *ctx);
     int (*list_unknown)(struct store *st, struct span prefix, const char *cursor,
                         store_list_fn *done, void *ctx);
     int (*resolve)(struct store *st, struct span store_key, struct record *rec, uint64_t ttl_ms,
@@ -220,8 +236,10 @@ static inline int store_acquire(struct store *st, struct span key,
 /* Starts COMPLETE: stores <rec> (the store takes its own reference) as the
  * answer of <key>, kept <ttl_ms>, if <tok> still holds the lock, or the key
  * became unknown while <tok> held it (a holder that comes back); with
- * <link> (copied; NULL: none), its resource is kept with the record and the
- * link is written, kept <ttl_ms> too, before <done> gets STORE_OK.
+ * <link> (copied; NULL: none), its resource (if any) is kept with the record
+ * and the link is written, kept <ttl_ms> too, and its tombstone (if
+ * link->tomb_ms) is written, kept <ttl_ms> + link->tomb_ms, before <done>
+ * gets STORE_OK.
  * Idempotent per token: a retry that finds its own result stored gets
  * STORE_OK (and writes the link again). */
 static inline int store_complete(struct store *st, struct span key, const struct store_token *tok,
@@ -278,13 +296,14 @@ static inline int store_find_resource(struct store *st, struct span prefix, stru
     return st->ops->find_resource(st, prefix, resource, with_body, done, ctx);
 }
 
-/* Starts PURGE: deletes the stored key <store_key>, locked or completed, so
- * that its request may run again. <done> gets STORE_OK, or -ENOENT when there
- * was no such key. */
-static inline int store_purge(struct store *st, struct span store_key, store_done_fn *done,
-                              void *ctx)
+/* Starts PURGE: deletes the stored key <store_key>, locked or completed, and
+ * its tombstone, so that its request may run again. <done> gets STORE_OK, or
+ * -ENOENT when there was neither. <prefix_len>: the store key begins with its
+ * prefix, this long. */
+static inline int store_purge(struct store *st, struct span store_key, size_t prefix_len,
+                              store_done_fn *done, void *ctx)
 {
-    return st->ops->purge(st, store_key, done, ctx);
+    return st->ops->purge(st, store_key, prefix_len, done, ctx);
 }
 
 /* Starts LIST UNKNOWN (for operators): one page of the stored keys under

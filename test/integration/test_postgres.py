@@ -101,10 +101,10 @@ def test_postgres_table_of_an_older_version_gets_the_resource_column(proxy, upst
     r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)
     err = r.stderr.decode()
     assert r.returncode == 1, err
-    assert "lacks the column resource of this version and this role may not add it" in err
+    assert "lacks a column of this version (resource, answer_until) and this role may not add it" in err
     assert "brought up to date with contrib/postgresql/schema.sql" in err
     p = proxy("--store", pg.url)  # the owner
-    assert "added the resource column (resource links) to the table idemproxy_keys" in p.stderr()
+    assert "added the columns of this version (resource, answer_until) to the table idemproxy_keys" in p.stderr()
     executes_then_replays(p, upstream)
     assert pg.sql("SELECT count(*) FROM pg_indexes WHERE indexname = 'idemproxy_keys_resource'") \
         == [(1,)]
@@ -343,7 +343,8 @@ def test_postgres_hostile_keys_and_targets_are_parameters(proxy, upstream, pg):
 def test_postgres_row_lives_its_ttl_and_x_ttl(proxy, upstream, pg):
     """A completed key's row expires --ttl after its answer, or what X-TTL
     asks (capped by --max-ttl); a lock's row lives its lease and then --ttl."""
-    p = proxy("--store", pg.url, "--ttl", "600", "--max-ttl", "3600", "--lock-ttl", "30")
+    p = proxy("--store", pg.url, "--ttl", "600", "--max-ttl", "3600", "--lock-ttl", "30",
+              "--tombstone-ttl", "0")  # a tombstone would keep the row longer
 
     def ttl_s(key):
         return pg.sql("SELECT extract(epoch FROM expires_at - now()) FROM idemproxy_keys "

@@ -267,7 +267,8 @@ static struct res complete_linked(struct store *st, const char *key, const struc
                                   size_t prefix_len)
 {
     struct call *c = call_new();
-    const struct store_link link = { span_from_cstr(resource), prefix_len };
+    const struct store_link link = { .resource = span_from_cstr(resource),
+                                     .prefix_len = prefix_len };
 
     return call_finish(
         c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, &link, call_done, c));
@@ -284,7 +285,7 @@ static struct res purge_call(struct store *st, const char *key)
 {
     struct call *c = call_new();
 
-    return call_finish(c, store_purge(st, span_from_cstr(key), call_done, c));
+    return call_finish(c, store_purge(st, span_from_cstr(key), 0, call_done, c));
 }
 
 static struct res extend(struct store *st, const char *key, const struct store_token *tok,
@@ -684,6 +685,95 @@ static void test_completed_record_expires_after_its_ttl(void)
     CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_MISMATCH);
     sleep_ms(500);
     CHECK_RES(acquire(st, key, fp_b, &t2, 10000), 0, STORE_ACQUIRED);
+    record_unref(rec);
+    store_close(st);
+}
+
+/* doc/configuration.md, Tombstones: a store key <prefix><scope>:<key> as
+ * the proxy makes it, so that Redis can make its tombstone's key. */
+#define TOMB_PREFIX_LEN 5 /* "tomb:" */
+
+static void tomb_key(char *buf, size_t size, const char *name)
+{
+    char k[96];
+
+    key_make(k, sizeof(k), name);
+    snprintf(buf, size, "tomb:0123456789abcdef0123456789abcdef:%s", k);
+}
+
+static struct res acquire_tomb(struct store *st, const char *key, const uint8_t *fp,
+                               const struct store_token *tok, bool tombstones)
+{
+    struct call *c = call_new();
+    const struct store_lock lk = { .lease_ms = 10000,
+                                   .keep_ms = 60000,
+                                   .take_over = true,
+                                   .about = about_payment,
+                                   .tombstones = tombstones,
+                                   .prefix_len = TOMB_PREFIX_LEN };
+
+    return call_finish(c, store_acquire(st, span_from_cstr(key), fp, tok, &lk, call_done, c));
+}
+
+static struct res complete_tomb(struct store *st, const char *key, const struct store_token *tok,
+                                struct record *rec, uint64_t ttl_ms, uint64_t tomb_ms)
+{
+    struct call *c = call_new();
+    struct store_link link = { .prefix_len = TOMB_PREFIX_LEN, .tomb_ms = tomb_ms };
+
+    memcpy(link.fp, fp_a, FINGERPRINT_LEN);
+    return call_finish(
+        c, store_complete(st, span_from_cstr(key), tok, rec, ttl_ms, &link, call_done, c));
+}
+
+static struct res purge_tomb(struct store *st, const char *key)
+{
+    struct call *c = call_new();
+
+    return call_finish(c, store_purge(st, span_from_cstr(key), TOMB_PREFIX_LEN, call_done, c));
+}
+
+/* A completed record that expires leaves its tombstone: an acquire with any
+ * fingerprint is STORE_EXPIRED and locks nothing, until the tombstone's TTL
+ * has run out, or it is purged; a route without tombstones locks over it. */
+static void test_expired_record_leaves_a_tombstone(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = sample_record(200, "tomb");
+    char k1[160], k2[160], k3[160], k4[160];
+
+    tomb_key(k1, sizeof(k1), "tomb-1");
+    tomb_key(k2, sizeof(k2), "tomb-2");
+    tomb_key(k3, sizeof(k3), "tomb-3");
+    tomb_key(k4, sizeof(k4), "tomb-4");
+    CHECK_RES(acquire_tomb(st, k1, fp_a, &t1, true), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_tomb(st, k1, &t1, rec, 300, 60000), 0, STORE_OK);
+    CHECK_RES(complete_tomb(st, k1, &t1, rec, 300, 60000), 0, STORE_OK); /* a retry */
+    CHECK_RES(acquire_tomb(st, k1, fp_a, &t2, true), 0, STORE_COMPLETED);
+    CHECK_RES(acquire_tomb(st, k1, fp_b, &t2, true), 0, STORE_MISMATCH);
+    CHECK_RES(acquire_tomb(st, k2, fp_a, &t1, true), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_tomb(st, k2, &t1, rec, 300, 700), 0, STORE_OK);
+    CHECK_RES(acquire_tomb(st, k3, fp_a, &t1, true), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_tomb(st, k3, &t1, rec, 300, 0), 0, STORE_OK); /* none kept */
+    CHECK_RES(acquire_tomb(st, k4, fp_a, &t1, true), 0, STORE_ACQUIRED);
+    CHECK_RES(complete_tomb(st, k4, &t1, rec, 300, 60000), 0, STORE_OK);
+    sleep_ms(500);
+    CHECK_RES(acquire_tomb(st, k1, fp_a, &t2, true), 0, STORE_EXPIRED);
+    CHECK_RES(acquire_tomb(st, k1, fp_b, &t2, true), 0, STORE_EXPIRED); /* whatever its body */
+    CHECK_RES(complete(st, k1, &t1, rec, 300), -ESTALE, -1);            /* no answer comes back */
+    CHECK_RES(acquire_tomb(st, k2, fp_b, &t2, true), 0, STORE_EXPIRED);
+    CHECK_RES(acquire_tomb(st, k3, fp_b, &t2, true), 0, STORE_ACQUIRED);
+    CHECK_RES(acquire_tomb(st, k4, fp_b, &t2, false), 0, STORE_ACQUIRED); /* not looked at */
+    CHECK_RES(purge_tomb(st, k1), 0, STORE_OK); /* the tombstone goes, the key runs again */
+    CHECK_RES(acquire_tomb(st, k1, fp_b, &t2, true), 0, STORE_ACQUIRED);
+    sleep_ms(700);
+    CHECK_RES(acquire_tomb(st, k2, fp_b, &t2, true), 0, STORE_ACQUIRED); /* its TTL ran out */
+    CHECK_RES(purge_tomb(st, k1), 0, STORE_OK);
+    CHECK_RES(purge_tomb(st, k1), -ENOENT, -1);
+    CHECK_RES(purge_tomb(st, k2), 0, STORE_OK);
+    CHECK_RES(purge_tomb(st, k3), 0, STORE_OK);
+    CHECK_RES(purge_tomb(st, k4), 0, STORE_OK);
     record_unref(rec);
     store_close(st);
 }
@@ -2030,6 +2120,7 @@ static const struct test contract_tests[] = {
     TEST(test_holder_marks_unknown_and_retry_takes_it_over),
     TEST(test_unknown_record_is_kept_its_ttl_from_its_last_change),
     TEST(test_completed_record_expires_after_its_ttl),
+    TEST(test_expired_record_leaves_a_tombstone),
     TEST(test_concurrent_acquires_have_one_winner),
     TEST(test_free_waits_for_every_callback),
     TEST(test_ready_after_a_successful_call),

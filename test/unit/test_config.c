@@ -271,18 +271,34 @@ static void test_config_parse_seconds(void)
         const char *s;
         uint64_t ms;
     } good[] = {
-        { "30", 30000 },    { "0.5", 500 },
-        { ".5", 500 },      { "1.", 1000 },
-        { "1.25", 1250 },   { "1.2345", 1235 },
-        { "1.2344", 1234 }, { "1.9996", 2000 },
-        { "0.001", 1 },     { "0.0001", 1 },
-        { "0.0000001", 1 }, { "0.0015", 2 },
-        { "007", 7000 },    { "1000000000", 1000000000000ull },
+        { "30", 30000 },
+        { "0.5", 500 },
+        { ".5", 500 },
+        { "1.", 1000 },
+        { "1.25", 1250 },
+        { "1.2345", 1235 },
+        { "1.2344", 1234 },
+        { "1.9996", 2000 },
+        { "0.001", 1 },
+        { "0.0001", 1 },
+        { "0.0000001", 1 },
+        { "0.0015", 2 },
+        { "007", 7000 },
+        { "1000000000", 1000000000000ull },
+        { "1s", 1000 },
+        { "2m", 120000 },
+        { "1.5h", 5400000 },
+        { "7d", 604800000 },
+        { "0.5m", 30000 },
+        { "0.0001m", 6 },
+        { "11574d", 999993600000ull },
     };
     static const char *const bad[] = {
-        "",   "0",   "0.0",   "00",  ".",          "-1",  "-0.5",
-        "+1", "inf", "nan",   "1e3", "0x10",       " 1",  "1 ",
-        "1s", "1..", "1.2.3", "1,5", "1000000001", "NaN", "99999999999999999999999",
+        "",       "0",   "0.0",   "00",  ".",          "-1",  "-0.5",
+        "+1",     "inf", "nan",   "1e3", "0x10",       " 1",  "1 ",
+        "1S",     "1..", "1.2.3", "1,5", "1000000001", "NaN", "99999999999999999999999",
+        "1ms",    "1w",  "d",     "1 d", "1d ",        "0d",  "0.0m",
+        "11575d", "1y",  "1sd",   ".s",
     };
     uint64_t v;
 
@@ -1064,12 +1080,10 @@ static void test_config_route_settings_copy_and_options(void)
     CHECK(config_is_route_option("max-body") && config_is_route_option("on-unknown-outcome"));
     CHECK(!config_is_route_option("listen") && !config_is_route_option("key-header"));
     config_route_option_names(names, sizeof(names));
-    CHECK_EQ_STR(
-        names,
-        "methods, replay-header, require-key, scope-header, require-scope, on-unverified, ttl, "
-        "max-ttl, min-ttl, "
-        "ttl-header, lock-ttl, no-cache-status, max-body, max-passthrough-body, "
-        "max-response, on-unknown-outcome, wait");
+    CHECK_EQ_STR(names, "methods, replay-header, require-key, scope-header, require-scope, "
+                        "on-unverified, ttl, max-ttl, min-ttl, tombstone-ttl, "
+                        "ttl-header, lock-ttl, no-cache-status, max-body, max-passthrough-body, "
+                        "max-response, on-unknown-outcome, wait");
     config_route_done(&copy);
     config_route_done(&copy); /* idempotent */
     config_done(&c);
