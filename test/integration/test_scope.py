@@ -39,6 +39,9 @@ def test_scope_by_authorization(proxy, upstream, rdb):
         # No credential in clear in the store (the echoed body holds it, by design of /echo).
         for k in rdb.scan_iter(match="*"):
             assert b"secret" not in k
+            if rdb.type(k) == b"string":  # a tombstone: the fingerprint's bytes
+                assert all(c not in rdb.get(k) for c in (b"AAA-secret", b"BBB-secret"))
+                continue
             for field, value in rdb.hgetall(k).items():
                 if field != b"body":
                     for cred in (b"AAA-secret", b"BBB-secret", b"CCC-secret"):
