@@ -1,4 +1,6 @@
--- ACQUIRE: KEYS[1] the idempotency key; ARGV[1] fingerprint (hex), ARGV[2]
+-- ACQUIRE: KEYS[1] the idempotency key, KEYS[2] (one server only) its
+-- tombstone: where there is no record but a tombstone, {"expired"} and
+-- nothing written; ARGV[1] fingerprint (hex), ARGV[2]
 -- fencing token, ARGV[3] lease (ms), ARGV[4] keep (ms), ARGV[5] "1" to take
 -- over a lapsed lock or an unknown key (on-unknown-outcome retry), "0" to
 -- make a lapsed lock unknown (refuse), ARGV[6] what an unknown record says
@@ -12,7 +14,7 @@
 -- The record outlives its lease: a lock's key expires lease + keep from its
 -- last extend, so its lease has run out once its PTTL is keep or less. A
 -- lock made before keep existed has none: its lease is its whole TTL.
--- Returns {"acquired"}, {"mismatch", resource ("" when none)}, {"in_flight"},
+-- Returns {"acquired"}, {"expired"}, {"absent"}, {"mismatch", resource ("" when none)}, {"in_flight"},
 -- {"completed", head, body} or {"unknown", cause, about, became ("1": made
 -- unknown just now)}.
 -- One HMGET reads what every answer needs: a replay, the common case of a
@@ -35,6 +37,9 @@ end
 if not state then
     if ARGV[7] == '1' then
         return {'absent'}
+    end
+    if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+        return {'expired'}
     end
     return lock()
 end

@@ -194,6 +194,11 @@ static int build_store_key(struct admission *a, const struct request *rq,
     for (size_t i = 0; !rt->scope && i < rt->settings.nscope_headers; i++)
         buf_done(&joined[i]);
     scope_principal_done(&p);
+    if (err == 1 && f == SCOPE_FAILURE_UNKNOWN_KID && !a->scope_waited &&
+        scope_can_wait(rt->scope)) {
+        a->scope_wait = true; /* the refetch it asked for may bring its key */
+        return 0;
+    }
     return err == 1 ? refuse_scope(a, f, ret) : err;
 }
 
@@ -301,7 +306,7 @@ static int on_key(struct admission *a, const struct request *rq, int found, cons
     switch (found) {
     case KEYSOURCE_FOUND:
         r = build_store_key(a, rq, ret);
-        if (r != 0 || !a->store_key)
+        if (r != 0 || (!a->store_key && !a->scope_wait))
             return r < 0 ? oom(ret) : r; /* refused, or passed through unprotected */
         return a->enforced ? 0 : start_fingerprint(a, rq, ret);
     case KEYSOURCE_MISSING:
@@ -440,6 +445,16 @@ int admission_end(struct admission *a, const struct request *rq, struct admissio
     if (found == KEYSOURCE_MISSING)
         a->enforced = false; /* for no_key(): nothing is hashed any more */
     return on_key(a, rq, found, detail, ret);
+}
+
+int admission_rescope(struct admission *a, const struct request *rq, struct admission_refusal *ret)
+{
+    int r;
+
+    a->scope_wait = false;
+    a->scope_waited = true; /* refused now if its kid is still unknown */
+    r = build_store_key(a, rq, ret);
+    return r < 0 ? oom(ret) : r;
 }
 
 void admission_done(struct admission *a)

@@ -28,11 +28,13 @@
 #include "idemproxy/keysource.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
+#include "idemproxy/loop.h"
 #include "idemproxy/metrics.h"
 #include "idemproxy/problem.h"
 #include "idemproxy/record.h"
 #include "idemproxy/request.h"
 #include "idemproxy/route.h"
+#include "idemproxy/scope.h"
 #include "idemproxy/store.h"
 #include "idemproxy/waitlist.h"
 #include "idemproxy/worker.h"
@@ -40,6 +42,7 @@
 #include "pipeline_impl.h"
 
 static void acquire(struct pipeline_req *r);
+static void wait_scope(struct pipeline_req *r);
 
 /* One per request, calloc()ed: glibc serves a block under 1024 bytes (with
  * its header) from a small bin, and a larger one from the large bins, which
@@ -187,8 +190,63 @@ void pipeline_end(struct pipeline_req *r)
         refuse(r, &ref);
     else if (!r->adm.enforced)
         pipeline_forward(r); /* passthrough: no key, none required, or not enforced */
+    else if (r->adm.scope_wait)
+        wait_scope(r);
     else
         acquire(r);
+}
+
+/* A request whose token names a kid its keys-url's set lacked, held until
+ * the refetch that kid asked for is done (doc/configuration.md, Scope). */
+struct scope_hold {
+    struct scope_waiter w;
+    struct loop_task t;
+    struct pipeline_req *r; /* a reference of the hold's */
+};
+
+/* On the request's loop: its principal again, then on as any request. */
+static void rescope(void *ctx)
+{
+    struct scope_hold *h = ctx;
+    struct pipeline_req *r = h->r;
+    struct admission_refusal ref;
+
+    free(h);
+    if (admission_rescope(&r->adm, r->rq, &ref))
+        refuse(r, &ref);
+    else if (!r->adm.enforced)
+        pipeline_forward(r); /* on-unverified: passthrough */
+    else
+        acquire(r);
+    pipeline_req_unref(r);
+}
+
+/* On the fetcher's thread: back to the request's loop (or here, once the
+ * loops have stopped). */
+static void on_keys_fetched(void *ctx)
+{
+    struct scope_hold *h = ctx;
+
+    if (!h->r->rq->loop || loop_post(h->r->rq->loop, &h->t) < 0)
+        rescope(h);
+}
+
+static void wait_scope(struct pipeline_req *r)
+{
+    struct scope_hold *h = calloc(1, sizeof(*h));
+
+    if (!h) {
+        pipeline_set_problem(r, PROBLEM_INTERNAL, OUTCOME_INTERNAL_ERROR, "Out of memory.");
+        pipeline_finish(r);
+        return;
+    }
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    *h = (struct scope_hold){ .w = { .fn = on_keys_fetched, .ctx = h },
+                              .t = { .fn = rescope, .ctx = h },
+                              .r = r };
+    if (scope_wait_keys(r->adm.route->scope, &h->w) == 0)
+        return;
+    rescope(h); /* no refetch is coming: refused now */
 }
 
 static void on_acquired(void *ctx, int err, const struct store_result *res);

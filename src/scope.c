@@ -278,6 +278,13 @@ int scope_eval(const struct scope *s, const struct request *rq, uint64_t now_s,
     return r;
 }
 
+bool scope_can_wait(const struct scope *s) { return s->source != NULL; }
+
+int scope_wait_keys(const struct scope *s, struct scope_waiter *w)
+{
+    return s->source ? scope_source_wait(s->source, w) : -EALREADY;
+}
+
 void scope_principal_done(struct scope_principal *p)
 {
     free(p->owned);

@@ -78,6 +78,10 @@ struct scope_keyset *scope_source_keys(struct scope_source *src);
  * asked for less than SCOPE_KID_REFETCH_MS before <now> (monotonic ms). */
 void scope_source_kid_missed(struct scope_source *src, uint64_t now);
 
+/* Registers <w> for the end of <src>'s refetch asked for or running.
+ * Returns 0, or -EALREADY when none is. */
+int scope_source_wait(struct scope_source *src, struct scope_waiter *w);
+
 struct scope {
     atomic_int refs;
     bool jwt; /* else a trusted header */

@@ -312,10 +312,12 @@ struct scope_source {
     int refs;  /* under <mu> */
     char *url; /* owned */
     struct scope_keyset *keys;
-    uint64_t next_ms;     /* the next refresh (monotonic) */
-    uint64_t kid_miss_ms; /* the last refetch an unknown kid asked for; 0: none */
-    bool want;            /* a refetch is asked for */
-    bool failing;         /* the last fetch failed (logged once until one succeeds) */
+    uint64_t next_ms;             /* the next refresh (monotonic) */
+    uint64_t kid_miss_ms;         /* the last refetch an unknown kid asked for; 0: none */
+    bool want;                    /* a refetch is asked for */
+    bool fetching;                /* the fetcher is fetching it now */
+    struct scope_waiter *waiters; /* for the end of the refetch asked for or running */
+    bool failing;                 /* the last fetch failed (logged once until one succeeds) */
     struct scope_source *next;
 };
 
@@ -362,10 +364,32 @@ static int fetch(const char *url, struct scope_keyset **ret, char *why, size_t w
     return err < 0 ? -EIO : 0;
 }
 
+/* The waiters of <src>, which it forgets; <mu> held. */
+static struct scope_waiter *take_waiters(struct scope_source *src)
+{
+    struct scope_waiter *w = src->waiters;
+
+    src->waiters = NULL;
+    return w;
+}
+
+/* Runs each of <w> (<mu> not held: a waiter may evaluate a token). */
+static void run_waiters(struct scope_waiter *w)
+{
+    while (w) {
+        struct scope_waiter *next = w->next;
+
+        w->fn(w->ctx);
+        w = next;
+    }
+}
+
 /* Fetches <src> now (its url is constant; <mu> is not held) and keeps what
- * came. */
+ * came; then runs the waiters of the refetch, unless another was asked for
+ * meanwhile. */
 static void refresh(struct scope_source *src)
 {
+    struct scope_waiter *waiters;
     struct scope_keyset *ks = NULL, *old = NULL;
     char why[256];
     int err = fetch(src->url, &ks, why, sizeof(why));
@@ -384,8 +408,11 @@ static void refresh(struct scope_source *src)
     src->failing = err != 0;
     src->next_ms = now_ms() + (err == 0 ? SCOPE_REFRESH_MS : SCOPE_KID_REFETCH_MS);
     pthread_cond_signal(&wake); /* the fetcher's next wake may change */
+    src->fetching = false;
+    waiters = src->want ? NULL : take_waiters(src); /* asked for again meanwhile: after that one */
     pthread_mutex_unlock(&mu);
     scope_keyset_unref(old);
+    run_waiters(waiters);
 }
 
 static void *fetcher_main(void *arg)
@@ -405,6 +432,7 @@ static void *fetcher_main(void *arg)
         }
         if (due) {
             due->want = false;
+            due->fetching = true;
             due->refs++; /* kept while fetched outside the lock */
             pthread_mutex_unlock(&mu);
             refresh(due);
@@ -526,11 +554,37 @@ void scope_source_kid_missed(struct scope_source *src, uint64_t now)
     pthread_mutex_unlock(&mu);
 }
 
+int scope_source_wait(struct scope_source *src, struct scope_waiter *w)
+{
+    int err = -EALREADY;
+
+    pthread_mutex_lock(&mu);
+    if (src->want || src->fetching) {
+        w->next = src->waiters;
+        src->waiters = w;
+        err = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return err;
+}
+
 void scope_shutdown(void)
 {
+    struct scope_waiter *waiters = NULL;
     bool join;
 
     pthread_mutex_lock(&mu);
+    for (struct scope_source *s = sources; s; s = s->next) {
+        struct scope_waiter *w = take_waiters(s);
+
+        while (w) { /* no fetch is coming any more */
+            struct scope_waiter *next = w->next;
+
+            w->next = waiters;
+            waiters = w;
+            w = next;
+        }
+    }
     join = fetcher_running;
     stopping = true;
     pthread_cond_signal(&wake);
@@ -541,4 +595,5 @@ void scope_shutdown(void)
     fetcher_running = false;
     stopping = false;
     pthread_mutex_unlock(&mu);
+    run_waiters(waiters);
 }

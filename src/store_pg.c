@@ -19,7 +19,7 @@
 #include "store_pg_impl.h"
 
 #define TICK_MS 1000       /* the ping and the expired-row job */
-#define REAP_BATCH 1000    /* expired rows deleted by one statement: no long lock */
+#define REAP_BATCH 1000    /* rows deleted (or tombstones emptied) by one statement */
 #define ACQUIRE_TRIES 5    /* sends of an acquire that found no row (a race with an insert) */
 #define GIVE_BACK_MAX 4096 /* give-backs under way at once; past it, locks expire by themselves */
 #define START_CONNECT_TIMEOUT "5"
@@ -338,10 +338,11 @@ static void submit_reap(struct store_pg *st);
 static void read_reap(struct pg_op *op, int err, const PGresult *res)
 {
     struct store_pg *st = op->st;
-    uint64_t n = err == 0 && PQntuples(res) == 1 ? store_pg_u64(res, 0, 0) : 0;
+    bool one = err == 0 && PQntuples(res) == 1 && PQnfields(res) == 2;
+    uint64_t n = one ? store_pg_u64(res, 0, 0) : 0, emptied = one ? store_pg_u64(res, 0, 1) : 0;
 
     atomic_fetch_add(&st->reaped, n);
-    if (n == REAP_BATCH && !atomic_load(&st->stopping)) {
+    if ((n >= REAP_BATCH || emptied >= REAP_BATCH) && !atomic_load(&st->stopping)) {
         submit_reap(st); /* more: the next batch at once */
         return;
     }

@@ -149,10 +149,14 @@ int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, ch
     lens[argc++] = op->eval ? 4 : 7;
     argv[argc] = op->eval ? s->src : s->sha1;
     lens[argc++] = op->eval ? s->len : strlen(s->sha1);
-    argv[argc] = "1"; /* one key */
+    argv[argc] = op->tomb ? "2" : "1"; /* the key, and an acquire's tombstone */
     lens[argc++] = 1;
     argv[argc] = op->key;
     lens[argc++] = op->key_len;
+    if (op->tomb) {
+        argv[argc] = op->tomb;
+        lens[argc++] = op->tomb_len;
+    }
     return script_args(op, argv, lens, argc, ttl, keep);
 }
 
@@ -173,8 +177,10 @@ struct probe {
     char bytes[]; /* the store key, then the about text */
 };
 
-/* Submits the acquire script for <p>'s key, probing or not. */
-static int probe_submit(struct probe *p, bool probe, store_done_fn *done, void *ctx)
+/* Submits the acquire script for <p>'s key, probing or not, or with <tomb>
+ * as its second key (one server: the script looks for the tombstone itself). */
+static int probe_submit(struct probe *p, bool probe, const char *tomb, store_done_fn *done,
+                        void *ctx)
 {
     struct op *op;
     int err = store_redis_op_new(p->st, LUA_ACQUIRE, (struct span){ p->bytes, p->key_len }, &p->tok,
@@ -182,6 +188,11 @@ static int probe_submit(struct probe *p, bool probe, store_done_fn *done, void *
 
     if (err < 0)
         return err;
+    if (tomb && !(op->tomb = strdup(tomb))) {
+        store_redis_op_free(op);
+        return -ENOMEM;
+    }
+    op->tomb_len = tomb ? strlen(tomb) : 0;
     memcpy(op->fp, p->fp, sizeof(op->fp));
     op->ttl_ms = p->lease_ms;
     op->keep_ms = p->keep_ms;
@@ -208,7 +219,7 @@ static void on_tomb_exists(void *ctx, int err, const redisReply *r)
     if (err == 0 && (!r || r->type != REDIS_REPLY_INTEGER))
         err = -EPROTO;
     if (err == 0 && r->integer == 0) /* no tombstone: lock it */
-        err = probe_submit(p, false, p->done, p->ctx);
+        err = probe_submit(p, false, NULL, p->done, p->ctx);
     else if (err == 0)
         p->done(p->ctx, 0, &res);
     if (err < 0)
@@ -268,12 +279,15 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
     fingerprint_hex(fp, p->fp);
     memcpy(p->bytes, key.base, key.len);
     memcpy(p->bytes + key.len, about, n);
-    if (!tomb) { /* no tombstone to look for: one call, as it was */
-        err = probe_submit(p, false, done, ctx);
+    /* No tombstone to look for, or one server, where the script looks for it
+     * itself: one call. A cluster (or a mode not known yet) may keep it in
+     * another slot: a probe, EXISTS, then the lock. */
+    if (!tomb || atomic_load_explicit(&p->st->mode, memory_order_relaxed) == MODE_SINGLE) {
+        err = probe_submit(p, false, tomb, done, ctx);
         probe_free(p);
         return err;
     }
-    err = probe_submit(p, true, on_probed, p);
+    err = probe_submit(p, true, NULL, on_probed, p);
     if (err < 0)
         probe_free(p);
     return err;

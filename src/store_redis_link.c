@@ -67,6 +67,8 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         res->status = STORE_ACQUIRED;
     else if (r->elements == 1 && reply_str_eq(r->element[0], "absent"))
         res->status = STORE_EXPIRED; /* a probe found no record: store_redis.c reads it so */
+    else if (r->elements == 1 && reply_str_eq(r->element[0], "expired"))
+        res->status = STORE_EXPIRED; /* no record, and its tombstone (KEYS[2]) */
     else if (r->elements == 1 && reply_str_eq(r->element[0], "in_flight"))
         res->status = STORE_IN_FLIGHT;
     else if (r->elements == 2 && reply_str_eq(r->element[0], "mismatch") &&
@@ -123,6 +125,7 @@ void store_redis_op_free(struct op *op)
     record_unref(op->rec);
     buf_done(&op->head);
     free(op->resource);
+    free(op->tomb);
     free(op);
 }
 

@@ -37,6 +37,9 @@ DO $$ BEGIN
 END $$;
 -- The background job deletes expired rows in small batches, oldest first.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_expires_at ON idemproxy_keys (expires_at);
+-- The same job drops the answers of rows that became tombstones.
+CREATE INDEX IF NOT EXISTS idemproxy_keys_answer_until ON idemproxy_keys (answer_until)
+    WHERE head IS NOT NULL;
 -- /keys?resource=ID finds the keys whose answer created a resource.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_resource ON idemproxy_keys (resource)
     WHERE resource IS NOT NULL;

@@ -44,8 +44,11 @@ struct admission {
     uint64_t body_length;     /* its Content-Length, or UINT64_MAX: none (chunked) */
     struct keysource_key key; /* its key, once read (owns what it derived) */
     int scope_failure;        /* an enum scope_failure + 1 when its principal was refused; 0 */
-    char *store_key;          /* owned: <prefix><scope>:<key> */
-    uint64_t ttl_ms;          /* how long a completed answer is kept */
+    /* Its token names a kid the keys-url's set lacks: its key is made once
+     * the refetch that asks for is done (admission_rescope()), once. */
+    bool scope_wait, scope_waited;
+    char *store_key; /* owned: <prefix><scope>:<key> */
+    uint64_t ttl_ms; /* how long a completed answer is kept */
     /* What is forwarded and fingerprinted: the target in origin-form (or
      * "*"), borrowing the request's target or <fwd_target_buf>, and the
      * Host an absolute-form target names (base NULL: the client's Host). */
@@ -87,6 +90,12 @@ int admission_body(struct admission *a, const char *p, size_t n, struct admissio
  * the body (a JSON source, the fingerprint fallback) read. Returns 0 (with
  * a->enforced false: passthrough), or 1 with the refusal in <ret>. */
 int admission_end(struct admission *a, const struct request *rq, struct admission_refusal *ret);
+
+/* The keys <a>->scope_wait waited for are fetched again (or could not be):
+ * the principal is evaluated again and the store key made. Returns 0 (with
+ * a->enforced false: passed through unprotected, on-unverified), or 1 with
+ * the refusal in <ret>. */
+int admission_rescope(struct admission *a, const struct request *rq, struct admission_refusal *ret);
 
 /* Frees what <a> owns. */
 void admission_done(struct admission *a);

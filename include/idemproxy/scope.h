@@ -93,6 +93,23 @@ int scope_eval(const struct scope *s, const struct request *rq, uint64_t now_s,
 /* Frees what <p> owns. */
 void scope_principal_done(struct scope_principal *p);
 
+/* Whether a token of <s> refused for an unknown kid may verify once the key
+ * set is fetched again: <s> takes its keys from a keys-url. */
+bool scope_can_wait(const struct scope *s);
+
+/* Someone waiting for a keys-url's refetch. */
+struct scope_waiter {
+    void (*fn)(void *ctx);
+    void *ctx;
+    struct scope_waiter *next; /* the source's */
+};
+
+/* Registers <w> to run once the refetch of <s>'s keys that an unknown kid
+ * asked for is done (or failed), on the thread that fetched them. Returns 0,
+ * or -EALREADY when none is coming (one ran less than 30 s ago): <w> never
+ * runs. */
+int scope_wait_keys(const struct scope *s, struct scope_waiter *w);
+
 /* Stops the thread that refreshes keys-url key sets (at exit, once every
  * scope is gone). Idempotent. */
 void scope_shutdown(void);

@@ -41,11 +41,15 @@ def execute(p, key, body=SECRET_BODY):
 
 
 def stored_bytes(p):
-    """Everything the store holds: every Redis hash field, every PostgreSQL column."""
+    """Everything the store holds: every Redis hash field and string (a
+    tombstone, a resource link), every PostgreSQL column."""
     out = []
     if p.store == "redis":
         for k in p.rdb.scan_iter(count=1000):
             out.append(k)
+            if p.rdb.type(k) == b"string":
+                out.append(p.rdb.get(k))
+                continue
             for f, v in p.rdb.hgetall(k).items():
                 out += [f, v]
     else:

@@ -65,10 +65,12 @@ def client_key(store_key):
 
 
 def stored_on(cs, addr, prefix="idem:*"):
-    """The store keys the master at addr holds (SCAN MATCH), as str."""
+    """The store keys the master at addr holds (SCAN MATCH), as str: records,
+    not their tombstones (idem:t:...) or resource links (idem:r:...)."""
     c = cs.node_client(addr)
     try:
-        return [k.decode() for k in c.scan_iter(match=prefix, count=1000)]
+        return [k.decode() for k in c.scan_iter(match=prefix, count=1000)
+                if not k.startswith((b"idem:t:", b"idem:r:"))]
     finally:
         c.close()
 

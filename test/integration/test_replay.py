@@ -118,7 +118,8 @@ def test_quoted_key_escapes_unescaped(proxy, upstream, rdb):
     assert st == 201 and hone(h, REPLAY) == "true"
     assert upstream.hits("/echo") == 1
     if p.store == "redis":
-        keys = [k.decode() for k in rdb.scan_iter(match="idem:*", count=1000)]
+        keys = [k.decode() for k in rdb.scan_iter(match="idem:*", count=1000)
+                if not k.startswith(b"idem:t:")]  # and its tombstone's
         assert len(keys) == 1
         assert keys[0].endswith(':esc"q\\x'), keys
 

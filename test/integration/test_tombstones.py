@@ -12,6 +12,7 @@ from fixtures.client import REPLAY, assert_problem, hone, keyed, metrics_value, 
 from fixtures.marks import redis_only
 from fixtures.probes import redis_keys, redis_tomb_keys
 from fixtures.routes import routed
+from fixtures.waiting import wait_for
 
 from test_dialects import assert_stripe_error
 
@@ -41,6 +42,11 @@ def test_an_expired_key_answers_410_whatever_its_body(proxy, upstream):
     assert metrics_value(p.metrics(), "idemproxy_requests_total", {"outcome": "expired"}) == 2
     if p.store == "redis":
         assert len(redis_keys(p.rdb, key)) == 0 and len(redis_tomb_keys(p.rdb, key)) == 1
+    if p.store == "postgresql":  # the expiry job empties the tombstone's row of its answer
+        wait_for(lambda: p.pg.sql("SELECT head IS NULL AND body IS NULL FROM idemproxy_keys "
+                                  "WHERE key LIKE %s", ("%:" + key,)) == [(True,)],
+                 timeout=5, what="the tombstone's answer dropped")
+        assert_problem(p.request(*req), 410, "idempotency_key_expired")
 
 
 def test_tombstone_ttl_runs_out_and_zero_disables(proxy, upstream):
