@@ -103,6 +103,7 @@ struct inspect {
     unsigned nmasters, at;
     unsigned pending; /* inspect scripts not answered yet */
     unsigned pages;   /* list_unknown: SCAN pages looked at */
+    bool tombs;       /* inspect: the second pass, over the tombstones' keys (<links>) */
     struct store_info_list list;
     size_t cap;
     int err;
@@ -136,17 +137,51 @@ static void inspect_finish(struct inspect *in)
 
 static void on_scan(void *ctx, int err, const redisReply *r);
 
+/* The second pass of an inspect: every master again, for the keys
+ * <prefix>t:<scope>:<key> of the tombstones (doc/configuration.md,
+ * Tombstones). Returns 0 or -ENOMEM. */
+static int tombs_start(struct inspect *in)
+{
+    struct buf *b = &in->pattern;
+    int err;
+
+    in->tombs = true;
+    in->at = 0;
+    snprintf(in->cursor, sizeof(in->cursor), "0");
+    in->links.len = 0;
+    err = buf_append(&in->links, in->job->prefix, in->job->prefix_len);
+    if (err == 0)
+        err = buf_append(&in->links, IDEMKEY_TOMB_MARK, strlen(IDEMKEY_TOMB_MARK));
+    b->len = 0;
+    if (err == 0)
+        err = append_glob_escaped(b, buf_span(&in->links));
+    for (int i = 0; err == 0 && i < IDEMKEY_SCOPE_HEX; i++)
+        err = buf_append(b, "?", 1);
+    if (err == 0)
+        err = buf_append(b, ":", 1);
+    if (err == 0)
+        err = append_glob_escaped(b, (struct span){ in->job->key, in->job->key_len });
+    if (err == 0)
+        err = buf_append(b, "", 1); /* NUL-terminated, not counted */
+    if (err == 0)
+        b->len--;
+    return err;
+}
+
 /* Asks for the next page, or ends the call. */
 static void inspect_next(struct inspect *in)
 {
-    const char *argv[] = { "SCAN", in->cursor, "MATCH", in->pattern.data, "COUNT", "1000" };
-    size_t lens[] = { 4, strlen(in->cursor), 5, in->pattern.len, 5, 4 };
+    const char *argv[] = { "SCAN", in->cursor, "MATCH", NULL, "COUNT", "1000" };
+    size_t lens[] = { 4, 0, 5, 0, 5, 4 };
     int err;
 
     if (in->err == 0 && in->scanned && strcmp(in->cursor, "0") == 0) {
         in->scanned = false; /* this master is done: the next one from cursor "0" */
         in->at++;
     }
+    if (in->err == 0 && in->at == in->nmasters && !in->tombs && !in->job->unknown_only &&
+        !in->job->resource)
+        in->err = tombs_start(in); /* the records are listed: their tombstones now */
     if (in->err < 0 || in->at == in->nmasters ||
         (in->job->unknown_only &&
          (in->list.n >= STORE_LIST_PAGE || in->pages >= LIST_PAGE_SCANS))) {
@@ -154,6 +189,9 @@ static void inspect_next(struct inspect *in)
         return;
     }
     in->pages++;
+    lens[1] = strlen(in->cursor);
+    argv[3] = in->pattern.data; /* the second pass's, maybe */
+    lens[3] = in->pattern.len;
     err = store_redis_raw(in->st, OP_RAW, (int)in->masters[in->at], 6, argv, lens, on_scan, in);
     if (err < 0) {
         in->err = err;
@@ -228,6 +266,129 @@ static void on_link_got(void *ctx, int err, const redisReply *r)
         inspect_next(in);
 }
 
+/* A tombstone found by the second pass: its record's store key (<key>, the
+ * tombstone's key less its mark), read with GET (the fingerprint) then
+ * PTTL. */
+struct tomb_key {
+    struct inspect *in;
+    struct store_info info;
+    size_t tomb_len;
+    char tomb[];
+};
+
+static void tomb_done(struct tomb_key *tk, int err)
+{
+    struct inspect *in = tk->in;
+
+    if (err == 0)
+        err = store_info_list_add(&in->list, &in->cap, &tk->info);
+    if (err < 0)
+        free(tk->info.store_key);
+    if (err < 0 && in->err == 0)
+        in->err = err;
+    free(tk);
+    if (--in->pending == 0)
+        inspect_next(in);
+}
+
+static void on_tomb_ttl(void *ctx, int err, const redisReply *r)
+{
+    struct tomb_key *tk = ctx;
+
+    if (err == 0 && !reply_is(r, REDIS_REPLY_INTEGER))
+        err = -EPROTO;
+    if (err == 0 && r->integer < 0) { /* gone meanwhile */
+        free(tk->info.store_key);
+        tk->info.store_key = NULL;
+        err = 1;
+    }
+    if (err == 0)
+        tk->info.ttl_ms = (uint64_t)r->integer;
+    if (err == 1) {
+        struct inspect *in = tk->in;
+
+        free(tk);
+        if (--in->pending == 0)
+            inspect_next(in);
+        return;
+    }
+    tomb_done(tk, err);
+}
+
+static void on_tomb_got(void *ctx, int err, const redisReply *r)
+{
+    struct tomb_key *tk = ctx;
+    const char *argv[] = { "PTTL", tk->tomb };
+    size_t lens[] = { 4, tk->tomb_len };
+
+    if (err == 0 && reply_is(r, REDIS_REPLY_STRING) && r->len == FINGERPRINT_LEN)
+        fingerprint_hex((const uint8_t *)r->str, tk->info.fp_hex);
+    if (err == 0)
+        err = store_redis_raw(tk->in->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_tomb_ttl, tk);
+    if (err < 0)
+        tomb_done(tk, err);
+}
+
+/* Whether <store_key> is listed already (a record outlives nothing: while
+ * it lives, its tombstone waits beside it). */
+static bool listed(const struct inspect *in, struct span store_key)
+{
+    for (size_t i = 0; i < in->list.n; i++) {
+        const char *k = in->list.items[i].store_key;
+
+        if (k && strlen(k) == store_key.len && memcmp(k, store_key.base, store_key.len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Asks for the tombstone <k> (a key the second pass found) when it is one
+ * of the key inspected, and no record of it is listed. Returns 0 or a
+ * negative errno. */
+static int tomb_one(struct inspect *in, const redisReply *k)
+{
+    size_t mark = in->links.len, plen = in->job->prefix_len;
+    struct tomb_key *tk;
+    const char *argv[2] = { "GET", NULL };
+    size_t lens[2] = { 3, k->len };
+    int err;
+
+    if (k->len <= mark || memcmp(k->str, in->links.data, mark) != 0)
+        return 0;
+    tk = calloc(1, sizeof(*tk) + k->len + 1);
+    if (!tk)
+        return -ENOMEM;
+    tk->in = in;
+    tk->tomb_len = k->len;
+    memcpy(tk->tomb, k->str, k->len);
+    tk->info.tombstone = tk->info.completed = true;
+    tk->info.store_key = malloc(k->len - (mark - plen) + 1);
+    if (!tk->info.store_key) {
+        free(tk);
+        return -ENOMEM;
+    }
+    memcpy(tk->info.store_key, k->str, plen);
+    memcpy(tk->info.store_key + plen, k->str + mark, k->len - mark);
+    tk->info.store_key[k->len - (mark - plen)] = '\0';
+    if (!idemkey_store_key_matches(span_from_cstr(tk->info.store_key),
+                                   (struct span){ in->job->prefix, plen },
+                                   (struct span){ in->job->key, in->job->key_len }) ||
+        listed(in, span_from_cstr(tk->info.store_key))) {
+        free(tk->info.store_key);
+        free(tk);
+        return 0;
+    }
+    argv[1] = tk->tomb;
+    in->pending++;
+    err = store_redis_raw(in->st, OP_RAW, NODE_BY_SLOT, 2, argv, lens, on_tomb_got, tk);
+    if (err < 0) {
+        in->pending--;
+        free(tk->info.store_key);
+        free(tk);
+    }
+    return err;
+}
+
 static void on_scan(void *ctx, int err, const redisReply *r)
 {
     struct inspect *in = ctx;
@@ -256,6 +417,11 @@ static void on_scan(void *ctx, int err, const redisReply *r)
         const char *argv[2];
         size_t lens[2];
 
+        if (in->tombs) {
+            if (reply_is(k, REDIS_REPLY_STRING) && (err = tomb_one(in, k)) < 0)
+                in->err = err;
+            continue;
+        }
         if (!reply_is(k, REDIS_REPLY_STRING) ||
             !(in->job->unknown_only
                   ? idemkey_store_key_is_under((struct span){ k->str, k->len }, prefix)

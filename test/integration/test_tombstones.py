@@ -5,6 +5,7 @@ idempotency_key_expired (outcome expired) and nothing runs, for
 key of its own, at most 200 bytes (MEMORY USAGE) for a 36-byte key. On every
 store (IDEMPROXY_TEST_STORE=memory, postgresql; a cluster pass too)."""
 import json
+import re
 import time
 import urllib.parse
 
@@ -70,13 +71,14 @@ def test_delete_removes_a_tombstone(proxy, upstream):
     p = proxy("--ttl", "1")
     key = new_key()
     req = expire(p, key)
-    st, out = admin(p, "GET", key)
-    scope = None
-    if out.get("records"):  # memory and PostgreSQL list it; Redis lists records only
-        assert st == 200 and out["records"][0]["state"] == "tombstone", out
-        scope = out["records"][0]["scope"]
-    if scope is None:
-        scope = redis_tomb_keys(p.rdb, key)[0].split(":")[2]
+    st, out = admin(p, "GET", key)  # listed on every store, with the scope to delete it by
+    assert st == 200 and len(out["records"]) == 1, out
+    (rec,) = out["records"]
+    assert rec["state"] == "tombstone" and 0 < rec["ttl_ms"] <= 7 * 86400 * 1000, rec
+    assert re.fullmatch("[0-9a-f]{64}", rec["fingerprint"]) and "status" not in rec, rec
+    scope = rec["scope"]
+    if p.store == "redis":
+        assert redis_tomb_keys(p.rdb, key)[0].split(":")[2] == scope
     st, out = admin(p, "DELETE", key, "?scope=" + scope)
     assert st == 200, out
     st, h, _ = p.request(*req)
