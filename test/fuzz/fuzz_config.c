@@ -75,11 +75,19 @@ static void check_seconds(const char *s)
         return;
     FUZZ_CHECK(ms >= 1);
     if (!dot || dot - s < 9) {
-        /* decimal only, and within a millisecond of what it says */
-        double want = strtod(s, NULL) * 1000.0;
+        /* decimal, then at most a unit (s, m, h, d), and within what the
+         * kept digits say: a millisecond, and the unit's share of the
+         * fraction past four digits, which is dropped */
+        size_t n = strlen(s);
+        char last = n ? s[n - 1] : '\0';
+        double unit = last == 'm' ? 60 : last == 'h' ? 3600 : last == 'd' ? 86400 : 1;
+        double want;
 
-        FUZZ_CHECK(strspn(s, "0123456789.") == strlen(s));
-        FUZZ_CHECK(fabs((double)ms - want) <= 1.0 || (want < 1.0 && ms == 1));
+        if (last && strchr("smhd", last))
+            n--;
+        want = strtod(s, NULL) * 1000.0 * unit;
+        FUZZ_CHECK(strspn(s, "0123456789.") == n);
+        FUZZ_CHECK(fabs((double)ms - want) <= 1.0 + 0.1 * unit || (want < 1.0 && ms == 1));
     }
 }
 
@@ -183,8 +191,10 @@ static void check_load(char **parts, size_t n)
     } else if (!cfg.show_help && !cfg.show_version) {
         FUZZ_CHECK(cfg.upstream != NULL && cfg.route.ttl_ms <= cfg.route.max_ttl_ms);
         FUZZ_CHECK(strncasecmp(cfg.upstream, "http", 4) == 0 && !strpbrk(cfg.upstream, "?#"));
-        FUZZ_CHECK(cfg.route.nmethods <= CONFIG_MAX_LIST && cfg.route.nscope_headers <= CONFIG_MAX_LIST);
-        FUZZ_CHECK(cfg.key_header && cfg.route.replay_header && cfg.key_prefix && cfg.route.ttl_header);
+        FUZZ_CHECK(cfg.route.nmethods <= CONFIG_MAX_LIST &&
+                   cfg.route.nscope_headers <= CONFIG_MAX_LIST);
+        FUZZ_CHECK(cfg.key_header && cfg.route.replay_header && cfg.key_prefix &&
+                   cfg.route.ttl_header);
         FUZZ_CHECK(cfg.listen.sa_len > 0 && cfg.admin_listen.sa_len > 0);
         /* no file: the default route alone, with the top-level settings */
         FUZZ_CHECK(routes && routes->nroutes == 0);
