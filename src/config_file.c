@@ -514,6 +514,8 @@ static void jwt_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
     if (strcmp(key, "claims") == 0) {
         n = items_of(e, "scope.jwt.claims", v, j->claims, &is_list);
         j->c.nclaims = n > 0 ? (size_t)n : 0;
+        if (n == 0)
+            errs_add(e, v, "scope.jwt.claims: name at least one claim (without the key: [sub])");
     } else if (strcmp(key, "leeway") == 0) {
         if (s && config_parse_seconds0(s, &ms) == 0 && ms % 1000 == 0 && ms <= 3600000)
             j->c.leeway_s = ms / 1000;
@@ -714,6 +716,7 @@ struct route_ctx {
     bool has_key;         /* the route sets its own key (else: the top level's) */
     bool has_fingerprint; /* the route sets its own fingerprint (else: the top level's) */
     bool has_scope;       /* the route sets its own scope or scope-header (else: the top's) */
+    bool scope_block, scope_header; /* which of the two it sets: one at most */
 };
 
 static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -758,10 +761,11 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         c->has_fingerprint = true;
         each_pair(e, v, "fingerprint", fingerprint_pair, &rt->fingerprint);
     } else if (strcmp(key, "scope") == 0) {
-        c->has_scope = true;
+        c->has_scope = c->scope_block = true;
         parse_scope(e, v, &rt->settings, &rt->scope);
     } else if (config_is_route_option(key)) {
-        c->has_scope |= strcmp(key, "scope-header") == 0;
+        c->scope_header |= strcmp(key, "scope-header") == 0;
+        c->has_scope |= c->scope_header;
         set_option(e, NULL, &rt->settings, key, k, v);
     } else {
         char names[512];
@@ -841,6 +845,40 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
     }
 }
 
+/* Route <i> of the file into <t>: its own keys, then what it takes from
+ * the top level (<top>, <top_scope>). */
+static void route_at(struct errs *e, const struct config *cfg, const struct top_nodes *top,
+                     struct scope *top_scope, struct route_table *t, size_t i)
+{
+    yaml_node_t *rn = node(e->f, top->routes->data.sequence.items.start[i]);
+    struct route_ctx c = { .rt = &t->routes[i], .t = t, .index = i };
+
+    if (!rn)
+        return;
+    each_pair(e, rn, "a route", route_pair, &c);
+    if ((!c.has_key && top->key) || (!c.has_fingerprint && top->fingerprint)) {
+        /* the top level's: its problems are said once, for the default route */
+        struct errs quiet = { .f = e->f, .err = (char[1]){ 0 }, .errlen = 1 };
+
+        if (!c.has_key && top->key)
+            each_pair(&quiet, top->key, "key", key_pair, &c.rt->key);
+        if (!c.has_fingerprint && top->fingerprint)
+            each_pair(&quiet, top->fingerprint, "fingerprint", fingerprint_pair,
+                      &c.rt->fingerprint);
+        e->oom |= quiet.oom;
+    }
+    if (!c.has_scope)
+        c.rt->scope = scope_ref(top_scope);
+    if (c.scope_block && c.scope_header)
+        errs_add(e, rn,
+                 "route %zu: give scope or scope-header, not both (scope: {headers: [...]} "
+                 "is scope-header's long form)",
+                 i + 1);
+    if (rn->type == YAML_MAPPING_NODE && !c.name_node)
+        errs_add(e, rn, "route %zu: name is required", i + 1);
+    check_route(e, cfg, c.rt, rn);
+}
+
 int config_file_routes(const struct config_file *f, const struct config *cfg,
                        struct route_table **ret, char *err, size_t errlen)
 {
@@ -886,30 +924,8 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
         if (config_route_copy(&rt->settings, &cfg->route) < 0)
             e.oom = true;
     }
-    for (size_t i = 0; i < n && !e.oom; i++) {
-        yaml_node_t *rn = node(f, top.routes->data.sequence.items.start[i]);
-        struct route_ctx c = { .rt = &t->routes[i], .t = t, .index = i };
-
-        if (!rn)
-            continue;
-        each_pair(&e, rn, "a route", route_pair, &c);
-        if ((!c.has_key && top.key) || (!c.has_fingerprint && top.fingerprint)) {
-            /* the top level's: its problems are said once, for the default route */
-            struct errs quiet = { .f = f, .err = (char[1]){ 0 }, .errlen = 1 };
-
-            if (!c.has_key && top.key)
-                each_pair(&quiet, top.key, "key", key_pair, &c.rt->key);
-            if (!c.has_fingerprint && top.fingerprint)
-                each_pair(&quiet, top.fingerprint, "fingerprint", fingerprint_pair,
-                          &c.rt->fingerprint);
-            e.oom |= quiet.oom;
-        }
-        if (!c.has_scope)
-            c.rt->scope = scope_ref(top_scope);
-        if (rn->type == YAML_MAPPING_NODE && !c.name_node)
-            errs_add(&e, rn, "route %zu: name is required", i + 1);
-        check_route(&e, cfg, c.rt, rn);
-    }
+    for (size_t i = 0; i < n && !e.oom; i++)
+        route_at(&e, cfg, &top, top_scope, t, i);
     finish_table(&e, cfg, &top, t);
     route_table_default(t)->scope = top_scope; /* the reference made above */
     if (e.oom || e.n) {

@@ -93,7 +93,7 @@ static int parse_seconds(const char *s, bool allow_zero, uint64_t *ret)
     }
     if (!digits || (*p != '\0' && p[1] != '\0'))
         return -EINVAL;
-    switch (*p) { /* a unit: s, m, h or d (doc/configuration.md, Durations) */
+    switch (*p) { /* a unit: s, m, h or d (doc/configuration.md, Options: durations) */
     case '\0':
     case 's':
         break;

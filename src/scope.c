@@ -2,6 +2,7 @@
 /* The principal of a request (doc/configuration.md, Scope): a verified
  * token's issuer and claims, or a trusted gateway's header. */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,36 +216,80 @@ static struct span bearer(const struct scope *s, struct span v)
     return v;
 }
 
-/* The principal of verified <claims>: iss, then each named claim as its
- * compact JSON (a string quoted), so that "1" and 1 differ. */
+/* The kinds of principal, the first value hashed: a principal of one kind
+ * never hashes like one of another (nor like scope headers' values, which
+ * hold no NUL), on any route of the store. */
+#define JWT_TAG SPAN_LIT("\0jwt")
+#define TRUSTED_TAG SPAN_LIT("\0trusted")
+
+/* Appends <v> to <text> as the next value (its start in <offs>[<n>]). */
+static int add_value(struct buf *text, size_t *offs, size_t *n, struct span v)
+{
+    offs[(*n)++] = text->len;
+    return buf_append(text, v.base ? v.base : "", v.len);
+}
+
+/* Points <p>'s <n> values into <text>, which it takes over. */
+static void set_values(struct scope_principal *p, struct buf *text, const size_t *offs, size_t n)
+{
+    p->owned = text->data;
+    for (size_t i = 0; i < n; i++) {
+        size_t end = i + 1 < n ? offs[i + 1] : text->len;
+
+        p->values[i] = (struct span){ text->data ? text->data + offs[i] : "", end - offs[i] };
+    }
+    p->n = n;
+}
+
+/* The principal of verified <claims>: the tag, iss, then each named claim's
+ * name and compact JSON (a string quoted), so that "1" and 1, and a value
+ * under another claim's name, differ. */
 static int principal_of(const struct scope *s, json_t *claims, struct scope_principal *p)
 {
     struct buf text = BUF_INIT(SIZE_MAX);
-    size_t offs[CONFIG_MAX_LIST + 1];
-    int err = 0;
+    size_t offs[SCOPE_VALUES_MAX], n = 0;
+    json_t *iss = json_object_get(claims, "iss");
+    int err = add_value(&text, offs, &n, JWT_TAG);
 
-    for (size_t i = 0; err == 0 && i <= s->nclaims; i++) {
-        json_t *v = json_object_get(claims, i == 0 ? "iss" : s->claims[i - 1]);
-        char *j = i == 0 ? NULL : json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    if (err == 0)
+        err = add_value(&text, offs, &n,
+                        (struct span){ json_string_value(iss), json_string_length(iss) });
+    for (size_t i = 0; err == 0 && i < s->nclaims; i++) {
+        char *j = json_dumps(json_object_get(claims, s->claims[i]),
+                             JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
 
-        offs[i] = text.len;
-        if (i == 0)
-            err = buf_append(&text, json_string_value(v), json_string_length(v));
-        else
-            err = j ? buf_append(&text, j, strlen(j)) : -ENOMEM;
+        err = add_value(&text, offs, &n, span_from_cstr(s->claims[i]));
+        if (err == 0)
+            err = j ? add_value(&text, offs, &n, span_from_cstr(j)) : -ENOMEM;
         free(j);
     }
     if (err < 0) {
         buf_done(&text);
         return err;
     }
-    p->owned = text.data;
-    for (size_t i = 0; i <= s->nclaims; i++) {
-        size_t end = i < s->nclaims ? offs[i + 1] : text.len;
+    set_values(p, &text, offs, n);
+    return 0;
+}
 
-        p->values[i] = (struct span){ text.data ? text.data + offs[i] : "", end - offs[i] };
+/* The principal a trusted gateway's header <v> names: the tag, the header's
+ * name (lower case), its value. */
+static int trusted_principal(const struct scope *s, struct span v, struct scope_principal *p)
+{
+    struct buf text = BUF_INIT(SIZE_MAX);
+    size_t offs[3], n = 0;
+    int err = add_value(&text, offs, &n, TRUSTED_TAG);
+
+    if (err == 0)
+        err = add_value(&text, offs, &n, span_from_cstr(s->header));
+    for (size_t i = offs[1]; err == 0 && i < text.len; i++)
+        text.data[i] = (char)tolower((unsigned char)text.data[i]);
+    if (err == 0)
+        err = add_value(&text, offs, &n, v);
+    if (err < 0) {
+        buf_done(&text);
+        return err;
     }
-    p->n = s->nclaims + 1;
+    set_values(p, &text, offs, n);
     return 0;
 }
 
@@ -252,6 +297,7 @@ int scope_eval(const struct scope *s, const struct request *rq, uint64_t now_s,
                struct scope_principal *p, enum scope_failure *why)
 {
     const struct span *v;
+    struct span tok;
     size_t count;
     json_t *claims = NULL;
     int r;
@@ -259,10 +305,8 @@ int scope_eval(const struct scope *s, const struct request *rq, uint64_t now_s,
     memset(p, 0, sizeof(*p));
     v = request_header(rq, span_from_cstr(s->header), &count);
     if (!s->jwt) {
-        if (v && count == 1 && peer_trusted(s, rq->client_ip)) {
-            p->values[0] = *v;
-            p->n = 1;
-        }
+        if (v && count == 1 && peer_trusted(s, rq->client_ip))
+            return trusted_principal(s, *v, p);
         return 0; /* from elsewhere, as if absent */
     }
     if (!v)
@@ -271,7 +315,10 @@ int scope_eval(const struct scope *s, const struct request *rq, uint64_t now_s,
         *why = SCOPE_FAILURE_MALFORMED;
         return 1;
     }
-    r = scope_jwt_verify(s, bearer(s, *v), now_s, &claims, why);
+    tok = bearer(s, *v);
+    if (!tok.base)
+        return 0; /* Basic or another scheme: no bearer token, no principal */
+    r = scope_jwt_verify(s, tok, now_s, &claims, why);
     if (r == 0)
         r = principal_of(s, claims, p);
     json_decref(claims);

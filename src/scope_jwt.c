@@ -73,9 +73,10 @@ static int alg_kind(const char *alg)
     return -1;
 }
 
-/* Verifies <jws> with the keys of <ks> that fit <alg> and <kid>. */
-static int verify_with(struct scope_keyset *ks, cjose_jws_t *jws, const char *alg, const char *kid,
-                       enum scope_failure *why)
+/* Verifies <jws> with the keys of <ks> (fetched from a keys-url when
+ * <from_url>) that fit <alg> and <kid>. */
+static int verify_with(struct scope_keyset *ks, bool from_url, cjose_jws_t *jws, const char *alg,
+                       const char *kid, enum scope_failure *why)
 {
     int kind = alg_kind(alg);
     bool named = false, fits = false;
@@ -97,13 +98,16 @@ static int verify_with(struct scope_keyset *ks, cjose_jws_t *jws, const char *al
         if (cjose_jws_verify(jws, k->jwk, &err))
             return 0;
     }
-    if (fits)
-        return refuse(SCOPE_FAILURE_SIGNATURE, why);
-    for (size_t i = 0; kid && !named && i < ks->n; i++) {
+    /* A kid none of the keys has is unknown when no key without one is
+     * there to try, and, from a keys-url, even when such a key was tried and
+     * failed: the key may be new there (a refetch may bring it). */
+    for (size_t i = 0; kid && !named && !from_url && i < ks->n; i++) {
         if (!ks->keys[i].kid)
-            return refuse(SCOPE_FAILURE_ALGORITHM, why);
+            return refuse(fits ? SCOPE_FAILURE_SIGNATURE : SCOPE_FAILURE_ALGORITHM, why);
     }
-    return refuse(kid && !named ? SCOPE_FAILURE_UNKNOWN_KID : SCOPE_FAILURE_ALGORITHM, why);
+    if (kid && !named)
+        return refuse(SCOPE_FAILURE_UNKNOWN_KID, why);
+    return refuse(fits ? SCOPE_FAILURE_SIGNATURE : SCOPE_FAILURE_ALGORITHM, why);
 }
 
 /* exp and nbf of <claims> against <now_s>, give or take <leeway>: a number
@@ -115,7 +119,7 @@ static int check_time(json_t *claims, uint64_t now_s, uint64_t leeway, enum scop
 
     if ((exp && !json_is_number(exp)) || (nbf && !json_is_number(nbf)))
         return refuse(SCOPE_FAILURE_CLAIMS, why);
-    if (exp && now > json_number_value(exp) + lw)
+    if (exp && now >= json_number_value(exp) + lw) /* valid before exp only (RFC 7519, 4.1.4) */
         return refuse(SCOPE_FAILURE_EXPIRED, why);
     if (nbf && now + lw < json_number_value(nbf))
         return refuse(SCOPE_FAILURE_EXPIRED, why);
@@ -196,7 +200,7 @@ int scope_jwt_verify(const struct scope *s, struct span token, uint64_t now_s, j
     else if (!(jws = cjose_jws_import(token.base, token.len, &err)))
         r = err.code == CJOSE_ERR_NO_MEMORY ? -ENOMEM : refuse(SCOPE_FAILURE_MALFORMED, why);
     else
-        r = verify_with(ks, jws, alg, kid, why);
+        r = verify_with(ks, s->source != NULL, jws, alg, kid, why);
     if (r == 1 && *why == SCOPE_FAILURE_UNKNOWN_KID && s->source)
         scope_source_kid_missed(s->source, now_ms());
     if (r == 0 && !(claims = payload(jws)))

@@ -2,12 +2,14 @@
 /* The keys tokens are verified with (doc/configuration.md, Scope): a JWKS
  * or PEM file, a secret file, or a JWKS URL that one thread of this file
  * fetches (libcurl) and refreshes. */
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -456,20 +458,50 @@ static void *fetcher_main(void *arg)
 
 /* Whether <url> is one keys may come from: https://, or http:// to a
  * loopback address (a local agent, a test): a key set fetched in clear
- * from elsewhere could be anyone's. */
+ * from elsewhere could be anyone's. Read by libcurl's own URL parser, which
+ * the fetch uses; no user info (it would be logged, and "127.0.0.1@host"
+ * names another host). */
 static bool url_allowed(const char *url)
 {
-    const char *host;
-    size_t n;
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL, *user = NULL;
+    uint8_t a[16];
+    bool ok = false;
 
-    if (strncmp(url, "https://", 8) == 0)
-        return url[8] != '\0';
-    if (strncmp(url, "http://", 7) != 0)
-        return false;
-    host = url + 7;
-    n = strcspn(host, ":/?#");
-    return (n == 9 && strncmp(host, "localhost", 9) == 0) ||
-           (n > 4 && strncmp(host, "127.", 4) == 0) || (n == 5 && strncmp(host, "[::1]", 5) == 0);
+    if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_NO_USER) {
+        if (strcmp(scheme, "https") == 0)
+            ok = host[0] != '\0';
+        else if (strcmp(scheme, "http") == 0)
+            ok = strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 ||
+                 (inet_pton(AF_INET, host, a) == 1 && a[0] == 127);
+    }
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(user);
+    curl_url_cleanup(u);
+    return ok;
+}
+
+/* Starts the fetcher with every signal blocked: the process's signals are
+ * the main thread's (sigtimedwait), and one delivered to this thread would
+ * take the default action, which ends the process. <mu> held. */
+static int fetcher_start(void)
+{
+    sigset_t all, old;
+    int err;
+
+    if (fetcher_running)
+        return 0;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    err = pthread_create(&fetcher, NULL, fetcher_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err == 0)
+        fetcher_running = true;
+    return -err;
 }
 
 int scope_source_get(const char *url, struct scope_source **ret, char *why, size_t whylen)
@@ -478,8 +510,8 @@ int scope_source_get(const char *url, struct scope_source **ret, char *why, size
 
     if (!url_allowed(url)) {
         snprintf(why, whylen,
-                 "keys-url: '%s' is not https:// (http:// only to a loopback address: keys "
-                 "fetched in clear could be anyone's)",
+                 "keys-url: '%s' is not an https:// URL without user info (http:// only to a "
+                 "loopback address: keys fetched in clear could be anyone's)",
                  url);
         return -EINVAL;
     }
@@ -493,15 +525,13 @@ int scope_source_get(const char *url, struct scope_source **ret, char *why, size
         return 0;
     }
     src = calloc(1, sizeof(*src));
-    if (!src || !(src->url = strdup(url)) ||
-        (!fetcher_running && pthread_create(&fetcher, NULL, fetcher_main, NULL) != 0)) {
+    if (!src || !(src->url = strdup(url)) || fetcher_start() < 0) {
         pthread_mutex_unlock(&mu);
         if (src)
             free(src->url);
         free(src);
         return -ENOMEM;
     }
-    fetcher_running = true;
     src->refs = 2; /* the caller's, and the first fetch's below */
     src->next_ms = UINT64_MAX;
     src->next = sources;

@@ -39,7 +39,7 @@ END $$;
 CREATE INDEX IF NOT EXISTS idemproxy_keys_expires_at ON idemproxy_keys (expires_at);
 -- The same job drops the answers of rows that became tombstones.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_answer_until ON idemproxy_keys (answer_until)
-    WHERE head IS NOT NULL;
+    WHERE head IS NOT NULL AND answer_until IS NOT NULL;
 -- /keys?resource=ID finds the keys whose answer created a resource.
 CREATE INDEX IF NOT EXISTS idemproxy_keys_resource ON idemproxy_keys (resource)
     WHERE resource IS NOT NULL;

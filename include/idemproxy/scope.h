@@ -15,7 +15,7 @@
 struct request;
 
 /* Why a request's principal is refused: the reason label of
- * idemproxy_scope_failures_total (doc/operations.md, Metrics). */
+ * idemproxy_scope_failures_total (doc/operations.md, Metrics and access log). */
 #define SCOPE_FAILURE_LIST(X)                                                                      \
     X(MISSING, "missing")                                                                          \
     X(MALFORMED, "malformed")                                                                      \
@@ -74,11 +74,15 @@ struct scope *scope_ref(struct scope *s);
 /* Drops a reference; the last one frees <s>. NULL-safe. */
 void scope_unref(struct scope *s);
 
+/* The values a principal hashes: its kind's tag, the issuer, and each of
+ * up to CONFIG_MAX_LIST claims' name and value (or a trusted header's name
+ * and value); and a place for the caller's key source tag. */
+#define SCOPE_VALUES_MAX (2 * CONFIG_MAX_LIST + 3)
+
 /* The principal of a request: the values its scope hashes (idemkey_scope()),
- * borrowing <owned> and the request. <n> 0: it has none. The issuer and up to
- * CONFIG_MAX_LIST claims, and a place for the caller's key source tag. */
+ * in <owned>. <n> 0: it has none. */
 struct scope_principal {
-    struct span values[CONFIG_MAX_LIST + 2];
+    struct span values[SCOPE_VALUES_MAX];
     size_t n;
     char *owned;
 };

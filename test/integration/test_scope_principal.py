@@ -257,7 +257,13 @@ def test_scope_config_problems(tmp_path, upstream):
     for text, needle in [
         ("scope: {jwt: {keys: %s/nope, issuer: x}}" % tmp_path, "cannot read"),
         ("scope: {jwt: {keys: %s/junk, issuer: x}}" % tmp_path, "not a JWKS"),
-        ("scope: {jwt: {keys-url: 'http://example.com/k', issuer: x}}", "not https://"),
+        ("scope: {jwt: {keys-url: 'http://example.com/k', issuer: x}}", "not an https:// URL"),
+        ("scope: {jwt: {keys-url: 'http://127.0.0.1@evil.test/k', issuer: x}}",
+         "not an https:// URL"),
+        ("scope: {jwt: {secret-file: %s/junk, issuer: x, claims: []}}" % tmp_path,
+         "name at least one claim"),
+        ("routes:\n  - name: r\n    scope-header: [A]\n    scope: {header: X, trusted: [\"::1\"]}",
+         "not both"),
         ("scope: {jwt: {secret-file: %s/junk, issuer: x}}" % tmp_path, "at least 32 bytes"),
         ("scope: {jwt: {secret-file: %s/junk}}" % tmp_path, "issuer is required"),
         ("scope: {header: X-P}", "needs trusted"),
@@ -290,3 +296,28 @@ def test_keys_files_reload_on_sighup(proxy, upstream, tmp_path):
                                    {"result": "error"}) == 1, timeout=10, what="the refusal")
     assert "keys.pem" in p.stderr()
     assert post(p, new_key(), bearer(token(b, "ES256")))[0] == 201
+
+
+def test_a_principal_never_hashes_like_another_kind(proxy, upstream, tmp_path):
+    """A client of a route scoped by its own headers cannot send the value a
+    trusted gateway sets on another route and land in that principal's keys:
+    each kind of principal hashes its tag first."""
+    cfg = write_config(tmp_path, """
+        routes:
+          - name: gateway
+            match: {host: gw.test}
+            scope: {header: X-Principal, trusted: [127.0.0.0/8]}
+          - name: open
+            match: {host: open.test}
+            scope-header: [X-Principal]
+        """)
+    p = proxy("--config", str(cfg))
+    key = new_key()
+    hdrs = [("X-Principal", "alice")]
+    st, h, b1 = p.request("POST", "/echo", [("Idempotency-Key", key), ("Host", "gw.test")] + hdrs,
+                          b"same")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    st, h, b2 = p.request("POST", "/echo", [("Idempotency-Key", key), ("Host", "open.test")] + hdrs,
+                          b"same")
+    assert st == 201 and hone(h, REPLAY) == "false" and b2 != b1  # its own key, not alice's
+    assert upstream.hits("/echo") == 2

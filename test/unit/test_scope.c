@@ -113,9 +113,11 @@ static void test_scope_verifies_and_names_the_principal(void)
     enum scope_failure why;
 
     CHECK_EQ_INT(eval(s, tok, &p, &why), 0);
-    CHECK_EQ_INT(p.n, 2);
-    CHECK(span_eq(p.values[0], SPAN_LIT(ISS)));
-    CHECK(span_eq(p.values[1], SPAN_LIT("\"alice\"")));
+    CHECK_EQ_INT(p.n, 4); /* its kind, iss, then the claim's name and value */
+    CHECK(span_eq(p.values[0], SPAN_LIT("\0jwt")));
+    CHECK(span_eq(p.values[1], SPAN_LIT(ISS)));
+    CHECK(span_eq(p.values[2], SPAN_LIT("sub")));
+    CHECK(span_eq(p.values[3], SPAN_LIT("\"alice\"")));
     scope_principal_done(&p);
     free(tok);
     scope_unref(s);
@@ -170,7 +172,20 @@ static void test_scope_refusals(void)
     CHECK_EQ_INT(refused(s, "abc"), SCOPE_FAILURE_MALFORMED);
     CHECK_EQ_INT(refused(s, "a.b.c.d"), SCOPE_FAILURE_MALFORMED);
     CHECK_EQ_INT(refused(s, "a b.c.d"), SCOPE_FAILURE_MALFORMED);
-    CHECK_EQ_INT(refused(s, ""), SCOPE_FAILURE_MALFORMED);
+    CHECK_EQ_INT(refused(s, "   "), SCOPE_FAILURE_MALFORMED);
+    {
+        /* "Bearer " and nothing, or another scheme: no token, no principal */
+        struct request *rq = request_new("/");
+        struct scope_principal p;
+        enum scope_failure why;
+
+        CHECK_EQ_INT(eval(s, "", &p, &why), 0);
+        CHECK_EQ_INT(p.n, 0);
+        CHECK_EQ_INT(request_add_header(rq, SPAN_LIT("Authorization"), SPAN_LIT("Basic YTpi")), 0);
+        CHECK_EQ_INT(scope_eval(s, rq, NOW, &p, &why), 0);
+        CHECK_EQ_INT(p.n, 0);
+        request_free(rq);
+    }
     CHECK_EQ_STR(scope_failure_label(SCOPE_FAILURE_UNKNOWN_KID), "unknown_kid");
     CHECK_EQ_STR(scope_failure_label(SCOPE_FAILURE_MAX), "unknown");
     scope_unref(s);
@@ -241,13 +256,13 @@ static void test_scope_trusted_networks(void)
 
     CHECK_EQ_INT(scope_trusted_new("X-Principal", nets, 3, &s, why, sizeof(why)), 0);
     CHECK_EQ_INT(trusted_eval(s, "10.1.200.3", "alice", &n), 0);
-    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(n, 3); /* its kind, the header's name, its value */
     CHECK_EQ_INT(trusted_eval(s, "::ffff:10.1.0.1", "alice", &n), 0);
-    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(n, 3);
     CHECK_EQ_INT(trusted_eval(s, "fd12::1", "alice", &n), 0);
-    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(n, 3);
     CHECK_EQ_INT(trusted_eval(s, "192.0.2.7", "alice", &n), 0);
-    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(n, 3);
     CHECK_EQ_INT(trusted_eval(s, "10.2.0.1", "alice", &n), 0); /* ignored: as if absent */
     CHECK_EQ_INT(n, 0);
     CHECK_EQ_INT(trusted_eval(s, "192.0.2.8", "alice", &n), 0);
@@ -282,6 +297,17 @@ static void test_scope_config_problems(void)
     c.keys_url = "http://example.com/jwks";
     CHECK_EQ_INT(scope_jwt_new(&c, &s, why, sizeof(why)), -EINVAL);
     CHECK(strstr(why, "https://") != NULL);
+    /* loopback in name only, user info, another scheme: refused before any fetch */
+    static const char *const bad[] = { "http://127.0.0.1@evil.example/jwks",
+                                       "http://127.evil.example/jwks",
+                                       "https://user:pw@login.example.com/jwks",
+                                       "ftp://127.0.0.1/jwks",
+                                       "http://[::2]/jwks",
+                                       "jwks.json" };
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+        c.keys_url = bad[i];
+        CHECK_EQ_INT(scope_jwt_new(&c, &s, why, sizeof(why)), -EINVAL);
+    }
 }
 
 static void test_scope_cleanup(void)
