@@ -215,7 +215,7 @@ static int name_cmp(const unsigned char *s, size_t len, uint32_t a, uint32_t b)
 
     for (;;) {
         bool end_a = s[i] == '"', end_b = s[j] == '"';
-        uint32_t x, y;
+        uint32_t x = 0, y = 0; /* set by str_char(): a scanned string cannot fail */
 
         if (end_a || end_b)
             return end_a && end_b ? 0 : end_a ? -1 : 1;

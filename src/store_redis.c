@@ -172,7 +172,8 @@ struct probe {
     bool take_over;
     store_done_fn *done;
     void *ctx;
-    char *tomb; /* owned: the tombstone's key */
+    char *tomb;     /* owned: the tombstone's key */
+    bool tomb_seen; /* EXISTS found it: probed again, as its record may have come meanwhile */
     size_t key_len, about_len;
     char bytes[]; /* the store key, then the about text */
 };
@@ -211,17 +212,26 @@ static void probe_free(struct probe *p)
     free(p);
 }
 
+static void on_probed(void *ctx, int err, const struct store_result *res);
+
 static void on_tomb_exists(void *ctx, int err, const redisReply *r)
 {
     struct probe *p = ctx;
-    struct store_result res = { .status = STORE_EXPIRED };
 
     if (err == 0 && (!r || r->type != REDIS_REPLY_INTEGER))
         err = -EPROTO;
-    if (err == 0 && r->integer == 0) /* no tombstone: lock it */
+    if (err == 0 && r->integer == 0) { /* no tombstone: lock it */
         err = probe_submit(p, false, NULL, p->done, p->ctx);
-    else if (err == 0)
-        p->done(p->ctx, 0, &res);
+    } else if (err == 0) {
+        /* A tombstone is written when its record completes: a request racing
+         * this one may have just done so. Probed again: a record there now
+         * answers as itself; none, and its tombstone is that of an expired
+         * record (a purge deletes both). */
+        p->tomb_seen = true;
+        err = probe_submit(p, true, NULL, on_probed, p);
+        if (err == 0)
+            return;
+    }
     if (err < 0)
         p->done(p->ctx, err, NULL);
     probe_free(p);
@@ -233,7 +243,8 @@ static void on_probed(void *ctx, int err, const struct store_result *res)
     const char *argv[] = { "EXISTS", p->tomb };
     size_t lens[] = { 6, strlen(p->tomb) };
 
-    if (err < 0 || res->status != STORE_EXPIRED) { /* a known key, or a failure */
+    if (err < 0 || res->status != STORE_EXPIRED || p->tomb_seen) {
+        /* a known key, a failure, or (probed again) no record beside a tombstone */
         p->done(p->ctx, err, res);
         probe_free(p);
         return;
