@@ -350,7 +350,7 @@ int admission_head(struct admission *a, struct route_table *t, const struct requ
     const struct route_settings *rs;
     const struct span *v;
     char detail[512];
-    uint64_t announced;
+    uint64_t announced = 0;
 
     a->routes = t;
     a->key_prefix = key_prefix;
