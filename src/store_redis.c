@@ -108,6 +108,12 @@ static int script_args(const struct op *op, const char **argv, size_t *lens, int
         argv[argc++] = ttl;
         argv[argc] = op->resource ? op->resource : ""; /* "": no resource link */
         lens[argc++] = op->resource_len;
+        if (op->tomb) { /* KEYS[2]: its tombstone, with the fingerprint */
+            argv[argc] = (const char *)op->tomb_fp;
+            lens[argc++] = FINGERPRINT_LEN;
+            lens[argc] = u64_text(op->tomb_ttl_ms, keep);
+            argv[argc++] = keep;
+        }
         return argc;
     case LUA_INSPECT:
         argv[argc] = op->fp; /* "1": with the body, "0": without */
@@ -178,10 +184,8 @@ struct probe {
     char bytes[]; /* the store key, then the about text */
 };
 
-/* Submits the acquire script for <p>'s key, probing or not, or with <tomb>
- * as its second key (one server: the script looks for the tombstone itself). */
-static int probe_submit(struct probe *p, bool probe, const char *tomb, store_done_fn *done,
-                        void *ctx)
+/* Submits the acquire script for <p>'s key, probing or not. */
+static int probe_submit(struct probe *p, bool probe, store_done_fn *done, void *ctx)
 {
     struct op *op;
     int err = store_redis_op_new(p->st, LUA_ACQUIRE, (struct span){ p->bytes, p->key_len }, &p->tok,
@@ -189,11 +193,6 @@ static int probe_submit(struct probe *p, bool probe, const char *tomb, store_don
 
     if (err < 0)
         return err;
-    if (tomb && !(op->tomb = strdup(tomb))) {
-        store_redis_op_free(op);
-        return -ENOMEM;
-    }
-    op->tomb_len = tomb ? strlen(tomb) : 0;
     memcpy(op->fp, p->fp, sizeof(op->fp));
     op->ttl_ms = p->lease_ms;
     op->keep_ms = p->keep_ms;
@@ -221,14 +220,14 @@ static void on_tomb_exists(void *ctx, int err, const redisReply *r)
     if (err == 0 && (!r || r->type != REDIS_REPLY_INTEGER))
         err = -EPROTO;
     if (err == 0 && r->integer == 0) { /* no tombstone: lock it */
-        err = probe_submit(p, false, NULL, p->done, p->ctx);
+        err = probe_submit(p, false, p->done, p->ctx);
     } else if (err == 0) {
         /* A tombstone is written when its record completes: a request racing
          * this one may have just done so. Probed again: a record there now
          * answers as itself; none, and its tombstone is that of an expired
          * record (a purge deletes both). */
         p->tomb_seen = true;
-        err = probe_submit(p, true, NULL, on_probed, p);
+        err = probe_submit(p, true, on_probed, p);
         if (err == 0)
             return;
     }
@@ -257,6 +256,32 @@ static void on_probed(void *ctx, int err, const struct store_result *res)
     }
 }
 
+/* The acquire script in one call, with <tomb> (taken over; NULL: none) as
+ * its second key. */
+static int acquire_one_call(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
+                            const struct store_token *tok, const struct store_lock *lk, char *tomb,
+                            store_done_fn *done, void *ctx)
+{
+    struct op *op;
+    int err = store_redis_op_new(store_redis_of(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
+
+    if (err < 0) {
+        free(tomb);
+        return err;
+    }
+    fingerprint_hex(fp, op->fp);
+    op->ttl_ms = lk->lease_ms;
+    op->keep_ms = lk->keep_ms;
+    op->take_over = lk->take_over;
+    op->tomb = tomb;
+    op->tomb_len = tomb ? strlen(tomb) : 0;
+    if (op_set_about(op, &lk->about) < 0) {
+        store_redis_op_free(op);
+        return -ENOMEM;
+    }
+    return store_redis_op_submit(op);
+}
+
 static int redis_acquire(struct store *base, struct span key, const uint8_t fp[FINGERPRINT_LEN],
                          const struct store_token *tok, const struct store_lock *lk,
                          store_done_fn *done, void *ctx)
@@ -271,6 +296,12 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
     /* A store key a tombstone's key cannot be made from has none. */
     if (lk->tombstones && (err = idemkey_tomb_key(key, lk->prefix_len, &tomb)) == -ENOMEM)
         return err;
+    /* No tombstone to look for, or one server, where the script looks for it
+     * itself (KEYS[2]): one call. A cluster (or a mode not known yet) may
+     * keep it in another slot: a probe, EXISTS, then the lock. */
+    if (!tomb ||
+        atomic_load_explicit(&store_redis_of(base)->mode, memory_order_relaxed) == MODE_SINGLE)
+        return acquire_one_call(base, key, fp, tok, lk, tomb, done, ctx);
     n = store_about_format(&lk->about, about, sizeof(about));
     p = malloc(sizeof(*p) + key.len + n);
     if (!p) {
@@ -290,15 +321,7 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
     fingerprint_hex(fp, p->fp);
     memcpy(p->bytes, key.base, key.len);
     memcpy(p->bytes + key.len, about, n);
-    /* No tombstone to look for, or one server, where the script looks for it
-     * itself: one call. A cluster (or a mode not known yet) may keep it in
-     * another slot: a probe, EXISTS, then the lock. */
-    if (!tomb || atomic_load_explicit(&p->st->mode, memory_order_relaxed) == MODE_SINGLE) {
-        err = probe_submit(p, false, tomb, done, ctx);
-        probe_free(p);
-        return err;
-    }
-    err = probe_submit(p, true, NULL, on_probed, p);
+    err = probe_submit(p, true, on_probed, p);
     if (err < 0)
         probe_free(p);
     return err;
@@ -327,9 +350,11 @@ static int redis_unknown(struct store *base, struct span key, const struct store
 
 /* Submits <script> (complete, resolve) storing <rec> as <key>'s answer,
  * with the id of the resource it created (NULL: none). */
-static int submit_record(struct store *base, enum lua_script_id script, struct span key,
-                         const struct store_token *tok, struct record *rec, uint64_t ttl_ms,
-                         const struct span *resource, store_done_fn *done, void *ctx)
+/* The op of <script> storing <rec> (complete, resolve), not submitted yet.
+ * Returns 0 with it in <ret>, or a negative errno. */
+static int record_op(struct store *base, enum lua_script_id script, struct span key,
+                     const struct store_token *tok, struct record *rec, uint64_t ttl_ms,
+                     const struct span *resource, store_done_fn *done, void *ctx, struct op **ret)
 {
     struct op *op;
     int err;
@@ -352,6 +377,38 @@ static int submit_record(struct store *base, enum lua_script_id script, struct s
     }
     op->rec = record_ref(rec);
     op->ttl_ms = ttl_ms;
+    *ret = op;
+    return 0;
+}
+
+static int submit_record(struct store *base, enum lua_script_id script, struct span key,
+                         const struct store_token *tok, struct record *rec, uint64_t ttl_ms,
+                         const struct span *resource, store_done_fn *done, void *ctx)
+{
+    struct op *op;
+    int err = record_op(base, script, key, tok, rec, ttl_ms, resource, done, ctx, &op);
+
+    return err < 0 ? err : store_redis_op_submit(op);
+}
+
+/* A complete on one server (or the master Sentinel names) whose tombstone
+ * the script writes itself: KEYS[2], in the same call (doc/configuration.md,
+ * Tombstones). Takes <tomb> over. */
+static int complete_with_tomb(struct store *base, struct span key, const struct store_token *tok,
+                              struct record *rec, uint64_t ttl_ms, const struct store_link *link,
+                              char *tomb, store_done_fn *done, void *ctx)
+{
+    struct op *op;
+    int err = record_op(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx, &op);
+
+    if (err < 0) {
+        free(tomb);
+        return err;
+    }
+    op->tomb = tomb;
+    op->tomb_len = strlen(tomb);
+    memcpy(op->tomb_fp, link->fp, FINGERPRINT_LEN);
+    op->tomb_ttl_ms = ttl_ms + link->tomb_ms;
     return store_redis_op_submit(op);
 }
 
@@ -449,6 +506,9 @@ static int redis_complete(struct store *base, struct span key, const struct stor
     }
     if (!link_key && !tomb_key)
         return submit_record(base, LUA_COMPLETE, key, tok, rec, ttl_ms, NULL, done, ctx);
+    if (!link_key &&
+        atomic_load_explicit(&store_redis_of(base)->mode, memory_order_relaxed) == MODE_SINGLE)
+        return complete_with_tomb(base, key, tok, rec, ttl_ms, link, tomb_key, done, ctx);
     link_len = link_key ? strlen(link_key) : 0;
     tomb_len = tomb_key ? strlen(tomb_key) : 0;
     w = malloc(sizeof(*w) + link_len + key.len + tomb_len);

@@ -201,12 +201,14 @@ struct op {
     uint64_t keep_ms;             /* acquire */
     bool take_over;               /* acquire */
     bool probe;                   /* acquire: no record is "absent" (a tombstone is looked for) */
-    char *tomb;                   /* acquire: owned, the tombstone's key, a second KEYS of the
-                                     script on one server; NULL: none (or probed, on a cluster) */
+    char *tomb; /* acquire, complete: owned, the tombstone's key, a second KEYS of the
+                   script on one server; NULL: none (or probed, on a cluster) */
     size_t tomb_len;
-    enum store_cause cause; /* unknown */
-    struct record *rec;     /* complete: own reference, for the body */
-    char *resource;         /* complete: owned, its resource link's id; NULL: none */
+    uint8_t tomb_fp[FINGERPRINT_LEN]; /* complete with <tomb>: what the tombstone holds */
+    uint64_t tomb_ttl_ms;             /* and how long it is kept */
+    enum store_cause cause;           /* unknown */
+    struct record *rec;               /* complete: own reference, for the body */
+    char *resource;                   /* complete: owned, its resource link's id; NULL: none */
     size_t resource_len;
     struct buf head;     /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
     redis_reply_fn *raw; /* set: gets the reply as it is (operator calls), not <done> */
