@@ -126,7 +126,7 @@ int main(int argc, char **argv)
             struct scope_principal p;
             enum scope_failure why;
 
-            if (scope_eval(s, rq, (uint64_t)time(NULL), &p, &why) != 0 || p.n != 3) {
+            if (scope_eval(s, rq, (uint64_t)time(NULL), &p, &why) != 0 || p.n != 6) {
                 fprintf(stderr, "%s: does not verify (%s)\n", cases[i].alg,
                         scope_failure_label(why));
                 return 1;
