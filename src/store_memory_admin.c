@@ -11,15 +11,26 @@
 #include "idemproxy/idemkey.h"
 #include "idemproxy/record.h"
 
+/* Whether <e> is a completed entry whose answer expired and whose
+ * tombstone has not: a tombstone, though not made small yet (an acquire
+ * answers 410 for it already). */
+static bool tomb_due(const struct mentry *e, uint64_t now)
+{
+    return e->state == MSTATE_COMPLETED && e->tomb_ms && now >= e->expires_ms &&
+           now - e->expires_ms < e->tomb_ms;
+}
+
 static int entry_info(const struct mentry *e, uint64_t now, bool with_body, struct store_info *info)
 {
+    bool due = tomb_due(e, now);
+
     *info =
         (struct store_info){ .completed = e->state == MSTATE_COMPLETED || e->state == MSTATE_TOMB,
-                             .tombstone = e->state == MSTATE_TOMB,
+                             .tombstone = e->state == MSTATE_TOMB || due,
                              .unknown = e->state == MSTATE_UNKNOWN,
                              .cause = e->cause,
                              .age_ms = now - e->changed_ms,
-                             .ttl_ms = e->expires_ms - now };
+                             .ttl_ms = (due ? e->expires_ms + e->tomb_ms : e->expires_ms) - now };
     if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
         info->lease_ms = e->lease_until_ms - now;
     if (e->about && !(info->about = strdup(e->about)))
@@ -32,7 +43,9 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
         store_info_done(info);
         return -ENOMEM;
     }
-    if (e->rec && with_body) {
+    if (due) {
+        return 0; /* a tombstone: its answer is gone */
+    } else if (e->rec && with_body) {
         info->rec = record_ref(e->rec);
     } else if (e->rec) {
         /* The head only: the body is not copied unless asked for. */
@@ -88,7 +101,7 @@ static void inspect_run(void *arg)
                 struct span k = { e->key, e->key_len };
                 struct store_info info;
 
-                if (now >= e->expires_ms ||
+                if ((now >= e->expires_ms && !tomb_due(e, now)) ||
                     (job->unknown_only
                          ? e->state != MSTATE_UNKNOWN || !idemkey_store_key_is_under(k, prefix)
                          : !idemkey_store_key_matches(k, prefix, key)))

@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from fixtures.client import metrics_value
+from fixtures.marks import store_independent
 from fixtures.npm import npm_install
 from fixtures.upstream import QuietHandler
 from fixtures.waiting import free_port
@@ -262,6 +263,7 @@ def suffix_of():
 
 
 # --------------------------------------------------------------------------- tests
+@store_independent
 def test_stripe_sdk_raises_the_stripe_dialect(proxy, sdk, fake_stripe, tmp_path):
     version, _ = sdk
     ok, down, slow = three_proxies(proxy, tmp_path, fake_stripe, "stripe")
@@ -309,6 +311,7 @@ def test_stripe_sdk_raises_the_stripe_dialect(proxy, sdk, fake_stripe, tmp_path)
                                                          "outcome": "in_flight"}) == 1
 
 
+@store_independent
 def test_stripe_sdk_does_not_raise_the_problem_dialect(proxy, sdk, fake_stripe, tmp_path):
     """Without `errors: stripe` the SDK finds no `error` member in the body and
     resolves every one of the proxy's problems as a charge: a charge without
@@ -337,6 +340,7 @@ def test_stripe_sdk_does_not_raise_the_problem_dialect(proxy, sdk, fake_stripe, 
     assert fake_stripe.received(kt) == 1
 
 
+@store_independent
 def test_stripe_sdk_retry_while_first_runs_is_replayed_with_wait(proxy, sdk, fake_stripe,
                                                                  tmp_path):
     """maxNetworkRetries 2 and a client timeout of 2 s, the charge takes 3.5 s:
@@ -379,6 +383,7 @@ REORDERED_ROUTES = """routes:
 """
 
 
+@store_independent
 def test_stripe_sdk_retry_with_reordered_params_is_replayed_on_a_json_route(proxy, sdk,
                                                                             fake_stripe,
                                                                             tmp_path):

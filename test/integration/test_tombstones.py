@@ -28,7 +28,7 @@ def expire(p, key, body=b"first", ttl="1"):
     req = keyed(key, body=body, extra=[("X-TTL", ttl)])
     st, h, _ = p.request(*req)
     assert st == 201 and hone(h, REPLAY) == "false"
-    time.sleep(float(ttl) + 1.2)
+    time.sleep(float(ttl) + 0.5)
     return req
 
 
