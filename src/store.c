@@ -74,6 +74,18 @@ const char *store_cause_name(enum store_cause c)
     return c < STORE_CAUSE_MAX ? cause_names[c] : "unknown";
 }
 
+const char *store_probe_result_name(enum store_probe_result r)
+{
+    static const char *const names[] = {
+        [STORE_PROBE_NONE] = "",
+        [STORE_PROBE_WAS_FOUND] = "found",
+        [STORE_PROBE_WAS_ABSENT] = "absent",
+        [STORE_PROBE_WAS_FAILED] = "failed",
+    };
+
+    return (size_t)r < sizeof(names) / sizeof(names[0]) ? names[r] : "";
+}
+
 int store_cause_parse(struct span s, enum store_cause *ret)
 {
     for (size_t i = 0; i < STORE_CAUSE_MAX; i++) {

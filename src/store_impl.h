@@ -53,7 +53,8 @@ struct store_admin_job {
     bool resource;                 /* find_resource: <key> is the resource id */
     char cursor[STORE_CURSOR_MAX]; /* list_unknown: where the page starts */
     struct record *rec;            /* resolve: own reference */
-    uint64_t ttl_ms;               /* resolve */
+    uint64_t ttl_ms;               /* resolve, probe found */
+    struct store_probe probe;      /* probe: its step (<rec> is the job's own, above) */
 };
 
 #define STORE_LIST_PAGE 100 /* list_unknown: a page ends once it holds this many keys */

@@ -158,9 +158,7 @@ void store_memory_unlink_completed(struct shard *sh, struct mentry *e)
 
 /* ---- one shard (its lock held by the caller) ---- */
 
-/* Unlinks the entry at <pp> of <sh> (a shard of <st>) and frees it; returns
- * the bytes it held, for the caller to give back to the budget. */
-static size_t shard_remove(struct store_memory *st, struct shard *sh, struct mentry **pp)
+size_t store_memory_shard_remove(struct store_memory *st, struct shard *sh, struct mentry **pp)
 {
     struct mentry *e = *pp;
     size_t bytes = e->bytes;
@@ -219,7 +217,7 @@ static size_t shard_expire(struct store_memory *st, struct shard *sh, struct men
     struct mentry *e = *pp;
 
     *ret_gone = !(e->state == MSTATE_COMPLETED && now < e->expires_ms + e->tomb_ms);
-    return *ret_gone ? shard_remove(st, sh, pp) : store_memory_tomb_make(st, sh, e);
+    return *ret_gone ? store_memory_shard_remove(st, sh, pp) : store_memory_tomb_make(st, sh, e);
 }
 
 /* Removes the expired entries of <sh>. Returns the bytes freed. */
@@ -291,8 +289,8 @@ static bool evict_oldest(struct store_memory *st, bool tombs)
         if (tombs ? store_memory_tomb_oldest(victim) : shard_oldest(victim)) {
             struct mentry *e = tombs ? store_memory_tomb_oldest(victim) : shard_oldest(victim);
 
-            freed = shard_remove(st, victim,
-                                 shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
+            freed = store_memory_shard_remove(
+                st, victim, shard_slot(victim, e->hash, (struct span){ e->key, e->key_len }));
             evicted = true;
         }
         pthread_mutex_unlock(&victim->mu);
@@ -406,6 +404,9 @@ static void make_unknown(struct store_memory *st, struct mentry *e, enum store_c
 
     e->state = MSTATE_UNKNOWN;
     e->cause = cause;
+    e->probes = 0; /* its probes start from none */
+    e->last_result = STORE_PROBE_NONE;
+    e->probe_next_ms = e->absent_ms = 0;
     e->changed_ms = now;
     e->expires_ms = now + keep_ms;
     if (e->about || !budget_try(st, need))
@@ -468,7 +469,7 @@ static struct mentry **acquire_lookup(struct store_memory *st, struct shard *sh,
     struct mentry **pp = store_memory_lookup_live(st, sh, hash, key, now);
 
     if (*pp && (*pp)->state == MSTATE_TOMB && !op->tombstones) {
-        store_memory_budget_give_back(st, shard_remove(st, sh, pp));
+        store_memory_budget_give_back(st, store_memory_shard_remove(st, sh, pp));
         pp = shard_slot(sh, hash, key);
     }
     return pp;
@@ -656,7 +657,7 @@ static int do_release_or_extend(struct store_memory *st, struct mop *op, struct 
              e->state == MSTATE_TOMB || (op->kind == MOP_EXTEND && e->state != MSTATE_LOCKED))
         err = -ESTALE;
     else if (op->kind == MOP_RELEASE)
-        freed = shard_remove(st, sh, pp); /* a lock, or the unknown record it became */
+        freed = store_memory_shard_remove(st, sh, pp); /* a lock, or the unknown record it became */
     else if (op->kind == MOP_EXTEND) {
         e->lease_until_ms = now + op->ttl_ms;
         e->expires_ms = e->lease_until_ms + e->keep_ms;
@@ -684,7 +685,7 @@ static int do_purge(struct store_memory *st, struct mop *op, struct store_result
     pthread_mutex_lock(&sh->mu);
     pp = store_memory_lookup_live(st, sh, hash, key, now_ms());
     if (*pp)
-        freed = shard_remove(st, sh, pp);
+        freed = store_memory_shard_remove(st, sh, pp);
     pthread_mutex_unlock(&sh->mu);
     if (!freed)
         return -ENOENT;
@@ -861,7 +862,7 @@ static void memory_free(struct store *base)
 
         for (size_t b = 0; sh->buckets && b < sh->nbuckets; b++) {
             while (sh->buckets[b])
-                (void)shard_remove(st, sh, &sh->buckets[b]);
+                (void)store_memory_shard_remove(st, sh, &sh->buckets[b]);
         }
         free(sh->buckets);
         pthread_mutex_destroy(&sh->mu);
@@ -914,6 +915,7 @@ static const struct store_ops memory_ops = {
     .unknown = memory_unknown,
     .list_unknown = store_memory_list_unknown,
     .resolve = store_memory_resolve,
+    .probe = store_memory_probe,
     .extend = memory_extend,
     .inspect = store_memory_inspect,
     .find_resource = store_memory_find_resource,

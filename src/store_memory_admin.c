@@ -29,6 +29,8 @@ static int entry_info(const struct mentry *e, uint64_t now, bool with_body, stru
                              .tombstone = e->state == MSTATE_TOMB || due,
                              .unknown = e->state == MSTATE_UNKNOWN,
                              .cause = e->cause,
+                             .probes = e->probes,
+                             .last_result = e->last_result,
                              .age_ms = now - e->changed_ms,
                              .ttl_ms = (due ? e->expires_ms + e->tomb_ms : e->expires_ms) - now };
     if (e->state == MSTATE_LOCKED && now < e->lease_until_ms)
@@ -194,6 +196,26 @@ int store_memory_list_unknown(struct store *base, struct span prefix, const char
                                   (struct span){ "", 0 });
 }
 
+/* Completes the unknown <e> of <sh> (its lock held) with <*rec> (the
+ * reference taken over), kept its own keep or <ttl_ms>. <need> bytes of the
+ * budget were reserved for it. */
+static void complete_unknown(struct store_memory *st, struct shard *sh, struct mentry *e,
+                             struct record **rec, size_t need, uint64_t ttl_ms, uint64_t now)
+{
+    atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
+    free(e->about);
+    e->about = NULL;
+    e->state = MSTATE_COMPLETED;
+    e->rec = *rec;
+    *rec = NULL;
+    e->bytes += need;
+    e->expires_ms = now + (e->keep_ms ? e->keep_ms : ttl_ms);
+    e->changed_ms = now;
+    e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
+    sh->locks--;
+    store_memory_link_completed(sh, e);
+}
+
 /* RESOLVE: the operator's answer for an unknown key. */
 static void resolve_run(void *arg)
 {
@@ -216,19 +238,8 @@ static void resolve_run(void *arg)
         } else if (e->state != MSTATE_UNKNOWN) {
             err = -EBUSY;
         } else {
-            atomic_fetch_sub_explicit(&st->lock_bytes, e->bytes, memory_order_relaxed);
-            free(e->about);
-            e->about = NULL;
-            e->state = MSTATE_COMPLETED;
-            e->rec = job->rec;
-            job->rec = NULL;
-            e->bytes += need;
+            complete_unknown(st, sh, e, &job->rec, need, job->ttl_ms, now);
             need = 0;
-            e->expires_ms = now + (e->keep_ms ? e->keep_ms : job->ttl_ms);
-            e->changed_ms = now;
-            e->completed_seq = atomic_fetch_add_explicit(&st->seq, 1, memory_order_relaxed);
-            sh->locks--;
-            store_memory_link_completed(sh, e);
         }
         pthread_mutex_unlock(&sh->mu);
         store_memory_budget_give_back(st, need);
@@ -253,4 +264,102 @@ int store_memory_resolve(struct store *base, struct span store_key, struct recor
     err = store_admin_job_submit(&st->calls, st->pool, resolve_run, &job, (struct span){ "", 0 },
                                  store_key);
     return err;
+}
+
+/* A probe's CLAIM on the unknown <e> (its shard's lock held). */
+static void probe_claim(struct mentry *e, const struct store_probe *p, uint64_t now,
+                        struct store_result *res)
+{
+    uint64_t from = e->changed_ms + p->settle_ms;
+
+    if (e->probe_next_ms > from)
+        from = e->probe_next_ms;
+    if (e->probes >= p->attempts) {
+        res->probe = STORE_PROBE_SPENT;
+    } else if (now < from) {
+        res->probe = STORE_PROBE_LATER;
+        res->probe_ms = from - now;
+    } else {
+        res->probe = STORE_PROBE_CLAIMED;
+        res->probe_ms = now;
+        res->probes = ++e->probes;
+        e->probe_next_ms = now + p->every_ms;
+    }
+}
+
+/* A probe's ABSENT on the unknown <e> (its shard's lock held): true when it
+ * releases the key (the caller removes it). */
+static bool probe_absent(struct mentry *e, const struct store_probe *p)
+{
+    if (e->last_result != STORE_PROBE_WAS_ABSENT) {
+        e->last_result = STORE_PROBE_WAS_ABSENT;
+        e->absent_ms = p->sent_ms;
+        return false;
+    }
+    if (p->sent_ms >= e->absent_ms + STORE_ABSENT_GAP_MS)
+        return true;
+    if (p->sent_ms < e->absent_ms) /* answers of two probes that crossed */
+        e->absent_ms = p->sent_ms;
+    return false;
+}
+
+/* PROBE: a step of an unknown key's reconcile (store.h). */
+static void probe_run(void *arg)
+{
+    struct store_admin_job *job = arg;
+    struct store_memory *st = job->st;
+    struct span key = { job->key, job->key_len };
+    uint64_t hash = store_memory_hash(st, job->key, job->key_len), now;
+    struct shard *sh = store_memory_shard_of(st, hash);
+    const struct store_probe *p = &job->probe;
+    size_t need = p->step == STORE_PROBE_FOUND ? record_mem_bytes(job->rec) : 0, freed = 0;
+    struct store_result res = { .status = STORE_OK, .probe = STORE_PROBE_NOTED };
+    struct mentry **pp, *e;
+    int err = store_memory_budget_reserve(st, need);
+
+    if (err == 0) {
+        pthread_mutex_lock(&sh->mu);
+        now = now_ms();
+        pp = store_memory_lookup_live(st, sh, hash, key, now);
+        if (!(e = *pp))
+            err = -ENOENT;
+        else if (e->state != MSTATE_UNKNOWN)
+            res.probe = STORE_PROBE_KNOWN;
+        else if (p->step == STORE_PROBE_CLAIM)
+            probe_claim(e, p, now, &res);
+        else if (p->step == STORE_PROBE_FOUND) {
+            complete_unknown(st, sh, e, &job->rec, need, job->ttl_ms, now);
+            need = 0;
+        } else if (p->step == STORE_PROBE_FAILED) {
+            e->last_result = STORE_PROBE_WAS_FAILED;
+        } else if (probe_absent(e, p)) {
+            freed = store_memory_shard_remove(st, sh, pp);
+            res.probe = STORE_PROBE_RELEASED;
+        }
+        pthread_mutex_unlock(&sh->mu);
+        store_memory_budget_give_back(st, need + freed);
+        if (err == 0 && (p->step == STORE_PROBE_FOUND || res.probe == STORE_PROBE_RELEASED) &&
+            res.probe != STORE_PROBE_KNOWN && st->notify)
+            st->notify(st->notify_ctx, key);
+    }
+    job->done(job->ctx, err, err == 0 ? &res : NULL);
+    store_admin_job_free(job);
+    store_calls_end(&st->calls);
+}
+
+int store_memory_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                       store_done_fn *done, void *ctx)
+{
+    struct store_memory *st = store_memory_of(base);
+    struct store_admin_job job = { .st = st, .done = done, .ctx = ctx, .probe = *p };
+
+    if (!done || store_key.len == 0 || (p->step == STORE_PROBE_FOUND && !p->rec))
+        return -EINVAL;
+    job.probe.rec = NULL;
+    if (p->step == STORE_PROBE_FOUND) {
+        job.rec = record_ref(p->rec);
+        job.ttl_ms = p->ttl_ms ? p->ttl_ms : 1;
+    }
+    return store_admin_job_submit(&st->calls, st->pool, probe_run, &job, (struct span){ "", 0 },
+                                  store_key);
 }

@@ -45,6 +45,12 @@ struct mentry {
     struct mentry *res_next; /* with <resource>: its chain in the store's resource index */
     enum mstate state;
     enum store_cause cause; /* unknown only */
+    /* unknown only, its probes (doc/configuration.md, Reconcile): how many
+     * were claimed, none other before <probe_next_ms>, the first absent of
+     * the last run's claim time (0: the last result was not absent) */
+    unsigned probes;
+    enum store_probe_result last_result;
+    uint64_t probe_next_ms, absent_ms;
     struct store_token tok;
     uint8_t fp[FINGERPRINT_LEN];
     size_t key_len;
@@ -138,6 +144,10 @@ void store_memory_budget_give_back(struct store_memory *st, size_t n);
 /* Puts completed <e> last in <sh>'s completion order (its lock held). */
 void store_memory_link_completed(struct shard *sh, struct mentry *e);
 
+/* Unlinks the entry at <pp> of <sh> (its lock held) and frees it; returns
+ * the bytes it held, for the caller to give back to the budget. */
+size_t store_memory_shard_remove(struct store_memory *st, struct shard *sh, struct mentry **pp);
+
 /* Takes completed <e> out of <sh>'s completion order (its lock held). */
 void store_memory_unlink_completed(struct shard *sh, struct mentry *e);
 
@@ -175,5 +185,7 @@ int store_memory_list_unknown(struct store *base, struct span prefix, const char
                               store_list_fn *done, void *ctx);
 int store_memory_resolve(struct store *base, struct span store_key, struct record *rec,
                          uint64_t ttl_ms, store_done_fn *done, void *ctx);
+int store_memory_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                       store_done_fn *done, void *ctx);
 
 #endif

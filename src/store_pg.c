@@ -476,6 +476,13 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
     return err;
 }
 
+static int pg_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                    store_done_fn *done, void *ctx)
+{
+    (void)base, (void)store_key, (void)p, (void)done, (void)ctx;
+    return -ENOTSUP; /* TODO(reconcile): being written */
+}
+
 static const struct store_ops pg_ops = {
     .name = "postgresql",
     .acquire = pg_acquire,
@@ -488,6 +495,7 @@ static const struct store_ops pg_ops = {
     .purge = store_pg_purge,
     .list_unknown = store_pg_list_unknown,
     .resolve = store_pg_resolve,
+    .probe = pg_probe,
     .set_notify = pg_set_notify,
     .is_ready = pg_is_ready,
     .last_failure = store_pg_last_failure,

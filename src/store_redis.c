@@ -712,6 +712,13 @@ void store_redis_last_failure(struct store *base, char *buf, size_t len)
     pthread_mutex_unlock(&st->log_mu);
 }
 
+static int redis_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                       store_done_fn *done, void *ctx)
+{
+    (void)base, (void)store_key, (void)p, (void)done, (void)ctx;
+    return -ENOTSUP; /* TODO(reconcile): being written */
+}
+
 static const struct store_ops redis_ops = {
     .name = "redis",
     .acquire = redis_acquire,
@@ -724,6 +731,7 @@ static const struct store_ops redis_ops = {
     .purge = store_redis_purge,
     .list_unknown = store_redis_list_unknown,
     .resolve = redis_resolve,
+    .probe = redis_probe,
     .set_notify = store_redis_set_notify,
     .is_ready = store_redis_is_ready,
     .last_failure = store_redis_last_failure,

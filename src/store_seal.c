@@ -160,6 +160,23 @@ static int seal_resolve(struct store *st, struct span store_key, struct record *
     return err;
 }
 
+static int seal_probe(struct store *st, struct span store_key, const struct store_probe *p,
+                      store_done_fn *done, void *ctx)
+{
+    struct store_seal *s = seal_of(st);
+    struct store_probe sealed_p = *p;
+    int err;
+
+    if (!s->keys || p->step != STORE_PROBE_FOUND)
+        return store_probe(s->inner, store_key, p, done, ctx);
+    /* A found answer that cannot be sealed is refused: the key stays unknown. */
+    if ((err = seal_record(s->keys, store_key, p->rec, &sealed_p.rec)) < 0)
+        return err;
+    err = store_probe(s->inner, store_key, &sealed_p, done, ctx);
+    record_unref(sealed_p.rec);
+    return err;
+}
+
 /* Opens the answer of the listed <info> in place: its record in clear, the
  * key id that sealed it, or why it does not open. Returns 0 or -ENOMEM. */
 static int open_info(const struct store_seal *s, struct store_info *info, bool with_body)
@@ -306,6 +323,7 @@ static const struct store_ops seal_ops = {
     .purge = seal_purge,
     .list_unknown = seal_list_unknown,
     .resolve = seal_resolve,
+    .probe = seal_probe,
     .set_notify = seal_set_notify,
     .is_ready = seal_is_ready,
     .last_failure = seal_last_failure,

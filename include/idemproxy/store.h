@@ -75,6 +75,51 @@ struct store_link {
     uint8_t fp[FINGERPRINT_LEN]; /* with <tomb_ms>: the request's fingerprint, kept in it */
 };
 
+/* A probe of an unknown key (doc/configuration.md, Reconcile): its step.
+ * How many probes were made, the last one's result, the time before which
+ * no other may start and the first absent of a run are fields of the key's
+ * record, on the store's own clock: still one store key per idempotency key. */
+enum store_probe_step {
+    STORE_PROBE_CLAIM,  /* claim the next probe, if the store allows one now */
+    STORE_PROBE_FOUND,  /* a probe found the answer: complete the key with it */
+    STORE_PROBE_ABSENT, /* a probe found that the request took no effect */
+    STORE_PROBE_FAILED, /* a probe proved nothing */
+};
+
+/* What a probe step did (STORE_OK's res->probe). */
+enum store_probe_answer {
+    STORE_PROBE_CLAIMED,  /* claim: the probe is the caller's: res->probe_ms, res->probes */
+    STORE_PROBE_LATER,    /* claim: not yet (settle, or another probe within every):
+                           * res->probe_ms is how long to wait */
+    STORE_PROBE_SPENT,    /* claim: its attempts are used up */
+    STORE_PROBE_KNOWN,    /* any step: the key is not unknown (any more): nothing changed */
+    STORE_PROBE_NOTED,    /* found (the key is completed), absent, failed: written */
+    STORE_PROBE_RELEASED, /* absent: the second of a run, sent at least 1 s after the first:
+                           * the key is released, so that its next retry runs */
+};
+
+/* The last result a key's probes got (store_info). */
+enum store_probe_result {
+    STORE_PROBE_NONE, /* no probe ended yet */
+    STORE_PROBE_WAS_FOUND,
+    STORE_PROBE_WAS_ABSENT,
+    STORE_PROBE_WAS_FAILED,
+};
+
+#define STORE_ABSENT_GAP_MS 1000 /* two absents in a row release a key when this far apart */
+
+/* A probe step's arguments (store_probe()). */
+struct store_probe {
+    enum store_probe_step step;
+    /* claim: allowed from <settle_ms> after the key became unknown, then
+     * once per <every_ms>, <attempts> in all */
+    uint64_t settle_ms, every_ms;
+    unsigned attempts;
+    uint64_t sent_ms;   /* found, absent, failed: the store time its claim gave (res->probe_ms) */
+    struct record *rec; /* found: the answer to keep (the store takes its own reference) */
+    uint64_t ttl_ms;    /* found: kept as resolve's, for a record that does not say its own */
+};
+
 enum store_status {
     STORE_ACQUIRED,  /* acquire: the lock is ours, under the token given */
     STORE_UNKNOWN,   /* acquire: the key's outcome is unknown; res->cause, about, became */
@@ -102,6 +147,11 @@ struct store_result {
      * the callback), empty when none */
     struct span resource;
     const char *unreadable; /* STORE_UNREADABLE only: why, in words for the log (borrowed) */
+    /* store_probe() only: what its step did; CLAIMED: the store time of the
+     * claim and the probes made with it; LATER: the ms to wait */
+    enum store_probe_answer probe;
+    uint64_t probe_ms;
+    unsigned probes;
 };
 
 /* Runs exactly once per accepted operation: <err> is 0 and
@@ -134,6 +184,8 @@ struct store_info {
     char *resource;
     char *sealed_by;  /* completed: owned, the id of the key that sealed it (store_seal.h) */
     char *unreadable; /* completed: owned, why its answer does not open (<rec> NULL then) */
+    unsigned probes;  /* unknown: the probes claimed (doc/configuration.md, Reconcile) */
+    enum store_probe_result last_result; /* unknown: what the last one that ended found */
 };
 
 #define STORE_CURSOR_MAX 48 /* a page cursor of store_list_unknown(), NUL included */
@@ -193,6 +245,8 @@ struct store_ops {
                         store_list_fn *done, void *ctx);
     int (*resolve)(struct store *st, struct span store_key, struct record *rec, uint64_t ttl_ms,
                    store_done_fn *done, void *ctx);
+    int (*probe)(struct store *st, struct span store_key, const struct store_probe *p,
+                 store_done_fn *done, void *ctx);
     int (*set_notify)(struct store *st, store_notify_fn *fn, void *ctx);
     bool (*is_ready)(struct store *st);
     /* The last failure the store knows of, in its own words ("<server>:
@@ -328,6 +382,32 @@ static inline int store_resolve(struct store *st, struct span store_key, struct 
 {
     return st->ops->resolve(st, store_key, rec, ttl_ms, done, ctx);
 }
+
+/* Starts a PROBE step <p> (copied; its record reference is the caller's)
+ * on the key <store_key> (doc/configuration.md, Reconcile). Each step
+ * changes the record only while its outcome is unknown (else
+ * STORE_PROBE_KNOWN):
+ * - CLAIM: when the key became unknown <settle_ms> ago or more, no claim
+ *   was made in the last <every_ms> and fewer than <attempts> were made,
+ *   counts one and marks the time (CLAIMED, with the store's time in
+ *   res->probe_ms); else LATER (with the ms to wait) or SPENT;
+ * - FOUND: completes the key with p->rec, as store_resolve() does (waiters
+ *   are told), and notes found;
+ * - ABSENT: when the last result was absent too, from a claim at least
+ *   STORE_ABSENT_GAP_MS before p->sent_ms, deletes the key (RELEASED:
+ *   waiters are told); else notes absent, sent at p->sent_ms;
+ * - FAILED: notes failed (an absent run ends).
+ * <done> gets STORE_OK with res->probe, or -ENOENT when there is no such
+ * key. Returns 0 when accepted (<done> then runs exactly once, maybe on
+ * another thread) or a negative errno. */
+static inline int store_probe(struct store *st, struct span store_key, const struct store_probe *p,
+                              store_done_fn *done, void *ctx)
+{
+    return st->ops->probe(st, store_key, p, done, ctx);
+}
+
+/* The label of <r>: "", "found", "absent", "failed". */
+const char *store_probe_result_name(enum store_probe_result r);
 
 /* Asks <st> to call <fn>(<ctx>, key) whenever a key is completed or released,
  * by this process or (Redis) any other: for --wait. Call once, before any

@@ -98,6 +98,9 @@ struct call {
     struct record *rec; /* own reference */
     int cause;          /* STORE_UNKNOWN: its cause, and the rest */
     bool became;
+    int probe; /* store_probe(): what its step did, the claim's time and count */
+    uint64_t probe_ms;
+    unsigned probes;
     char about[STORE_ABOUT_MAX]; /* unknown: its words; mismatch: its resource ("": none) */
 };
 
@@ -109,6 +112,9 @@ struct res {
     struct record *rec; /* owned by the test */
     int cause;          /* STORE_UNKNOWN only, else -1 */
     bool became;
+    int probe; /* store_probe() only, else -1 */
+    uint64_t probe_ms;
+    unsigned probes;
     char about[STORE_ABOUT_MAX];
 };
 
@@ -147,6 +153,9 @@ static void call_done(void *ctx, int err, const struct store_result *res)
     c->rec = res ? record_ref(res->rec) : NULL;
     c->cause = res && res->status == STORE_UNKNOWN ? (int)res->cause : -1;
     c->became = res && res->status == STORE_UNKNOWN && res->became;
+    c->probe = res ? (int)res->probe : -1;
+    c->probe_ms = res ? res->probe_ms : 0;
+    c->probes = res ? res->probes : 0;
     if (res && res->status == STORE_UNKNOWN && res->about.len < sizeof(c->about)) {
         memcpy(c->about, res->about.base ? res->about.base : "", res->about.len);
         c->about[res->about.len] = '\0';
@@ -207,6 +216,9 @@ static struct res call_finish(struct call *c, int ret)
     r.rec = c->rec;
     r.cause = c->cause;
     r.became = c->became;
+    r.probe = c->probe;
+    r.probe_ms = c->probe_ms;
+    r.probes = c->probes;
     memcpy(r.about, c->about, sizeof(r.about));
     call_free(c);
     return r;
@@ -1045,6 +1057,138 @@ static struct res resolve(struct store *st, const char *store_key, struct record
 
     c->on_pool = true;
     return call_finish(c, store_resolve(st, span_from_cstr(store_key), rec, 60000, call_done, c));
+}
+
+static struct res probe_step(struct store *st, const char *store_key, enum store_probe_step step,
+                             uint64_t sent_ms, struct record *rec)
+{
+    struct call *c = call_new();
+    struct store_probe p = { .step = step, .settle_ms = 300, .every_ms = 400, .attempts = 4,
+                             .sent_ms = sent_ms, .rec = rec, .ttl_ms = 60000 };
+
+    c->on_pool = true;
+    return call_finish(c, store_probe(st, span_from_cstr(store_key), &p, call_done, c));
+}
+
+#define CHECK_PROBE(r, want)                                                                       \
+    do {                                                                                           \
+        struct res r_ = (r);                                                                       \
+        CHECK_EQ_INT(r_.ret, 0);                                                                   \
+        CHECK_EQ_INT(r_.err, 0);                                                                   \
+        CHECK_EQ_INT(r_.status, STORE_OK);                                                         \
+        CHECK_EQ_INT(r_.probe, (want));                                                            \
+    } while (0)
+
+/* The one store_info of <store_key>'s own key, inspected. */
+static struct store_info_list inspect_one(struct store *st, const char *prefix,
+                                          const char *store_key)
+{
+    const char *key = strchr(store_key + strlen(prefix), ':') + 1;
+    struct store_info_list l = inspect(st, prefix, key, false);
+
+    CHECK_EQ_INT(l.n, 1);
+    return l;
+}
+
+/* Reconcile (doc/configuration.md): the store paces an unknown key's probes
+ * (settle, every, attempts) for every proxy, keeps their count and last
+ * result in the record, completes a found key, and releases one found
+ * absent twice in a row at least STORE_ABSENT_GAP_MS apart. */
+static void test_probes_are_paced_counted_and_settle_the_key(void)
+{
+    struct store *st = store_open();
+    struct store_token t[6];
+    struct record *rec = sample_record(201, "reconciled");
+    char prefix[64], k[6][128], gone[128];
+    struct res r, c2, c5;
+    struct store_info_list l;
+
+    snprintf(prefix, sizeof(prefix), "test:%ld:probe:", (long)getpid());
+    for (int i = 0; i < 6; i++) {
+        t[i] = token();
+        snprintf(k[i], sizeof(k[i]), "%s%032x:pay-%d", prefix, 7, i);
+        CHECK_RES(acquire_as(st, k[i], fp_a, &t[i], 10000, 60000, false), 0, STORE_ACQUIRED);
+        if (i != 3) /* k[3] stays locked */
+            CHECK_RES(mark_unknown(st, k[i], &t[i], STORE_CAUSE_UPSTREAM_RESET, 60000), 0,
+                      STORE_OK);
+    }
+    /* settle: not before 300 ms after the key became unknown */
+    r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(r, STORE_PROBE_LATER);
+    CHECK(r.probe_ms > 0 && r.probe_ms <= 300);
+    CHECK_PROBE(probe_step(st, k[3], STORE_PROBE_CLAIM, 0, NULL), STORE_PROBE_KNOWN);
+    snprintf(gone, sizeof(gone), "%s%032x:none", prefix, 7);
+    CHECK_RES(probe_step(st, gone, STORE_PROBE_CLAIM, 0, NULL), -ENOENT, -1);
+    sleep_ms(350);
+    r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(r, STORE_PROBE_CLAIMED);
+    CHECK_EQ_INT(r.probes, 1);
+    CHECK(r.probe_ms > 0);
+    r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL); /* every: 400 ms */
+    CHECK_PROBE(r, STORE_PROBE_LATER);
+    CHECK(r.probe_ms > 0 && r.probe_ms <= 400);
+    CHECK_PROBE(probe_step(st, k[0], STORE_PROBE_FAILED, 0, NULL), STORE_PROBE_NOTED);
+    l = inspect_one(st, prefix, k[0]);
+    CHECK(l.n == 1 && l.items[0].unknown && l.items[0].probes == 1 &&
+          l.items[0].last_result == STORE_PROBE_WAS_FAILED);
+    store_info_list_done(&l);
+
+    /* found: the key is completed with the answer; later steps change nothing */
+    r = probe_step(st, k[1], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(r, STORE_PROBE_CLAIMED);
+    CHECK_PROBE(probe_step(st, k[1], STORE_PROBE_FOUND, r.probe_ms, rec), STORE_PROBE_NOTED);
+    r = acquire_as(st, k[1], fp_a, &t[3], 10000, 60000, false);
+    CHECK_EQ_INT(r.status, STORE_COMPLETED);
+    CHECK(r.rec && record_equal(r.rec, rec));
+    record_unref(r.rec);
+    CHECK_PROBE(probe_step(st, k[1], STORE_PROBE_CLAIM, 0, NULL), STORE_PROBE_KNOWN);
+    CHECK_PROBE(probe_step(st, k[1], STORE_PROBE_ABSENT, r.probe_ms, NULL), STORE_PROBE_KNOWN);
+    CHECK_PROBE(probe_step(st, k[1], STORE_PROBE_FOUND, 0, rec), STORE_PROBE_KNOWN);
+
+    /* absent twice, the second too soon after the first: noted, not released;
+     * k[2]: absent, failed, absent: the run was broken */
+    c2 = probe_step(st, k[2], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(c2, STORE_PROBE_CLAIMED);
+    CHECK_PROBE(probe_step(st, k[2], STORE_PROBE_ABSENT, c2.probe_ms, NULL), STORE_PROBE_NOTED);
+    CHECK_PROBE(probe_step(st, k[2], STORE_PROBE_FAILED, c2.probe_ms, NULL), STORE_PROBE_NOTED);
+    c5 = probe_step(st, k[5], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(c5, STORE_PROBE_CLAIMED);
+    CHECK_PROBE(probe_step(st, k[5], STORE_PROBE_ABSENT, c5.probe_ms, NULL), STORE_PROBE_NOTED);
+    CHECK_PROBE(probe_step(st, k[5], STORE_PROBE_ABSENT, c5.probe_ms + 500, NULL),
+                STORE_PROBE_NOTED);
+    l = inspect_one(st, prefix, k[5]);
+    CHECK(l.n == 1 && l.items[0].unknown && l.items[0].last_result == STORE_PROBE_WAS_ABSENT);
+    store_info_list_done(&l);
+    sleep_ms(1100);
+    r = probe_step(st, k[2], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(r, STORE_PROBE_CLAIMED);
+    CHECK_EQ_INT(r.probes, 2);
+    CHECK(r.probe_ms >= c2.probe_ms + STORE_ABSENT_GAP_MS);
+    CHECK_PROBE(probe_step(st, k[2], STORE_PROBE_ABSENT, r.probe_ms, NULL), STORE_PROBE_NOTED);
+    CHECK_EQ_INT(acquire_as(st, k[2], fp_a, &t[3], 10000, 60000, false).status, STORE_UNKNOWN);
+    /* k[5]: the second absent of its run, a second after the first: released */
+    r = probe_step(st, k[5], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(r, STORE_PROBE_CLAIMED);
+    CHECK_PROBE(probe_step(st, k[5], STORE_PROBE_ABSENT, r.probe_ms, NULL), STORE_PROBE_RELEASED);
+    CHECK_RES(acquire_as(st, k[5], fp_a, &t[3], 10000, 60000, false), 0, STORE_ACQUIRED);
+
+    /* attempts: 4 in all, whatever their results */
+    for (int i = 2; i <= 4; i++) {
+        sleep_ms(i == 2 ? 0 : 420);
+        r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL);
+        CHECK_PROBE(r, STORE_PROBE_CLAIMED);
+        CHECK_EQ_INT(r.probes, (unsigned)i);
+        CHECK_PROBE(probe_step(st, k[0], STORE_PROBE_FAILED, r.probe_ms, NULL), STORE_PROBE_NOTED);
+    }
+    sleep_ms(420);
+    CHECK_PROBE(probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL), STORE_PROBE_SPENT);
+    l = inspect_one(st, prefix, k[0]);
+    CHECK(l.n == 1 && l.items[0].unknown && l.items[0].probes == 4);
+    store_info_list_done(&l);
+    for (int i = 0; i < 6; i++)
+        purge_call(st, k[i]);
+    record_unref(rec);
+    store_close(st);
 }
 
 /* Resource links (doc/configuration.md): a complete with a link keeps the
@@ -2127,6 +2271,7 @@ static const struct test contract_tests[] = {
     TEST(test_complete_and_release_notify_waiters),
     TEST(test_inspect_lists_every_scope_and_purge_frees),
     TEST(test_list_unknown_and_resolve),
+    TEST(test_probes_are_paced_counted_and_settle_the_key),
     TEST(test_resource_links_find_the_record),
 };
 
