@@ -268,6 +268,12 @@ static json_t *info_json(const struct store_info *info, size_t prefix_len, bool 
         json_object_set_new(o, "cause", json_string(store_cause_name(info->cause)));
         if (info->about)
             about_json(o, info->about);
+        /* its probes (doc/configuration.md, Reconcile); last_result null: none ended yet */
+        json_object_set_new(o, "probes", json_integer((json_int_t)info->probes));
+        json_object_set_new(o, "last_result",
+                            info->last_result == STORE_PROBE_NONE
+                                ? json_null()
+                                : json_string(store_probe_result_name(info->last_result)));
     }
     if (o && info->completed && (info->rec || info->unreadable))
         answer_json(o, info, with_body);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "config_file_impl.h"
 #include "idemproxy/config.h"
 #include "idemproxy/config_check.h"
 #include "idemproxy/http.h"
@@ -24,24 +25,10 @@
 
 _Static_assert(KEYSOURCE_MAX_NAMES >= CONFIG_MAX_LIST, "a key source takes any list");
 
-struct config_file {
-    char *path;           /* owned */
-    yaml_document_t *doc; /* owned, loaded */
-};
-
-/* Where the problems go: <err>, one line each. */
-struct errs {
-    const struct config_file *f;
-    char *err;
-    size_t errlen;
-    unsigned n;
-    bool oom;
-};
-
-static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
+static void cfile_errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
-static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
+static void cfile_errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va_list ap)
 {
     size_t used = strlen(e->err);
     char msg[512];
@@ -59,15 +46,12 @@ static void errs_vadd(struct errs *e, const yaml_node_t *at, const char *fmt, va
         snprintf(e->err + used, e->errlen - used, "%s%s: %s", used ? "\n" : "", e->f->path, msg);
 }
 
-static void errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
+void cfile_errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
 {
     va_list ap;
 
     va_start(ap, fmt);
-    errs_vadd(e, at, fmt, ap);
+    cfile_errs_vadd(e, at, fmt, ap);
     va_end(ap);
 }
 
@@ -197,14 +181,14 @@ void config_file_free(struct config_file *f)
 
 /* ---- nodes ---- */
 
-static yaml_node_t *node(const struct config_file *f, int id)
+yaml_node_t *cfile_node(const struct config_file *f, int id)
 {
     return yaml_document_get_node(f->doc, id);
 }
 
 /* The text of scalar <n>; NULL for a YAML null (an empty, "~" or "null"
  * plain scalar), or a scalar holding a NUL byte, which no option takes. */
-static const char *scalar(const yaml_node_t *n)
+const char *cfile_scalar(const yaml_node_t *n)
 {
     const char *s = (const char *)n->data.scalar.value;
     size_t len = n->data.scalar.length;
@@ -218,7 +202,7 @@ static const char *scalar(const yaml_node_t *n)
     return s;
 }
 
-static const char *type_name(const yaml_node_t *n)
+const char *cfile_type_name(const yaml_node_t *n)
 {
     switch (n->type) {
     case YAML_MAPPING_NODE:
@@ -226,41 +210,41 @@ static const char *type_name(const yaml_node_t *n)
     case YAML_SEQUENCE_NODE:
         return "a list";
     default:
-        return scalar(n) ? "a value" : "null";
+        return cfile_scalar(n) ? "a value" : "null";
     }
 }
 
 /* Calls <fn> for each pair of mapping <map>, after checking that its key is
  * a scalar seen once. <what> names the mapping in messages. */
-typedef void pair_fn(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx);
 
-static void each_pair(struct errs *e, yaml_node_t *map, const char *what, pair_fn *fn, void *ctx)
+void cfile_each_pair(struct errs *e, yaml_node_t *map, const char *what, pair_fn *fn, void *ctx)
 {
     const struct config_file *f = e->f;
 
     if (map->type != YAML_MAPPING_NODE) {
-        errs_add(e, map, "%s must be a mapping (key: value), not %s", what, type_name(map));
+        cfile_errs_add(e, map, "%s must be a mapping (key: value), not %s", what,
+                       cfile_type_name(map));
         return;
     }
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
-        yaml_node_t *k = node(f, p->key), *v = node(f, p->value);
-        const char *key = k ? scalar(k) : NULL;
+        yaml_node_t *k = cfile_node(f, p->key), *v = cfile_node(f, p->value);
+        const char *key = k ? cfile_scalar(k) : NULL;
         bool dup = false;
 
         if (!k || !v)
             continue;
         if (!key) {
-            errs_add(e, k, "%s: a key must be a plain name", what);
+            cfile_errs_add(e, k, "%s: a key must be a plain name", what);
             continue;
         }
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p && !dup; q++) {
-            yaml_node_t *qk = node(f, q->key);
-            const char *other = qk ? scalar(qk) : NULL;
+            yaml_node_t *qk = cfile_node(f, q->key);
+            const char *other = qk ? cfile_scalar(qk) : NULL;
 
             if (other && strcmp(other, key) == 0) {
-                errs_add(e, k, "duplicate key '%s' (first at line %zu)", key,
-                         qk->start_mark.line + 1);
+                cfile_errs_add(e, k, "duplicate key '%s' (first at line %zu)", key,
+                               qk->start_mark.line + 1);
                 dup = true;
             }
         }
@@ -271,37 +255,38 @@ static void each_pair(struct errs *e, yaml_node_t *map, const char *what, pair_f
 
 /* The items of <v>, a scalar or a list of scalars, into <items> (at most
  * CONFIG_MAX_LIST). Returns the count, or -1 with the problem reported. */
-static int items_of(struct errs *e, const char *key, yaml_node_t *v, const char **items,
-                    bool *ret_is_list)
+int cfile_items_of(struct errs *e, const char *key, yaml_node_t *v, const char **items,
+                   bool *ret_is_list)
 {
     size_t n = 0;
 
     *ret_is_list = v->type == YAML_SEQUENCE_NODE;
     if (v->type == YAML_MAPPING_NODE) {
-        errs_add(e, v, "%s: takes a value or a list, not a mapping", key);
+        cfile_errs_add(e, v, "%s: takes a value or a list, not a mapping", key);
         return -1;
     }
     if (v->type == YAML_SCALAR_NODE) {
-        if (!(items[0] = scalar(v))) {
-            errs_add(e, v, "%s: needs a value", key);
+        if (!(items[0] = cfile_scalar(v))) {
+            cfile_errs_add(e, v, "%s: needs a value", key);
             return -1;
         }
         return 1;
     }
     for (yaml_node_item_t *i = v->data.sequence.items.start; i < v->data.sequence.items.top; i++) {
-        yaml_node_t *item = node(e->f, *i);
+        yaml_node_t *item = cfile_node(e->f, *i);
 
         if (!item)
             continue;
-        if (item->type != YAML_SCALAR_NODE || !scalar(item)) {
-            errs_add(e, item, "%s: a list entry must be a value, not %s", key, type_name(item));
+        if (item->type != YAML_SCALAR_NODE || !cfile_scalar(item)) {
+            cfile_errs_add(e, item, "%s: a list entry must be a value, not %s", key,
+                           cfile_type_name(item));
             return -1;
         }
         if (n == CONFIG_MAX_LIST) {
-            errs_add(e, item, "%s: too many entries (at most %d)", key, CONFIG_MAX_LIST);
+            cfile_errs_add(e, item, "%s: too many entries (at most %d)", key, CONFIG_MAX_LIST);
             return -1;
         }
-        items[n++] = scalar(item);
+        items[n++] = cfile_scalar(item);
     }
     return (int)n;
 }
@@ -315,7 +300,7 @@ static void set_option(struct errs *e, struct config *cfg, struct route_settings
     const char *items[CONFIG_MAX_LIST];
     char why[512];
     bool is_list;
-    int n = items_of(e, key, v, items, &is_list);
+    int n = cfile_items_of(e, key, v, items, &is_list);
     int r;
 
     if (n < 0)
@@ -327,23 +312,24 @@ static void set_option(struct errs *e, struct config *cfg, struct route_settings
     if (r == -ENOMEM)
         e->oom = true;
     if (r < 0)
-        errs_add(e, r == -ENOENT ? k : v, "%s", why);
+        cfile_errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
 /* ---- routes ---- */
 
 static bool parse_bool_node(struct errs *e, const char *key, yaml_node_t *v, bool *ret)
 {
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
 
     if (!s || config_parse_bool(s, ret) < 0) {
-        errs_add(e, v, "%s: '%s' is not a boolean (use true or false)", key, s ? s : type_name(v));
+        cfile_errs_add(e, v, "%s: '%s' is not a boolean (use true or false)", key,
+                       s ? s : cfile_type_name(v));
         return false;
     }
     return true;
 }
 
-static char *dup_or_oom(struct errs *e, const char *s)
+char *cfile_dup_or_oom(struct errs *e, const char *s)
 {
     char *copy = strdup(s);
 
@@ -360,14 +346,14 @@ static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
     int n, r;
 
     snprintf(what, sizeof(what), "key.%s", key);
-    n = items_of(e, what, v, items, &is_list);
+    n = cfile_items_of(e, what, v, items, &is_list);
     if (n < 0)
         return;
     r = keysource_set(ctx, key, items, (size_t)n, is_list, why, sizeof(why));
     if (r == -ENOMEM)
         e->oom = true;
     else if (r < 0)
-        errs_add(e, r == -ENOENT ? k : v, "%s", why);
+        cfile_errs_add(e, r == -ENOENT ? k : v, "%s", why);
 }
 
 /* resource: {header: NAME} or {json: POINTER}, one of them
@@ -376,26 +362,27 @@ static void resource_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_
                           void *ctx)
 {
     struct route *rt = ctx;
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
 
     if (rt->resource_header || rt->resource_json) {
-        errs_add(e, k, "resource: give one source, header or json");
+        cfile_errs_add(e, k, "resource: give one source, header or json");
     } else if (strcmp(key, "header") == 0) {
         if (s && http_is_token(span_from_cstr(s)))
-            rt->resource_header = dup_or_oom(e, s);
+            rt->resource_header = cfile_dup_or_oom(e, s);
         else
-            errs_add(e, v, "resource.header: '%s' is not a header name (a token such as Location)",
-                     s ? s : type_name(v));
+            cfile_errs_add(e, v,
+                           "resource.header: '%s' is not a header name (a token such as Location)",
+                           s ? s : cfile_type_name(v));
     } else if (strcmp(key, "json") == 0) {
         if (s && keysource_pointer_check(s) == 0)
-            rt->resource_json = dup_or_oom(e, s);
+            rt->resource_json = cfile_dup_or_oom(e, s);
         else
-            errs_add(e, v,
-                     "resource.json: '%s' is not a JSON pointer (RFC 6901, such as /id or "
-                     "/data/0/id)",
-                     s ? s : type_name(v));
+            cfile_errs_add(e, v,
+                           "resource.json: '%s' is not a JSON pointer (RFC 6901, such as /id or "
+                           "/data/0/id)",
+                           s ? s : cfile_type_name(v));
     } else {
-        errs_add(e, k, "resource: unknown key '%s' (use header or json)", key);
+        cfile_errs_add(e, k, "resource: unknown key '%s' (use header or json)", key);
     }
 }
 
@@ -406,16 +393,16 @@ static void fingerprint_list(struct errs *e, const char *key, yaml_node_t *v, ch
 {
     const char *items[CONFIG_MAX_LIST];
     bool is_list;
-    int n = items_of(e, key, v, items, &is_list);
+    int n = cfile_items_of(e, key, v, items, &is_list);
 
     for (int i = 0; i < n; i++) {
         if (!ok(items[i])) {
-            errs_add(e, v, "%s: '%s' is not %s", key, items[i], what);
+            cfile_errs_add(e, v, "%s: '%s' is not %s", key, items[i], what);
             return;
         }
     }
     for (int i = 0; i < n && !e->oom; i++) {
-        list[*ret_n] = dup_or_oom(e, items[i]);
+        list[*ret_n] = cfile_dup_or_oom(e, items[i]);
         *ret_n += list[*ret_n] != NULL;
     }
 }
@@ -432,16 +419,18 @@ static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, ya
                              void *ctx)
 {
     struct route_fingerprint *fp = ctx;
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
 
     if (strcmp(key, "body") == 0 && s && (!strcmp(s, "raw") || !strcmp(s, "json")))
         fp->body_json = strcmp(s, "json") == 0;
     else if (strcmp(key, "body") == 0)
-        errs_add(e, v, "fingerprint.body: '%s' is not raw or json", s ? s : type_name(v));
+        cfile_errs_add(e, v, "fingerprint.body: '%s' is not raw or json",
+                       s ? s : cfile_type_name(v));
     else if (strcmp(key, "query") == 0 && s && (!strcmp(s, "raw") || !strcmp(s, "sorted")))
         fp->query_sorted = strcmp(s, "sorted") == 0;
     else if (strcmp(key, "query") == 0)
-        errs_add(e, v, "fingerprint.query: '%s' is not raw or sorted", s ? s : type_name(v));
+        cfile_errs_add(e, v, "fingerprint.query: '%s' is not raw or sorted",
+                       s ? s : cfile_type_name(v));
     else if (strcmp(key, "ignore") == 0 && fp->nignore == 0)
         fingerprint_list(e, "fingerprint.ignore", v, fp->ignore, &fp->nignore, is_pointer,
                          "a JSON pointer (RFC 6901, such as /id or /metadata/at)");
@@ -449,7 +438,8 @@ static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, ya
         fingerprint_list(e, "fingerprint.headers", v, fp->headers, &fp->nheaders, is_header_name,
                          "a header name (a token such as Stripe-Version)");
     else
-        errs_add(e, k, "fingerprint: unknown key '%s' (use body, ignore, headers or query)", key);
+        cfile_errs_add(e, k, "fingerprint: unknown key '%s' (use body, ignore, headers or query)",
+                       key);
 }
 
 /* ---- scope (doc/configuration.md, Scope) ---- */
@@ -472,7 +462,8 @@ static void scope_find(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
     else if (strcmp(key, "trusted") == 0)
         n->trusted = v;
     else
-        errs_add(e, k, "scope: unknown key '%s' (use headers, jwt, or header with trusted)", key);
+        cfile_errs_add(e, k, "scope: unknown key '%s' (use headers, jwt, or header with trusted)",
+                       key);
 }
 
 struct jwt_ctx {
@@ -506,31 +497,33 @@ static void jwt_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
 {
     struct jwt_ctx *j = ctx;
     const char **slot = jwt_slot(&j->c, key);
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
     uint64_t ms;
     bool is_list;
     int n;
 
     if (strcmp(key, "claims") == 0) {
-        n = items_of(e, "scope.jwt.claims", v, j->claims, &is_list);
+        n = cfile_items_of(e, "scope.jwt.claims", v, j->claims, &is_list);
         j->c.nclaims = n > 0 ? (size_t)n : 0;
         if (n == 0)
-            errs_add(e, v, "scope.jwt.claims: name at least one claim (without the key: [sub])");
+            cfile_errs_add(e, v,
+                           "scope.jwt.claims: name at least one claim (without the key: [sub])");
     } else if (strcmp(key, "leeway") == 0) {
         if (s && config_parse_seconds0(s, &ms) == 0 && ms % 1000 == 0 && ms <= 3600000)
             j->c.leeway_s = ms / 1000;
         else
-            errs_add(e, v, "scope.jwt.leeway: '%s' is not a number of seconds (0 to 3600)",
-                     s ? s : type_name(v));
+            cfile_errs_add(e, v, "scope.jwt.leeway: '%s' is not a number of seconds (0 to 3600)",
+                           s ? s : cfile_type_name(v));
     } else if (!slot) {
-        errs_add(e, k,
-                 "scope.jwt: unknown key '%s' (use header, keys, keys-url, secret-file, issuer, "
-                 "audience, claims or leeway)",
-                 key);
+        cfile_errs_add(
+            e, k,
+            "scope.jwt: unknown key '%s' (use header, keys, keys-url, secret-file, issuer, "
+            "audience, claims or leeway)",
+            key);
     } else if (!s || !s[0]) {
-        errs_add(e, v, "scope.jwt.%s: needs a value", key);
+        cfile_errs_add(e, v, "scope.jwt.%s: needs a value", key);
     } else if (strcmp(key, "header") == 0 && !is_header_name(s)) {
-        errs_add(e, v, "scope.jwt.header: '%s' is not a header name", s);
+        cfile_errs_add(e, v, "scope.jwt.header: '%s' is not a header name", s);
     } else {
         *slot = s;
     }
@@ -544,7 +537,7 @@ static void parse_jwt(struct errs *e, yaml_node_t *v, struct scope **ret)
     char why[512];
     int r;
 
-    each_pair(e, v, "scope.jwt", jwt_pair, &j);
+    cfile_each_pair(e, v, "scope.jwt", jwt_pair, &j);
     if (e->n != before || e->oom)
         return;
     j.c.claims = j.claims;
@@ -552,37 +545,37 @@ static void parse_jwt(struct errs *e, yaml_node_t *v, struct scope **ret)
     if (r == -ENOMEM)
         e->oom = true;
     else if (r < 0)
-        errs_add(e, v, "%s", why);
+        cfile_errs_add(e, v, "%s", why);
 }
 
 /* scope: {header: NAME, trusted: [CIDR...]} into <ret>. */
 static void parse_trusted(struct errs *e, yaml_node_t *at, const struct scope_nodes *n,
                           struct scope **ret)
 {
-    const char *cidrs[CONFIG_MAX_LIST], *h = n->header ? scalar(n->header) : NULL;
+    const char *cidrs[CONFIG_MAX_LIST], *h = n->header ? cfile_scalar(n->header) : NULL;
     char why[512];
     bool is_list;
     int count, r;
 
     if (!n->header || !n->trusted) {
-        errs_add(e, at,
-                 "scope: a principal header needs trusted: the networks of the gateway that "
-                 "sets it (and trusted needs header)");
+        cfile_errs_add(e, at,
+                       "scope: a principal header needs trusted: the networks of the gateway that "
+                       "sets it (and trusted needs header)");
         return;
     }
     if (!h || !is_header_name(h)) {
-        errs_add(e, n->header, "scope.header: '%s' is not a header name",
-                 h ? h : type_name(n->header));
+        cfile_errs_add(e, n->header, "scope.header: '%s' is not a header name",
+                       h ? h : cfile_type_name(n->header));
         return;
     }
-    count = items_of(e, "scope.trusted", n->trusted, cidrs, &is_list);
+    count = cfile_items_of(e, "scope.trusted", n->trusted, cidrs, &is_list);
     if (count < 0)
         return;
     r = scope_trusted_new(h, cidrs, (size_t)count, ret, why, sizeof(why));
     if (r == -ENOMEM)
         e->oom = true;
     else if (r < 0)
-        errs_add(e, n->trusted, "%s", why);
+        cfile_errs_add(e, n->trusted, "%s", why);
 }
 
 /* A scope node <v>: {headers} sets the scope headers of <rs> (when not
@@ -594,11 +587,11 @@ static void parse_scope(struct errs *e, yaml_node_t *v, struct route_settings *r
     struct scope_nodes n = { NULL, NULL, NULL, NULL };
     size_t before = e->n;
 
-    each_pair(e, v, "scope", scope_find, &n);
+    cfile_each_pair(e, v, "scope", scope_find, &n);
     if (e->n != before)
         return;
     if (!!n.headers + !!n.jwt + !!(n.header || n.trusted) != 1)
-        errs_add(e, v, "scope: give one of headers, jwt, or header with trusted");
+        cfile_errs_add(e, v, "scope: give one of headers, jwt, or header with trusted");
     else if (n.headers && rs)
         set_option(e, NULL, rs, "scope-header", n.headers, n.headers);
     else if (n.jwt)
@@ -619,7 +612,7 @@ static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         struct scope_nodes n = { NULL, NULL, NULL, NULL };
         struct errs quiet = { .f = e->f, .err = (char[1]){ 0 }, .errlen = 1 };
 
-        each_pair(&quiet, v, "scope", scope_find, &n);
+        cfile_each_pair(&quiet, v, "scope", scope_find, &n);
         if (n.headers && !n.jwt && !n.header && !n.trusted)
             set_option(e, cfg, NULL, "scope-header", n.headers, n.headers);
         return;
@@ -628,7 +621,7 @@ static void top_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
         strcmp(key, "fingerprint") == 0)
         return; /* config_file_routes() */
     if (strcmp(key, "config") == 0 || strcmp(key, "check-config") == 0) {
-        errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
+        cfile_errs_add(e, k, "'%s' is a command-line option, not a key of the file", key);
         return;
     }
     set_option(e, cfg, NULL, key, k, v);
@@ -641,7 +634,7 @@ int config_file_apply(const struct config_file *f, struct config *cfg, char *err
 
     if (!root)
         return 0; /* an empty file sets nothing */
-    each_pair(&e, root, "the file", top_pair, cfg);
+    cfile_each_pair(&e, root, "the file", top_pair, cfg);
     if (e.oom)
         return -ENOMEM;
     return e.n ? -EINVAL : 0;
@@ -649,36 +642,36 @@ int config_file_apply(const struct config_file *f, struct config *cfg, char *err
 
 static void parse_errors(struct errs *e, yaml_node_t *v, enum problem_dialect *ret)
 {
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
 
     if (s && strcmp(s, "problem") == 0)
         *ret = PROBLEM_DIALECT_PROBLEM;
     else if (s && strcmp(s, "stripe") == 0)
         *ret = PROBLEM_DIALECT_STRIPE;
     else
-        errs_add(e, v, "errors: '%s' is not an error dialect (use problem or stripe)",
-                 s ? s : type_name(v));
+        cfile_errs_add(e, v, "errors: '%s' is not an error dialect (use problem or stripe)",
+                       s ? s : cfile_type_name(v));
 }
 
 static void match_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
 {
     struct route *rt = ctx;
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
     int r;
 
     if (strcmp(key, "methods") == 0) {
         const char *items[CONFIG_MAX_LIST];
         bool is_list;
-        int n = items_of(e, "match.methods", v, items, &is_list);
+        int n = cfile_items_of(e, "match.methods", v, items, &is_list);
 
         for (int i = 0; i < n; i++) {
             char *m;
 
             if (!http_is_token(span_from_cstr(items[i]))) {
-                errs_add(e, v, "match.methods: '%s' is not a method", items[i]);
+                cfile_errs_add(e, v, "match.methods: '%s' is not a method", items[i]);
                 return;
             }
-            m = dup_or_oom(e, items[i]);
+            m = cfile_dup_or_oom(e, items[i]);
             for (char *c = m; c && *c; c++)
                 *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 'a' + 'A' : *c);
             rt->match_methods[rt->nmatch_methods++] = m;
@@ -688,10 +681,11 @@ static void match_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         if (r == -ENOMEM)
             e->oom = true;
         else if (r < 0)
-            errs_add(e, v,
-                     "match.path: '%s' is not a path (an exact path such as /v1/payments, or a "
-                     "prefix ending in /* such as /v1/*; visible ASCII, no ? or #)",
-                     s ? s : type_name(v));
+            cfile_errs_add(
+                e, v,
+                "match.path: '%s' is not a path (an exact path such as /v1/payments, or a "
+                "prefix ending in /* such as /v1/*; visible ASCII, no ? or #)",
+                s ? s : cfile_type_name(v));
     } else if (strcmp(key, "host") == 0) {
         bool ok = s && *s && strlen(s) <= 255;
 
@@ -699,12 +693,13 @@ static void match_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
             ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
                  strchr("-.:[]_", *c);
         if (!ok)
-            errs_add(e, v, "match.host: '%s' is not a host (a name or address, optionally :port)",
-                     s ? s : type_name(v));
+            cfile_errs_add(e, v,
+                           "match.host: '%s' is not a host (a name or address, optionally :port)",
+                           s ? s : cfile_type_name(v));
         else
-            rt->match_host = dup_or_oom(e, s);
+            rt->match_host = cfile_dup_or_oom(e, s);
     } else {
-        errs_add(e, k, "match: unknown key '%s' (use methods, path and host)", key);
+        cfile_errs_add(e, k, "match: unknown key '%s' (use methods, path and host)", key);
     }
 }
 
@@ -723,46 +718,48 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
 {
     struct route_ctx *c = ctx;
     struct route *rt = c->rt;
-    const char *s = scalar(v);
+    const char *s = cfile_scalar(v);
 
     if (strcmp(key, "name") == 0) {
         c->name_node = v;
         if (!s || !route_name_is_valid(s)) {
-            errs_add(e, v, "name: '%s' is not a route name ([a-z0-9_-], 1 to %d characters)",
-                     s ? s : type_name(v), ROUTE_NAME_MAX);
+            cfile_errs_add(e, v, "name: '%s' is not a route name ([a-z0-9_-], 1 to %d characters)",
+                           s ? s : cfile_type_name(v), ROUTE_NAME_MAX);
             return;
         }
         if (strcmp(s, ROUTE_DEFAULT) == 0) {
-            errs_add(e, v,
-                     "name: '%s' is the route of requests that match no route; choose "
-                     "another name",
-                     s);
+            cfile_errs_add(e, v,
+                           "name: '%s' is the route of requests that match no route; choose "
+                           "another name",
+                           s);
             return;
         }
         for (size_t i = 0; i < c->index; i++) {
             if (c->t->routes[i].name && strcmp(c->t->routes[i].name, s) == 0) {
-                errs_add(e, v, "name: '%s' is already the name of route %zu", s, i + 1);
+                cfile_errs_add(e, v, "name: '%s' is already the name of route %zu", s, i + 1);
                 return;
             }
         }
-        rt->name = dup_or_oom(e, s);
+        rt->name = cfile_dup_or_oom(e, s);
     } else if (strcmp(key, "match") == 0) {
-        each_pair(e, v, "match", match_pair, rt);
+        cfile_each_pair(e, v, "match", match_pair, rt);
     } else if (strcmp(key, "enforce") == 0) {
         (void)parse_bool_node(e, key, v, &rt->enforce);
     } else if (strcmp(key, "key") == 0) {
         c->has_key = true;
-        each_pair(e, v, "key", key_pair, &rt->key);
+        cfile_each_pair(e, v, "key", key_pair, &rt->key);
     } else if (strcmp(key, "errors") == 0) {
         parse_errors(e, v, &rt->errors);
     } else if (strcmp(key, "resource") == 0) {
-        each_pair(e, v, "resource", resource_pair, rt);
+        cfile_each_pair(e, v, "resource", resource_pair, rt);
     } else if (strcmp(key, "fingerprint") == 0) {
         c->has_fingerprint = true;
-        each_pair(e, v, "fingerprint", fingerprint_pair, &rt->fingerprint);
+        cfile_each_pair(e, v, "fingerprint", fingerprint_pair, &rt->fingerprint);
     } else if (strcmp(key, "scope") == 0) {
         c->has_scope = c->scope_block = true;
         parse_scope(e, v, &rt->settings, &rt->scope);
+    } else if (strcmp(key, "reconcile") == 0) {
+        cfile_reconcile(e, v, &rt->reconcile);
     } else if (config_is_route_option(key)) {
         c->scope_header |= strcmp(key, "scope-header") == 0;
         c->has_scope |= c->scope_header;
@@ -771,10 +768,10 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         char names[512];
 
         config_route_option_names(names, sizeof(names));
-        errs_add(e, k,
-                 "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
-                 "resource, fingerprint, scope, and the options %s)",
-                 key, names);
+        cfile_errs_add(e, k,
+                       "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
+                       "resource, fingerprint, scope, reconcile, and the options %s)",
+                       key, names);
     }
 }
 
@@ -805,12 +802,17 @@ static void check_route(struct errs *e, const struct config *cfg, struct route *
     char why[512];
 
     if (config_check_route(cfg, &rt->settings, why, sizeof(why)) < 0)
-        errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
+        cfile_errs_add(e, at, "route '%s': %s", rt->name ? rt->name : "?", why);
     if (rt->fingerprint.nignore && !rt->fingerprint.body_json)
-        errs_add(e, at,
-                 "route '%s': fingerprint.ignore needs body: json (a raw body's bytes "
-                 "have no members to leave out)",
-                 rt->name ? rt->name : ROUTE_DEFAULT);
+        cfile_errs_add(e, at,
+                       "route '%s': fingerprint.ignore needs body: json (a raw body's bytes "
+                       "have no members to leave out)",
+                       rt->name ? rt->name : ROUTE_DEFAULT);
+    if (rt->reconcile && rt->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY)
+        cfile_errs_add(e, at,
+                       "route '%s': reconcile needs on-unknown-outcome: refuse (under retry no "
+                       "key is left unknown to probe)",
+                       rt->name ? rt->name : ROUTE_DEFAULT);
 }
 
 /* The default route (the top level's key), every route without a key
@@ -821,15 +823,15 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
 {
     struct route *def = route_table_default(t);
 
-    def->name = dup_or_oom(e, ROUTE_DEFAULT);
+    def->name = cfile_dup_or_oom(e, ROUTE_DEFAULT);
     if (top->key)
-        each_pair(e, top->key, "key", key_pair, &def->key);
+        cfile_each_pair(e, top->key, "key", key_pair, &def->key);
     if (top->fingerprint)
-        each_pair(e, top->fingerprint, "fingerprint", fingerprint_pair, &def->fingerprint);
+        cfile_each_pair(e, top->fingerprint, "fingerprint", fingerprint_pair, &def->fingerprint);
     if (top->fingerprint && def->fingerprint.nignore && !def->fingerprint.body_json)
-        errs_add(e, top->fingerprint,
-                 "fingerprint.ignore needs body: json (a raw body's bytes "
-                 "have no members to leave out)");
+        cfile_errs_add(e, top->fingerprint,
+                       "fingerprint.ignore needs body: json (a raw body's bytes "
+                       "have no members to leave out)");
     for (size_t i = 0; i <= t->nroutes; i++) {
         if (keysource_set_default(&t->routes[i].key, cfg->key_header) < 0)
             e->oom = true;
@@ -838,8 +840,8 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
         int id = metrics_route_id(t->routes[i].name);
 
         if (id < 0)
-            errs_add(e, NULL, "route '%s': more than %d route names since the start; restart",
-                     t->routes[i].name, METRICS_ROUTES_MAX);
+            cfile_errs_add(e, NULL, "route '%s': more than %d route names since the start; restart",
+                           t->routes[i].name, METRICS_ROUTES_MAX);
         else
             t->routes[i].metrics_id = (unsigned)id;
     }
@@ -850,32 +852,32 @@ static void finish_table(struct errs *e, const struct config *cfg, const struct 
 static void route_at(struct errs *e, const struct config *cfg, const struct top_nodes *top,
                      struct scope *top_scope, struct route_table *t, size_t i)
 {
-    yaml_node_t *rn = node(e->f, top->routes->data.sequence.items.start[i]);
+    yaml_node_t *rn = cfile_node(e->f, top->routes->data.sequence.items.start[i]);
     struct route_ctx c = { .rt = &t->routes[i], .t = t, .index = i };
 
     if (!rn)
         return;
-    each_pair(e, rn, "a route", route_pair, &c);
+    cfile_each_pair(e, rn, "a route", route_pair, &c);
     if ((!c.has_key && top->key) || (!c.has_fingerprint && top->fingerprint)) {
         /* the top level's: its problems are said once, for the default route */
         struct errs quiet = { .f = e->f, .err = (char[1]){ 0 }, .errlen = 1 };
 
         if (!c.has_key && top->key)
-            each_pair(&quiet, top->key, "key", key_pair, &c.rt->key);
+            cfile_each_pair(&quiet, top->key, "key", key_pair, &c.rt->key);
         if (!c.has_fingerprint && top->fingerprint)
-            each_pair(&quiet, top->fingerprint, "fingerprint", fingerprint_pair,
-                      &c.rt->fingerprint);
+            cfile_each_pair(&quiet, top->fingerprint, "fingerprint", fingerprint_pair,
+                            &c.rt->fingerprint);
         e->oom |= quiet.oom;
     }
     if (!c.has_scope)
         c.rt->scope = scope_ref(top_scope);
     if (c.scope_block && c.scope_header)
-        errs_add(e, rn,
-                 "route %zu: give scope or scope-header, not both (scope: {headers: [...]} "
-                 "is scope-header's long form)",
-                 i + 1);
+        cfile_errs_add(e, rn,
+                       "route %zu: give scope or scope-header, not both (scope: {headers: [...]} "
+                       "is scope-header's long form)",
+                       i + 1);
     if (rn->type == YAML_MAPPING_NODE && !c.name_node)
-        errs_add(e, rn, "route %zu: name is required", i + 1);
+        cfile_errs_add(e, rn, "route %zu: name is required", i + 1);
     check_route(e, cfg, c.rt, rn);
 }
 
@@ -895,15 +897,16 @@ int config_file_routes(const struct config_file *f, const struct config *cfg,
     if (root && root->type == YAML_MAPPING_NODE) {
         struct errs quiet = { .f = f, .err = (char[1]){ 0 }, .errlen = 1 };
 
-        each_pair(&quiet, root, "the file", find_top, &top); /* apply() said what is wrong */
+        cfile_each_pair(&quiet, root, "the file", find_top, &top); /* apply() said what is wrong */
     }
     if (top.routes && top.routes->type == YAML_SEQUENCE_NODE)
         n = (size_t)(top.routes->data.sequence.items.top - top.routes->data.sequence.items.start);
-    else if (top.routes && (top.routes->type == YAML_MAPPING_NODE || scalar(top.routes)))
-        errs_add(&e, top.routes, "routes: a list of routes (each one starting with '- '), not %s",
-                 type_name(top.routes)); /* an empty "routes:" is no routes */
+    else if (top.routes && (top.routes->type == YAML_MAPPING_NODE || cfile_scalar(top.routes)))
+        cfile_errs_add(&e, top.routes,
+                       "routes: a list of routes (each one starting with '- '), not %s",
+                       cfile_type_name(top.routes)); /* an empty "routes:" is no routes */
     if (n > ROUTE_MAX) {
-        errs_add(&e, top.routes, "routes: %zu routes, at most %d", n, ROUTE_MAX);
+        cfile_errs_add(&e, top.routes, "routes: %zu routes, at most %d", n, ROUTE_MAX);
         n = 0;
     }
     if (top.errors)

@@ -83,6 +83,19 @@ static json_t *walk(json_t *doc, const char *pointer, char *tok)
     return v;
 }
 
+json_t *keysource_pointer_find(json_t *doc, const char *pointer)
+{
+    char *tok = malloc(strlen(pointer) + 1);
+    json_t *v;
+
+    assert(keysource_pointer_check(pointer) == 0);
+    if (!tok)
+        return NULL;
+    v = walk(doc, pointer, tok);
+    free(tok);
+    return v;
+}
+
 /* The key a found value makes: a valid key string, or an integer's decimal text. */
 static int key_of(const json_t *v, struct idemkey *ret)
 {

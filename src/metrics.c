@@ -48,6 +48,9 @@ static const char *const store_op_names[] = {
 #define SCOPE_LINE_MAX                                                                             \
     (sizeof("idemproxy_scope_failures_total{route=\"\",reason=\"\"} \n") - 1 +                     \
      METRICS_ROUTE_NAME_MAX + 16 + 20)
+#define RECONCILE_LINE_MAX                                                                         \
+    (sizeof("idemproxy_reconciles_total{route=\"\",result=\"\"} \n") - 1 +                         \
+     METRICS_ROUTE_NAME_MAX + 6 + 20)
 #define HISTOGRAM_LINE_MAX                                                                         \
     (sizeof("idemproxy_upstream_duration_seconds_bucket{route=\"\",le=\"\"} \n") - 1 +             \
      METRICS_ROUTE_NAME_MAX + 8 + 20)
@@ -60,8 +63,9 @@ static const char *const store_op_names[] = {
 #define REQUESTS_TEXT_MAX                                                                          \
     ((uint64_t)METRICS_ROUTES_MAX *                                                                \
      (_OUTCOME_MAX * REQUESTS_LINE_MAX + STORE_CAUSE_MAX * UNKNOWN_LINE_MAX +                      \
-      SCOPE_FAILURE_MAX * SCOPE_LINE_MAX + 2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX +       \
-      4 * RESPONSES_LINE_MAX + 2 * STREAMED_LINE_MAX))
+      SCOPE_FAILURE_MAX * SCOPE_LINE_MAX + METRICS_RECONCILE_MAX * RECONCILE_LINE_MAX +            \
+      2 * (METRICS_NBUCKETS + 2) * HISTOGRAM_LINE_MAX + 4 * RESPONSES_LINE_MAX +                   \
+      2 * STREAMED_LINE_MAX))
 _Static_assert(REQUESTS_TEXT_MAX + 65536 <= METRICS_TEXT_MAX,
                "METRICS_TEXT_MAX holds the exposition with every route interned");
 
@@ -74,6 +78,7 @@ struct shard {
     _Atomic uint64_t requests[METRICS_ROUTES_MAX][_OUTCOME_MAX];
     _Atomic uint64_t unknown[METRICS_ROUTES_MAX][STORE_CAUSE_MAX];
     _Atomic uint64_t scope_failures[METRICS_ROUTES_MAX][SCOPE_FAILURE_MAX];
+    _Atomic uint64_t reconciles[METRICS_ROUTES_MAX][METRICS_RECONCILE_MAX];
     _Atomic uint64_t responses[METRICS_ROUTES_MAX][4]; /* 2xx, 3xx, 4xx, 5xx */
     _Atomic uint64_t streamed[METRICS_ROUTES_MAX][2];  /* [0] down, [1] up */
     struct metrics_histogram request_duration[METRICS_ROUTES_MAX];
@@ -271,6 +276,12 @@ void metrics_scope_failure(unsigned route_id, unsigned reason)
     atomic_fetch_add_explicit(&shard()->scope_failures[route_id][reason], 1, memory_order_relaxed);
 }
 
+void metrics_reconcile(unsigned route_id, enum metrics_reconcile result)
+{
+    assert(route_id < METRICS_ROUTES_MAX && result < METRICS_RECONCILE_MAX);
+    atomic_fetch_add_explicit(&shard()->reconciles[route_id][result], 1, memory_order_relaxed);
+}
+
 void metrics_unknown_outcome(unsigned route_id, unsigned cause)
 {
     assert(route_id < METRICS_ROUTES_MAX && cause < STORE_CAUSE_MAX);
@@ -458,6 +469,25 @@ static int format_streamed(struct buf *out, unsigned nroutes)
     return err;
 }
 
+static int format_reconciles(struct buf *out, unsigned nroutes)
+{
+    static const char *const names[METRICS_RECONCILE_MAX] = {
+        [METRICS_RECONCILE_FOUND] = "found",
+        [METRICS_RECONCILE_ABSENT] = "absent",
+        [METRICS_RECONCILE_FAILED] = "failed",
+    };
+    int err = family(out, "idemproxy_reconciles_total", "counter",
+                     "Probes of unknown keys' outcomes (doc/configuration.md, Reconcile), by "
+                     "route and result.");
+
+    for (unsigned r = 0; r < nroutes && err == 0; r++) {
+        for (unsigned x = 0; x < METRICS_RECONCILE_MAX && err == 0; x++)
+            err = appendf(out, "idemproxy_reconciles_total{route=\"%s\",result=\"%s\"} %llu\n",
+                          route_name(r), names[x], (unsigned long long)SUM(reconciles[r][x]));
+    }
+    return err;
+}
+
 static int format_scope_failures(struct buf *out, unsigned nroutes)
 {
     int err = family(out, "idemproxy_scope_failures_total", "counter",
@@ -500,6 +530,8 @@ int metrics_format(struct buf *out, struct store *st)
     }
     if (err == 0)
         err = format_scope_failures(out, nroutes);
+    if (err == 0)
+        err = format_reconciles(out, nroutes);
     if (err == 0)
         err = format_streamed(out, nroutes);
     if (err == 0)

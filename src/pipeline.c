@@ -439,6 +439,8 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
     }
     if (st && err == 0)
         err = leases_new(st, pool, pl->min_lock_ttl_ms, &pl->leases);
+    if (st && err == 0)
+        err = reconciler_new(st, fwd->submit, fwd->ctx, &pl->rc);
     if (err < 0) {
         pipeline_free(pl);
         return err;
@@ -451,6 +453,7 @@ void pipeline_stop(struct pipeline *pl)
 {
     waitlist_stop(pl->waits);
     leases_stop(pl->leases); /* waits for a heartbeat in progress */
+    reconciler_stop(pl->rc); /* the probes waiting for their time are dropped */
 }
 
 void pipeline_quiesce(struct pipeline *pl) { waitlist_quiesce(pl->waits); }
@@ -466,6 +469,7 @@ void pipeline_free(struct pipeline *pl)
         return;
     leases_free(pl->leases);
     waitlist_free(pl->waits);
+    reconciler_free(pl->rc);
     route_table_unref(pl->routes);
     pthread_mutex_destroy(&pl->routes_mu);
     free(pl);

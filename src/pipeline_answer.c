@@ -153,6 +153,21 @@ void pipeline_answer_store_error(struct pipeline_req *r, int err)
                              : "The idempotency store is not answering; retry later.");
 }
 
+/* Starts probing the unknown key of <r>, when its route reconciles
+ * (doc/configuration.md, Reconcile); <made>: <r> made it unknown. */
+static void reconcile_key(struct pipeline_req *r, bool made)
+{
+    if (!r->adm.route->reconcile)
+        return;
+    reconciler_start(r->pl->rc, &(struct reconciler_key){ .routes = r->adm.routes,
+                                                          .route = r->adm.route,
+                                                          .store_key = r->adm.store_key,
+                                                          .key = r->adm.key.key,
+                                                          .rq = r->rq,
+                                                          .body = buf_span(&r->adm.body),
+                                                          .made = made });
+}
+
 /* Counts and logs that <r> made its key's outcome unknown for <cause>. */
 void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
 {
@@ -161,11 +176,13 @@ void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
     r->unknown = store_cause_name(cause);
     metrics_unknown_outcome(r->adm.route->metrics_id, cause);
     log_warn("key %s: outcome unknown (%s): %.*s %.*s of route %s may have run upstream and its "
-             "answer was lost; duplicates get 502 idempotency_outcome_unknown until an operator "
-             "resolves it (/keys)",
+             "answer was lost; duplicates get 502 idempotency_outcome_unknown until %s",
              r->adm.store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
              in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
-             r->adm.route->name);
+             r->adm.route->name,
+             r->adm.route->reconcile ? "a probe of the API (reconcile) or an operator settles it"
+                                     : "an operator resolves it (/keys)");
+    reconcile_key(r, true);
 }
 
 /* The answer to a request whose key's outcome is unknown (doc/guarantees.md, Unknown outcomes). */
@@ -173,6 +190,8 @@ void pipeline_answer_unknown(struct pipeline_req *r, const struct store_result *
 {
     if (res->became)
         pipeline_became_unknown(r, res->cause);
+    else
+        reconcile_key(r, false); /* its maker may be gone: this proxy probes too */
     pipeline_set_problem(
         r, PROBLEM_OUTCOME_UNKNOWN, OUTCOME_UNKNOWN,
         "The original request with this Idempotency-Key may have been processed, but its "

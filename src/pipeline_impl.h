@@ -15,6 +15,7 @@
 #include "idemproxy/flow.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
+#include "idemproxy/reconciler.h"
 #include "idemproxy/request.h"
 #include "idemproxy/store.h"
 #include "idemproxy/upstream.h"
@@ -25,6 +26,7 @@ struct pipeline {
     struct worker_pool *pool;
     struct waitlist *waits; /* owned: --wait's held duplicates (waitlist.h), NULL without */
     struct leases *leases;  /* owned: held locks and their heartbeat (lease.h) */
+    struct reconciler *rc;  /* owned: the probes of unknown keys (reconciler.h) */
     struct pipeline_forwarder fwd;
     pthread_mutex_t routes_mu;  /* guards <routes> while a request takes its reference */
     struct route_table *routes; /* owned reference: what new requests are matched against */

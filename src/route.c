@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "idemproxy/http.h"
+#include "idemproxy/reconcile.h"
 #include "idemproxy/record.h"
 #include "idemproxy/scope.h"
 #include "idemproxy/store.h"
@@ -229,6 +230,9 @@ void route_done(struct route *rt)
     keysource_done(&rt->key);
     scope_unref(rt->scope);
     rt->scope = NULL;
+    reconcile_config_done(rt->reconcile);
+    free(rt->reconcile);
+    rt->reconcile = NULL;
     config_route_done(&rt->settings);
 }
 

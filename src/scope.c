@@ -45,6 +45,8 @@ struct scope *scope_ref(struct scope *s)
     return s;
 }
 
+const char *scope_header(const struct scope *s) { return s->header; }
+
 void scope_unref(struct scope *s)
 {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1)

@@ -112,6 +112,12 @@ int keysource_pointer_check(const char *pointer);
  * without leading zeros below the size ("-" finds nothing). */
 int keysource_json(struct span body, const char *pointer, struct idemkey *ret);
 
+struct json_t;
+
+/* The value at the checked <pointer> in the jansson document <doc>
+ * (borrowed from it), or NULL when it finds nothing or on OOM. */
+struct json_t *keysource_pointer_find(struct json_t *doc, const char *pointer);
+
 /* A composite key: each of the <n> (1..) values must be 1-IDEMKEY_MAX bytes,
  * each 0x21-0x7E (else -EINVAL); they are joined with one space into a new
  * NUL-terminated heap string in <ret> (the caller frees), its length in

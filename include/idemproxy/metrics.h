@@ -96,6 +96,17 @@ void metrics_connection_refused(void);
  * once, early in main. */
 void metrics_process_started(void);
 
+/* A probe's result (doc/configuration.md, Reconcile). */
+enum metrics_reconcile {
+    METRICS_RECONCILE_FOUND,
+    METRICS_RECONCILE_ABSENT,
+    METRICS_RECONCILE_FAILED,
+    METRICS_RECONCILE_MAX,
+};
+
+/* Counts a probe of an unknown key of route <route_id> that got <result>. */
+void metrics_reconcile(unsigned route_id, enum metrics_reconcile result);
+
 /* Counts a key of route <route_id> whose outcome became unknown for <cause>
  * (an enum store_cause: doc/guarantees.md, Unknown outcomes). */
 void metrics_unknown_outcome(unsigned route_id, unsigned cause);

@@ -18,6 +18,7 @@
 #define ROUTE_MAX 256           /* routes in one file */
 #define ROUTE_DEFAULT "default" /* the route of a request that matches none */
 
+struct reconcile_config;
 struct record;
 struct scope;
 
@@ -55,6 +56,9 @@ struct route {
     /* scope: jwt or a trusted header (doc/configuration.md, Scope), a
      * reference; NULL: the scope headers of <settings> */
     struct scope *scope;
+    /* reconcile: how an unknown key is probed (doc/configuration.md,
+     * Reconcile), owned; NULL: it is not */
+    struct reconcile_config *reconcile;
     struct route_settings settings; /* owned: the top level's, with the route's own on top */
 };
 

@@ -74,6 +74,9 @@ struct scope *scope_ref(struct scope *s);
 /* Drops a reference; the last one frees <s>. NULL-safe. */
 void scope_unref(struct scope *s);
 
+/* The header a principal of <s> comes from (a token's, or the trusted one). */
+const char *scope_header(const struct scope *s);
+
 /* The values a principal hashes: its kind's tag, the issuer, and each of
  * up to CONFIG_MAX_LIST claims' name and value (or a trusted header's name
  * and value); and a place for the caller's key source tag. */
