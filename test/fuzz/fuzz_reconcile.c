@@ -30,7 +30,8 @@ static void check_expansion(struct span key, struct span body)
         for (size_t i = 0; i < q.len; i++)
             FUZZ_CHECK(!memchr("/?#&=+", q.base[i], 6));
         FUZZ_CHECK(http_percent_decode(q, dec, &dlen) == 0 || memchr(key.base, 0, key.len));
-        FUZZ_CHECK(memchr(key.base, 0, key.len) || (dlen == key.len && memcmp(dec, key.base, dlen) == 0));
+        FUZZ_CHECK(memchr(key.base, 0, key.len) ||
+                   (dlen == key.len && memcmp(dec, key.base, dlen) == 0));
     }
     buf_done(&out);
     r = reconcile_target_expand("/o/{body:/id}?k={key}", key, body, &out, &why);

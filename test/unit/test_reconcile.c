@@ -27,11 +27,11 @@ static void test_reconcile_target_check(void)
 {
     static const char *const good[] = { "/v1/payments?client_reference={key}",
                                         "/v1/orders/{body:/order/id}",
-                                        "/p?a={key}&b={body:/a~1b}&c=%20",
-                                        "/plain" };
-    static const char *const bad[] = { "v1/p?{key}", "/p?{kee}", "/p?{key", "/p?key}",
-                                       "/p#{key}",   "/p {key}", "/p?{body:}", "/p?{body:x}",
-                                       "/p?{body:/a{b}", "/p?{body:/a~2}" };
+                                        "/p?a={key}&b={body:/a~1b}&c=%20", "/plain" };
+    static const char *const bad[] = { "v1/p?{key}",    "/p?{kee}",    "/p?{key",
+                                       "/p?key}",       "/p#{key}",    "/p {key}",
+                                       "/p?{body:}",    "/p?{body:x}", "/p?{body:/a{b}",
+                                       "/p?{body:/a~2}" };
     char why[256];
 
     for (size_t i = 0; i < ARRAY_SIZE(good); i++)
@@ -127,8 +127,8 @@ static void test_reconcile_judge(void)
 
     reconcile_config_init(&c);
     c.found = (struct reconcile_rule){ .status = { 200 }, .nstatus = 1, .pointer = "/data/0" };
-    c.absent = (struct reconcile_rule){ .status = { 200, 404 }, .nstatus = 2,
-                                        .pointer = "/data/0" };
+    c.absent =
+        (struct reconcile_rule){ .status = { 200, 404 }, .nstatus = 2, .pointer = "/data/0" };
     c.answer_status = 201;
     CHECK_EQ_INT(judge(&c, 200, "{\"data\": [{\"id\": \"pay_1\", \"n\": 1}]}", &kept),
                  RECONCILE_FOUND);
@@ -143,7 +143,7 @@ static void test_reconcile_judge(void)
     CHECK_EQ_INT(judge(&c, 200, "{\"data\": []}", &kept), RECONCILE_ABSENT);
     CHECK(!kept);
     CHECK_EQ_INT(judge(&c, 404, "{\"error\": \"none\"}", &kept), RECONCILE_ABSENT);
-    CHECK_EQ_INT(judge(&c, 404, "", &kept), RECONCILE_ABSENT);    /* not JSON: no pointer */
+    CHECK_EQ_INT(judge(&c, 404, "", &kept), RECONCILE_ABSENT); /* not JSON: no pointer */
     CHECK_EQ_INT(judge(&c, 500, "{\"data\": []}", &kept), RECONCILE_FAILED); /* not listed */
     CHECK_EQ_INT(judge(&c, 401, "", &kept), RECONCILE_FAILED);
     CHECK_EQ_INT(judge(&c, 404, "{\"data\": [1]}", &kept), RECONCILE_FAILED); /* neither */
