@@ -190,7 +190,7 @@ struct op {
     uint64_t backoff_ms;        /* the wait before its next retry */
     bool wait;                  /* a write to confirm with WAIT (--redis-wait-replicas) */
     uint64_t write_seq;         /* its number on the link it was last sent on */
-    enum store_status held;     /* on <link>'s held list: its result */
+    struct store_result held;   /* on <link>'s held list: its result (no record, no span) */
     struct list_node wait_node; /* on <link>'s held list */
     enum lua_script_id script;
     store_done_fn *done;

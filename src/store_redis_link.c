@@ -175,7 +175,7 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
     if (err == 0)
         err = op_parse(op, reply, &res);
     if (err == 0 && op->wait && (res.status == STORE_ACQUIRED || res.status == STORE_OK)) {
-        op->held = res.status; /* no record: only a replay carries one */
+        op->held = res; /* no record: only a replay carries one */
         list_append(&op->link->held, &op->wait_node);
         return;
     }
@@ -230,7 +230,7 @@ skip:
 static void op_acked(struct op *op, long long acked)
 {
     struct store_redis *st = op->st;
-    struct store_result res = { .status = op->held };
+    struct store_result res = op->held;
 
     list_remove(&op->wait_node);
     if (acked >= (long long)st->wait_replicas) {
