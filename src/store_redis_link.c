@@ -144,6 +144,8 @@ static int op_parse(const struct op *op, const redisReply *reply, struct store_r
         return -ENOENT;
     if (op->script == LUA_RESOLVE && reply_str_eq(reply, "not_unknown"))
         return -EBUSY;
+    if (op->script == LUA_PROBE)
+        return store_redis_parse_probe(reply, res);
     return parse_ok_or_stale(reply, res);
 }
 
