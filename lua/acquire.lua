@@ -10,7 +10,8 @@
 -- The state machine). The key is one hash: state (L
 -- locked, C completed, U unknown), fp, token, ts (Redis time in ms of the
 -- last state change, for operators), keep; once completed head and body;
--- once unknown cause and about.
+-- once unknown cause and about, and its probes' fields (probe.lua), which
+-- are deleted when it becomes unknown or is locked again.
 -- The record outlives its lease: a lock's key expires lease + keep from its
 -- last extend, so its lease has run out once its PTTL is keep or less. A
 -- lock made before keep existed has none: its lease is its whole TTL.
@@ -29,6 +30,9 @@ local function now()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function lock()
+    if state then -- taken over (a lapsed lock, an unknown key): an unknown record's fields go
+        redis.call('HDEL', KEYS[1], 'cause', 'about', 'probes', 'result', 'next', 'absent')
+    end
     redis.call('HSET', KEYS[1], 'state', 'L', 'fp', ARGV[1], 'token', ARGV[2], 'ts', now(),
         'keep', ARGV[4])
     redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]))
@@ -57,13 +61,13 @@ if state == 'L' then
     if ARGV[5] == '1' then
         return lock()
     end
+    redis.call('HDEL', KEYS[1], 'probes', 'result', 'next', 'absent')
     redis.call('HSET', KEYS[1], 'state', 'U', 'cause', 'holder_lost', 'about', ARGV[6], 'ts', now())
     redis.call('PEXPIRE', KEYS[1], keep)
     return {'unknown', 'holder_lost', ARGV[6], '1'}
 end
 if state == 'U' then
     if ARGV[5] == '1' then
-        redis.call('HDEL', KEYS[1], 'cause', 'about')
         return lock()
     end
     return {'unknown', h[7] or '', h[8] or '', '0'}

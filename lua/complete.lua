@@ -16,7 +16,7 @@ if h[1] == 'C' then
     return 'ok'
 end
 if h[1] == 'U' then
-    redis.call('HDEL', KEYS[1], 'cause', 'about')
+    redis.call('HDEL', KEYS[1], 'cause', 'about', 'probes', 'result', 'next', 'absent')
 end
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3], 'ts',

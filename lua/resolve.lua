@@ -10,7 +10,7 @@ if h[1] ~= 'U' then
     return 'not_unknown'
 end
 local t = redis.call('TIME')
-redis.call('HDEL', KEYS[1], 'cause', 'about')
+redis.call('HDEL', KEYS[1], 'cause', 'about', 'probes', 'result', 'next', 'absent')
 redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[1], 'body', ARGV[2], 'ts',
     tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local keep = tonumber(h[2] or '0')

@@ -11,6 +11,7 @@ if h[1] == 'U' then
     return 'ok'
 end
 local t = redis.call('TIME')
+redis.call('HDEL', KEYS[1], 'probes', 'result', 'next', 'absent') -- its probes start from none
 redis.call('HSET', KEYS[1], 'state', 'U', 'cause', ARGV[2], 'about', ARGV[3], 'ts',
     tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])

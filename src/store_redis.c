@@ -7,6 +7,7 @@
  * store_redis_impl.h. No thread waits on Redis. */
 #include "idemproxy/store_redis.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,18 @@
 
 #define PING_INTERVAL_MS 1000
 #define REFRESH_IDLE_MS 10000 /* and every 10 s when nothing asked for one */
+
+/* The token of an operator's or a probe's call, which holds no lock. */
+static const struct store_token no_token = { .hex = "00000000000000000000000000000000" };
+
+/* probe.lua's ARGV[1], by step. */
+static const char *const probe_steps[] = { [STORE_PROBE_CLAIM] = "claim",
+                                           [STORE_PROBE_FOUND] = "found",
+                                           [STORE_PROBE_ABSENT] = "absent",
+                                           [STORE_PROBE_FAILED] = "failed" };
+
+/* probe.lua releases a key on the second absent of a run this far apart: it says 1000. */
+_Static_assert(STORE_ABSENT_GAP_MS == 1000, "lua/probe.lua holds STORE_ABSENT_GAP_MS");
 
 struct store_redis *store_redis_of(struct store *st) { return (struct store_redis *)st; }
 
@@ -57,6 +70,33 @@ static size_t u64_text(uint64_t v, char *out)
         out[i] = tmp[n - 1 - i];
     out[n] = '\0';
     return n;
+}
+
+/* The probe script's arguments after its key, from argv[<argc>] on: the
+ * step, then the record (found) or the numbers made into text when it was
+ * submitted (claim, absent). Returns the new count. */
+static int probe_args(const struct op *op, const char **argv, size_t *lens, int argc, char *ttl)
+{
+    const char *p = op->head.data;
+
+    argv[argc] = probe_steps[op->step];
+    lens[argc] = strlen(argv[argc]);
+    argc++;
+    if (op->step == STORE_PROBE_FOUND) {
+        argv[argc] = op->head.data;
+        lens[argc++] = op->head.len;
+        argv[argc] = op->rec->body.data ? op->rec->body.data : "";
+        lens[argc++] = op->rec->body.len;
+        lens[argc] = u64_text(op->ttl_ms, ttl);
+        argv[argc++] = ttl;
+        return argc;
+    }
+    for (int i = 0; i < op->argc; i++) {
+        argv[argc] = p;
+        lens[argc++] = op->arglen[i];
+        p += op->arglen[i];
+    }
+    return argc;
 }
 
 /* The arguments of <op>'s script after its key, from argv[<argc>] on: its
@@ -119,6 +159,8 @@ static int script_args(const struct op *op, const char **argv, size_t *lens, int
         argv[argc] = op->fp; /* "1": with the body, "0": without */
         lens[argc++] = 1;
         return argc;
+    case LUA_PROBE:
+        return probe_args(op, argv, lens, argc, ttl);
     default: /* LUA_RELEASE, LUA_EXTEND */
         argv[argc] = op->tok.hex;
         lens[argc++] = STORE_TOKEN_HEX;
@@ -542,9 +584,94 @@ static int redis_complete(struct store *base, struct span key, const struct stor
 static int redis_resolve(struct store *base, struct span store_key, struct record *rec,
                          uint64_t ttl_ms, store_done_fn *done, void *ctx)
 {
-    static const struct store_token none = { .hex = "00000000000000000000000000000000" };
+    return submit_record(base, LUA_RESOLVE, store_key, &no_token, rec, ttl_ms, NULL, done, ctx);
+}
 
-    return submit_record(base, LUA_RESOLVE, store_key, &none, rec, ttl_ms, NULL, done, ctx);
+static bool reply_is_word(const redisReply *r, const char *s)
+{
+    size_t n = strlen(s);
+
+    return (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) && r->len == n &&
+           memcmp(r->str, s, n) == 0;
+}
+
+int store_redis_parse_probe(const redisReply *r, struct store_result *res)
+{
+    static const struct {
+        const char *word;
+        enum store_probe_answer answer;
+    } words[] = { { "known", STORE_PROBE_KNOWN },
+                  { "noted", STORE_PROBE_NOTED },
+                  { "spent", STORE_PROBE_SPENT },
+                  { "released", STORE_PROBE_RELEASED } };
+    redisReply **el = r->element;
+
+    if (reply_is_word(r, "gone"))
+        return -ENOENT;
+    res->status = STORE_OK;
+    for (size_t i = 0; i < ARRAY_SIZE(words); i++) {
+        if (reply_is_word(r, words[i].word)) {
+            res->probe = words[i].answer;
+            return 0;
+        }
+    }
+    /* {"later", ms to wait} or {"claimed", Redis time in ms, probes} */
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || el[1]->type != REDIS_REPLY_INTEGER ||
+        el[1]->integer < 0)
+        return -EPROTO;
+    res->probe_ms = (uint64_t)el[1]->integer;
+    if (r->elements == 2 && reply_is_word(el[0], "later")) {
+        res->probe = STORE_PROBE_LATER;
+        return 0;
+    }
+    if (r->elements != 3 || !reply_is_word(el[0], "claimed") ||
+        el[2]->type != REDIS_REPLY_INTEGER || el[2]->integer < 1 || el[2]->integer > UINT_MAX)
+        return -EPROTO;
+    res->probe = STORE_PROBE_CLAIMED;
+    res->probes = (unsigned)el[2]->integer;
+    return 0;
+}
+
+/* PROBE (store.h): probe.lua, on the key's slot like every op. A found
+ * step carries its record as resolve's; the numbers of a claim or an
+ * absent are made into text once, here (<head>, <arglen>). */
+static int redis_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                       store_done_fn *done, void *ctx)
+{
+    uint64_t nums[3] = { 0 };
+    struct op *op;
+    int n = 0, err;
+
+    if (!p || p->step > STORE_PROBE_FAILED)
+        return -EINVAL;
+    if (p->step == STORE_PROBE_FOUND)
+        err = record_op(base, LUA_PROBE, store_key, &no_token, p->rec, p->ttl_ms ? p->ttl_ms : 1,
+                        NULL, done, ctx, &op);
+    else
+        err = store_redis_op_new(store_redis_of(base), LUA_PROBE, store_key, &no_token, done, ctx,
+                                 &op);
+    if (err < 0)
+        return err;
+    op->step = p->step;
+    if (p->step == STORE_PROBE_CLAIM) {
+        nums[n++] = p->settle_ms;
+        nums[n++] = p->every_ms;
+        nums[n++] = p->attempts;
+    } else if (p->step == STORE_PROBE_ABSENT) {
+        nums[n++] = p->sent_ms;
+    }
+    for (int i = 0; i < n; i++) {
+        char text[24];
+        size_t len = u64_text(nums[i], text);
+
+        if (buf_append(&op->head, text, len) < 0) {
+            store_redis_op_free(op);
+            return -ENOMEM;
+        }
+        op->arglen[i] = len;
+    }
+    op->argc = n;
+    return store_redis_op_submit(op);
 }
 
 static int redis_release(struct store *base, struct span key, const struct store_token *tok,
@@ -582,7 +709,8 @@ static int redis_metrics(struct store *base, store_metric_fn *emit, void *ctx)
         enum lua_script_id script;
     } unreplicated_ops[] = { { "acquire", LUA_ACQUIRE }, { "complete", LUA_COMPLETE },
                              { "release", LUA_RELEASE }, { "extend", LUA_EXTEND },
-                             { "unknown", LUA_UNKNOWN }, { "resolve", LUA_RESOLVE } };
+                             { "unknown", LUA_UNKNOWN }, { "resolve", LUA_RESOLVE },
+                             { "probe", LUA_PROBE } };
     int err = emit(ctx, "idemproxy_redis_connected", NULL, "gauge",
                    "1 while the (current) Redis master of every slot answers",
                    store_redis_is_ready(base) ? 1 : 0);
@@ -710,13 +838,6 @@ void store_redis_last_failure(struct store *base, char *buf, size_t len)
     pthread_mutex_lock(&st->log_mu);
     snprintf(buf, len, "%s%s", st->logged_why[0] ? "redis " : "", st->logged_why);
     pthread_mutex_unlock(&st->log_mu);
-}
-
-static int redis_probe(struct store *base, struct span store_key, const struct store_probe *p,
-                       store_done_fn *done, void *ctx)
-{
-    (void)base, (void)store_key, (void)p, (void)done, (void)ctx;
-    return -ENOTSUP; /* TODO(reconcile): being written */
 }
 
 static const struct store_ops redis_ops = {

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The Redis store's operator calls (store.h: inspect, purge). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,26 @@ static int append_glob_escaped(struct buf *b, struct span s)
 
 static bool reply_is(const redisReply *r, int type) { return r && r->type == type; }
 
+/* The probes of an unknown key (inspect's el[11], el[12]: probe.lua's
+ * probes and result) into <info>. Returns 0 or -EPROTO. */
+static int parse_probes(redisReply *const *el, struct store_info *info)
+{
+    if (reply_is(el[11], REDIS_REPLY_STRING)) {
+        unsigned long n = strtoul(el[11]->str, NULL, 10);
+
+        info->probes = n > UINT_MAX ? UINT_MAX : (unsigned)n;
+    }
+    if (!reply_is(el[12], REDIS_REPLY_STRING))
+        info->last_result = STORE_PROBE_NONE;
+    else if (el[12]->len == 6 && memcmp(el[12]->str, "absent", 6) == 0)
+        info->last_result = STORE_PROBE_WAS_ABSENT;
+    else if (el[12]->len == 6 && memcmp(el[12]->str, "failed", 6) == 0)
+        info->last_result = STORE_PROBE_WAS_FAILED;
+    else
+        return -EPROTO;
+    return 0;
+}
+
 /* Reads the inspect script's reply for the store key <key> into <info>.
  * Returns 1 when filled, 0 when the key went meanwhile, or a negative errno. */
 static int parse_inspect(const redisReply *r, struct span key, struct store_info *info)
@@ -41,7 +62,7 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
 
     if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 0)
         return 0;
-    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 11)
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 13)
         return -EPROTO;
     el = r->element;
     if (!reply_is(el[0], REDIS_REPLY_STRING) || !reply_is(el[1], REDIS_REPLY_STRING) ||
@@ -53,6 +74,8 @@ static int parse_inspect(const redisReply *r, struct span key, struct store_info
     memcpy(info->fp_hex, el[1]->str, FINGERPRINT_HEX);
     info->fp_hex[FINGERPRINT_HEX] = '\0';
     info->ttl_ms = el[5]->integer > 0 ? (uint64_t)el[5]->integer : 0;
+    if (parse_probes(el, info) < 0)
+        return -EPROTO;
     if (!info->completed && !info->unknown) {
         uint64_t keep = reply_is(el[7], REDIS_REPLY_STRING) ? strtoull(el[7]->str, NULL, 10) : 0;
 

@@ -190,7 +190,7 @@ struct op {
     uint64_t backoff_ms;        /* the wait before its next retry */
     bool wait;                  /* a write to confirm with WAIT (--redis-wait-replicas) */
     uint64_t write_seq;         /* its number on the link it was last sent on */
-    enum store_status held;     /* on <link>'s held list: its result */
+    struct store_result held;   /* on <link>'s held list: its result (no record, no span) */
     struct list_node wait_node; /* on <link>'s held list */
     enum lua_script_id script;
     store_done_fn *done;
@@ -207,17 +207,25 @@ struct op {
     uint8_t tomb_fp[FINGERPRINT_LEN]; /* complete with <tomb>: what the tombstone holds */
     uint64_t tomb_ttl_ms;             /* and how long it is kept */
     enum store_cause cause;           /* unknown */
-    struct record *rec;               /* complete: own reference, for the body */
+    enum store_probe_step step;       /* probe */
+    struct record *rec;               /* complete, resolve, probe found: own reference (body) */
     char *resource;                   /* complete: owned, its resource link's id; NULL: none */
     size_t resource_len;
-    struct buf head;     /* complete: encoded head; acquire, unknown: about; OP_RAW: args */
+    /* complete, resolve, probe found: encoded head; acquire, unknown: about;
+     * OP_RAW, the other probe steps: args (their lengths in <arglen>) */
+    struct buf head;
     redis_reply_fn *raw; /* set: gets the reply as it is (operator calls), not <done> */
     void *raw_ctx;
-    int argc; /* OP_RAW */
+    int argc; /* OP_RAW, probe */
     size_t arglen[8];
     size_t key_len;
     char key[];
 };
+
+/* The result of the probe script's reply <r> (store.h's store_probe()):
+ * 0 with STORE_OK and the step's answer in <res>, -ENOENT when the key is
+ * gone, or -EPROTO. */
+int store_redis_parse_probe(const redisReply *r, struct store_result *res);
 
 /* The command <op> sends: PING, an operator's command as given, or its
  * script (EVALSHA, or EVAL after NOSCRIPT) on its key, into <argv> and

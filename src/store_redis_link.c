@@ -144,6 +144,8 @@ static int op_parse(const struct op *op, const redisReply *reply, struct store_r
         return -ENOENT;
     if (op->script == LUA_RESOLVE && reply_str_eq(reply, "not_unknown"))
         return -EBUSY;
+    if (op->script == LUA_PROBE)
+        return store_redis_parse_probe(reply, res);
     return parse_ok_or_stale(reply, res);
 }
 
@@ -175,7 +177,7 @@ static void op_finish(struct op *op, int err, const redisReply *reply)
     if (err == 0)
         err = op_parse(op, reply, &res);
     if (err == 0 && op->wait && (res.status == STORE_ACQUIRED || res.status == STORE_OK)) {
-        op->held = res.status; /* no record: only a replay carries one */
+        op->held = res; /* no record: only a replay carries one */
         list_append(&op->link->held, &op->wait_node);
         return;
     }
@@ -230,7 +232,7 @@ skip:
 static void op_acked(struct op *op, long long acked)
 {
     struct store_redis *st = op->st;
-    struct store_result res = { .status = op->held };
+    struct store_result res = op->held;
 
     list_remove(&op->wait_node);
     if (acked >= (long long)st->wait_replicas) {

@@ -280,7 +280,7 @@ def test_metrics_exposition_after_known_requests(proxy, upstream):
         assert unrepl["type"] == "counter"
         # one sample per op, all 0: without --redis-wait-replicas nothing waits
         assert sorted((lab["op"], v) for _, lab, v in unrepl["samples"]) == [
-            ("acquire", 0), ("complete", 0), ("extend", 0), ("release", 0),
+            ("acquire", 0), ("complete", 0), ("extend", 0), ("probe", 0), ("release", 0),
             ("resolve", 0), ("unknown", 0)], unrepl
     if p.store == "memory":
         assert gauge(fams, "idemproxy_memory_store_locked_bytes") > 0  # kr, unknown
