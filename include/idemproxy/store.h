@@ -392,7 +392,7 @@ static inline int store_resolve(struct store *st, struct span store_key, struct 
  *   counts one and marks the time (CLAIMED, with the store's time in
  *   res->probe_ms); else LATER (with the ms to wait) or SPENT;
  * - FOUND: completes the key with p->rec, as store_resolve() does (waiters
- *   are told), and notes found;
+ *   are told);
  * - ABSENT: when the last result was absent too, from a claim at least
  *   STORE_ABSENT_GAP_MS before p->sent_ms, deletes the key (RELEASED:
  *   waiters are told); else notes absent, sent at p->sent_ms;
