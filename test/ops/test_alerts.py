@@ -55,6 +55,8 @@ REQUIRED_ALERTS = {
     # that forgot every key.
     "IdemproxyUpstream5xx", "IdemproxyMemoryStoreLocksNearBudget",
     "IdemproxyMemoryStoreRestarted",
+    # Probes of unknown keys that keep failing (doc/configuration.md, Reconcile).
+    "IdemproxyReconcileFailing",
 }
 RUNBOOK = "doc/operations.md, Alert runbook → %s"
 
@@ -65,12 +67,12 @@ REQUIRED_PANELS = {
     "Redis failovers and redirections", "Unreplicated writes", "Config reloads", "Locks lost",
     "Keys with an unknown outcome", "Store keeps its keys through a restart",
     "PostgreSQL connected", "PostgreSQL expired rows deleted", "Answers by status class",
-    "Connections refused", "Restarts",
+    "Connections refused", "Restarts", "Probes of unknown keys by route and result",
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# 38 panel targets, 1 annotation query, 2 variable queries: an extraction that
+# 39 panel targets, 1 annotation query, 2 variable queries: an extraction that
 # misses some (or all) of them fails here rather than checking nothing.
-DASHBOARD_QUERIES = 41
+DASHBOARD_QUERIES = 42
 
 # Grafana's variables, as valid PromQL: durations for the built-in ones,
 # a regex matching anything for the dashboard's own (used with =~).
