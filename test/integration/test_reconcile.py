@@ -23,8 +23,6 @@ from fixtures.proxy import run_binary
 from fixtures.routes import write_config
 from fixtures.waiting import wait_for
 
-pytestmark = [pytest.mark.concurrency]
-
 RECONCILED = "X-Idempotency-Reconciled"
 
 
@@ -85,6 +83,7 @@ def unknown_listing(p):
     raise AssertionError("the listing never ended")
 
 
+@pytest.mark.concurrency
 def test_found_completes_the_key_and_its_replays_say_reconciled(proxy, api, tmp_path):
     """A create that committed, then lost its answer: after settle (and not
     before) the lookup finds it, and every duplicate gets the payment as a
@@ -112,6 +111,7 @@ def test_found_completes_the_key_and_its_replays_say_reconciled(proxy, api, tmp_
     assert "reconciled: found" in p.stderr()
 
 
+@pytest.mark.concurrency
 def test_absent_twice_releases_the_key_and_the_retry_runs_once(proxy, api, tmp_path):
     """A create reset before it committed: two absent lookups a second apart
     release the key, and the next retry runs (once)."""
@@ -226,6 +226,7 @@ def test_the_credential_reaches_the_probe_only_from_the_keys_scope(proxy, api, t
 
 
 @shared_store
+@pytest.mark.concurrency
 def test_two_proxies_probe_one_key_at_most_once_per_every_shared_redis(proxy, api, tmp_path):
     """The proxy that made the key unknown and another answering its
     duplicates both probe; the store lets one probe through per every."""
@@ -323,6 +324,7 @@ def retry_round(proxies, keys):
 
 
 @shared_store
+@pytest.mark.concurrency
 def test_reconcile_fault_mix_shared_redis(proxy, api, tmp_path):
     """Two proxies on one store, 240 keys x 4 duplicates sent to either,
     creates that commit then reset, reset before committing, or stall past
