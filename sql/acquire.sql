@@ -54,7 +54,8 @@ ins AS (
         head = NULL,
         body = NULL,
         resource = NULL,
-        answer_until = NULL
+        answer_until = NULL,
+        probes = NULL, probe_next = NULL, probe_result = NULL, absent_at = NULL
     WHERE k.expires_at <= now() OR (NOT $8::boolean AND k.answer_until <= now())
        OR (k.fp = EXCLUDED.fp
            AND ((k.state = 'L' AND k.token <> EXCLUDED.token AND k.lease_until <= now())

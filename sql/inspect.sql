@@ -11,7 +11,8 @@ SELECT key, state, fp, (extract(epoch FROM now() - changed_at) * 1000)::bigint,
             THEN greatest((extract(epoch FROM lease_until - now()) * 1000)::bigint, 0)
             ELSE 0 END,
        cause, about, head, CASE WHEN $4::boolean THEN body END, resource,
-       coalesce(answer_until <= now(), false)
+       coalesce(answer_until <= now(), false), coalesce(probes, 0)::bigint AS probes,
+       probe_result
 FROM idemproxy_keys
 WHERE key >= $1 AND key < $2 AND right(key, length($3) + 1) = ':' || $3 AND expires_at > now()
 LIMIT 1000

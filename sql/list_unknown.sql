@@ -3,7 +3,8 @@
 -- made, $4 at most; the columns of inspect.sql and the row's number.
 SELECT key, state, fp, (extract(epoch FROM now() - changed_at) * 1000)::bigint,
        greatest((extract(epoch FROM expires_at - now()) * 1000)::bigint, 0), 0::bigint,
-       cause, about, NULL::bytea, NULL::bytea, id
+       cause, about, NULL::bytea, NULL::bytea, id, coalesce(probes, 0)::bigint AS probes,
+       probe_result
 FROM idemproxy_keys
 WHERE state = 'U' AND id > $1::bigint AND key >= $2 AND key < $3 AND expires_at > now()
 ORDER BY id

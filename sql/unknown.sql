@@ -5,6 +5,7 @@
 WITH u AS (
     UPDATE idemproxy_keys
     SET state = 'U', cause = $3, about = $4, changed_at = now(), lease_until = NULL,
+        probes = NULL, probe_next = NULL, probe_result = NULL, absent_at = NULL,
         expires_at = now() + $5::bigint * interval '1 millisecond'
     WHERE key = $1 AND token = $2 AND state = 'L' AND expires_at > now()
     RETURNING key

@@ -457,15 +457,17 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
         PQclear(r);
         r = PQexec(conn, sql_scripts[SQL_SCHEMA].src);
         if (PQresultStatus(r) == PGRES_COMMAND_OK) {
-            log_info("PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
-                     had ? "added the columns of this version (resource, answer_until) to"
-                         : "created");
+            log_info(
+                "PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
+                had ? "added the columns of this version (resource, answer_until, probes...) to"
+                    : "created");
         } else {
             snprintf(why, why_len,
                      "the table " PG_TABLE
                      " %s and this role may not %s (%.*s): have it %s with " PG_SCHEMA_FILE
                      " (/usr/share/idemproxy/postgresql/schema.sql)",
-                     had ? "lacks a column of this version (resource, answer_until)" : "is missing",
+                     had ? "lacks a column of this version (resource, answer_until, probes...)"
+                         : "is missing",
                      had ? "add it" : "create it", (int)strcspn(PQresultErrorMessage(r), "\n"),
                      PQresultErrorMessage(r), had ? "brought up to date" : "created");
             err = -EACCES;
@@ -474,13 +476,6 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
     PQclear(r);
     PQfinish(conn);
     return err;
-}
-
-static int pg_probe(struct store *base, struct span store_key, const struct store_probe *p,
-                    store_done_fn *done, void *ctx)
-{
-    (void)base, (void)store_key, (void)p, (void)done, (void)ctx;
-    return -ENOTSUP; /* TODO(reconcile): being written */
 }
 
 static const struct store_ops pg_ops = {
@@ -495,7 +490,7 @@ static const struct store_ops pg_ops = {
     .purge = store_pg_purge,
     .list_unknown = store_pg_list_unknown,
     .resolve = store_pg_resolve,
-    .probe = pg_probe,
+    .probe = store_pg_probe,
     .set_notify = pg_set_notify,
     .is_ready = pg_is_ready,
     .last_failure = store_pg_last_failure,

@@ -73,6 +73,14 @@ static int row_info(const PGresult *res, int row, bool with_body, struct store_i
         if (!(in->resource = strndup(r.base, r.len)))
             return -ENOMEM;
     }
+    if (in->unknown && PQfnumber(res, "probes") >= 0) { /* its reconcile's probes */
+        struct span r = store_pg_field(res, row, PQfnumber(res, "probe_result"));
+
+        in->probes = (unsigned)store_pg_u64(res, row, PQfnumber(res, "probes"));
+        in->last_result = r.len != 1         ? STORE_PROBE_NONE
+                          : r.base[0] == 'a' ? STORE_PROBE_WAS_ABSENT
+                                             : STORE_PROBE_WAS_FAILED;
+    }
     if (in->unknown) {
         struct span about = store_pg_field(res, row, 7);
 
@@ -234,5 +242,70 @@ int store_pg_resolve(struct store *base, struct span store_key, struct record *r
         return err;
     }
     store_pg_param_num(op, 0, ttl_ms);
+    return store_pg_op_submit(op);
+}
+
+/* probe.sql's answer. */
+static void read_probe(struct pg_op *op, int err, const PGresult *res)
+{
+    static const struct {
+        const char *name;
+        enum store_probe_answer answer;
+    } answers[] = { { "claimed", STORE_PROBE_CLAIMED }, { "later", STORE_PROBE_LATER },
+                    { "spent", STORE_PROBE_SPENT },     { "known", STORE_PROBE_KNOWN },
+                    { "noted", STORE_PROBE_NOTED },     { "released", STORE_PROBE_RELEASED } };
+    struct store_result r = { .status = STORE_OK };
+    bool known = false;
+
+    if (err == 0 && PQntuples(res) == 0)
+        err = -ENOENT;
+    for (size_t i = 0; err == 0 && i < ARRAY_SIZE(answers) && !known; i++) {
+        known = strcmp(PQgetvalue(res, 0, 0), answers[i].name) == 0;
+        r.probe = answers[i].answer;
+    }
+    if (err == 0 && !known)
+        err = -EPROTO;
+    if (err == 0) {
+        r.probe_ms = store_pg_u64(res, 0, 1);
+        r.probes = (unsigned)store_pg_u64(res, 0, 2);
+    }
+    op->done(op->ctx, err, err == 0 ? &r : NULL);
+}
+
+int store_pg_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                   store_done_fn *done, void *ctx)
+{
+    static const char *const steps[] = { [STORE_PROBE_CLAIM] = "claim",
+                                         [STORE_PROBE_FOUND] = "found",
+                                         [STORE_PROBE_ABSENT] = "absent",
+                                         [STORE_PROBE_FAILED] = "failed" };
+    struct pg_op *op;
+    int err;
+
+    if (!done || !store_key.len || (unsigned)p->step >= ARRAY_SIZE(steps) ||
+        (p->step == STORE_PROBE_FOUND && !p->rec))
+        return -EINVAL;
+    err = admin_op(base, SQL_PROBE, store_key, read_probe, &op);
+    if (err < 0)
+        return err;
+    op->done = done;
+    op->ctx = ctx;
+    store_pg_param_text(op, op->key);
+    store_pg_param_text(op, steps[p->step]);
+    store_pg_param_num(op, 0,
+                       p->step == STORE_PROBE_FOUND ? (p->ttl_ms ? p->ttl_ms : 1) : p->settle_ms);
+    store_pg_param_num(op, 1, p->every_ms);
+    store_pg_param_num(op, 2, p->attempts);
+    store_pg_param_num(op, 3, p->sent_ms);
+    if (p->step == STORE_PROBE_FOUND) {
+        err = store_pg_param_record(op, p->rec);
+    } else {
+        store_pg_param_bin(op, "", 0);
+        store_pg_param_bin(op, "", 0);
+    }
+    if (err < 0) {
+        store_pg_op_free(op);
+        return err;
+    }
     return store_pg_op_submit(op);
 }

@@ -27,9 +27,9 @@
 /* True when the table is there as this version needs it (a table made
  * before resource links lacks their column: schema.sql adds it). */
 #define PG_HAVE_SCHEMA                                                                             \
-    "(to_regclass('" PG_TABLE "') IS NOT NULL AND (SELECT count(*) = 2 FROM pg_attribute WHERE "   \
-    "attrelid = to_regclass('" PG_TABLE "') AND attname IN ('resource', 'answer_until') "          \
-    "AND NOT attisdropped))"
+    "(to_regclass('" PG_TABLE "') IS NOT NULL AND (SELECT count(*) = 6 FROM pg_attribute WHERE "   \
+    "attrelid = to_regclass('" PG_TABLE "') AND attname IN ('resource', 'answer_until', "          \
+    "'probes', 'probe_next', 'probe_result', 'absent_at') AND NOT attisdropped))"
 #define PG_MAX_PARAMS 8
 #define PG_HEAD_MAX (64u << 20) /* far above what RECORD_MAX_HEADERS headers can need */
 
@@ -64,7 +64,7 @@ struct pg_op {
     const char *values[PG_MAX_PARAMS];
     int lengths[PG_MAX_PARAMS];
     int formats[PG_MAX_PARAMS];
-    char nums[3][24]; /* decimal parameters */
+    char nums[4][24]; /* decimal parameters */
     struct store_token tok;
     uint8_t fp[32];
     uint64_t ttl_ms;    /* acquire: the lease, a give-back's life */
@@ -234,6 +234,8 @@ int store_pg_find_resource(struct store *base, struct span prefix, struct span r
                            bool with_body, store_list_fn *done, void *ctx);
 int store_pg_list_unknown(struct store *base, struct span prefix, const char *cursor,
                           store_list_fn *done, void *ctx);
+int store_pg_probe(struct store *base, struct span store_key, const struct store_probe *p,
+                   store_done_fn *done, void *ctx);
 int store_pg_resolve(struct store *base, struct span store_key, struct record *rec, uint64_t ttl_ms,
                      store_done_fn *done, void *ctx);
 

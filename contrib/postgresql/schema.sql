@@ -18,8 +18,12 @@ CREATE TABLE IF NOT EXISTS idemproxy_keys (
     head        bytea,                -- completed: status and headers (idemproxy's encoding)
     body        bytea,                -- completed: the body
     resource    text,                 -- completed: the resource its answer created (a route's resource)
-    answer_until timestamptz          -- completed with a tombstone: its answer expires then, and
+    answer_until timestamptz,         -- completed with a tombstone: its answer expires then, and
                                       -- the row is its tombstone until expires_at
+    probes      integer,              -- unknown: the probes of its reconcile claimed (NULL: none)
+    probe_next  timestamptz,          -- unknown: no other probe is claimed before this
+    probe_result "char",              -- unknown: the last probe's result, 'a' absent or 'f' failed
+    absent_at   timestamptz           -- unknown: the claim of the first absent of the last run
 );
 -- A table made before resource links gets their column.
 DO $$ BEGIN
@@ -33,6 +37,14 @@ DO $$ BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
                    AND attname = 'answer_until' AND NOT attisdropped) THEN
         ALTER TABLE idemproxy_keys ADD COLUMN answer_until timestamptz;
+    END IF;
+END $$;
+-- A table made before reconcile gets its columns.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
+                   AND attname = 'probes' AND NOT attisdropped) THEN
+        ALTER TABLE idemproxy_keys ADD COLUMN probes integer, ADD COLUMN probe_next timestamptz,
+            ADD COLUMN probe_result "char", ADD COLUMN absent_at timestamptz;
     END IF;
 END $$;
 -- The background job deletes expired rows in small batches, oldest first.
