@@ -14,6 +14,7 @@
 
 #include "idemproxy/admission.h"
 #include "idemproxy/http.h"
+#include "idemproxy/idemkey.h"
 #include "idemproxy/keysource.h"
 #include "idemproxy/lease.h"
 #include "idemproxy/log.h"
@@ -132,14 +133,41 @@ void pipeline_finish(struct pipeline_req *r)
     r->answer(r->answer_ctx, &a);
 }
 
+/* The method of <r>, and on a route that reconciles its header fields'
+ * bytes, into <r>->late_method: the front end's memory is about to go, and
+ * a probe of its key copies them (reconcile_key()). On OOM the method is
+ * "" and the fields are dropped (a probe then sends none of them). */
 void pipeline_keep_method(struct pipeline_req *r)
 {
-    const struct request *in = r->rq;
+    struct request *in = r->rq;
+    bool fields = r->adm.route && r->adm.route->reconcile;
+    size_t n = in->method.len + 1, at;
 
     if (r->late_method)
         return;
-    r->late_method = strndup(in->method.base, in->method.len);
-    r->rq->method = span_from_cstr(r->late_method ? r->late_method : "");
+    for (size_t i = 0; fields && i < in->nheaders; i++)
+        n += in->headers[i].name.len + in->headers[i].value.len;
+    if (!(r->late_method = malloc(n))) {
+        in->method = span_from_cstr("");
+        in->nheaders = fields ? 0 : in->nheaders;
+        return;
+    }
+    memcpy(r->late_method, in->method.base, in->method.len);
+    r->late_method[in->method.len] = '\0';
+    in->method = span_from_cstr(r->late_method);
+    at = in->method.len + 1;
+    for (size_t i = 0; fields && i < in->nheaders; i++) {
+        struct http_header *h = &in->headers[i];
+
+        if (h->name.len)
+            memcpy(r->late_method + at, h->name.base, h->name.len);
+        h->name.base = r->late_method + at;
+        at += h->name.len;
+        if (h->value.len)
+            memcpy(r->late_method + at, h->value.base, h->value.len);
+        h->value.base = r->late_method + at;
+        at += h->value.len;
+    }
 }
 
 /* ---- Answers from the key's state ---- */
@@ -159,13 +187,15 @@ static void reconcile_key(struct pipeline_req *r, bool made)
 {
     if (!r->adm.route->reconcile)
         return;
-    reconciler_start(r->pl->rc, &(struct reconciler_key){ .routes = r->adm.routes,
-                                                          .route = r->adm.route,
-                                                          .store_key = r->adm.store_key,
-                                                          .key = r->adm.key.key,
-                                                          .rq = r->rq,
-                                                          .body = buf_span(&r->adm.body),
-                                                          .made = made });
+    reconciler_start(r->pl->rc, &(struct reconciler_key){
+                                    .routes = r->adm.routes,
+                                    .route = r->adm.route,
+                                    .store_key = r->adm.store_key,
+                                    .key = idemkey_store_key_key(span_from_cstr(r->adm.store_key),
+                                                                 span_from_cstr(r->adm.key_prefix)),
+                                    .rq = r->rq,
+                                    .body = buf_span(&r->adm.body),
+                                    .made = made });
 }
 
 /* Counts and logs that <r> made its key's outcome unknown for <cause>. */

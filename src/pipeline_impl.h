@@ -52,9 +52,11 @@ struct pipeline_req {
     /* The front end's reference, and a late exchange's (doc/guarantees.md,
      * Unknown outcomes): the last one frees it. */
     atomic_int refs;
-    bool decided;         /* the answer was handed over */
-    bool late;            /* answered 504 at --upstream-timeout; its exchange goes on */
-    char *late_method;    /* owned: the method, once late (the front end's copy may go) */
+    bool decided; /* the answer was handed over */
+    bool late;    /* answered 504 at --upstream-timeout; its exchange goes on */
+    /* owned: the method, once late (the front end's copy may go); on a
+     * route that reconciles, the header fields' bytes follow its NUL */
+    char *late_method;
     const char *unknown;  /* the cause, once this request made its key unknown */
     const char *reason;   /* why admission refused it, for the access line; NULL: it did not */
     char *reason_buf;     /* owned: <reason>, when it had to be copied */
@@ -110,7 +112,8 @@ void pipeline_set_problem(struct pipeline_req *r, enum problem p, enum outcome o
 void pipeline_finish(struct pipeline_req *r);
 
 /* The exchange of <r> may outlive its client: its method, the front end's
- * memory, is copied (the target is the request's own). */
+ * memory, is copied (the target is the request's own), and on a route that
+ * reconciles its header fields too, for the probe of its key. */
 void pipeline_keep_method(struct pipeline_req *r);
 
 /* Counts <r> in the metrics and writes its access line, once. */

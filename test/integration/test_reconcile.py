@@ -137,6 +137,25 @@ def test_absent_twice_releases_the_key_and_the_retry_runs_once(proxy, api, tmp_p
     assert "absent twice, the key is released" in p.stderr()
 
 
+@pytest.mark.concurrency
+def test_a_key_lost_past_the_late_window_is_probed_with_its_credential(proxy, api, tmp_path):
+    """A create that commits, then stays silent past --upstream-timeout (the
+    client gets its 504) and the late window: the key becomes unknown once
+    its client is long gone, and its probe still carries the request's
+    Authorization (kept when the client was answered)."""
+    api.require_auth = "Bearer carol"
+    p = start(proxy, api, tmp_path, "--upstream-timeout", "0.3", "--upstream-late-timeout",
+              "0.5", settle="0s")
+    key = new_key()
+    api.plan(key, "commit_stall")
+    assert_problem(pay(p, key, auth="Bearer carol"), 504, "upstream_timeout")
+    p.wait_log("outcome unknown (upstream_timeout)", timeout=5)
+    wait_for(lambda: pay(p, key, auth="Bearer carol")[0] == 201, timeout=5,
+             what="the reconciled replay")
+    assert api.lookups_of(key)[0][2].get("Authorization") == "Bearer carol"
+    assert api.commits(key) == 1
+
+
 def test_a_failing_lookup_leaves_the_key_unknown_after_its_attempts(proxy, api, tmp_path):
     """A lookup answering 500 proves nothing: the key stays unknown, probed
     at most attempts times, and /keys says so."""
