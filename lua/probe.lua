@@ -2,8 +2,10 @@
 -- KEYS[1] a store key; ARGV[1] the step: "claim" (ARGV[2] settle, ARGV[3]
 -- every (ms), ARGV[4] attempts), "found" (ARGV[2] record head, ARGV[3]
 -- body, ARGV[4] TTL (ms) for a record that does not say its own, as
--- resolve.lua), "absent" (ARGV[2] the Redis time in ms its claim gave) or
--- "failed". Beside acquire.lua's fields, an unknown key's hash keeps its
+-- resolve.lua; ARGV[5] the Redis time in ms its claim gave), "absent" or
+-- "failed" (ARGV[2] that time). A found, absent or failed whose claim came
+-- before the key became unknown (ts) is of an earlier unknown period:
+-- "known", nothing written. Beside acquire.lua's fields, an unknown key's hash keeps its
 -- probes: probes (the claims made), result ("absent" or "failed"; none
 -- yet: missing), next (Redis time in ms before which no other claim) and
 -- absent (the claim time of the first absent of the current run).
@@ -40,6 +42,10 @@ if step == 'claim' then
     redis.call('HSET', KEYS[1], 'probes', probes + 1, 'next', t + tonumber(ARGV[3]))
     return {'claimed', t, probes + 1}
 end
+local sent = tonumber(step == 'found' and ARGV[5] or ARGV[2])
+if sent < tonumber(h[2] or '0') then -- claimed before the key last became unknown
+    return 'known'
+end
 if step == 'found' then -- completed as resolve.lua does
     redis.call('HDEL', KEYS[1], 'cause', 'about', 'probes', 'result', 'next', 'absent')
     redis.call('HSET', KEYS[1], 'state', 'C', 'head', ARGV[2], 'body', ARGV[3], 'ts', now())
@@ -49,7 +55,6 @@ if step == 'found' then -- completed as resolve.lua does
     return 'noted'
 end
 if step == 'absent' then
-    local sent = tonumber(ARGV[2])
     if h[5] ~= 'absent' then -- the first of a run
         redis.call('HSET', KEYS[1], 'result', 'absent', 'absent', ARGV[2])
         return 'noted'

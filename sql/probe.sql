@@ -33,12 +33,13 @@ found AS (
         expires_at = now() + (CASE WHEN keep_ms > 0 THEN keep_ms ELSE $3::bigint END)
                              * interval '1 millisecond'
     WHERE key = $1 AND $2::text = 'found' AND state = 'U' AND expires_at > now()
+      AND $6::bigint >= (extract(epoch FROM changed_at) * 1000)::bigint
     RETURNING key
 ),
 released AS (
     DELETE FROM idemproxy_keys
     WHERE key = $1 AND $2::text = 'absent' AND state = 'U' AND expires_at > now()
-      AND probe_result = 'a'
+      AND $6::bigint >= (extract(epoch FROM changed_at) * 1000)::bigint AND probe_result = 'a'
       AND $6::bigint >= (extract(epoch FROM absent_at) * 1000)::bigint + 1000
     RETURNING key
 ),
@@ -50,6 +51,7 @@ noted AS (
                          ELSE to_timestamp($6::bigint / 1000.0) END,
         probe_result = CASE WHEN $2::text = 'failed' THEN 'f' ELSE 'a' END
     WHERE key = $1 AND $2::text IN ('absent', 'failed') AND state = 'U' AND expires_at > now()
+      AND $6::bigint >= (extract(epoch FROM changed_at) * 1000)::bigint
       AND NOT ($2::text = 'absent' AND coalesce(probe_result = 'a'
                AND $6::bigint >= (extract(epoch FROM absent_at) * 1000)::bigint + 1000, false))
     RETURNING key

@@ -323,8 +323,9 @@ static void probe_run(void *arg)
         pp = store_memory_lookup_live(st, sh, hash, key, now);
         if (!(e = *pp))
             err = -ENOENT;
-        else if (e->state != MSTATE_UNKNOWN)
-            res.probe = STORE_PROBE_KNOWN;
+        else if (e->state != MSTATE_UNKNOWN ||
+                 (p->step != STORE_PROBE_CLAIM && p->sent_ms < e->changed_ms))
+            res.probe = STORE_PROBE_KNOWN; /* or claimed before it became unknown again */
         else if (p->step == STORE_PROBE_CLAIM)
             probe_claim(e, p, now, &res);
         else if (p->step == STORE_PROBE_FOUND) {

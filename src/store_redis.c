@@ -75,7 +75,8 @@ static size_t u64_text(uint64_t v, char *out)
 /* The probe script's arguments after its key, from argv[<argc>] on: the
  * step, then the record (found) or the numbers made into text when it was
  * submitted (claim, absent). Returns the new count. */
-static int probe_args(const struct op *op, const char **argv, size_t *lens, int argc, char *ttl)
+static int probe_args(const struct op *op, const char **argv, size_t *lens, int argc, char *ttl,
+                      char *keep)
 {
     const char *p = op->head.data;
 
@@ -89,6 +90,8 @@ static int probe_args(const struct op *op, const char **argv, size_t *lens, int 
         lens[argc++] = op->rec->body.len;
         lens[argc] = u64_text(op->ttl_ms, ttl);
         argv[argc++] = ttl;
+        lens[argc] = u64_text(op->keep_ms, keep); /* the claim's time */
+        argv[argc++] = keep;
         return argc;
     }
     for (int i = 0; i < op->argc; i++) {
@@ -160,7 +163,7 @@ static int script_args(const struct op *op, const char **argv, size_t *lens, int
         lens[argc++] = 1;
         return argc;
     case LUA_PROBE:
-        return probe_args(op, argv, lens, argc, ttl);
+        return probe_args(op, argv, lens, argc, ttl, keep);
     default: /* LUA_RELEASE, LUA_EXTEND */
         argv[argc] = op->tok.hex;
         lens[argc++] = STORE_TOKEN_HEX;
@@ -653,11 +656,12 @@ static int redis_probe(struct store *base, struct span store_key, const struct s
     if (err < 0)
         return err;
     op->step = p->step;
+    op->keep_ms = p->sent_ms; /* found: the claim's time (probe_args()) */
     if (p->step == STORE_PROBE_CLAIM) {
         nums[n++] = p->settle_ms;
         nums[n++] = p->every_ms;
         nums[n++] = p->attempts;
-    } else if (p->step == STORE_PROBE_ABSENT) {
+    } else if (p->step != STORE_PROBE_FOUND) { /* found: its head is in op->head */
         nums[n++] = p->sent_ms;
     }
     for (int i = 0; i < n; i++) {

@@ -397,6 +397,9 @@ static inline int store_resolve(struct store *st, struct span store_key, struct 
  *   STORE_ABSENT_GAP_MS before p->sent_ms, deletes the key (RELEASED:
  *   waiters are told); else notes absent, sent at p->sent_ms;
  * - FAILED: notes failed (an absent run ends).
+ * A FOUND, ABSENT or FAILED whose claim (p->sent_ms) came before the key
+ * last became unknown belongs to an earlier unknown period: KNOWN, nothing
+ * written.
  * <done> gets STORE_OK with res->probe, or -ENOENT when there is no such
  * key. Returns 0 when accepted (<done> then runs exactly once, maybe on
  * another thread) or a negative errno. */

@@ -1100,7 +1100,7 @@ static void test_probes_are_paced_counted_and_settle_the_key(void)
     struct store_token t[6];
     struct record *rec = sample_record(201, "reconciled");
     char prefix[64], k[6][128], gone[128];
-    struct res r, c2, c5;
+    struct res r, c0, c2, c4, c5;
     struct store_info_list l;
 
     snprintf(prefix, sizeof(prefix), "test:%ld:probe:", (long)getpid());
@@ -1120,14 +1120,14 @@ static void test_probes_are_paced_counted_and_settle_the_key(void)
     snprintf(gone, sizeof(gone), "%s%032x:none", prefix, 7);
     CHECK_RES(probe_step(st, gone, STORE_PROBE_CLAIM, 0, NULL), -ENOENT, -1);
     sleep_ms(350);
-    r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL);
-    CHECK_PROBE(r, STORE_PROBE_CLAIMED);
-    CHECK_EQ_INT(r.probes, 1);
-    CHECK(r.probe_ms > 0);
+    c0 = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(c0, STORE_PROBE_CLAIMED);
+    CHECK_EQ_INT(c0.probes, 1);
+    CHECK(c0.probe_ms > 0);
     r = probe_step(st, k[0], STORE_PROBE_CLAIM, 0, NULL); /* every: 400 ms */
     CHECK_PROBE(r, STORE_PROBE_LATER);
     CHECK(r.probe_ms > 0 && r.probe_ms <= 400);
-    CHECK_PROBE(probe_step(st, k[0], STORE_PROBE_FAILED, 0, NULL), STORE_PROBE_NOTED);
+    CHECK_PROBE(probe_step(st, k[0], STORE_PROBE_FAILED, c0.probe_ms, NULL), STORE_PROBE_NOTED);
     l = inspect_one(st, prefix, k[0]);
     CHECK(l.n == 1 && l.items[0].unknown && l.items[0].probes == 1 &&
           l.items[0].last_result == STORE_PROBE_WAS_FAILED);
@@ -1159,7 +1159,24 @@ static void test_probes_are_paced_counted_and_settle_the_key(void)
     l = inspect_one(st, prefix, k[5]);
     CHECK(l.n == 1 && l.items[0].unknown && l.items[0].last_result == STORE_PROBE_WAS_ABSENT);
     store_info_list_done(&l);
+    c4 = probe_step(st, k[4], STORE_PROBE_CLAIM, 0, NULL);
+    CHECK_PROBE(c4, STORE_PROBE_CLAIMED);
+    CHECK_PROBE(probe_step(st, k[4], STORE_PROBE_ABSENT, c4.probe_ms, NULL), STORE_PROBE_NOTED);
     sleep_ms(1100);
+    /* k[4] is released by hand, runs again and becomes unknown again: its
+     * probes start from none, and a probe claimed before is of the earlier
+     * period: it changes nothing */
+    CHECK_RES(purge_call(st, k[4]), 0, STORE_OK);
+    CHECK_RES(acquire_as(st, k[4], fp_a, &t[4], 10000, 60000, false), 0, STORE_ACQUIRED);
+    CHECK_RES(mark_unknown(st, k[4], &t[4], STORE_CAUSE_UPSTREAM_RESET, 60000), 0, STORE_OK);
+    CHECK_PROBE(probe_step(st, k[4], STORE_PROBE_ABSENT, c4.probe_ms + 1000, NULL),
+                STORE_PROBE_KNOWN);
+    CHECK_PROBE(probe_step(st, k[4], STORE_PROBE_FAILED, c4.probe_ms, NULL), STORE_PROBE_KNOWN);
+    CHECK_PROBE(probe_step(st, k[4], STORE_PROBE_FOUND, c4.probe_ms, rec), STORE_PROBE_KNOWN);
+    l = inspect_one(st, prefix, k[4]);
+    CHECK(l.n == 1 && l.items[0].unknown && l.items[0].probes == 0 &&
+          l.items[0].last_result == STORE_PROBE_NONE);
+    store_info_list_done(&l);
     r = probe_step(st, k[2], STORE_PROBE_CLAIM, 0, NULL);
     CHECK_PROBE(r, STORE_PROBE_CLAIMED);
     CHECK_EQ_INT(r.probes, 2);
