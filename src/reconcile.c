@@ -216,11 +216,33 @@ static int found_answer(const struct reconcile_config *c, const struct record *a
     return 0;
 }
 
+/* The answer's body as JSON (<doc>), leniently: duplicate names, NULs in
+ * strings and integers past 64 bits are JSON still. Returns false when it
+ * is JSON that jansson cannot read (it begins, past any BOM and blanks, with
+ * '{' or '['): that proves nothing, where a body that is not JSON at all
+ * has no pointer. */
+static bool parse_answer(const struct record *ans, json_t **doc)
+{
+    struct span b = buf_span(&ans->body);
+
+    *doc = json_loadb(b.base ? b.base : "", b.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    if (!*doc) /* an integer past 64 bits, perhaps: then its integers are kept as reals */
+        *doc = json_loadb(b.base ? b.base : "", b.len,
+                          JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL);
+    if (*doc)
+        return true;
+    if (b.len >= 3 && memcmp(b.base, "\xef\xbb\xbf", 3) == 0)
+        b.base += 3, b.len -= 3;
+    while (b.len && strchr(" \t\r\n", b.base[0]))
+        b.base++, b.len--;
+    return !(b.len && (b.base[0] == '{' || b.base[0] == '['));
+}
+
 int reconcile_judge(const struct reconcile_config *c, const struct record *ans, size_t max_body,
                     struct record **ret, const char **why)
 {
-    json_t *doc = json_loadb(ans->body.data ? ans->body.data : "", ans->body.len,
-                             JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
+    json_t *doc;
+    bool readable = parse_answer(ans, &doc);
     json_t *at = doc && c->found.pointer ? keysource_pointer_find(doc, c->found.pointer) : NULL;
     bool found = status_listed(&c->found, ans->status) && (!c->found.pointer || at);
     bool absent = status_listed(&c->absent, ans->status) &&
@@ -228,7 +250,9 @@ int reconcile_judge(const struct reconcile_config *c, const struct record *ans, 
     int verdict = RECONCILE_FAILED, err;
 
     *ret = NULL;
-    if (found && absent) {
+    if (!readable) {
+        *why = "its answer looks like JSON that does not parse";
+    } else if (found && absent) {
         *why = "its answer matches both found and absent";
     } else if (absent) {
         *why = "its answer matches absent";

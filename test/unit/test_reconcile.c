@@ -147,6 +147,14 @@ static void test_reconcile_judge(void)
     CHECK_EQ_INT(judge(&c, 500, "{\"data\": []}", &kept), RECONCILE_FAILED); /* not listed */
     CHECK_EQ_INT(judge(&c, 401, "", &kept), RECONCILE_FAILED);
     CHECK_EQ_INT(judge(&c, 404, "{\"data\": [1]}", &kept), RECONCILE_FAILED); /* neither */
+    /* JSON jansson is lenient with is JSON; JSON it cannot read proves nothing */
+    CHECK_EQ_INT(judge(&c, 200, "{\"data\": [{\"n\": 18446744073709551616}], \"data\": [1]}",
+                       &kept),
+                 RECONCILE_FOUND);
+    record_unref(kept);
+    CHECK_EQ_INT(judge(&c, 200, "\xef\xbb\xbf {\"data\": [1], \"x\": \"\xff\"}", &kept),
+                 RECONCILE_FAILED);
+    CHECK_EQ_INT(judge(&c, 200, "[{\"data\": [1]", &kept), RECONCILE_FAILED);
     /* both rules match: proves nothing */
     c.absent.pointer = "/other";
     CHECK_EQ_INT(judge(&c, 200, "{\"data\": [1]}", &kept), RECONCILE_FAILED);
