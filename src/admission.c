@@ -178,7 +178,7 @@ static int build_store_key(struct admission *a, const struct request *rq,
     if (rt->scope) {
         err = scope_eval(rt->scope, rq, (uint64_t)time(NULL), &p, &f);
         nvalues = p.n;
-        present = p.n > 0;
+        present = a->principal = p.n > 0;
     } else {
         err = header_values(&rt->settings, rq, joined, values, &present);
     }

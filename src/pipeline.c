@@ -440,7 +440,8 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
     if (st && err == 0)
         err = leases_new(st, pool, pl->min_lock_ttl_ms, &pl->leases);
     if (st && err == 0)
-        err = reconciler_new(st, fwd->submit, fwd->ctx, &pl->rc);
+        err = reconciler_new(st, fwd->submit, fwd->ctx, pl->proto,
+                             cfg->upstream_timeout_ms + cfg->upstream_late_timeout_ms, &pl->rc);
     if (err < 0) {
         pipeline_free(pl);
         return err;

@@ -183,7 +183,7 @@ void pipeline_answer_store_error(struct pipeline_req *r, int err)
 
 /* Starts probing the unknown key of <r>, when its route reconciles
  * (doc/configuration.md, Reconcile); <made>: <r> made it unknown. */
-static void reconcile_key(struct pipeline_req *r, bool made)
+static void reconcile_key(struct pipeline_req *r, bool made, enum store_cause cause)
 {
     if (!r->adm.route->reconcile)
         return;
@@ -195,7 +195,9 @@ static void reconcile_key(struct pipeline_req *r, bool made)
                                                                  span_from_cstr(r->adm.key_prefix)),
                                     .rq = r->rq,
                                     .body = buf_span(&r->adm.body),
-                                    .made = made });
+                                    .made = made,
+                                    .cause = cause,
+                                    .principal = r->adm.principal });
 }
 
 /* Counts and logs that <r> made its key's outcome unknown for <cause>. */
@@ -212,7 +214,7 @@ void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
              r->adm.route->name,
              r->adm.route->reconcile ? "a probe of the API (reconcile) or an operator settles it"
                                      : "an operator resolves it (/keys)");
-    reconcile_key(r, true);
+    reconcile_key(r, true, cause);
 }
 
 /* The answer to a request whose key's outcome is unknown (doc/guarantees.md, Unknown outcomes). */
@@ -221,7 +223,7 @@ void pipeline_answer_unknown(struct pipeline_req *r, const struct store_result *
     if (res->became)
         pipeline_became_unknown(r, res->cause);
     else
-        reconcile_key(r, false); /* its maker may be gone: this proxy probes too */
+        reconcile_key(r, false, res->cause); /* its maker may be gone: this proxy probes too */
     pipeline_set_problem(
         r, PROBLEM_OUTCOME_UNKNOWN, OUTCOME_UNKNOWN,
         "The original request with this Idempotency-Key may have been processed, but its "

@@ -8,6 +8,7 @@
 #include "idemproxy/reconciler.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +32,12 @@ struct reconciler {
     struct store *st;
     reconciler_submit_fn *submit;
     void *submit_ctx;
-    pthread_mutex_t mu; /* guards what follows */
+    const char *proto;
+    uint64_t holder_ms;
+    atomic_bool stopping; /* no new job, and a job that would wait ends */
+    pthread_mutex_t mu;   /* guards what follows */
     struct list jobs;
     unsigned njobs;
-    bool stopping;
 };
 
 enum job_state {
@@ -57,7 +60,10 @@ struct job {
     struct buf strings; /* the headers' names and values, the Host, the client */
     struct span host;   /* into <strings> */
     char client_ip[64];
-    bool absent_counts; /* every header copied is part of the key's scope */
+    bool absent_counts;   /* every header listed is part of the key's scope */
+    bool made;            /* its request made the key unknown */
+    unsigned known_tries; /* made: claims that found the key not unknown yet */
+    uint64_t settle_ms;   /* the route's settle, and for a lost holder its wait */
     struct loop_timer timer;
     bool timer_added;
     struct loop_task task;      /* a store callback brought back to the loop */
@@ -73,7 +79,7 @@ struct job {
 };
 
 int reconciler_new(struct store *st, reconciler_submit_fn *submit, void *submit_ctx,
-                   struct reconciler **ret)
+                   const char *proto, uint64_t holder_ms, struct reconciler **ret)
 {
     struct reconciler *rc = calloc(1, sizeof(*rc));
 
@@ -82,10 +88,23 @@ int reconciler_new(struct store *st, reconciler_submit_fn *submit, void *submit_
     rc->st = st;
     rc->submit = submit;
     rc->submit_ctx = submit_ctx;
+    rc->proto = proto;
+    rc->holder_ms = holder_ms;
     pthread_mutex_init(&rc->mu, NULL);
     list_init(&rc->jobs);
     *ret = rc;
     return 0;
+}
+
+/* Frees <j>, in no list and holding no table. */
+static void job_drop(struct job *j)
+{
+    free(j->store_key);
+    buf_done(&j->target);
+    free(j->headers);
+    buf_done(&j->strings);
+    free(j->why.more);
+    free(j);
 }
 
 static void job_free(struct job *j)
@@ -97,12 +116,7 @@ static void job_free(struct job *j)
     rc->njobs--;
     pthread_mutex_unlock(&rc->mu);
     route_table_unref(j->routes);
-    free(j->store_key);
-    buf_done(&j->target);
-    free(j->headers);
-    buf_done(&j->strings);
-    free(j->why.more);
-    free(j);
+    job_drop(j);
 }
 
 /* Ends <j> on its loop: its timer goes first. */
@@ -116,9 +130,14 @@ static void job_end(struct job *j)
 
 static void job_claim(void *ctx);
 
-/* <j> waits <ms>, then claims its next probe. Loop thread. */
+/* <j> waits <ms>, then claims its next probe; once stopping it ends. Loop
+ * thread (or any, once the loops stopped). */
 static void job_wait(struct job *j, uint64_t ms)
 {
+    if (atomic_load(&j->rc->stopping)) {
+        job_end(j);
+        return;
+    }
     j->state = JOB_WAITING;
     j->timer.due_ms = now_ms() + ms;
     if (!j->timer_added)
@@ -164,11 +183,12 @@ static void job_claim(void *ctx)
     struct job *j = ctx;
     const struct reconcile_config *c = j->rt->reconcile;
     struct store_probe p = { .step = STORE_PROBE_CLAIM,
-                             .settle_ms = c->settle_ms,
+                             .settle_ms = j->settle_ms,
                              .every_ms = c->every_ms,
                              .attempts = c->attempts };
 
-    j->timer.due_ms = UINT64_MAX;
+    loop_timer_del(j->loop, &j->timer); /* registered only while it waits */
+    j->timer_added = false;
     job_store(j, &p);
 }
 
@@ -182,7 +202,9 @@ static void on_answer(void *ctx, int err, struct record *ans)
     char status[48] = "";
     int v = RECONCILE_FAILED;
 
-    if (err == -ECANCELED) { /* the proxy is stopping */
+    if (err == -ECANCELED || err == -ESHUTDOWN || atomic_load(&j->rc->stopping)) {
+        /* the proxy is stopping: a probe it cut proves nothing, and is not counted */
+        record_unref(ans);
         job_end(j);
         return;
     }
@@ -227,7 +249,7 @@ static void job_send(struct job *j)
         .headers = j->headers,
         .nheaders = j->nheaders,
         .client_ip = j->client_ip,
-        .proto = "http",
+        .proto = j->rc->proto,
         .why = &j->why,
     };
     free(j->why.more);
@@ -258,6 +280,10 @@ static void claimed(struct job *j)
                  j->store_key, c->attempts);
         break;
     default: /* known: completed, released or resolved meanwhile */
+        if (j->made && j->probes == 0 && j->known_tries++ < 3) {
+            job_wait(j, 1000); /* or its own unknown write is still on its way (lease.h) */
+            return;
+        }
         break;
     }
     job_end(j);
@@ -297,7 +323,8 @@ static void job_stored(void *ctx)
 /* Copies into <j> the headers of <rq> that the probe takes: listed, and
  * part of the key's scope; <j>->absent_counts says whether each listed one
  * was. Returns 0 or -ENOMEM. */
-static int copy_headers(struct job *j, const struct route *rt, const struct request *rq)
+static int copy_headers(struct job *j, const struct route *rt, const struct request *rq,
+                        bool principal)
 {
     const struct reconcile_config *c = rt->reconcile;
     size_t n = 0, at = 0, most = rq->nheaders * c->nheaders + 1;
@@ -311,9 +338,8 @@ static int copy_headers(struct job *j, const struct route *rt, const struct requ
     }
     for (size_t h = 0; h < c->nheaders; h++) {
         bool in_scope = false;
-
-        if (rt->scope)
-            in_scope = strcasecmp(c->headers[h], scope_header(rt->scope)) == 0;
+        if (rt->scope) /* its value made the principal */
+            in_scope = principal && strcasecmp(c->headers[h], scope_header(rt->scope)) == 0;
         for (size_t s = 0; !rt->scope && s < rt->settings.nscope_headers; s++)
             in_scope |= strcasecmp(c->headers[h], rt->settings.scope_headers[s]) == 0;
         if (!in_scope) {
@@ -378,18 +404,14 @@ static struct job *job_new(struct reconciler *rc, const struct reconciler_key *k
     if (err == 0)
         err = buf_append(&j->target, "", 1);
     if (err == 0)
-        err = copy_headers(j, k->route, k->rq);
+        err = copy_headers(j, k->route, k->rq, k->principal);
     if (err < 0) {
         if (err != -ENOMEM) {
             metrics_reconcile(k->route->metrics_id, METRICS_RECONCILE_FAILED);
             log_warn("key %s: reconcile cannot probe it: %s; it stays unknown for an operator",
                      k->store_key, why ? why : "its target cannot be built");
         }
-        free(j->store_key);
-        buf_done(&j->target);
-        free(j->headers);
-        buf_done(&j->strings);
-        free(j);
+        job_drop(j);
         return NULL;
     }
     j->target.len--; /* the NUL stays, out of the length */
@@ -404,28 +426,44 @@ static void job_begin(void *ctx)
     job_wait(j, j->first_wait_ms);
 }
 
+/* Whether a job of <rc> probes <store_key> (its lock held). */
+static bool has_job(const struct reconciler *rc, const char *store_key)
+{
+    for (struct list_node *n = list_first(&rc->jobs); n; n = list_next(&rc->jobs, n)) {
+        if (strcmp(list_entry(n, struct job, node)->store_key, store_key) == 0)
+            return true;
+    }
+    return false;
+}
+
 void reconciler_start(struct reconciler *rc, const struct reconciler_key *k)
 {
     struct job *j;
-    bool dup = false;
+    bool taken;
 
-    if (!rc || !k->route->reconcile || !k->rq->loop)
+    if (!rc || !k->route->reconcile || !k->rq->loop || atomic_load(&rc->stopping))
         return;
     pthread_mutex_lock(&rc->mu);
-    for (struct list_node *n = list_first(&rc->jobs); n && !dup; n = list_next(&rc->jobs, n))
-        dup = strcmp(list_entry(n, struct job, node)->store_key, k->store_key) == 0;
-    dup |= rc->stopping || rc->njobs >= RECONCILER_JOBS_MAX;
+    taken = has_job(rc, k->store_key) || rc->njobs >= RECONCILER_JOBS_MAX;
     pthread_mutex_unlock(&rc->mu);
-    if (dup || !(j = job_new(rc, k)))
+    if (taken || !(j = job_new(rc, k)))
         return;
-    j->routes = route_table_ref(k->routes);
-    j->first_wait_ms = k->made ? k->route->reconcile->settle_ms : 0;
+    j->made = k->made;
+    j->settle_ms =
+        k->route->reconcile->settle_ms + (k->cause == STORE_CAUSE_HOLDER_LOST ? rc->holder_ms : 0);
+    j->first_wait_ms = k->made ? j->settle_ms : 0;
     j->task = (struct loop_task){ .fn = job_begin, .ctx = j };
-    pthread_mutex_lock(&rc->mu);
-    list_append(&rc->jobs, &j->node);
-    rc->njobs++;
+    pthread_mutex_lock(&rc->mu); /* looked at again: another loop may have begun one */
+    taken = has_job(rc, k->store_key) || rc->njobs >= RECONCILER_JOBS_MAX;
+    if (!taken) {
+        j->routes = route_table_ref(k->routes);
+        list_append(&rc->jobs, &j->node);
+        rc->njobs++;
+    }
     pthread_mutex_unlock(&rc->mu);
-    if (loop_post(j->loop, &j->task) < 0)
+    if (taken)
+        job_drop(j);
+    else if (loop_post(j->loop, &j->task) < 0)
         job_free(j);
 }
 
@@ -447,8 +485,8 @@ void reconciler_stop(struct reconciler *rc)
     if (!rc)
         return;
     list_init(&waiting);
+    atomic_store(&rc->stopping, true);
     pthread_mutex_lock(&rc->mu);
-    rc->stopping = true;
     list_for_each_safe(&rc->jobs, n, tmp)
     {
         struct job *j = list_entry(n, struct job, node);

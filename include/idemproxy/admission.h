@@ -47,6 +47,7 @@ struct admission {
     /* Its token names a kid the keys-url's set lacks: its key is made once
      * the refetch that asks for is done (admission_rescope()), once. */
     bool scope_wait, scope_waited;
+    bool principal;  /* its route's scope (jwt or trusted) found a principal in the request */
     char *store_key; /* owned: <prefix><scope>:<key> */
     uint64_t ttl_ms; /* how long a completed answer is kept */
     /* What is forwarded and fingerprinted: the target in origin-form (or

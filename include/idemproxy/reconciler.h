@@ -11,6 +11,7 @@
 #define IDEMPROXY_RECONCILER_H
 
 #include "idemproxy/common.h"
+#include "idemproxy/store.h"
 #include "idemproxy/upstream.h"
 
 struct loop;
@@ -18,7 +19,6 @@ struct reconciler;
 struct request;
 struct route;
 struct route_table;
-struct store;
 
 /* Sends <req> through the upstream client of <loop>, with upstream_submit()'s
  * contract (the pipeline's forwarder). */
@@ -28,9 +28,12 @@ typedef int reconciler_submit_fn(void *ctx, struct loop *loop, const struct upst
 #define RECONCILER_JOBS_MAX 10000 /* keys probed at once by one process */
 
 /* Creates the reconciler over <st> (borrowed), sending probes with
- * <submit>(<submit_ctx>, ...). Returns 0 or -ENOMEM. */
+ * <submit>(<submit_ctx>, ...) with X-Forwarded-Proto <proto> (static).
+ * A key whose holder was lost is not probed before <holder_ms> more than its
+ * route's settle (the holder's exchange may go on that long: the upstream
+ * and late timeouts). Returns 0 or -ENOMEM. */
 int reconciler_new(struct store *st, reconciler_submit_fn *submit, void *submit_ctx,
-                   struct reconciler **ret);
+                   const char *proto, uint64_t holder_ms, struct reconciler **ret);
 
 /* What a job starts from. All borrowed for the call. */
 struct reconciler_key {
@@ -41,6 +44,10 @@ struct reconciler_key {
     const struct request *rq; /* the request at hand: its headers, Host, client and loop */
     struct span body;         /* its body, for {body:} */
     bool made;                /* this request made the key unknown: no probe before settle */
+    enum store_cause cause;   /* why it is unknown */
+    /* the route's scope (jwt or trusted header) found a principal in <rq>:
+     * its header counts as part of the key's scope (else it does not) */
+    bool principal;
 };
 
 /* Starts probing <k>'s key, unless a job of this process already does, or

@@ -150,9 +150,11 @@ def test_a_key_lost_past_the_late_window_is_probed_with_its_credential(proxy, ap
     api.plan(key, "commit_stall")
     assert_problem(pay(p, key, auth="Bearer carol"), 504, "upstream_timeout")
     p.wait_log("outcome unknown (upstream_timeout)", timeout=5)
+    # the maker's own probe, before any duplicate could start one
+    wait_for(lambda: api.lookups_of(key), timeout=5, what="the maker's probe")
+    assert api.lookups_of(key)[0][2].get("Authorization") == "Bearer carol"
     wait_for(lambda: pay(p, key, auth="Bearer carol")[0] == 201, timeout=5,
              what="the reconciled replay")
-    assert api.lookups_of(key)[0][2].get("Authorization") == "Bearer carol"
     assert api.commits(key) == 1
 
 
