@@ -18,6 +18,7 @@
 #include "idemproxy/http.h"
 #include "idemproxy/keysource.h"
 #include "idemproxy/metrics.h"
+#include "idemproxy/reconcile.h"
 #include "idemproxy/route.h"
 #include "idemproxy/scope.h"
 
@@ -808,6 +809,14 @@ static void check_route(struct errs *e, const struct config *cfg, struct route *
                        "route '%s': fingerprint.ignore needs body: json (a raw body's bytes "
                        "have no members to leave out)",
                        rt->name ? rt->name : ROUTE_DEFAULT);
+    for (size_t i = 0; rt->reconcile && i < rt->fingerprint.nignore; i++) {
+        if (reconcile_target_reads(rt->reconcile->target, rt->fingerprint.ignore[i]))
+            cfile_errs_add(e, at,
+                           "route '%s': reconcile's target reads the body at %s, which "
+                           "fingerprint.ignore leaves out: a duplicate with another value "
+                           "there would have the probe look for another request",
+                           rt->name ? rt->name : ROUTE_DEFAULT, rt->fingerprint.ignore[i]);
+    }
     if (rt->reconcile && rt->settings.on_unknown == CONFIG_ON_UNKNOWN_RETRY)
         cfile_errs_add(e, at,
                        "route '%s': reconcile needs on-unknown-outcome: refuse (under retry no "

@@ -61,9 +61,12 @@ static void statuses(struct errs *e, const char *what, yaml_node_t *v, struct re
     const char *items[CONFIG_MAX_LIST];
     bool is_list;
     int n = cfile_items_of(e, what, v, items, &is_list);
-
     r->nstatus = 0;
-    for (int i = 0; i < n && r->nstatus < RECONCILE_STATUS_MAX; i++) {
+    if (n > RECONCILE_STATUS_MAX) {
+        cfile_errs_add(e, v, "%s: at most %d statuses", what, RECONCILE_STATUS_MAX);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
         unsigned st;
 
         if (config_parse_count(items[i], false, &st) < 0 || st < 100 || st > 599) {

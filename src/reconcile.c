@@ -102,6 +102,21 @@ int reconcile_target_check(const char *tmpl, char *why, size_t whylen)
     return 0;
 }
 
+bool reconcile_target_reads(const char *tmpl, const char *pointer)
+{
+    size_t n = strlen(pointer);
+
+    for (const char *p = strchr(tmpl, '{'); p; p = strchr(p + 1, '{')) {
+        const char *ptr;
+        size_t ptr_len;
+
+        if (placeholder(p, &ptr, &ptr_len) && ptr && ptr_len >= n &&
+            strncmp(ptr, pointer, n) == 0 && (ptr_len == n || ptr[n] == '/'))
+            return true;
+    }
+    return false;
+}
+
 /* Appends <v> to <out>, percent-encoded but for RFC 3986's unreserved bytes. */
 static int append_encoded(struct buf *out, struct span v)
 {

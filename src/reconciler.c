@@ -28,6 +28,10 @@
 
 #define LATER_SLACK_MS 20 /* a claim the store put off is tried this long after it said */
 
+/* Probes that cannot be built, as each duplicate finds them: said once,
+ * then counted (log.h). */
+static struct log_burst unbuildable = LOG_BURST_INIT("keys whose probe cannot be built");
+
 struct reconciler {
     struct store *st;
     reconciler_submit_fn *submit;
@@ -275,6 +279,8 @@ static void claimed(struct job *j)
         job_wait(j, j->res.probe_ms + LATER_SLACK_MS);
         return;
     case STORE_PROBE_SPENT:
+        if (j->probes == 0 && !j->made) /* a duplicate's job: its maker said so */
+            break;
         log_warn("key %s: reconcile gave up after %u probes: the outcome stays unknown; an "
                  "operator resolves it (/keys?state=unknown)",
                  j->store_key, c->attempts);
@@ -406,8 +412,10 @@ static struct job *job_new(struct reconciler *rc, const struct reconciler_key *k
     if (err == 0)
         err = copy_headers(j, k->route, k->rq, k->principal);
     if (err < 0) {
-        if (err != -ENOMEM) {
+        if (err != -ENOMEM)
             metrics_reconcile(k->route->metrics_id, METRICS_RECONCILE_FAILED);
+        if (err != -ENOMEM && log_enabled(LOG_LEVEL_WARN) &&
+            log_burst_admit(&unbuildable, why ? why : "")) {
             log_warn("key %s: reconcile cannot probe it: %s; it stays unknown for an operator",
                      k->store_key, why ? why : "its target cannot be built");
         }

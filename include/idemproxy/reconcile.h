@@ -55,6 +55,10 @@ void reconcile_config_done(struct reconcile_config *c);
  * in <why>. */
 int reconcile_target_check(const char *tmpl, char *why, size_t whylen);
 
+/* Whether a {body:P} of the checked <tmpl> reads what the JSON pointer
+ * <pointer> names: P is <pointer> or lies below it. */
+bool reconcile_target_reads(const char *tmpl, const char *pointer);
+
 /* Appends to <out> the target of checked <tmpl> for the key <key> and the
  * request body <body>: "{key}" becomes the key, "{body:P}" the string at P
  * in the body (JSON), each percent-encoded but for RFC 3986's unreserved

@@ -305,6 +305,19 @@ def test_a_reconcile_block_that_is_wrong_is_refused(tmp_path, block, needle):
     assert needle.encode() in r.stderr, r.stderr
 
 
+def test_reconcile_refuses_a_body_value_the_fingerprint_ignores(tmp_path):
+    path = write_config(tmp_path, """
+        upstream: http://127.0.0.1:9
+        routes:
+          - name: payments
+            match: {path: /v1/payments}
+            fingerprint: {body: json, ignore: [/meta]}
+            reconcile: {request: {target: "/p?r={body:/meta/ref}"}, found: {status: 200}}
+        """)
+    r = run_binary(["--check-config", "--config", str(path)])
+    assert r.returncode == 2 and b"fingerprint.ignore leaves out" in r.stderr, r.stderr
+
+
 def test_reconcile_needs_the_refuse_policy(tmp_path):
     path = write_config(tmp_path, """
         upstream: http://127.0.0.1:9

@@ -43,6 +43,18 @@ static void test_reconcile_target_check(void)
     }
 }
 
+static void test_reconcile_target_reads(void)
+{
+    const char *t = "/o/{body:/order/id}?k={key}";
+
+    CHECK(reconcile_target_reads(t, "/order/id"));
+    CHECK(reconcile_target_reads(t, "/order"));
+    CHECK(reconcile_target_reads(t, ""));
+    CHECK(!reconcile_target_reads(t, "/ord"));
+    CHECK(!reconcile_target_reads(t, "/order/id2"));
+    CHECK(!reconcile_target_reads("/p?k={key}", ""));
+}
+
 static void test_reconcile_target_expand(void)
 {
     int r;
@@ -148,9 +160,9 @@ static void test_reconcile_judge(void)
     CHECK_EQ_INT(judge(&c, 401, "", &kept), RECONCILE_FAILED);
     CHECK_EQ_INT(judge(&c, 404, "{\"data\": [1]}", &kept), RECONCILE_FAILED); /* neither */
     /* JSON jansson is lenient with is JSON; JSON it cannot read proves nothing */
-    CHECK_EQ_INT(judge(&c, 200, "{\"data\": [{\"n\": 18446744073709551616}], \"data\": [1]}",
-                       &kept),
-                 RECONCILE_FOUND);
+    CHECK_EQ_INT(
+        judge(&c, 200, "{\"data\": [{\"n\": 18446744073709551616}], \"data\": [1]}", &kept),
+        RECONCILE_FOUND);
     record_unref(kept);
     CHECK_EQ_INT(judge(&c, 200, "\xef\xbb\xbf {\"data\": [1], \"x\": \"\xff\"}", &kept),
                  RECONCILE_FAILED);
@@ -176,5 +188,5 @@ static void test_reconcile_judge(void)
     }
 }
 
-TEST_MAIN(test_reconcile_target_check, test_reconcile_target_expand,
+TEST_MAIN(test_reconcile_target_check, test_reconcile_target_reads, test_reconcile_target_expand,
           test_reconcile_every_key_byte_is_data, test_reconcile_judge)
