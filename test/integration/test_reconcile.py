@@ -339,10 +339,11 @@ FAULT_DUPLICATES = 4
 def fault_plan(i):
     """Key i's first create: most answer, some commit then reset, some reset
     before committing, some commit then stall past every timeout, some stall
-    without committing."""
+    without committing, some commit only after the proxy gave up on them
+    (then settle, past that, keeps them from being taken for absent)."""
     kind = i % 20
-    return ("ok" if kind < 10 else "commit_reset" if kind < 13 else "reset_first" if kind < 16
-            else "commit_stall" if kind < 18 else "stall_first")
+    return ("ok" if kind < 9 else "commit_reset" if kind < 12 else "reset_first" if kind < 15
+            else "commit_stall" if kind < 17 else "stall_first" if kind < 18 else "late_commit")
 
 
 def retry_round(proxies, keys):
@@ -361,8 +362,11 @@ def retry_round(proxies, keys):
 @pytest.mark.concurrency
 def test_reconcile_fault_mix_shared_redis(proxy, api, tmp_path):
     """Two proxies on one store, 240 keys x 4 duplicates sent to either,
-    creates that commit then reset, reset before committing, or stall past
-    every timeout, and a proxy SIGKILLed (and replaced) mid-load. No payment
+    creates that commit then reset, reset before committing, stall past
+    every timeout, or commit after the proxy gave up on them (1.5 s after
+    they came, when the proxy's timeouts end at 1 s: settle, 1 s from the
+    key becoming unknown, outlasts that), and a proxy SIGKILLed (and
+    replaced) mid-load. No payment
     is made twice, and at least 95% of the keys that became unknown are
     settled by probes, without an operator."""
     path = write_config(tmp_path, route_file(settle="1s", every="500ms", attempts=20))
