@@ -366,3 +366,62 @@ def test_postgres_row_lives_its_ttl_and_x_ttl(proxy, upstream, pg):
     assert 620 < ttl_s(k4) <= 630
     upstream.release(k4)
     assert get()[0] == 200
+
+
+def test_postgres_probe_steps_of_one_key_run_one_after_the_other(pg):
+    """Two proxies' probe steps on one key (sql/probe.sql, on two sessions):
+    the second waits for the first's row lock and decides on what it wrote.
+    An absent a second after one still uncommitted releases the key (not
+    known, while it is still unknown); a claim behind another is told the
+    wait that claim set, and spent when it took the last attempt."""
+    run_schema(pg)
+    with open(os.path.join(REPO, "sql", "probe.sql")) as f:
+        probe = f.read()
+    a, b = pg.connect(), pg.connect()
+    for c in (a, b):
+        c.autocommit = True
+        c.cursor().execute("PREPARE p(text, text, bigint, bigint, bigint, bigint, bytea, bytea) "
+                           "AS " + probe)
+
+    def step(c, key, what, sent=0, every=0, attempts=10):
+        with c.cursor() as cur:
+            cur.execute("EXECUTE p(%s, %s, 0, %s, %s, %s, '', '')",
+                        (key, what, every, attempts, sent))
+            return cur.fetchall()
+
+    def unknown(key):
+        pg.sql("INSERT INTO idemproxy_keys (key, state, fp, token, changed_at, keep_ms, expires_at)"
+               " VALUES (%s, 'U', '\\x00', 't', now() - interval '10 s', 60000,"
+               " now() + interval '60 s')", (key,))
+
+    def behind(first, second):
+        """Runs <first> in an open transaction of a, then <second> on b,
+        which waits for a's lock until a commits."""
+        a.autocommit = False
+        got_a = first()
+        got_b = in_thread(second)
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_activity "
+                                "WHERE wait_event_type = 'Lock'")[0][0] == 1,
+                 timeout=5, what="the second step to wait for the row's lock")
+        a.commit()
+        a.autocommit = True
+        return got_a, got_b()
+
+    unknown("k:absent")
+    sent = step(b, "k:absent", "claim")[0][1]
+    got = behind(lambda: step(a, "k:absent", "absent", sent),
+                 lambda: step(b, "k:absent", "absent", sent + 1500))
+    assert got == ([("noted", 0, 0)], [("released", 0, 0)])
+    assert pg.sql("SELECT count(*) FROM idemproxy_keys WHERE key = 'k:absent'")[0][0] == 0
+
+    unknown("k:claim")
+    got = behind(lambda: step(a, "k:claim", "claim", every=60000),
+                 lambda: step(b, "k:claim", "claim", every=60000))
+    assert got[0][0][0] == "claimed" and got[1][0][0] == "later" and got[1][0][2] == 1
+    assert 59000 < got[1][0][1] <= 60000
+    unknown("k:spent")
+    got = behind(lambda: step(a, "k:spent", "claim", attempts=1),
+                 lambda: step(b, "k:spent", "claim", attempts=1))
+    assert got[0][0][0] == "claimed" and got[1] == [("spent", 0, 1)]
+    a.close()
+    b.close()
