@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The PostgreSQL store's operator calls (store.h): inspect, purge, list the
- * unknown keys a page at a time, resolve. Each is one statement on the
- * service connection (store_pg_link.c), called back on the first loop's
- * thread. A store key's layout is idemkey.h's: the statements narrow the
- * rows to a range of keys, and each row is checked here. */
+ * unknown keys a page at a time, resolve; and a reconcile's probe steps.
+ * Each is one statement on the service connection (store_pg_link.c),
+ * called back on the first loop's thread. A store key's layout is idemkey.h's: the statements
+ * narrow the rows to a range of keys, and each row is checked here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * statements' parameters and answers, readiness, the expired-row job, the
  * store's life), store_pg_link.c (the connections, one per loop and a
  * service one, and the statements in flight on them) and store_pg_admin.c
- * (inspect, purge, list, resolve). Not an interface: the rest of the
+ * (inspect, purge, list, resolve, probe). Not an interface: the rest of the
  * program sees store.h and store_pg.h only. */
 #ifndef IDEMPROXY_STORE_PG_IMPL_H
 #define IDEMPROXY_STORE_PG_IMPL_H
@@ -224,7 +224,7 @@ int store_pg_target(struct store_pg *st, unsigned rotate, struct pg_target *t, c
 /* The expired-row job's answer: <n> rows deleted. */
 void store_pg_reaped(struct store_pg *st, uint64_t n, bool more);
 
-/* ---- store_pg_admin.c: store.h's operator calls ---- */
+/* ---- store_pg_admin.c: store.h's operator calls, and probe ---- */
 
 int store_pg_inspect(struct store *base, struct span prefix, struct span key, bool with_body,
                      store_list_fn *done, void *ctx);
