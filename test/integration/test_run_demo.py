@@ -290,6 +290,37 @@ def test_demo_stops_the_proxy_when_the_api_dies(demo):
     assert "the example API stopped by itself" in d.stderr()
 
 
+def listening(port):
+    try:
+        http_request("127.0.0.1", port, "GET", "/healthz", None, None, 1)
+        return True
+    except OSError:
+        return False
+
+
+def test_demo_piped_into_a_reader_that_leaves_still_stops_both_on_ctrl_c(tmp_path):
+    """scripts/run 2>&1 | head -n 3: head leaves while the guide is printed,
+    and the script lives on (its writes fail) until Ctrl-C, which stops
+    idemproxy and the example API: none keeps its port."""
+    port, admin = distinct_ports(2)
+    proc = subprocess.Popen(["bash", "-c", "%s 2>&1 | head -n 3 >/dev/null" % RUN], cwd=REPO,
+                            env=run_env(IDEMPROXY_RUN_PORT=port, IDEMPROXY_RUN_ADMIN_PORT=admin),
+                            stdin=subprocess.DEVNULL, preexec_fn=default_sigint,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: listening(admin), timeout=60, what="the demo's proxy")
+        time.sleep(1.5)  # the guide is printed (into a closed pipe) by now
+        assert proc.poll() is None, "scripts/run died when its reader left"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(40)
+        wait_for(lambda: not listening(port) and not listening(admin), timeout=5,
+                 what="the demo's ports to be free")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def test_demo_reports_a_busy_port(demo, upstream):
     busy = int(upstream.url.rsplit(":", 1)[1])
     d = demo(IDEMPROXY_RUN_PORT=busy, IDEMPROXY_RUN_ADMIN_PORT=free_port())
