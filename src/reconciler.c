@@ -77,7 +77,6 @@ struct job {
     uint64_t sent_ms;       /* the claim's store time */
     uint64_t first_wait_ms; /* before its first claim */
     unsigned probes;
-    enum reconcile_verdict verdict; /* of the last probe */
     struct upstream_request up;
     struct upstream_why why;
 };
@@ -227,12 +226,12 @@ static void on_answer(void *ctx, int err, struct record *ans)
         why = "its answer matches absent, but it was sent without a listed header that is not "
               "part of the key's scope: only found counts";
     }
-    j->verdict = (enum reconcile_verdict)v;
     metrics_reconcile(j->rt->metrics_id, v == RECONCILE_FOUND    ? METRICS_RECONCILE_FOUND
                                          : v == RECONCILE_ABSENT ? METRICS_RECONCILE_ABSENT
                                                                  : METRICS_RECONCILE_FAILED);
     log_info("key %s: reconcile probe %u of %u (%s %s): %s%s: %s", j->store_key, j->probes,
-             c->attempts, c->method, j->target.data, status, verdict_name(j->verdict), why);
+             c->attempts, c->method, j->target.data, status,
+             verdict_name((enum reconcile_verdict)v), why);
     record_unref(ans);
     p.step = v == RECONCILE_FOUND    ? STORE_PROBE_FOUND
              : v == RECONCILE_ABSENT ? STORE_PROBE_ABSENT
