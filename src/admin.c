@@ -6,6 +6,7 @@
 
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <strings.h>
 
@@ -19,11 +20,13 @@
 
 struct admin {
     struct store *st;
-    const char *key_prefix; /* borrowed from the configuration */
-    uint64_t ttl_ms;        /* --ttl: what an operator's answer is kept, if its key does not say */
-    size_t max_body;        /* the largest body a PUT /keys may send */
-    const char *token;      /* borrowed: --admin-token-file's secret, NULL: none */
-    bool loopback;          /* the admin address is a loopback one */
+    const char *key_prefix;  /* borrowed from the configuration */
+    uint64_t ttl_ms;         /* --ttl: what an operator's answer is kept, if its key does not say */
+    size_t max_body;         /* the largest body a PUT /keys may send */
+    const char *token;       /* borrowed: --admin-token-file's secret, NULL: none */
+    bool loopback;           /* the admin address is a loopback one */
+    atomic_bool passthrough; /* --on-store-error passthrough: serves with the store down */
+    atomic_bool draining;    /* SIGTERM came: not ready any more */
     struct MHD_Daemon *d;
 };
 
@@ -54,7 +57,7 @@ static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *
 
     if (metrics_format(&out, st) < 0) {
         buf_done(&out);
-        return reply(conn, 500, "out of memory\n");
+        return admin_keys_problem(conn, PROBLEM_ADMIN_INTERNAL, "out of memory", NULL);
     }
     resp = MHD_create_response_from_buffer_with_free_callback(out.len, out.data, free_cb);
     if (!resp) {
@@ -66,6 +69,20 @@ static enum MHD_Result serve_metrics(struct MHD_Connection *conn, struct store *
     ret = MHD_queue_response(conn, 200, resp);
     MHD_destroy_response(resp);
     return ret;
+}
+
+/* /readyz: 503 once draining; else 200 while requests are served as
+ * configured, which with --on-store-error passthrough they are even with
+ * the store down ("degraded": unprotected, doc/operations.md). */
+static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct admin *a)
+{
+    if (atomic_load_explicit(&a->draining, memory_order_relaxed))
+        return reply(conn, 503, "draining\n");
+    if (!a->st || store_is_ready(a->st))
+        return reply(conn, 200, "ready\n");
+    if (atomic_load_explicit(&a->passthrough, memory_order_relaxed))
+        return reply(conn, 200, "degraded\n");
+    return reply(conn, 503, "store unavailable\n");
 }
 
 enum admin_access admin_keys_access(const char *token, bool loopback, const char *authorization)
@@ -118,11 +135,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return admin_keys_problem(
                 conn, PROBLEM_ADMIN_FORBIDDEN,
                 "/keys is served without --admin-token-file only on a loopback "
-                "--admin-listen address.");
+                "--admin-listen address.",
+                NULL);
         case ADMIN_ACCESS_UNAUTHORIZED:
             return admin_keys_problem(conn, PROBLEM_ADMIN_UNAUTHORIZED,
                                       "/keys requires Authorization: Bearer <the token of "
-                                      "--admin-token-file>.");
+                                      "--admin-token-file>.",
+                                      NULL);
         case ADMIN_ACCESS_ALLOWED:
             break;
         }
@@ -131,7 +150,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_YES;
         }
         if (!q || !q->target)
-            return reply(conn, 500, "out of memory\n");
+            return admin_keys_problem(conn, PROBLEM_ADMIN_INTERNAL, "out of memory", NULL);
         /* the raw target: MHD's decoded <url> would end at a %00 */
         return admin_keys_serve(conn, a->st,
                                 &(struct admin_keys_call){ .prefix = a->key_prefix,
@@ -141,18 +160,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                                            .body_too_large = q->too_large,
                                                            .ttl_ms = a->ttl_ms });
     }
+    if (strcmp(url, "/healthz") != 0 && strcmp(url, "/readyz") != 0 && strcmp(url, "/metrics") != 0)
+        return admin_keys_problem(conn, PROBLEM_ADMIN_NOT_FOUND,
+                                  "The admin listener serves /healthz, /readyz, /metrics and "
+                                  "/keys.",
+                                  NULL);
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-        return reply(conn, 405, "method not allowed\n");
+        return admin_keys_problem(conn, PROBLEM_ADMIN_METHOD, "Only GET and HEAD are served here.",
+                                  "GET, HEAD");
     if (strcmp(url, "/healthz") == 0)
         return reply(conn, 200, "ok\n");
-    if (strcmp(url, "/readyz") == 0) {
-        if (!a->st || store_is_ready(a->st))
-            return reply(conn, 200, "ready\n");
-        return reply(conn, 503, "store unavailable\n");
-    }
-    if (strcmp(url, "/metrics") == 0)
-        return serve_metrics(conn, a->st);
-    return reply(conn, 404, "not found: try /healthz, /readyz or /metrics\n");
+    if (strcmp(url, "/readyz") == 0)
+        return serve_ready(conn, a);
+    return serve_metrics(conn, a->st);
 }
 
 /* Keeps the raw target of each request: /keys decodes its key itself. */
@@ -217,6 +237,7 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
     a->max_body = cfg->route.max_response_bytes / 3 * 4 + (1u << 20);
     a->token = cfg->admin_token;
     a->loopback = admin_is_loopback(cfg);
+    admin_follow(a, cfg);
     if (cfg->admin_listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,
@@ -230,6 +251,20 @@ int admin_start(const struct config *cfg, struct store *st, struct admin **ret)
     }
     *ret = a;
     return 0;
+}
+
+void admin_follow(struct admin *a, const struct config *cfg)
+{
+    if (a)
+        atomic_store_explicit(&a->passthrough,
+                              cfg->on_store_error == CONFIG_ON_STORE_ERROR_PASSTHROUGH,
+                              memory_order_relaxed);
+}
+
+void admin_drain(struct admin *a)
+{
+    if (a)
+        atomic_store_explicit(&a->draining, true, memory_order_relaxed);
 }
 
 void admin_stop(struct admin *a)

@@ -127,9 +127,9 @@ static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, 
     return ret;
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *msg)
+static enum MHD_Result reply_error(struct MHD_Connection *conn, enum problem p, const char *msg)
 {
-    return reply_json(conn, status, json_pack("{s:s}", "error", msg));
+    return admin_keys_problem(conn, p, msg, NULL);
 }
 
 /* The longest key the proxy stores: a composite of CONFIG_MAX_LIST header
@@ -301,7 +301,7 @@ static int listed(struct waiter *w, int err)
 /* The 503 of a listing that failed with <err> (from listed()). */
 static enum MHD_Result reply_listing_error(struct MHD_Connection *conn, int err)
 {
-    return reply_error(conn, 503,
+    return reply_error(conn, PROBLEM_STORE_UNAVAILABLE,
                        err == -ECANCELED   ? "the store refused the call"
                        : err == -ETIMEDOUT ? "the store did not answer in time"
                                            : "the store is not answering");
@@ -315,7 +315,7 @@ static enum MHD_Result list_keys(struct MHD_Connection *conn, struct store *st, 
     int err;
 
     if (!w)
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     err = store_inspect(st, span_from_cstr(prefix), span_from_cstr(key), with_body, on_listed, w);
     if ((err = listed(w, err)) < 0)
         return reply_listing_error(conn, err);
@@ -340,11 +340,13 @@ static enum MHD_Result find_resource(struct MHD_Connection *conn, struct store *
     int err;
 
     if (!http_is_visible(span_from_cstr(resource), STORE_RESOURCE_MAX))
-        return reply_error(conn, 400, "resource: 1 to 255 bytes of 0x21-0x7E, percent-encoded");
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
+                           "resource: 1 to 255 bytes of 0x21-0x7E, percent-encoded");
     if (scope && !idemkey_is_scope(span_from_cstr(scope)))
-        return reply_error(conn, 400, "scope: the 32 hex characters GET /keys/<key> shows");
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
+                           "scope: the 32 hex characters GET /keys/<key> shows");
     if (!(w = waiter_new()))
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     err = store_find_resource(st, span_from_cstr(prefix), span_from_cstr(resource), with_body,
                               on_listed, w);
     if ((err = listed(w, err)) < 0)
@@ -386,14 +388,14 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
     int err;
 
     if (!scope || !idemkey_is_scope(span_from_cstr(scope)))
-        return reply_error(conn, 400,
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
                            "scope: give ?scope=<the 32 hex characters shown by GET /keys/<key>>");
     if (idemkey_store_key(span_from_cstr(prefix), scope, span_from_cstr(key), &store_key) < 0)
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     w = waiter_new();
     if (!w) {
         free(store_key);
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     }
     err = store_purge(st, span_from_cstr(store_key), strlen(prefix), on_purged, w);
     if (err < 0) {
@@ -405,11 +407,12 @@ static enum MHD_Result purge_key(struct MHD_Connection *conn, struct store *st, 
     }
     if (err == -ENOENT) {
         free(store_key);
-        return reply_error(conn, 404, "no such key under this scope (expired, or never stored)");
+        return reply_error(conn, PROBLEM_ADMIN_NOT_FOUND,
+                           "no such key under this scope (expired, or never stored)");
     }
     if (err < 0) {
         free(store_key);
-        return reply_error(conn, 503, "the store is not answering");
+        return reply_error(conn, PROBLEM_STORE_UNAVAILABLE, "the store is not answering");
     }
     {
         json_t *o = json_pack("{s:s}", "deleted", store_key);
@@ -433,18 +436,19 @@ static enum MHD_Result list_unknown(struct MHD_Connection *conn, struct store *s
     int err;
 
     if (!state || strcmp(state, "unknown") != 0)
-        return reply_error(conn, 400,
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
                            "list with GET /keys?state=unknown (the keys whose outcome is "
                            "unknown) or GET /keys?resource=ID (the keys whose answer created "
                            "it); one key's records with GET /keys/<key>");
     w = waiter_new();
     if (!w)
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     err = store_list_unknown(st, span_from_cstr(prefix), cursor ? cursor : "", on_listed, w);
     if (err == -EINVAL) {
         waiter_unref(w);
         waiter_unref(w);
-        return reply_error(conn, 400, "cursor: give the one the last page said");
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
+                           "cursor: give the one the last page said");
     }
     if ((err = listed(w, err)) < 0)
         return reply_listing_error(conn, err);
@@ -563,17 +567,18 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
     int err;
 
     if (!scope || !idemkey_is_scope(span_from_cstr(scope)))
-        return reply_error(conn, 400,
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
                            "scope: give ?scope=<the 32 hex characters shown by GET /keys/<key>>");
     if (c->body_too_large)
-        return reply_error(conn, 413, "the answer is larger than --max-response allows");
+        return reply_error(conn, PROBLEM_ADMIN_TOO_LARGE,
+                           "the answer is larger than --max-response allows");
     rec = answer_from_json(c->body, &why);
     if (!rec)
-        return reply_error(conn, 400, why);
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST, why);
     status = rec->status;
     if (idemkey_store_key(span_from_cstr(c->prefix), scope, span_from_cstr(key), &store_key) < 0) {
         record_unref(rec);
-        return reply_error(conn, 500, "out of memory");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "out of memory");
     }
     w = waiter_new();
     err =
@@ -593,22 +598,26 @@ static enum MHD_Result resolve_key(struct MHD_Connection *conn, struct store *st
                  store_key, peer, status);
     free(store_key);
     if (err == -ENOENT)
-        return reply_error(conn, 404, "no such key under this scope (expired, or never stored)");
+        return reply_error(conn, PROBLEM_ADMIN_NOT_FOUND,
+                           "no such key under this scope (expired, or never stored)");
     if (err == -EBUSY)
         return admin_keys_problem(conn, PROBLEM_ADMIN_CONFLICT,
                                   "The key's outcome is not unknown: it is in flight or completed "
                                   "(see GET /keys/<key>); only an unknown key takes an operator's "
-                                  "answer.");
+                                  "answer.",
+                                  NULL);
     if (err == -E2BIG)
-        return reply_error(conn, 413, "the answer is larger than the store takes");
+        return reply_error(conn, PROBLEM_ADMIN_TOO_LARGE,
+                           "the answer is larger than the store takes");
     if (err == -EIO) /* the sealing filter could not seal it (store_seal.h) */
-        return reply_error(conn, 500, "cannot seal the answer");
+        return reply_error(conn, PROBLEM_ADMIN_INTERNAL, "cannot seal the answer");
     if (err < 0)
-        return reply_error(conn, 503, "the store is not answering");
+        return reply_error(conn, PROBLEM_STORE_UNAVAILABLE, "the store is not answering");
     return reply_json(conn, 200, json_pack("{s:s}", "resolved", "completed"));
 }
 
-enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail)
+enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail,
+                                   const char *allow)
 {
     struct record *rec = problem_new(p, PROBLEM_DIALECT_PROBLEM, detail);
     struct MHD_Response *resp;
@@ -619,6 +628,8 @@ enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, 
     resp = MHD_create_response_from_buffer(rec->body.len, rec->body.data, MHD_RESPMEM_MUST_COPY);
     for (size_t i = 0; resp && i < rec->nheaders; i++)
         (void)MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value);
+    if (resp && allow)
+        (void)MHD_add_response_header(resp, "Allow", allow);
     if (resp && p == PROBLEM_ADMIN_UNAUTHORIZED)
         (void)MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"idemproxy admin\"");
     if (resp)
@@ -641,21 +652,24 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
     size_t path_len = strcspn(c->target, "?");
 
     if (!st)
-        return reply_error(conn, 404, "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
+        return reply_error(conn, PROBLEM_ADMIN_NOT_FOUND,
+                           "enforcement is off (IDEMPOTENCY_ENABLED=false): no store");
     if (path_len == strlen(ADMIN_KEYS_LIST_PATH) &&
         memcmp(c->target, ADMIN_KEYS_LIST_PATH, path_len) == 0) {
         const char *resource = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "resource");
 
         if (!is_get)
-            return reply_error(conn, 405, "GET /keys?state=unknown or GET /keys?resource=ID");
+            return admin_keys_problem(conn, PROBLEM_ADMIN_METHOD,
+                                      "GET /keys?state=unknown or GET /keys?resource=ID", "GET");
         if (resource)
             return find_resource(conn, st, c->prefix, resource);
         return list_unknown(conn, st, c->prefix);
     }
     if (!is_get && !is_delete && !is_put)
-        return reply_error(conn, 405, "GET, DELETE or PUT");
+        return admin_keys_problem(conn, PROBLEM_ADMIN_METHOD, "GET, DELETE or PUT",
+                                  "GET, DELETE, PUT");
     if (decode_key(c->target, key) < 0)
-        return reply_error(conn, 400,
+        return reply_error(conn, PROBLEM_ADMIN_BAD_REQUEST,
                            "key: 1 to 255 bytes of 0x21-0x7E, as stored (unquoted), or a "
                            "composite key's parts joined by single spaces, percent-encoded in "
                            "the path");

@@ -55,7 +55,7 @@ struct opt {
 };
 
 /* Every option, in the order the environment is read (config_table.c). */
-#define CONFIG_NOPTS 62 /* a table of another length does not compile */
+#define CONFIG_NOPTS 63 /* a table of another length does not compile */
 extern const struct opt config_opts[CONFIG_NOPTS];
 
 #endif

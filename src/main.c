@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "idemproxy/admin.h"
 #include "idemproxy/app.h"
 #include "idemproxy/config.h"
 #include "idemproxy/config_file.h"
@@ -105,6 +106,7 @@ static void reload(struct app *app, int argc, char **argv)
     if (pipeline_set_routes(app->pl, t, why, sizeof(why)) > 0)
         print_lines(LOG_LEVEL_WARN, "reload: ", why);
     config_swap_reloadable(&app->cfg, &next);
+    admin_follow(app->admin, &app->cfg);
     route_table_unref(app->routes); /* the pipeline holds its own reference */
     app->routes = t;
     config_done(&next);
@@ -116,7 +118,28 @@ static void reload(struct app *app, int argc, char **argv)
               app->cfg.log_format); /* after the line above: it may silence it */
 }
 
-/* SIGTERM or SIGINT: no new connection, then the open requests finish
+/* --drain-delay: /readyz is 503 already; the listener goes on accepting
+ * for the delay, so that what a load balancer still sends is served. A
+ * second signal ends it. Returns true when it ran its course. */
+static bool drain_delay(struct app *app, const sigset_t *set, int sig)
+{
+    uint64_t until = now_ms() + app->cfg.drain_delay_ms;
+
+    if (!app->cfg.drain_delay_ms)
+        return true;
+    log_info("%s: /readyz answers 503; still accepting for --drain-delay %.1f s", strsignal(sig),
+             app->cfg.drain_delay_ms / 1000.0);
+    for (uint64_t now = now_ms(); now < until; now = now_ms()) {
+        int again = wait_signal(set, until - now);
+
+        if (again && again != SIGHUP)
+            return false;
+    }
+    return true;
+}
+
+/* SIGTERM or SIGINT: /readyz turns 503, the listener accepts for
+ * --drain-delay more, then no new connection and the open requests finish
  * within --shutdown-timeout (those cut are cancelled). Returns false when
  * requests are still open (a second signal, or cancelled ones that did not
  * report back). */
@@ -124,6 +147,9 @@ static bool shut_down(struct app *app, const sigset_t *set, int sig)
 {
     bool forced = false;
 
+    admin_drain(app->admin);
+    if (!drain_delay(app, set, sig))
+        log_warn("a second signal: the drain delay is cut short");
     log_info("%s: no longer accepting; finishing %u open requests (up to %.1f s)", strsignal(sig),
              app_requests(app), app->cfg.shutdown_timeout_ms / 1000.0);
     for (unsigned i = 0; i < app->nloops; i++)

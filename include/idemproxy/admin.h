@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* The admin listener, on its own MHD thread: /healthz (200 while the process
- * serves), /readyz (200 only while the store answers), /metrics (Prometheus
+ * serves), /readyz (200 while the proxy serves its routes as configured:
+ * the store answers, or --on-store-error passthrough lets requests through
+ * without it ("degraded"); 503 once draining), /metrics (Prometheus
  * text), all open, and GET/DELETE /keys/<key> (see admin_keys.h), which reads
  * stored answers and deletes keys: with --admin-token-file only for a request
  * with "Authorization: Bearer <token>" (401 problem otherwise), without it only
- * on a loopback admin address (403 problem otherwise). */
+ * on a loopback admin address (403 problem otherwise). Every error is a
+ * problem+json answer (admin_keys.h). */
 #ifndef IDEMPROXY_ADMIN_H
 #define IDEMPROXY_ADMIN_H
 
@@ -34,6 +37,14 @@ enum admin_access {
  * absent) is "Bearer <token>" (scheme case-insensitive, compared in constant
  * time); without one only when <loopback>. */
 enum admin_access admin_keys_access(const char *token, bool loopback, const char *authorization);
+
+/* Main thread: readiness follows <cfg>'s --on-store-error from now on (at
+ * start and after a reload). */
+void admin_follow(struct admin *a, const struct config *cfg);
+
+/* Main thread, on SIGTERM: /readyz answers 503 from now on, so that load
+ * balancers stop sending while the listener still accepts (--drain-delay). */
+void admin_drain(struct admin *a);
 
 /* Stops and frees. NULL-safe. */
 void admin_stop(struct admin *a);

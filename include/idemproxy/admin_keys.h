@@ -39,7 +39,10 @@ enum MHD_Result admin_keys_serve(struct MHD_Connection *conn, struct store *st,
                                  const struct admin_keys_call *c);
 
 /* Answers with the problem <p> (problem.h: its status, headers and JSON
- * body, with <detail>; WWW-Authenticate for the 401), not to be stored. */
-enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail);
+ * body, with <detail>; WWW-Authenticate for the 401; Allow: <allow> when
+ * not NULL, for the 405), not to be stored. Every error of the admin
+ * listener is one of these. */
+enum MHD_Result admin_keys_problem(struct MHD_Connection *conn, enum problem p, const char *detail,
+                                   const char *allow);
 
 #endif

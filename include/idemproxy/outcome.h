@@ -56,6 +56,11 @@ enum outcome {
     X(ADMIN_FORBIDDEN, 403, "forbidden", "Not served on this admin address", "about:blank")        \
     X(ADMIN_CONFLICT, 409, "conflict", "The key is not in the state this call needs",              \
       "about:blank")                                                                               \
+    X(ADMIN_NOT_FOUND, 404, "not_found", "Not found", "about:blank")                               \
+    X(ADMIN_BAD_REQUEST, 400, "bad_request", "Bad request", "about:blank")                         \
+    X(ADMIN_METHOD, 405, "method_not_allowed", "Method not allowed", "about:blank")                \
+    X(ADMIN_TOO_LARGE, 413, "payload_too_large", "Request body too large", "about:blank")          \
+    X(ADMIN_INTERNAL, 500, "internal_error", "The proxy could not answer", "about:blank")          \
     X(OUTCOME_UNKNOWN, 502, "idempotency_outcome_unknown",                                         \
       "The outcome of the original request is unknown", "about:blank")                             \
     X(INTERNAL, 503, "internal_error", "The proxy cannot take the request now", "about:blank")     \

@@ -5,7 +5,7 @@ import socket
 import subprocess
 import time
 
-from fixtures.client import REPLAY, assert_problem, hone, new_key
+from fixtures.client import REPLAY, assert_problem, hone, http_request, new_key
 from fixtures.marks import shared_store, store_independent
 from fixtures.probes import (assert_free, assert_locked, assert_unknown, redis_state, start_held,
                              start_slow, stored_state)
@@ -20,6 +20,36 @@ def test_admin_endpoints(proxy, upstream):
     st, _, _ = p.admin_request("GET", "/readyz")
     assert st == 200
     assert upstream.hits() == 1  # admin requests are not proxied
+
+
+@store_independent
+def test_admin_errors_are_problems(proxy):
+    """Every error of the admin listener is problem+json (doc/operations.md,
+    The admin listener): an unknown path, a method it does not take (with
+    Allow), a bad /keys call."""
+    p = proxy()
+
+    def admin(method, path, body=None):
+        return http_request("127.0.0.1", p.admin_port, method, path, None, body, 5.0)
+
+    assert_problem(admin("GET", "/nope"), 404, "not_found")
+    assert_problem(admin("GET", "/healthz/x"), 404, "not_found")
+    for path in ("/healthz", "/readyz", "/metrics"):
+        resp = admin("POST", path, b"x")
+        assert_problem(resp, 405, "method_not_allowed")
+        assert hone(resp[1], "Allow") == "GET, HEAD"
+    resp = admin("POST", "/keys/k")
+    assert_problem(resp, 405, "method_not_allowed")
+    assert hone(resp[1], "Allow") == "GET, DELETE, PUT"
+    resp = admin("DELETE", "/keys")
+    assert_problem(resp, 405, "method_not_allowed")
+    assert hone(resp[1], "Allow") == "GET"
+    assert_problem(admin("GET", "/keys/%01"), 400, "bad_request")
+    assert_problem(admin("DELETE", "/keys/k?scope=zz"), 400, "bad_request")
+    assert_problem(admin("GET", "/keys?state=done"), 400, "bad_request")
+    # what is not an error stays as it was
+    st, h, body = admin("GET", "/healthz")
+    assert st == 200 and body == b"ok\n"
 
 
 @store_independent
@@ -130,6 +160,32 @@ def test_sigterm_shutdown_timeout_releases_lock_retry_shared_redis(proxy, upstre
     p.stop()
 
 
+
+
+@store_independent
+def test_drain_delay_readyz_503_while_the_listener_accepts(proxy, upstream):
+    """--drain-delay: on SIGTERM /readyz is 503 at once (/healthz 200) while
+    new connections are still served for the delay; then the listener
+    closes and the process exits 0 (doc/operations.md, Drain)."""
+    p = proxy("--drain-delay", "1.5")
+    assert p.admin_request("GET", "/readyz")[:3:2] == (200, b"ready\n")
+    t0 = time.monotonic()
+    p.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: p.admin_request("GET", "/readyz")[0] == 503, timeout=1.0, interval=0.01,
+             what="/readyz 503 on SIGTERM")
+    assert time.monotonic() - t0 < 0.5
+    st, _, body = p.admin_request("GET", "/readyz")
+    assert (st, body) == (503, b"draining\n")
+    assert p.admin_request("GET", "/healthz")[0] == 200
+    # a new connection during the delay is served, keyed or not
+    st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", new_key())], b"x")
+    assert st == 201 and hone(h, REPLAY) == "false"
+    assert time.monotonic() - t0 < 1.2, "the test itself was too slow to show the delay"
+    wait_for(lambda: _refused(p.port), timeout=5.0, what="the listener to close after the delay")
+    assert time.monotonic() - t0 >= 1.4
+    assert p.proc.wait(10) == 0, p.stderr()
+    assert "still accepting for --drain-delay 1.5 s" in p.stderr()
+    p.stop()
 
 
 def test_second_signal_exits_at_once(proxy, upstream):

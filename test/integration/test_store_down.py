@@ -92,8 +92,14 @@ def test_redis_script_flush(proxy, upstream, rdb):
 @single_redis_server
 @redis_only
 def test_on_store_error_passthrough_redis_down(proxy, upstream, rdb, redis_server):
+    """Under passthrough a proxy whose store is down still serves: /readyz
+    stays 200 and says degraded (doc/operations.md, Readiness)."""
     p = proxy("--on-store-error", "passthrough")
+    wait_for(lambda: p.admin_request("GET", "/readyz")[:3:2] == (200, b"ready\n"), timeout=5,
+             what="/readyz 200 ready")
     redis_server.stop()
+    wait_for(lambda: p.admin_request("GET", "/readyz")[:3:2] == (200, b"degraded\n"),
+             timeout=5, interval=0.1, what="/readyz 200 degraded")
     key = new_key()
     for n in (1, 2):
         st, h, _ = p.request("POST", "/echo", [("Idempotency-Key", key)], b"x")
