@@ -200,20 +200,28 @@ static void reconcile_key(struct pipeline_req *r, bool made, enum store_cause ca
                                     .principal = r->adm.principal });
 }
 
-/* Counts and logs that <r> made its key's outcome unknown for <cause>. */
+/* Counts and logs that <r> made its key's outcome unknown for <cause>. A
+ * late exchange's client has had its 504 and its access line: this line
+ * then carries what that one would have (doc/operations.md, Metrics and
+ * access log), so that grep unknown= finds every key lost. */
 void pipeline_became_unknown(struct pipeline_req *r, enum store_cause cause)
 {
     const struct request *in = r->rq;
+    char late[REQUEST_ID_MAX + 160] = "";
 
     r->unknown = store_cause_name(cause);
     metrics_unknown_outcome(r->adm.route->metrics_id, cause);
+    if (r->late)
+        snprintf(late, sizeof(late), " [late window over: unknown=%s request_id=%s client=%s]",
+                 r->unknown, r->out.id ? r->out.id : "-", in->client_ip[0] ? in->client_ip : "-");
     log_warn("key %s: outcome unknown (%s): %.*s %.*s of route %s may have run upstream and its "
-             "answer was lost; duplicates get 502 idempotency_outcome_unknown until %s",
+             "answer was lost; duplicates get 502 idempotency_outcome_unknown until %s%s",
              r->adm.store_key, r->unknown, (int)(in->method.len < 64 ? in->method.len : 64),
              in->method.base, (int)(in->target.len < 1024 ? in->target.len : 1024), in->target.base,
              r->adm.route->name,
              r->adm.route->reconcile ? "a probe of the API (reconcile) or an operator settles it"
-                                     : "an operator resolves it (/keys)");
+                                     : "an operator resolves it (/keys)",
+             late);
     reconcile_key(r, true, cause);
 }
 

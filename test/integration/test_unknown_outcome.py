@@ -137,7 +137,8 @@ def test_timeout_without_late_answer_is_unknown(proxy, upstream):
     the first, in flight until the second, then unknown (upstream_timeout)."""
     p = proxy("--upstream-timeout", "0.5", "--upstream-late-timeout", "1")
     key = new_key()
-    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key)], b"pay")
+    req = ("POST", "/hold?id=%s" % key, [("Idempotency-Key", key), ("X-Request-Id", "rq-" + key)],
+           b"pay")
     t0 = time.monotonic()
     assert_problem(p.request(*req), 504, "upstream_timeout")
     assert time.monotonic() - t0 < 1.2
@@ -145,6 +146,14 @@ def test_timeout_without_late_answer_is_unknown(proxy, upstream):
     wait_for(lambda: unknown_count(p, "upstream_timeout") == 1, timeout=5,
              what="the late timeout to run out")
     assert time.monotonic() - t0 >= 1.4
+    # The 504's access line went out at the timeout, without unknown=: a line
+    # that greps as unknown= names the request, its client and its target
+    # (doc/operations.md, Metrics and access log).
+    p.wait_log("unknown=upstream_timeout", timeout=5)
+    lines = [ln for ln in p.stderr().splitlines() if "unknown=upstream_timeout" in ln]
+    assert len(lines) == 1, lines
+    assert "request_id=rq-%s" % key in lines[0] and "client=127.0.0.1" in lines[0], lines
+    assert "/hold?id=%s" % key in lines[0], lines
     upstream.release(key)  # the answer comes too late: nothing changes
     time.sleep(0.2)
     assert_unknown(p, req, path="/hold")
