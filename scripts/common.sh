@@ -22,7 +22,7 @@ ensure_packages() {
 
 # curl: the demo of scripts/run prints curl commands, and the integration suite runs them;
 # libcjose-dev: bearer tokens verified for scope: jwt (doc/configuration.md, Scope).
-BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libcurl4-openssl-dev
+BUILD_PACKAGES=(gcc pkg-config meson ninja-build python3 libmicrohttpd-dev libgnutls28-dev libcurl4-openssl-dev
     libhiredis-dev libjansson-dev libssl-dev libyaml-dev libpq-dev libhttp-parser-dev libcjose-dev
     curl)
 

@@ -9,6 +9,7 @@
 
 #include "idemproxy/admin.h"
 #include "idemproxy/front.h"
+#include "idemproxy/front_tls.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/pipeline.h"
@@ -71,6 +72,7 @@ void app_down(struct app *app)
      * front end's callback until the pool is joined. */
     for (unsigned i = 0; i < app->nloops; i++)
         front_stop(app->fronts[i]);
+    front_tls_stop();
     pipeline_free(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)
         loop_free(app->loops[i]);
@@ -149,6 +151,7 @@ static int open_store(struct app *app)
 static int start_serving(struct app *app)
 {
     const struct config *cfg = &app->cfg;
+    char why[1024];
     struct upstream_options uo = {
         .base_url = cfg->upstream,
         .client = cfg->upstream_client == CONFIG_UPSTREAM_CLIENT_CURL ? UPSTREAM_CLIENT_CURL
@@ -172,6 +175,10 @@ static int start_serving(struct app *app)
         log_error("--listen %s: cannot listen there: another process listens on it",
                   cfg->listen.text);
         return -EADDRINUSE;
+    }
+    if ((err = front_tls_start(cfg, why, sizeof(why))) < 0) {
+        log_error("%s", why);
+        return err;
     }
     for (unsigned i = 0; i < app->nloops; i++) {
         err = upstream_new(&uo, app->loops[i], &app->ups[i]);

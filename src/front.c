@@ -21,6 +21,7 @@
 
 #include "idemproxy/config.h"
 #include "idemproxy/flow.h"
+#include "idemproxy/front_tls.h"
 #include "idemproxy/http.h"
 #include "idemproxy/list.h"
 #include "idemproxy/log.h"
@@ -44,8 +45,10 @@
  * whole header section instead, from the connection's start or the end of
  * its previous request. */
 struct fconn {
-    struct list_node node; /* in front.heads, oldest first, while its header section is due */
+    struct list_node node;  /* in front.heads, oldest first, while its header section is due */
+    struct list_node sniff; /* in front.sniffs until its first bytes came (HTTPS) */
     uint64_t since_ms;
+    uint64_t started_ms;
     MHD_socket fd;
 };
 
@@ -84,15 +87,14 @@ struct front {
     bool rerun;      /* a connection was resumed on the loop thread: MHD must run again */
     int quiesced_fd; /* the listening socket after front_quiesce(), -1 before */
     atomic_uint requests;
-    struct list heads; /* struct fconn whose header section is due, oldest first */
-    bool reserved;     /* on_accept() took a slot that its connection has not started in yet */
-    char *tls_cert;    /* owned: --tls-cert-file's PEM, while the daemon runs */
-    char *tls_key;     /* owned: --tls-key-file's PEM (wiped when freed) */
+    struct list heads;  /* struct fconn whose header section is due, oldest first */
+    bool reserved;      /* on_accept() took a slot that its connection has not started in yet */
+    bool tls;           /* HTTPS: new connections' first bytes are looked at (front_tls.h) */
+    struct list sniffs; /* struct fconn whose first bytes have not come yet, oldest first */
 };
 
 /* TLS 1.2 and 1.3 only, GnuTLS's default choices within them. */
 #define FRONT_TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
-#define FRONT_PEM_MAX (1u << 20)
 
 /* Open client sockets of every front end of the process (one per loop, on
  * one port): --max-connections bounds them together. */
@@ -167,13 +169,19 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         c = ci ? calloc(1, sizeof(*c)) : NULL; /* without it: only the idle timeout */
         if (c) {
             c->fd = ci->connect_fd;
+            c->started_ms = now_ms();
             heads_append(f, c);
+            /* before MHD reads a byte of it: its first bytes may be in already */
+            if (f->tls && !front_tls_sniff(c->fd))
+                list_append(&f->sniffs, &c->sniff);
         }
         *socket_context = c;
         return;
     }
     atomic_fetch_sub_explicit(&connections, 1, memory_order_relaxed);
     c = *socket_context;
+    if (c)
+        list_remove(&c->sniff);
     heads_unlink(c);
     free(c);
     *socket_context = NULL;
@@ -582,12 +590,30 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* Lets MHD do what is ready, then arms the timer for when it must run next
  * (connection timeouts, or at once while it has work left over). Loop thread. */
+/* The HTTPS connections whose first bytes had not come: looked at before
+ * MHD runs, so before GnuTLS reads them; given up on with the header
+ * section's time. */
+static void sniffs_run(struct front *f)
+{
+    uint64_t now = now_ms();
+    struct list_node *n, *next;
+
+    for (n = list_first(&f->sniffs); n; n = next) {
+        struct fconn *c = list_entry(n, struct fconn, sniff);
+
+        next = list_next(&f->sniffs, n);
+        if (front_tls_sniff(c->fd) || now - c->started_ms >= f->cfg->client_timeout_ms)
+            list_remove(&c->sniff);
+    }
+}
+
 static void front_run(struct front *f)
 {
     MHD_UNSIGNED_LONG_LONG ms;
     uint64_t heads_due;
 
     f->rerun = false;
+    sniffs_run(f);
     (void)MHD_run(f->d);
     heads_due = heads_expire(f);
     if (f->rerun) /* resumed from inside MHD_run(): an answer found at once */
@@ -633,46 +659,6 @@ void front_raise_fd_limit(const struct config *cfg)
                  cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
-/* The whole of the PEM file <path> (checked at start), NUL-terminated, in
- * <ret>: exactly its size, which is at most FRONT_PEM_MAX. Returns 0,
- * -E2BIG, -ENOMEM, or a negative errno of reading it. */
-static int read_pem(const char *path, char **ret)
-{
-    FILE *fp = fopen(path, "re");
-    struct stat sb;
-    char *s = NULL;
-    size_t n = 0;
-    int err;
-
-    if (!fp)
-        return -errno;
-    err = fstat(fileno(fp), &sb) < 0 ? -errno : sb.st_size > FRONT_PEM_MAX ? -E2BIG : 0;
-    if (err == 0 && !(s = malloc((size_t)sb.st_size + 1)))
-        err = -ENOMEM;
-    if (err == 0) {
-        n = fread(s, 1, (size_t)sb.st_size, fp);
-        err = ferror(fp) ? -EIO : 0;
-    }
-    fclose(fp);
-    if (err < 0) {
-        if (s)
-            explicit_bzero(s, (size_t)sb.st_size + 1);
-        free(s);
-        return err;
-    }
-    s[n] = '\0';
-    *ret = s;
-    return 0;
-}
-
-static void free_pem(char *s)
-{
-    if (s) {
-        explicit_bzero(s, strlen(s));
-        free(s);
-    }
-}
-
 int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop,
                 struct front **ret)
 {
@@ -692,19 +678,15 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
     list_init(&f->heads);
     if (cfg->listen.sa.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    if (cfg->tls_cert_file) {
-        err = read_pem(cfg->tls_cert_file, &f->tls_cert);
-        if (err == 0)
-            err = read_pem(cfg->tls_key_file, &f->tls_key);
-        if (err < 0)
-            goto fail;
+    list_init(&f->sniffs);
+    if (front_tls_on()) {
+        /* the pair comes from front_tls.c at each handshake: SIGHUP replaces it */
+        f->tls = true;
         flags |= MHD_USE_TLS;
-        tls[0] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, f->tls_cert };
-        tls[1] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, f->tls_key };
-        tls[2] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_PRIORITIES, 0,
+        tls[0] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_CERT_CALLBACK, 0, front_tls_callback() };
+        tls[1] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_PRIORITIES, 0,
                                           (void *)(uintptr_t)FRONT_TLS_PRIORITIES };
-        tls[3] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
-        err = -EADDRINUSE;
+        tls[2] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
     }
     f->d = MHD_start_daemon(
         flags, 0, on_accept, f, on_request, f, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
@@ -739,8 +721,6 @@ int front_start(const struct config *cfg, struct pipeline *pl, struct loop *loop
 fail:
     if (f->d)
         MHD_stop_daemon(f->d);
-    free_pem(f->tls_cert);
-    free_pem(f->tls_key);
     free(f);
     return err;
 }
@@ -774,7 +754,5 @@ void front_stop(struct front *f)
     MHD_stop_daemon(f->d);
     if (f->quiesced_fd >= 0)
         close(f->quiesced_fd);
-    free_pem(f->tls_cert);
-    free_pem(f->tls_key);
     free(f);
 }

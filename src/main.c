@@ -14,6 +14,7 @@
 #include "idemproxy/config.h"
 #include "idemproxy/config_file.h"
 #include "idemproxy/front.h"
+#include "idemproxy/front_tls.h"
 #include "idemproxy/log.h"
 #include "idemproxy/loop.h"
 #include "idemproxy/metrics.h"
@@ -77,6 +78,31 @@ static void on_reload_change(void *ctx, const char *name, unsigned traits)
     (*restart)++;
 }
 
+/* SIGHUP: the listener's certificate and key are read again, and the
+ * upstream's TLS files; a pair that does not load leaves the old one in use. */
+static void reload_tls(struct app *app)
+{
+    char why[1024];
+    int r = front_tls_reload(&app->cfg, why, sizeof(why));
+
+    if (r > 0)
+        log_info("reload: --tls-cert-file %s and --tls-key-file %s read again: new connections "
+                 "use them, open ones go on",
+                 app->cfg.tls_cert_file, app->cfg.tls_key_file);
+    else if (r < 0)
+        log_error("reload: %s; the listener keeps the certificate it had", why);
+    r = 0;
+    for (unsigned i = 0; i < app->nloops && r >= 0; i++)
+        r = upstream_reload_tls(app->ups[i]);
+    if (r > 0)
+        log_info("reload: the upstream's TLS files read again (--upstream-tls-ca-file, "
+                 "--upstream-tls-cert-file, --upstream-tls-key-file): new connections use them");
+    else if (r < 0)
+        log_error("reload: the upstream's TLS files: %s; new connections to the upstream use "
+                  "what was read before",
+                  strerror(-r));
+}
+
 /* SIGHUP: reads the configuration again (the same flags and environment,
  * the file as it is now), then diff, warn, swap. A valid one gives the
  * requests that begin from now on its routes and settings, and its log level
@@ -107,6 +133,7 @@ static void reload(struct app *app, int argc, char **argv)
         print_lines(LOG_LEVEL_WARN, "reload: ", why);
     config_swap_reloadable(&app->cfg, &next);
     admin_follow(app->admin, &app->cfg);
+    reload_tls(app);
     route_table_unref(app->routes); /* the pipeline holds its own reference */
     app->routes = t;
     config_done(&next);

@@ -129,6 +129,11 @@ void upstream_cancel(struct upstream *up)
         loop_call(up->loop, teardown, up);
 }
 
+int upstream_reload_tls(struct upstream *up)
+{
+    return up && up->ops->reload_tls ? up->ops->reload_tls(up) : 0;
+}
+
 void upstream_free(struct upstream *up)
 {
     if (!up)

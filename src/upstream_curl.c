@@ -10,7 +10,9 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 
 #include <curl/curl.h>
 
@@ -62,6 +64,13 @@ struct xfer {
     char errbuf[CURL_ERROR_SIZE];  /* curl's words on a failure */
 };
 
+/* The TLS files' bytes: read at start and on SIGHUP, handed to libcurl as
+ * blobs (it copies them), so that a file replaced with one that does not
+ * load changes nothing until a reload that checks it. */
+struct tls_blobs {
+    struct curl_blob ca, cert, key; /* data NULL: not given */
+};
+
 struct curl_client {
     struct upstream pub;       /* first: upstream.c's part */
     CURLM *multi;              /* owned; loop thread only */
@@ -69,6 +78,7 @@ struct curl_client {
     struct upstream_base base; /* owned: where every transfer connects, and the path prefix */
     size_t max_capture_bytes;
     struct upstream_options tls;   /* the tls_* options, borrowed */
+    struct tls_blobs blobs;        /* loop thread: the TLS files' bytes, as read last */
     struct curl_slist *connect_to; /* owned: --upstream-tls-server-name's "name:port:host:port" */
 
     /* Loop thread only: */
@@ -518,11 +528,11 @@ static int configure(struct curl_client *up, CURL *e)
     SET(CURLOPT_HEADERFUNCTION, header_cb);
     SET(CURLOPT_WRITEFUNCTION, write_cb);
     SET(CURLOPT_PREREQFUNCTION, prereq_cb);
-    if (up->tls.tls_ca_file)
-        SET(CURLOPT_CAINFO, up->tls.tls_ca_file);
-    if (up->tls.tls_cert_file) {
-        SET(CURLOPT_SSLCERT, up->tls.tls_cert_file);
-        SET(CURLOPT_SSLKEY, up->tls.tls_key_file);
+    if (up->blobs.ca.data)
+        SET(CURLOPT_CAINFO_BLOB, &up->blobs.ca);
+    if (up->blobs.cert.data) {
+        SET(CURLOPT_SSLCERT_BLOB, &up->blobs.cert);
+        SET(CURLOPT_SSLKEY_BLOB, &up->blobs.key);
     }
     if (up->tls.tls_insecure) {
         SET(CURLOPT_SSL_VERIFYPEER, 0L);
@@ -868,6 +878,92 @@ out:
     return r;
 }
 
+/* ---- the TLS files ---- */
+
+#define TLS_FILE_MAX (4u << 20) /* a CA bundle of a few hundred certificates fits */
+
+/* The whole of <path> into <b> (NULL <path>: left empty). */
+static int blob_read(const char *path, struct curl_blob *b)
+{
+    FILE *fp;
+    struct stat sb;
+    int err;
+
+    *b = (struct curl_blob){ .flags = CURL_BLOB_COPY };
+    if (!path)
+        return 0;
+    if (!(fp = fopen(path, "re")))
+        return -errno;
+    err = fstat(fileno(fp), &sb) < 0 ? -errno : sb.st_size > TLS_FILE_MAX ? -E2BIG : 0;
+    if (err == 0 && !(b->data = malloc((size_t)sb.st_size + 1)))
+        err = -ENOMEM;
+    if (err == 0) {
+        b->len = fread(b->data, 1, (size_t)sb.st_size, fp);
+        err = ferror(fp) ? -EIO : 0;
+    }
+    fclose(fp);
+    return err;
+}
+
+static void blobs_done(struct tls_blobs *t)
+{
+    struct curl_blob *all[] = { &t->ca, &t->cert, &t->key };
+
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (all[i]->data)
+            explicit_bzero(all[i]->data, all[i]->len);
+        free(all[i]->data);
+        all[i]->data = NULL;
+    }
+}
+
+/* The files of <opt> (checked at start, or by the reload's check). */
+static int blobs_read(const struct upstream_options *opt, struct tls_blobs *t)
+{
+    int err = blob_read(opt->tls_ca_file, &t->ca);
+
+    if (err == 0)
+        err = blob_read(opt->tls_cert_file, &t->cert);
+    if (err == 0)
+        err = blob_read(opt->tls_key_file, &t->key);
+    if (err < 0)
+        blobs_done(t);
+    return err;
+}
+
+struct tls_swap {
+    struct curl_client *up;
+    struct tls_blobs blobs;
+};
+
+/* Loop thread: the new bytes in place; the handles kept idle were configured
+ * with the old ones, so they go (a running transfer keeps its own). */
+static void swap_blobs(void *ctx)
+{
+    struct tls_swap *s = ctx;
+    struct tls_blobs old = s->up->blobs;
+
+    s->up->blobs = s->blobs;
+    s->blobs = old;
+    while (s->up->nidle)
+        curl_easy_cleanup(s->up->idle[--s->up->nidle]);
+}
+
+static int client_reload_tls(struct upstream *pub)
+{
+    struct curl_client *up = (struct curl_client *)(void *)pub;
+    struct tls_swap s = { .up = up };
+    int err;
+
+    if (!up->tls.tls_ca_file && !up->tls.tls_cert_file)
+        return 0;
+    if ((err = blobs_read(&up->tls, &s.blobs)) < 0)
+        return err;
+    loop_call(up->loop, swap_blobs, &s);
+    blobs_done(&s.blobs);
+    return 1;
+}
+
 static void client_free(struct upstream *pub)
 {
     struct curl_client *up = (struct curl_client *)pub;
@@ -885,6 +981,7 @@ static void client_free(struct upstream *pub)
     buf_done(&up->method);
     upstream_base_done(&up->base);
     curl_slist_free_all(up->connect_to);
+    blobs_done(&up->blobs);
     free(up);
 }
 
@@ -892,6 +989,7 @@ static const struct upstream_client_ops curl_ops = {
     .start = client_start,
     .stop = client_stop,
     .free = client_free,
+    .reload_tls = client_reload_tls,
 };
 
 int upstream_curl_new(const struct upstream_options *opt, struct loop *loop, struct upstream **ret)
@@ -913,7 +1011,9 @@ int upstream_curl_new(const struct upstream_options *opt, struct loop *loop, str
     up->idle = calloc(UPSTREAM_IDLE_HANDLES, sizeof(*up->idle));
     up->max_capture_bytes = opt->max_capture_bytes;
     up->tls = *opt;
-    r = upstream_base_parse(opt->base_url, &up->base);
+    r = blobs_read(opt, &up->blobs);
+    if (r == 0)
+        r = upstream_base_parse(opt->base_url, &up->base);
     if (r == 0 && opt->tls_server_name)
         r = use_server_name(up, opt->tls_server_name);
     if (r < 0)

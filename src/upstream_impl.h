@@ -28,6 +28,9 @@ struct upstream_client_ops {
     void (*stop)(struct upstream *up);
     /* Frees what the client owns, once stopped and its loop idle. */
     void (*free)(struct upstream *up);
+    /* Reads its TLS files again for the exchanges that start from now on;
+     * NULL for a client without TLS. Returns what upstream_reload_tls() does. */
+    int (*reload_tls)(struct upstream *up);
 };
 
 /* The part of each client that upstream.c keeps: the first member of both. */

@@ -184,6 +184,13 @@ int upstream_new(const struct upstream_options *opt, struct loop *loop, struct u
 int upstream_submit(struct upstream *up, const struct upstream_request *req, upstream_done_fn *done,
                     void *ctx);
 
+/* SIGHUP: reads the TLS files of <up>'s options again (the CA file, the
+ * client certificate and key) for the exchanges that start from now on;
+ * those running keep theirs. Main thread, while its loop runs (waits for
+ * it). Returns 1 when it did, 0 when <up> has no TLS file, or a negative
+ * errno when one does not read (the files in use stay). */
+int upstream_reload_tls(struct upstream *up);
+
 /* Finishes the transfers still running with -ECANCELED (their callbacks run,
  * on the loop thread) and refuses new ones with -ECANCELED from then on; the
  * client stays usable as a handle until upstream_free(). Any thread; waits

@@ -155,6 +155,35 @@ def test_https_upstream_client_certificate(proxy, mtls_upstream, pki):
 
 
 @store_independent
+def test_sighup_reloads_the_upstream_tls_files(proxy, https_upstream, pki, tmp_path):
+    """SIGHUP reads --upstream-tls-ca-file (and the client pair) again for
+    new connections; between reloads the bytes read last are used, so a
+    file replaced with one that does not load changes nothing
+    (doc/operations.md, Reloading TLS files)."""
+    import shutil
+    import signal
+
+    ca = str(tmp_path / "upstream-ca.pem")
+    shutil.copy(pki.other_ca_crt, ca)  # not the CA that signed the upstream
+    p = proxy("--upstream-tls-ca-file", ca,
+              upstream_url="https://localhost:%d" % https_upstream.port)
+    assert p.request("GET", "/x")[0] == 502
+    shutil.copy(pki.ca_crt, ca)
+    assert p.request("GET", "/x")[0] == 502  # read at start: not yet
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_log("the upstream's TLS files read again", timeout=5)
+    assert p.request("GET", "/x")[0] == 200
+    with open(ca, "w") as f:
+        f.write("not a certificate\n")
+    # the upstream closes this connection: the next request opens another
+    assert p.request("GET", "/connection-header")[0] == 200
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_log("nothing was changed", timeout=5)
+    assert p.request("GET", "/x")[0] == 200
+    assert https_upstream.hits("/x") == 2
+
+
+@store_independent
 def test_https_upstream_insecure_warns(proxy, https_upstream):
     p = proxy("--upstream-tls-insecure",
               upstream_url="https://localhost:%d" % https_upstream.port)
@@ -278,10 +307,69 @@ def test_listener_over_tls_with_curl(proxy, upstream, pki):
         r = curl("--cacert", pki.ca_crt, "--tlsv" + v, "--tls-max", v, "-o", "/dev/null",
                  "-w", "%{http_code}", "https://localhost:%d/x" % p.port)
         assert r.returncode == 0 and r.stdout == b"200", (v, r.stderr)
-    # Plain HTTP on the TLS port gets nothing; the admin listener stays plain.
-    with pytest.raises(Exception):
-        http_request("127.0.0.1", p.port, "GET", "/x", timeout=3)
+    # Plain HTTP on the TLS port gets nothing, and is said once per client
+    # address per 10 s; the admin listener stays plain.
+    for _ in range(2):
+        with pytest.raises(Exception):
+            http_request("127.0.0.1", p.port, "GET", "/x", timeout=3)
+    p.wait_log("a client at 127.0.0.1 sent plain HTTP", timeout=5)
+    assert p.stderr().count("sent plain HTTP") == 1, p.stderr()
     assert p.admin_request("GET", "/healthz")[0] == 200
+
+
+def _serial(conn):
+    """The serial of the certificate <conn> (an open HTTPSConnection) was shown."""
+    der = conn.sock.getpeercert(binary_form=True)
+    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-serial"], input=der,
+                       capture_output=True, timeout=10)
+    return int(r.stdout.decode().strip().split("=", 1)[1], 16)
+
+
+@store_independent
+def test_sighup_reloads_the_listener_certificate(proxy, upstream, pki, tmp_path):
+    """SIGHUP reads --tls-cert-file and --tls-key-file again: a new
+    connection gets the renewed certificate, a kept-alive one goes on; a
+    pair that does not load is refused and the last good one kept
+    (doc/operations.md, Reloading TLS files)."""
+    import http.client
+    import shutil
+    import signal
+    from fixtures.pki import reissue
+
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    shutil.copy(pki.server_crt, cert)
+    shutil.copy(pki.server_key, key)
+    p = proxy("--tls-cert-file", cert, "--tls-key-file", key)
+    ctx = ssl.create_default_context(cafile=pki.ca_crt)
+
+    def fresh():
+        c = http.client.HTTPSConnection("localhost", p.port, context=ctx, timeout=10)
+        c.request("GET", "/x")
+        assert c.getresponse().read() is not None
+        return c
+
+    kept = fresh()
+    first = _serial(kept)
+    new_crt, new_key, new_serial = reissue(pki, "renewed-%d" % p.port)
+    shutil.copy(new_crt, cert)
+    shutil.copy(new_key, key)
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_log("read again: new connections use them", timeout=5)
+    c = fresh()
+    assert _serial(c) == new_serial != first
+    c.close()
+    kept.request("GET", "/y")  # the kept connection goes on with its own
+    assert kept.getresponse().status == 200 and _serial(kept) == first
+    # A broken pair: the key of another certificate. The reload is refused
+    # whole, and the pair in use stays.
+    shutil.copy(pki.wrong_key, key)
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_log("is not the key of the certificate", timeout=5)
+    p.wait_log("nothing was changed", timeout=5)
+    c = fresh()
+    assert _serial(c) == new_serial
+    c.close()
+    kept.close()
 
 
 @store_independent
