@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
+#include "idemproxy/config_parse.h"
 #include "idemproxy/store_registry.h"
 
 #include "config_impl.h"
@@ -302,6 +304,31 @@ static void mask_userinfo(const char *v, char *out, size_t outlen)
 
 /* Explains why <v> was refused for <o> (<r> from opt_set()), the line
  * starting with <src>: the flag, the variable, or the file's key. */
+/* A store URL whose scheme is none of a store's, when it is one written
+ * wrong ("rediss//h", "postgres:/db") or one a typo away ("postgresq://"):
+ * says which in <why>, and that one's form in <forms>. Returns whether it
+ * did. */
+static bool near_scheme(const char *v, char *why, size_t whylen, char *forms, size_t formslen)
+{
+    const char *names[16], *near = NULL;
+    size_t n = store_registry_schemes(names, ARRAY_SIZE(names));
+    size_t len = strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-");
+
+    for (size_t i = 0; i < n && !near; i++)
+        if (strlen(names[i]) == len && strncasecmp(v, names[i], len) == 0)
+            near = names[i];
+    if (near && strncmp(v + len, "://", 3) == 0)
+        return false; /* its own store said what is wrong */
+    if (near)
+        snprintf(why, whylen, "a %s URL begins %s:// (a colon, two slashes)", near, near);
+    else if ((near = len ? config_nearest(v, len, names, n) : NULL))
+        snprintf(why, whylen, "'%.*s' is no store's scheme: did you mean %s://?", (int)len, v,
+                 near);
+    if (near)
+        store_registry_form(near, forms, formslen);
+    return near != NULL;
+}
+
 static void value_err(const struct opt *o, const char *src, const char *v, int r, char *err,
                       size_t errlen)
 {
@@ -316,10 +343,10 @@ static void value_err(const struct opt *o, const char *src, const char *v, int r
 
         /* the parser says what is wrong, then what the forms are */
         config_store_url_why(v, o->kind == K_STORE, why, sizeof(why));
+        if (o->kind == K_STORE && !near_scheme(v, why, sizeof(why), forms, sizeof(forms)))
+            store_registry_forms(forms, sizeof(forms));
         store_registry_redact_url(v, masked, sizeof(masked));
         v = masked;
-        if (o->kind == K_STORE)
-            store_registry_forms(forms, sizeof(forms));
         snprintf(expect, sizeof(expect), "%s; %s", why,
                  o->kind == K_STORE ? forms : config_kind_info[o->kind].expect);
     }
@@ -432,6 +459,17 @@ bool config_is_route_option(const char *name)
     const struct opt *o = file_opt(name);
 
     return o && (o->traits & CONFIG_ROUTE);
+}
+
+size_t config_route_option_list(const char **out, size_t max)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < CONFIG_NOPTS && n < max; i++) {
+        if ((config_opts[i].traits & CONFIG_ROUTE) && is_looped(&config_opts[i]))
+            out[n++] = config_opts[i].flag + 2;
+    }
+    return n;
 }
 
 void config_route_option_names(char *out, size_t outlen)

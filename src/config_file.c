@@ -56,6 +56,25 @@ void cfile_errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
     va_end(ap);
 }
 
+void cfile_unknown_key(struct errs *e, const yaml_node_t *k, const char *what, const char *key,
+                       const char *const *names, size_t n)
+{
+    const char *near = config_nearest(key, strlen(key), names, n);
+    char list[1024] = "";
+
+    if (near) {
+        cfile_errs_add(e, k, "%s: unknown key '%s' (did you mean %s?)", what, key, near);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+                 i == 0      ? ""
+                 : i + 1 < n ? ", "
+                             : " or ",
+                 names[i]);
+    cfile_errs_add(e, k, "%s: unknown key '%s' (use %s)", what, key, list);
+}
+
 /* ---- reading ---- */
 
 static void append_line(char *err, size_t errlen, const char *fmt, ...)
@@ -111,6 +130,23 @@ static int slurp(const char *path, unsigned char **ret, size_t *ret_len, char *e
     return 0;
 }
 
+/* Whether libyaml's problem at byte <at> of <data> is a tab, or a tab
+ * among the spaces that indent its line: the usual cause of its "cannot
+ * start any token", which does not say so. */
+static bool at_tab(const unsigned char *data, size_t len, size_t at)
+{
+    size_t i = at < len ? at : len;
+
+    if (i < len && data[i] == '\t')
+        return true;
+    while (i > 0 && data[i - 1] != '\n')
+        i--;
+    for (; i < len && (data[i] == ' ' || data[i] == '\t'); i++)
+        if (data[i] == '\t')
+            return true;
+    return false;
+}
+
 int config_file_read(const char *path, struct config_file **ret, char *err, size_t errlen)
 {
     struct config_file *f = NULL;
@@ -135,9 +171,13 @@ int config_file_read(const char *path, struct config_file **ret, char *err, size
     if (!yaml_parser_load(&parser, f->doc)) {
         free(f->doc); /* nothing to delete */
         f->doc = NULL;
-        append_line(err, errlen, "%s:%zu:%zu: %s%s%s", path, parser.problem_mark.line + 1,
+        append_line(err, errlen, "%s:%zu:%zu: %s%s%s%s", path, parser.problem_mark.line + 1,
                     parser.problem_mark.column + 1, parser.problem ? parser.problem : "not YAML",
-                    parser.context ? " " : "", parser.context ? parser.context : "");
+                    parser.context ? " " : "", parser.context ? parser.context : "",
+                    at_tab(data, len, parser.problem_mark.index)
+                        ? ": this is a tab, and YAML indents with spaces only (replace each "
+                          "tab with spaces)"
+                        : "");
         r = -EINVAL;
         goto fail;
     }
@@ -339,6 +379,9 @@ char *cfile_dup_or_oom(struct errs *e, const char *s)
     return copy;
 }
 
+/* The keys of a key source (keysource.h): its kinds and the fallback. */
+static const char *const key_keys[] = { "header", "headers", "json", "fallback" };
+
 static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
 {
     const char *items[CONFIG_MAX_LIST];
@@ -353,8 +396,10 @@ static void key_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
     r = keysource_set(ctx, key, items, (size_t)n, is_list, why, sizeof(why));
     if (r == -ENOMEM)
         e->oom = true;
+    else if (r == -ENOENT)
+        cfile_unknown_key(e, k, "key", key, key_keys, ARRAY_SIZE(key_keys));
     else if (r < 0)
-        cfile_errs_add(e, r == -ENOENT ? k : v, "%s", why);
+        cfile_errs_add(e, v, "%s", why);
 }
 
 /* resource: {header: NAME} or {json: POINTER}, one of them
@@ -383,7 +428,9 @@ static void resource_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_
                            "/data/0/id)",
                            s ? s : cfile_type_name(v));
     } else {
-        cfile_errs_add(e, k, "resource: unknown key '%s' (use header or json)", key);
+        static const char *const names[] = { "header", "json" };
+
+        cfile_unknown_key(e, k, "resource", key, names, ARRAY_SIZE(names));
     }
 }
 
@@ -416,6 +463,8 @@ static bool is_header_name(const char *s) { return http_is_token(span_from_cstr(
 
 /* fingerprint: {body: raw|json, ignore: [POINTER...], headers: [NAME...],
  * query: raw|sorted} (doc/configuration.md, Fingerprint). */
+static const char *const fingerprint_keys[] = { "body", "ignore", "headers", "query" };
+
 static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v,
                              void *ctx)
 {
@@ -439,8 +488,7 @@ static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, ya
         fingerprint_list(e, "fingerprint.headers", v, fp->headers, &fp->nheaders, is_header_name,
                          "a header name (a token such as Stripe-Version)");
     else
-        cfile_errs_add(e, k, "fingerprint: unknown key '%s' (use body, ignore, headers or query)",
-                       key);
+        cfile_unknown_key(e, k, "fingerprint", key, fingerprint_keys, ARRAY_SIZE(fingerprint_keys));
 }
 
 /* ---- scope (doc/configuration.md, Scope) ---- */
@@ -449,6 +497,8 @@ static void fingerprint_pair(struct errs *e, const char *key, yaml_node_t *k, ya
 struct scope_nodes {
     yaml_node_t *headers, *jwt, *header, *trusted;
 };
+
+static const char *const scope_keys[] = { "headers", "jwt", "header", "trusted" };
 
 static void scope_find(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
 {
@@ -463,8 +513,7 @@ static void scope_find(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
     else if (strcmp(key, "trusted") == 0)
         n->trusted = v;
     else
-        cfile_errs_add(e, k, "scope: unknown key '%s' (use headers, jwt, or header with trusted)",
-                       key);
+        cfile_unknown_key(e, k, "scope", key, scope_keys, ARRAY_SIZE(scope_keys));
 }
 
 struct jwt_ctx {
@@ -516,11 +565,10 @@ static void jwt_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_
             cfile_errs_add(e, v, "scope.jwt.leeway: '%s' is not a number of seconds (0 to 3600)",
                            s ? s : cfile_type_name(v));
     } else if (!slot) {
-        cfile_errs_add(
-            e, k,
-            "scope.jwt: unknown key '%s' (use header, keys, keys-url, secret-file, issuer, "
-            "audience, claims or leeway)",
-            key);
+        static const char *const names[] = { "header", "keys",     "keys-url", "secret-file",
+                                             "issuer", "audience", "claims",   "leeway" };
+
+        cfile_unknown_key(e, k, "scope.jwt", key, names, ARRAY_SIZE(names));
     } else if (!s || !s[0]) {
         cfile_errs_add(e, v, "scope.jwt.%s: needs a value", key);
     } else if (strcmp(key, "header") == 0 && !is_header_name(s)) {
@@ -700,7 +748,9 @@ static void match_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         else
             rt->match_host = cfile_dup_or_oom(e, s);
     } else {
-        cfile_errs_add(e, k, "match: unknown key '%s' (use methods, path and host)", key);
+        static const char *const names[] = { "methods", "path", "host" };
+
+        cfile_unknown_key(e, k, "match", key, names, ARRAY_SIZE(names));
     }
 }
 
@@ -714,6 +764,28 @@ struct route_ctx {
     bool has_scope;       /* the route sets its own scope or scope-header (else: the top's) */
     bool scope_block, scope_header; /* which of the two it sets: one at most */
 };
+
+/* A route's key that is none of its own nor an option a route may set. */
+static void route_unknown_key(struct errs *e, const yaml_node_t *k, const char *key)
+{
+    static const char *const own[] = { "name",     "match",       "enforce", "key",      "errors",
+                                       "resource", "fingerprint", "scope",   "reconcile" };
+    const char *names[ARRAY_SIZE(own) + 64];
+    size_t n = ARRAY_SIZE(own);
+    char options[512];
+
+    memcpy(names, own, sizeof(own));
+    n += config_route_option_list(names + n, ARRAY_SIZE(names) - n);
+    if (config_nearest(key, strlen(key), names, n)) {
+        cfile_unknown_key(e, k, "route", key, names, n);
+        return;
+    }
+    config_route_option_names(options, sizeof(options));
+    cfile_errs_add(e, k,
+                   "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
+                   "resource, fingerprint, scope, reconcile, and the options %s)",
+                   key, options);
+}
 
 static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
 {
@@ -766,13 +838,7 @@ static void route_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_nod
         c->has_scope |= c->scope_header;
         set_option(e, NULL, &rt->settings, key, k, v);
     } else {
-        char names[512];
-
-        config_route_option_names(names, sizeof(names));
-        cfile_errs_add(e, k,
-                       "route: unknown key '%s' (a route has name, match, enforce, key, errors, "
-                       "resource, fingerprint, scope, reconcile, and the options %s)",
-                       key, names);
+        route_unknown_key(e, k, key);
     }
 }
 

@@ -30,6 +30,11 @@ struct errs {
 void cfile_errs_add(struct errs *e, const yaml_node_t *at, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Says at <k> that <key> is not one of the <n> <names> of <what> ("route",
+ * "scope.jwt"): "did you mean" the nearest when one is near, else the list. */
+void cfile_unknown_key(struct errs *e, const yaml_node_t *k, const char *what, const char *key,
+                       const char *const *names, size_t n);
+
 yaml_node_t *cfile_node(const struct config_file *f, int id);
 
 /* The text of scalar <n>; NULL for a YAML null (an empty, "~" or "null"

@@ -11,25 +11,6 @@
 #include "idemproxy/keysource.h"
 #include "idemproxy/reconcile.h"
 
-/* Says that <key> is not one of <names> in <what>, with the nearest. */
-static void unknown_key(struct errs *e, yaml_node_t *k, const char *what, const char *key,
-                        const char *const *names, size_t n)
-{
-    const char *near = config_nearest(key, strlen(key), names, n);
-    char list[160] = "";
-
-    for (size_t i = 0; i < n; i++)
-        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
-                 i == 0      ? ""
-                 : i + 1 < n ? ", "
-                             : " or ",
-                 names[i]);
-    if (near)
-        cfile_errs_add(e, k, "%s: unknown key '%s' (did you mean %s?)", what, key, near);
-    else
-        cfile_errs_add(e, k, "%s: unknown key '%s' (use %s)", what, key, list);
-}
-
 /* A duration with an optional unit ms, s, m or h (seconds without one). */
 static bool duration(struct errs *e, const char *what, yaml_node_t *v, bool zero_ok, uint64_t *ret)
 {
@@ -109,7 +90,7 @@ static void rule_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node
     else if (strcmp(key, c->ptr_key) == 0)
         pointer(e, what, v, &c->r->pointer);
     else
-        unknown_key(e, k, c->what, key, names, 2);
+        cfile_unknown_key(e, k, c->what, key, names, 2);
 }
 
 static void request_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_node_t *v, void *ctx)
@@ -149,7 +130,7 @@ static void request_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_n
             c->headers[c->nheaders++] = cfile_dup_or_oom(e, items[i]);
         }
     } else {
-        unknown_key(e, k, "reconcile.request", key, names, 3);
+        cfile_unknown_key(e, k, "reconcile.request", key, names, 3);
     }
 }
 
@@ -160,7 +141,7 @@ static void answer_pair(struct errs *e, const char *key, yaml_node_t *k, yaml_no
     const char *s = cfile_scalar(v);
 
     if (strcmp(key, "status") != 0) {
-        unknown_key(e, k, "reconcile.answer", key, names, 1);
+        cfile_unknown_key(e, k, "reconcile.answer", key, names, 1);
     } else if (!s || config_parse_count(s, false, &c->answer_status) < 0 ||
                c->answer_status < 200 || c->answer_status > 299) {
         cfile_errs_add(e, v, "reconcile.answer.status: '%s' is not a 2xx status",
@@ -196,7 +177,7 @@ static void reconcile_pair(struct errs *e, const char *key, yaml_node_t *k, yaml
             cfile_errs_add(e, v, "reconcile.attempts: '%s' is not a whole number from 1",
                            s ? s : cfile_type_name(v));
     } else {
-        unknown_key(e, k, "reconcile", key, names, ARRAY_SIZE(names));
+        cfile_unknown_key(e, k, "reconcile", key, names, ARRAY_SIZE(names));
     }
 }
 

@@ -197,6 +197,29 @@ void store_registry_redact_url(const char *url, char *out, size_t outlen)
     redact_any(url, out, outlen);
 }
 
+size_t store_registry_schemes(const char **out, size_t max)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < ARRAY_SIZE(registry) && n < max; i++)
+        if (registry[i].scheme)
+            out[n++] = registry[i].scheme;
+    return n;
+}
+
+void store_registry_form(const char *scheme, char *out, size_t outlen)
+{
+    const char *form = NULL;
+
+    /* a line without a form is said by the line before it */
+    for (size_t i = 0; i < ARRAY_SIZE(registry); i++) {
+        form = registry[i].form ? registry[i].form : form;
+        if (registry[i].scheme && strcmp(registry[i].scheme, scheme) == 0)
+            break;
+    }
+    snprintf(out, outlen, "use %s", form ? form : "");
+}
+
 void store_registry_forms(char *out, size_t outlen)
 {
     size_t n = (size_t)snprintf(out, outlen, "use ");

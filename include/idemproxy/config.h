@@ -176,6 +176,9 @@ bool config_is_route_option(const char *name);
 /* Writes the names of the options a route may set, comma-separated, to <out>. */
 void config_route_option_names(char *out, size_t outlen);
 
+/* Puts up to <max> of those names (static strings) in <out>; returns how many. */
+size_t config_route_option_list(const char **out, size_t max);
+
 /* Makes <dst> (zeroed) a deep copy of <src>. Returns 0 or -ENOMEM (then
  * config_route_done(<dst>)). */
 int config_route_copy(struct route_settings *dst, const struct route_settings *src);

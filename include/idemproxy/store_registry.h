@@ -54,6 +54,14 @@ void store_registry_redact_url(const char *url, char *out, size_t outlen);
  * <out> (<outlen> bytes, at least 1): what a bad store URL is told. */
 void store_registry_forms(char *out, size_t outlen);
 
+/* Puts up to <max> of the stores' URL schemes ("postgresql", "redis"...,
+ * static strings) in <out>; returns how many. */
+size_t store_registry_schemes(const char **out, size_t max);
+
+/* Writes "use <form>", the form of the URLs of <scheme> (one of
+ * store_registry_schemes()), into <out>. */
+void store_registry_form(const char *scheme, char *out, size_t outlen);
+
 /* Describes the store <o> names for the start-up line, without a secret:
  * "memory (…)" or "redis redis://host:6379" (the password masked). */
 void store_registry_describe(const struct store_registry_opts *o, char *out, size_t outlen);

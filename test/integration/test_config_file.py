@@ -123,6 +123,48 @@ def test_check_config_yaml_syntax_error(tmp_path, text, line):
     assert len(got) == 1 and got[0][0] == line, got
 
 
+@pytest.mark.parametrize("text,at,says", [
+    # a misspelt key names the nearest at every level, not only the top
+    ("upstrem: http://127.0.0.1:1\n", (1, 1), "unknown key 'upstrem' (did you mean upstream?)"),
+    ("routes:\n  - name: a\n    tll: 5\n", (3, 5),
+     "route: unknown key 'tll' (did you mean ttl?)"),
+    ("routes:\n  - name: a\n    match: {pth: /a}\n", (3, 13),
+     "match: unknown key 'pth' (did you mean path?)"),
+    ("routes:\n  - name: a\n    key: {heder: X-Id}\n", (3, 11),
+     "key: unknown key 'heder' (did you mean header?)"),
+    ("routes:\n  - name: a\n    fingerprint: {bdy: json}\n", (3, 19),
+     "fingerprint: unknown key 'bdy' (did you mean body?)"),
+    ("routes:\n  - name: a\n    scope: {jwtt: {}}\n", (3, 13),
+     "scope: unknown key 'jwtt' (did you mean jwt?)"),
+    ("routes:\n  - name: a\n    scope: {jwt: {isuer: x}}\n", (3, 19),
+     "scope.jwt: unknown key 'isuer' (did you mean issuer?)"),
+    ("routes:\n  - name: a\n    resource: {jsn: /id}\n", (3, 16),
+     "resource: unknown key 'jsn' (did you mean json?)"),
+    # a tab, which libyaml's own words do not name
+    ("routes:\n\t- name: a\n", (2, 1), "this is a tab, and YAML indents with spaces only"),
+    ("routes:\n  - name: a\n  \tttl: 5\n", None, "this is a tab, and YAML indents with spaces"),
+    # a store URL a typo away from a store's, or written without its //
+    ("store: postgresq://db/pay\n", (1, 8), "'postgresq' is no store's scheme: did you mean "
+     "postgresql://?; use postgresql://"),
+    ("store: rediss//cache:6380\n", (1, 8), "a rediss URL begins rediss:// (a colon, two "
+     "slashes); use a Redis URL"),
+])
+def test_config_messages_name_what_was_meant(tmp_path, text, at, says):
+    """doc/configuration.md, Problems: each message says what was meant."""
+    path = write_config(tmp_path, "upstream: http://127.0.0.1:1\n" * ("upstr" not in text) + text,
+                        name="c.yaml")
+    r = run_binary(["--check-config", "--config", str(path)])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    got = check_lines(r.stderr, path)
+    assert len(got) == 1, got
+    line, col, msg = got[0]
+    if at:
+        shift = 0 if "upstr" in text else 1
+        assert (line - shift, col) == at, got
+    assert says in msg, got
+    assert "postgresql://, postgres://, redis://" not in msg, msg  # not every scheme
+
+
 def test_routes_that_are_not_a_list_are_refused(tmp_path):
     """One route written without its "- ": `routes` is then a mapping, a
     value of the wrong type (doc/configuration.md, Configuration file), and
