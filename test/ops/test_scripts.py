@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, run
 
-SCRIPTS = ["scripts/test", "scripts/package", "scripts/bench", "scripts/sandbox"]
+SCRIPTS = ["scripts/test", "scripts/run", "scripts/package", "scripts/bench", "scripts/sandbox"]
 
 
 def state_of_builds():
