@@ -55,7 +55,18 @@ struct store_lock {
      * tombstone is not looked at, and the key is locked over it. */
     bool tombstones;
     size_t prefix_len; /* the store key begins with its prefix, this long */
+    /* The acquiring request's trace context (doc/operations.md, Tracing): a
+     * W3C traceparent, STORE_TRACE_LEN bytes ("00-<32 hex>-<16 hex>-<2
+     * hex>"), or empty for none. Written with the lock, kept with the
+     * record while it lives (complete, unknown and resolve leave it), and
+     * given back to the acquires that find the key, so that a replay, a
+     * 409, a 422 or an unknown answer links to the request that ran. A
+     * take-over writes its own. The store checks nothing of it but its
+     * length: another length is kept as empty. */
+    struct span trace;
 };
+
+#define STORE_TRACE_LEN 55
 
 #define STORE_RESOURCE_MAX 255 /* a resource id: 1 to 255 bytes of 0x21-0x7E */
 
@@ -147,6 +158,10 @@ struct store_result {
      * the callback), empty when none */
     struct span resource;
     const char *unreadable; /* STORE_UNREADABLE only: why, in words for the log (borrowed) */
+    /* acquire, STORE_IN_FLIGHT, STORE_MISMATCH, STORE_UNKNOWN and
+     * STORE_COMPLETED: the trace context the acquire that locked the key
+     * gave (store_lock.trace), borrowed for the callback; empty when none */
+    struct span trace;
     /* store_probe() only: what its step did; CLAIMED: the store time of the
      * claim and the probes made with it; LATER: the ms to wait */
     enum store_probe_answer probe;
