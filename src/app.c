@@ -19,6 +19,7 @@
 #include "idemproxy/store_memory.h"
 #include "idemproxy/store_registry.h"
 #include "idemproxy/store_seal.h"
+#include "idemproxy/tracer.h"
 #include "idemproxy/upstream.h"
 #include "idemproxy/worker.h"
 #include "idemproxy_version.h"
@@ -66,6 +67,7 @@ void app_down(struct app *app)
         pipeline_stop(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)
         upstream_free(app->ups[i]);
+    tracer_stop(app->tracer);    /* what the last requests made goes out, bounded */
     worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
     store_free(app->st);         /* with the loops stopped: finishes on this thread */
     /* Last: a pool thread that answered the last request may still be in the
@@ -284,6 +286,14 @@ int app_up(struct app *app)
         err = pipeline_new(&app->cfg, app->routes, app->st, app->pool,
                            &(struct pipeline_forwarder){ .submit = forward_on_loop, .ctx = app },
                            &app->pl);
+    if (err == 0 && app->cfg.otlp_endpoint) {
+        err = tracer_start(app->cfg.otlp_endpoint, app->cfg.trace_queue, IDEMPROXY_VERSION,
+                           &app->tracer);
+        if (err < 0)
+            log_error("--otlp-endpoint %s: cannot start the exporter: %s", app->cfg.otlp_endpoint,
+                      strerror(-err));
+        pipeline_set_tracer(app->pl, app->tracer);
+    }
     if (err == 0)
         err = start_serving(app);
     if (err < 0)
@@ -333,6 +343,10 @@ void app_say_started(struct app *app)
              app->cfg.upstream, store);
     if (app->cfg.enabled)
         say_keyless(&app->cfg);
+    if (app->tracer)
+        log_info("traces: OTLP/HTTP JSON to %s, %g of new traces sampled (a traceparent's flag "
+                 "decides for its own), up to %u spans queued",
+                 app->cfg.otlp_endpoint, app->cfg.trace_sample, app->cfg.trace_queue);
     if (app->cfg.admin_token)
         log_info("admin /keys requires the bearer token of --admin-token-file %s",
                  app->cfg.admin_token_file);

@@ -44,7 +44,10 @@ static int opt_set(char *base, const struct opt *o, const char *v, bool append)
     case K_ADDR:
         return config_parse_addr(v, field);
     case K_URL:
+    case K_ENDPOINT:
         return config_parse_upstream(field, v);
+    case K_RATIO:
+        return config_parse_ratio(v, field);
     case K_REDIS:
         return config_parse_redis_url(field, v);
     case K_STORE:
@@ -109,6 +112,8 @@ static size_t value_size(enum kind k)
     case K_COUNT:
     case K_COUNT0:
         return sizeof(unsigned);
+    case K_RATIO:
+        return sizeof(double);
     default:
         return 0; /* a string or a list: owned pointers */
     }

@@ -29,6 +29,8 @@ enum kind {
     K_PASSWORD_FILE, /* --*-password-file: the path, and its first line in the secret field */
     K_FILE,          /* char *, the path of a file this process can read */
     K_HOSTNAME,      /* char *, a DNS name or an IP address */
+    K_ENDPOINT,      /* char *, an http(s) URL of a collector (the upstream URL's form) */
+    K_RATIO,         /* double, 0 to 1 */
 };
 
 /* How a bad value of each kind is explained: "'<v>' is not <what> (<expect>)". */
@@ -55,7 +57,7 @@ struct opt {
 };
 
 /* Every option, in the order the environment is read (config_table.c). */
-#define CONFIG_NOPTS 63 /* a table of another length does not compile */
+#define CONFIG_NOPTS 66 /* a table of another length does not compile */
 extern const struct opt config_opts[CONFIG_NOPTS];
 
 #endif

@@ -252,6 +252,21 @@ out:
     return 0;
 }
 
+int config_parse_ratio(const char *s, double *ret)
+{
+    char *end;
+    double v;
+
+    if (!s || !*s || *s == ' ')
+        return -EINVAL;
+    errno = 0;
+    v = strtod(s, &end);
+    if (*end || errno || !(v >= 0.0 && v <= 1.0))
+        return -EINVAL;
+    *ret = v;
+    return 0;
+}
+
 int config_parse_count(const char *s, bool zero_ok, unsigned *ret)
 {
     unsigned long v = 0;

@@ -40,6 +40,9 @@ const struct config_kind_info config_kind_info[] = {
                                              "no control characters" },
     [K_FILE] = { "a readable file", "give the path of a file this process can read" },
     [K_HOSTNAME] = { "a host name", "letters, digits, '-', '.' and '_', or an IP address" },
+    [K_ENDPOINT] = { "a collector URL", "use http:// or https://, a host, an optional port and "
+                                        "path, e.g. http://127.0.0.1:4318/v1/traces" },
+    [K_RATIO] = { "a ratio", "use a number from 0 to 1, e.g. 0.1" },
     [K_TOKEN_FILE] = { "a token file", "its first line is the token: 1 to 4096 visible ASCII "
                                        "characters, no spaces" },
 };
@@ -226,6 +229,15 @@ const struct opt config_opts[] = {
     { "--shutdown-timeout", "IDEMPROXY_SHUTDOWN_TIMEOUT", "S", "10",
       "on SIGTERM, how long running requests may finish", K_SECONDS, 0, F(shutdown_timeout_ms), 0,
       NULL, false, false },
+    { "--otlp-endpoint", "IDEMPROXY_OTLP_ENDPOINT", "URL", NULL,
+      "export traces as OTLP/HTTP JSON to this collector, e.g. http://127.0.0.1:4318/v1/traces",
+      K_ENDPOINT, CONFIG_RESTART, F(otlp_endpoint), 0, NULL, false, false },
+    { "--trace-sample", "IDEMPROXY_TRACE_SAMPLE", "RATIO", "1.0",
+      "the share of requests traced that come without a traceparent (one that has it decides)",
+      K_RATIO, CONFIG_RESTART, F(trace_sample), 0, NULL, false, false },
+    { "--trace-queue", "IDEMPROXY_TRACE_QUEUE", "N", "2048",
+      "spans waiting for the exporter at most; past that they are dropped and counted", K_COUNT,
+      CONFIG_RESTART, F(trace_queue), 0, NULL, false, false },
     { "--drain-delay", "IDEMPROXY_DRAIN_DELAY", "S", "0",
       "on SIGTERM, /readyz answers 503 at once while the listener accepts this long more",
       K_SECONDS0, 0, F(drain_delay_ms), 0, NULL, false, false },

@@ -224,6 +224,8 @@ static size_t format_access_json(char *line, size_t linelen, const char *stamp,
     if (a->request_id)
         err |= json_object_set_new(obj, "request_id",
                                    json_span(span_from_cstr(a->request_id), LOG_FIELD_MAX / 4));
+    if (a->trace_id)
+        err |= json_object_set_new(obj, "trace_id", json_string(a->trace_id));
     if (a->client)
         err |= json_object_set_new(obj, "client", json_string(a->client));
     if (a->reason)
@@ -278,6 +280,10 @@ void log_access(const struct log_access *a)
             put(line, sizeof(line), &n, " request_id=", 12);
             put_escaped(line, sizeof(line), &n, span_from_cstr(a->request_id), LOG_FIELD_MAX / 4,
                         true);
+        }
+        if (a->trace_id) {
+            put(line, sizeof(line), &n, " trace_id=", 10);
+            put(line, sizeof(line), &n, a->trace_id, strlen(a->trace_id));
         }
         if (a->client) {
             put(line, sizeof(line), &n, " client=", 8);

@@ -133,7 +133,8 @@ static struct {
     atomic_bool last_reload_failed;
     _Atomic uint64_t store_errors;
     _Atomic uint64_t connections_refused;
-    struct timespec started; /* process_start_time_seconds: written once, before threads */
+    _Atomic uint64_t trace_dropped; /* spans that never reached the collector */
+    struct timespec started;        /* process_start_time_seconds: written once, before threads */
 } m;
 
 /* The sum over every shard of the counter at <offset> bytes into a shard. */
@@ -250,6 +251,11 @@ void metrics_request(unsigned route_id, enum outcome o, unsigned status, uint64_
     metrics_histogram_observe(&sh->request_duration[route_id], total_us);
     if (has_upstream)
         metrics_histogram_observe(&sh->upstream_duration[route_id], upstream_us);
+}
+
+void metrics_trace_dropped(unsigned n)
+{
+    atomic_fetch_add_explicit(&m.trace_dropped, n, memory_order_relaxed);
 }
 
 void metrics_connection_refused(void)
@@ -450,6 +456,12 @@ static int format_responses(struct buf *out, unsigned nroutes)
             out, "idemproxy_connections_refused_total", "counter",
             "Client connections closed at once: --max-connections were open.",
             (unsigned long long)atomic_load_explicit(&m.connections_refused, memory_order_relaxed));
+    if (err == 0)
+        err = simple(
+            out, "idemproxy_trace_spans_dropped_total", "counter",
+            "Spans that never reached the collector (--otlp-endpoint): the queue was full "
+            "(--trace-queue), or the collector refused or did not answer their export.",
+            (unsigned long long)atomic_load_explicit(&m.trace_dropped, memory_order_relaxed));
     return err;
 }
 

@@ -84,13 +84,13 @@ struct pipeline_req *pipeline_begin(struct pipeline *pl, struct request *rq,
     r->answer_ctx = ctx;
     r->start_us = metrics_now_us();
     r->out.outcome = OUTCOME_PASSTHROUGH;
+    pipeline_trace_begin(r);
     if (pl->id_header) {
         char id[REQUEST_ID_MAX + 1];
 
         (void)request_id_pick(rq, span_from_cstr(pl->id_header), id);
-        r->id = strdup(id); /* on OOM the answer goes without one */
-        r->out.id_header = r->id ? pl->id_header : NULL;
-        r->out.id = r->id;
+        r->out.id = strdup(id); /* on OOM the answer goes without one */
+        r->out.id_header = r->out.id ? pl->id_header : NULL;
     }
     pthread_mutex_lock(&pl->routes_mu);
     t = route_table_ref(pl->routes); /* admission takes it over */
@@ -272,6 +272,7 @@ static void acquire(struct pipeline_req *r)
                            .target = r->adm.fwd_target },
                 .tombstones = r->adm.route->settings.tombstone_ttl_ms > 0,
                 .prefix_len = strlen(pl->key_prefix),
+                .trace = pipeline_trace_acquire(r),
             },
             on_acquired, r);
     if (err < 0) {
@@ -292,6 +293,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
     uint64_t now = now_ms();
 
     metrics_store_call(METRICS_STORE_ACQUIRE, metrics_now_us() - r->store_sent_us);
+    pipeline_trace_acquired(r, err == 0 ? res : NULL);
     if (err == 0 && res->status == STORE_ACQUIRED) {
         r->lease =
             lease_start(pl->leases, r->adm.store_key, &r->tok, r->acquire_sent_ms, rs->lock_ttl_ms);
@@ -431,6 +433,7 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
     pl->pool = pool;
     pl->fwd = *fwd;
     pl->min_lock_ttl_ms = route_table_min_lock_ttl(t);
+    pl->trace_sample = cfg->trace_sample;
     /* The --wait subscriber only when a route waits (an ACL may forbid it). */
     if (st && wait_ms > 0) {
         err = waitlist_new(pool, wait_ms, on_wait_retry, on_wait_expired, pl, &pl->waits);
@@ -456,6 +459,8 @@ void pipeline_stop(struct pipeline *pl)
     leases_stop(pl->leases); /* waits for a heartbeat in progress */
     reconciler_stop(pl->rc); /* the probes waiting for their time are dropped */
 }
+
+void pipeline_set_tracer(struct pipeline *pl, struct tracer *t) { pl->tracer = t; }
 
 void pipeline_quiesce(struct pipeline *pl) { waitlist_quiesce(pl->waits); }
 

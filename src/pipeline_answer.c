@@ -56,6 +56,7 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
     /* the key as sent, or the one derived (which /keys finds) */
     struct span key = r->adm.key.sent.base ? r->adm.key.sent : keysource_sent(&rt->key, r->rq);
     uint64_t bytes = r->streamed ? r->flow->taken : r->out.rec ? r->out.rec->body.len : 0;
+    char trace_id[2 * TRACE_ID_LEN + 1];
 
     (void)pl;
     r->accounted = true;
@@ -77,8 +78,10 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
         metrics_streamed(rt->metrics_id, true, r->up_flow->taken);
     metrics_request(rt->metrics_id, r->out.outcome, r->out.rec ? r->out.rec->status : 0, total_us,
                     r->forwarded, r->upstream_us);
+    pipeline_trace_end(r, r->out.rec ? r->out.rec->status : 0);
     if (!log_enabled(LOG_LEVEL_INFO))
         return;
+    pipeline_trace_id(r, trace_id);
     log_access(&(struct log_access){
         .route = rt->name,
         .method = r->rq->method,
@@ -94,6 +97,7 @@ static void account(struct pipeline *pl, struct pipeline_req *r)
         .reason = r->reason,
         .request_id = r->out.id,
         .client = r->rq->client_ip[0] ? r->rq->client_ip : NULL,
+        .trace_id = trace_id[0] ? trace_id : NULL,
     });
 }
 
@@ -329,8 +333,9 @@ void pipeline_req_unref(struct pipeline_req *r)
         return;
     request_free(r->rq);
     free(r->late_method);
+    free(r->trace);
     free(r->reason_buf);
-    free(r->id);
+    free((void *)(uintptr_t)r->out.id); /* its own: pipeline_begin()'s copy */
     free(r->up_why.more);
     admission_done(&r->adm);
     lease_abandon(r->lease); /* freed unfinished: no endless heartbeat */

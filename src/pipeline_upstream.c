@@ -47,6 +47,7 @@ void pipeline_forward(struct pipeline_req *r)
         .proto = r->pl->proto,
         .id_header = r->out.id_header ? span_from_cstr(r->out.id_header) : (struct span){ 0 },
         .id = r->out.id ? span_from_cstr(r->out.id) : (struct span){ 0 },
+        .traceparent = pipeline_trace_forward(r),
         .overdue = r->lease ? on_overdue : NULL, /* a keyed request's answer may come late */
         .why = &r->up_why,
         .head = on_head,
@@ -85,6 +86,7 @@ static void on_lease_finished(void *ctx)
 {
     struct pipeline_req *r = ctx;
 
+    pipeline_trace_finish_end(r);
     if (!r->late && !r->streamed) {
         pipeline_finish(r);
         return;
@@ -107,6 +109,7 @@ static void lease_end_linked(struct pipeline_req *r, struct record *rec,
     struct lease *l = r->lease;
 
     r->lease = NULL; /* the request's reference now belongs to the finishing chain */
+    pipeline_trace_finish_begin(r, rec ? "complete" : "release");
     lease_finish(l, rec, r->adm.ttl_ms, link, on_lease_finished, r);
 }
 
@@ -203,6 +206,7 @@ static void lease_end_unknown(struct pipeline_req *r, int err)
     }
     pipeline_became_unknown(r, cause);
     r->lease = NULL;
+    pipeline_trace_finish_begin(r, "unknown");
     lease_finish_unknown(l, cause,
                          &(struct store_about){ .route = span_from_cstr(r->adm.route->name),
                                                 .method = r->rq->method,
@@ -252,6 +256,7 @@ static void on_overdue(void *ctx)
  * unknown, and nothing is answered. */
 static void late_end(struct pipeline_req *r, int err, struct record *rec)
 {
+    pipeline_trace_upstream_end(r, rec ? rec->status : 0, err < 0);
     log_info("key %s: the late exchange ended: %s", r->adm.store_key,
              err == 0            ? "an answer"
              : err == -ETIMEDOUT ? "no answer within --upstream-late-timeout either"
@@ -302,6 +307,7 @@ static int on_head(void *ctx, struct record *rec, uint64_t length)
     keep = take_storage(r, rec);
     r->streamed = true;
     r->forwarded = true;
+    pipeline_trace_head(r, rec->status);
     pipeline_keep_method(r);
     if (!r->late)
         r->upstream_us = metrics_now_us() - r->upstream_sent_us;
@@ -347,6 +353,7 @@ static void stream_end(struct pipeline_req *r, int err)
 
     if (!r->late)
         r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    pipeline_trace_upstream_end(r, 0, err < 0);
     if (err < 0 && !f->reader_gone && !f->cut)
         r->out.outcome = OUTCOME_UPSTREAM_ERROR; /* what its access line and metrics say */
     if (err < 0 && !f->reader_gone && !f->cut && log_enabled(LOG_LEVEL_WARN))
@@ -384,6 +391,7 @@ static void on_upstream(void *ctx, int err, struct record *rec)
     }
     r->forwarded = true;
     r->upstream_us = metrics_now_us() - r->upstream_sent_us;
+    pipeline_trace_upstream_end(r, rec ? rec->status : 0, err < 0);
     if (err < 0 && r->body_over) { /* passthrough: there is no lock */
         r->reason = "its body passed --max-passthrough-body";
         pipeline_set_problem(r, PROBLEM_PAYLOAD_TOO_LARGE, OUTCOME_TOO_LARGE,

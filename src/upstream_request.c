@@ -69,10 +69,13 @@ static bool left_out(const struct upstream_request *req, const char *conn, struc
     static const struct span h_expect = SPAN_LIT("Expect"), h_xfp = SPAN_LIT("X-Forwarded-Proto"),
                              h_xfh = SPAN_LIT("X-Forwarded-Host");
 
+    static const struct span h_traceparent = SPAN_LIT("traceparent");
+
     return http_is_hop_by_hop(name) || http_is_connection_listed(conn, name) ||
            span_eq_nocase(name, h_expect) || span_eq_nocase(name, h_xfp) ||
            span_eq_nocase(name, h_xfh) ||
-           (req->id_header.len > 0 && span_eq_nocase(name, req->id_header));
+           (req->id_header.len > 0 && span_eq_nocase(name, req->id_header)) ||
+           (req->traceparent && span_eq_nocase(name, h_traceparent));
 }
 
 int upstream_each_field(const struct upstream_request *req, struct upstream_scratch *s,
@@ -133,6 +136,9 @@ int upstream_each_field(const struct upstream_request *req, struct upstream_scra
     if (host && (r = fn(ctx, h_xfh, *host)) < 0)
         return r;
     if (req->id_header.len > 0 && (r = fn(ctx, req->id_header, req->id)) < 0)
+        return r;
+    if (req->traceparent &&
+        (r = fn(ctx, span_from_cstr("traceparent"), span_from_cstr(req->traceparent))) < 0)
         return r;
     return 0;
 }

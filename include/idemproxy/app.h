@@ -17,6 +17,7 @@ struct loop;
 struct pipeline;
 struct route_table;
 struct store;
+struct tracer;
 struct upstream;
 struct worker_pool;
 
@@ -35,6 +36,7 @@ struct app {
     struct upstream *ups[APP_MAX_LOOPS];
     struct front *fronts[APP_MAX_LOOPS];
     struct admin *admin;
+    struct tracer *tracer; /* owned: --otlp-endpoint's exporter, NULL: none */
     size_t capture_bytes;  /* the upstream clients' cap on an answer, set at start */
     uint64_t evictions;    /* the memory store's, at the last warning */
     uint64_t warned_at_ms; /* of that warning; 0: never */

@@ -111,6 +111,9 @@ struct config {
     uint64_t client_timeout_ms;                  /* --client-timeout, default 30 s */
     uint64_t shutdown_timeout_ms;                /* --shutdown-timeout, default 10 s */
     uint64_t drain_delay_ms;                     /* --drain-delay, default 0 */
+    char *otlp_endpoint;                         /* --otlp-endpoint, NULL: no tracing */
+    double trace_sample;                         /* --trace-sample, default 1.0 */
+    unsigned trace_queue;                        /* --trace-queue, default 2048 */
     uint64_t store_timeout_ms;                   /* --store-timeout, default 1 s */
     enum config_on_store_error on_store_error;   /* --on-store-error, default reject */
     unsigned max_connections;                    /* --max-connections, default 4096 */

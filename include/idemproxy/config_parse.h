@@ -36,6 +36,9 @@ int config_parse_addr(const char *s, struct config_addr *ret);
 int config_parse_status_list(const char *s, bool ret[600]);
 /* A whole number from 1 (0 with <zero_ok>) to 1000000. */
 int config_parse_count(const char *s, bool zero_ok, unsigned *ret);
+
+/* A ratio: a decimal number from 0 to 1 ("0.25", "1", "1e-3"). Returns 0 or -EINVAL. */
+int config_parse_ratio(const char *s, double *ret);
 /* One of the NULL-terminated <choices>: its index. */
 int config_parse_choice(const char *const *choices, const char *s, int *ret);
 

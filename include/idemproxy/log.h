@@ -51,19 +51,20 @@ struct log_access {
     const char *reason;     /* why it was refused (a problem the proxy answered itself), or NULL */
     const char *request_id; /* NULL: none */
     const char *client;     /* the client's address, NULL: unknown */
+    const char *trace_id;   /* its trace's id in hex (doc/operations.md, Tracing), NULL: none */
 };
 
 /* Writes the access line of <a> at info level, its client fields (method,
  * target, key) and route escaped as log_write() escapes a message. Text:
  * "<time> info access <method> <target> <status> <outcome> route=<route>
  * key=<key> upstream_ms=<ms|-> total_ms=<ms> bytes=<n> unknown=<cause>
- * request_id=<id> client=<address> reason="<why>"" (route= left out when
- * NULL, key= when absent, unknown=, request_id=, client= and reason= unless
- * they apply). JSON: {"time","level","msg":"access","method","target",
- * "status","outcome","route","key","upstream_ms","total_ms","bytes",
- * "unknown","request_id","client","reason"} (each absent when it does not
- * apply). The request id and the reason are escaped as client bytes.
- * Milliseconds have three decimals. */
+ * request_id=<id> trace_id=<hex> client=<address> reason="<why>"" (route=
+ * left out when NULL, key= when absent, unknown=, request_id=, trace_id=,
+ * client= and reason= unless they apply). JSON: {"time","level",
+ * "msg":"access","method","target","status","outcome","route","key",
+ * "upstream_ms","total_ms","bytes","unknown","request_id","trace_id",
+ * "client","reason"} (each absent when it does not apply). The request id and the reason are
+ * escaped as client bytes. Milliseconds have three decimals. */
 void log_access(const struct log_access *a);
 
 /* A failure that repeats across requests (the store down, the upstream

@@ -92,6 +92,9 @@ void metrics_request(unsigned route_id, enum outcome o, unsigned status, uint64_
 /* Counts a client connection refused over --max-connections. */
 void metrics_connection_refused(void);
 
+/* Counts <n> spans that will never reach the collector (tracer.h). */
+void metrics_trace_dropped(unsigned n);
+
 /* Notes the time the process started, for process_start_time_seconds: call
  * once, early in main. */
 void metrics_process_started(void);

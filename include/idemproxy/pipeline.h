@@ -70,6 +70,12 @@ int pipeline_new(const struct config *cfg, struct route_table *t, struct store *
                  struct worker_pool *pool, const struct pipeline_forwarder *fwd,
                  struct pipeline **ret);
 
+/* Traces every request from now on to <t> (borrowed: it must outlive the
+ * pipeline; NULL: none), sampled at cfg->trace_sample (doc/operations.md,
+ * Tracing). Before the first request. */
+struct tracer;
+void pipeline_set_tracer(struct pipeline *pl, struct tracer *t);
+
 /* The request comes in three steps, its answer out through <answer>(<ctx>,
  * ...) (see pipeline_answer_fn). pipeline_begin() is called once the request
  * line and headers are in; it takes <rq> over (freed with the request). It

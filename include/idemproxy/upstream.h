@@ -54,6 +54,11 @@ struct upstream_request {
      * empty: none. */
     struct span id_header;
     struct span id;
+    /* With tracing on (doc/operations.md, Tracing): the client's traceparent
+     * fields are replaced by one carrying this (its trace, the span of this
+     * exchange); NULL: the client's go as they came. tracestate goes as it
+     * came. */
+    const char *traceparent;
     /* Optional: makes the exchange go on past a silence of the timeout, for
      * the late timeout (upstream_options), and runs once, on the loop
      * thread, when such a silence passes after the request was sent: the

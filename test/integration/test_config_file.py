@@ -336,6 +336,7 @@ def test_every_help_option_is_a_file_key(tmp_path):
         "--redis-tls-server-name": "redis.example.com",
         "--admin-token-file": str(tmp_path / "token"),
         "--store-encryption-key-file": str(tmp_path / "store-keys"),
+        "--otlp-endpoint": "http://127.0.0.1:4318/v1/traces",
     }
     options = help_options()
     assert "--ttl" in options and "--max-body" in options, options
