@@ -107,7 +107,7 @@ static size_t take(struct tracer *t)
 static void *run(void *arg)
 {
     struct tracer *t = arg;
-    bool failed_at_stop = false;
+    bool failed = false; /* the last export failed */
 
     pthread_mutex_lock(&t->mu);
     while (!t->stopping || t->count) {
@@ -115,9 +115,12 @@ static void *run(void *arg)
         bool stopping = t->stopping;
 
         pthread_mutex_unlock(&t->mu);
-        if (n && (failed_at_stop || !post(t, n))) {
+        /* Stopping after a failed export: the rest is not waited for. */
+        if (n && ((stopping && failed) || !post(t, n))) {
             metrics_trace_dropped((unsigned)n);
-            failed_at_stop |= stopping;
+            failed = true;
+        } else if (n) {
+            failed = false;
         }
         pthread_mutex_lock(&t->mu);
     }
