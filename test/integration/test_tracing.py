@@ -10,6 +10,8 @@ import re
 import subprocess
 import time
 
+import pytest
+
 from fixtures.client import REPLAY, assert_problem, hone, metrics_value, new_key
 from fixtures.marks import shared_store, store_independent
 from fixtures.npm import npm_install
@@ -168,6 +170,7 @@ def test_answers_that_did_not_run_link_to_the_request_that_did_shared_redis(prox
         rx.stop()
 
 
+@pytest.mark.concurrency  # the exporter's thread and the loops: also under ThreadSanitizer
 @store_independent
 def test_a_collector_that_hangs_costs_the_requests_nothing(proxy, upstream):
     """The exporter waits on a collector that never answers; the requests do
