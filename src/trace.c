@@ -3,13 +3,13 @@
 #include "idemproxy/trace.h"
 
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "idemproxy/buf.h"
 #include "idemproxy/rng.h"
 
 static int hexval(char c)
@@ -166,108 +166,137 @@ void trace_span_link(struct trace_span *s, struct span tp)
 
 /* ---- OTLP/HTTP JSON ---- */
 
-static json_t *hex_json(const uint8_t *p, size_t n)
+/* Written by hand into one buffer (jansson's objects cost the exporter more
+ * than the spans it sends): every string it writes is either hex, digits,
+ * or passed through put_text(). */
+
+struct out {
+    struct buf b;
+    int err;
+};
+
+static void put(struct out *o, const char *p, size_t n)
+{
+    if (!o->err && buf_append(&o->b, p, n) < 0)
+        o->err = -ENOMEM;
+}
+
+static void put_s(struct out *o, const char *s) { put(o, s, strlen(s)); }
+
+/* <v> as a JSON string's contents: 0x20-0x7E as themselves (with '"' and
+ * '\\' escaped), every other byte (a client's, in a path) as %XX, as a URI
+ * would have it: the JSON is always valid UTF-8. */
+static void put_text(struct out *o, struct span v)
+{
+    char esc[4];
+
+    for (size_t i = 0, run = 0; i <= v.len; i++) {
+        unsigned char c = i < v.len ? (unsigned char)v.base[i] : 0;
+
+        if (i < v.len && c >= 0x20 && c <= 0x7e && c != '"' && c != '\\')
+            continue;
+        put(o, v.base + run, i - run);
+        run = i + 1;
+        if (i == v.len)
+            break;
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            put(o, esc, 2);
+        } else {
+            snprintf(esc, sizeof(esc), "%%%02X", c);
+            put(o, esc, 3);
+        }
+    }
+}
+
+static void put_hex(struct out *o, const char *key, const uint8_t *p, size_t n)
 {
     char h[2 * TRACE_ID_LEN + 1];
 
     trace_hex(p, n, h);
-    return json_string(h);
+    put_s(o, "\"");
+    put_s(o, key);
+    put_s(o, "\":\"");
+    put(o, h, 2 * n);
+    put_s(o, "\"");
 }
 
-static json_t *u64_json(uint64_t v)
+static void put_attr(struct out *o, const struct trace_span *s, const struct trace_attr *a)
 {
-    char d[24];
+    char d[32];
 
-    snprintf(d, sizeof(d), "%" PRIu64, v);
-    return json_string(d);
-}
-
-/* {"key": K, "value": {"stringValue": V}} or {"intValue": "N"}. A text's
- * bytes outside 0x20-0x7E (a client's, in a path) are written %XX, as a URI
- * would have them: the JSON is always valid UTF-8. */
-static json_t *attr_json(const char *key, bool is_int, int64_t i, struct span text)
-{
-    char d[24], clean[3 * TRACE_TEXT_MAX + 1];
-    size_t n = 0;
-    json_t *v;
-
-    if (is_int) {
-        snprintf(d, sizeof(d), "%" PRId64, i);
-        v = json_pack("{s:s}", "intValue", d);
+    put_s(o, "{\"key\":\"");
+    put_text(o, span_from_cstr(a->key));
+    if (a->is_int) {
+        snprintf(d, sizeof(d), "%" PRId64, a->i);
+        put_s(o, "\",\"value\":{\"intValue\":\"");
+        put_s(o, d);
     } else {
-        for (size_t k = 0; k < text.len; k++) {
-            unsigned char c = (unsigned char)text.base[k];
-
-            if (c >= 0x20 && c <= 0x7e)
-                clean[n++] = (char)c;
-            else
-                n += (size_t)snprintf(clean + n, 4, "%%%02X", c);
-        }
-        v = json_pack("{s:s%}", "stringValue", clean, n);
+        put_s(o, "\",\"value\":{\"stringValue\":\"");
+        put_text(o, (struct span){ s->text + a->off, a->len });
     }
-    return v ? json_pack("{s:s, s:o}", "key", key, "value", v) : NULL;
+    put_s(o, "\"}}");
 }
 
-static json_t *span_json(const struct trace_span *s)
+static void put_span(struct out *o, const struct trace_span *s)
 {
-    json_t *o = json_object(), *attrs = json_array(), *links = json_array();
-    int err = !o || !attrs || !links;
+    char d[192];
 
-    for (unsigned i = 0; !err && i < s->nattrs; i++) {
-        const struct trace_attr *a = &s->attrs[i];
-
-        err |= json_array_append_new(
-            attrs, attr_json(a->key, a->is_int, a->i, (struct span){ s->text + a->off, a->len }));
+    put_s(o, "{");
+    put_hex(o, "traceId", s->trace_id, TRACE_ID_LEN);
+    put_s(o, ",");
+    put_hex(o, "spanId", s->span_id, TRACE_SPAN_LEN);
+    if (!all_zero(s->parent_id, TRACE_SPAN_LEN)) {
+        put_s(o, ",");
+        put_hex(o, "parentSpanId", s->parent_id, TRACE_SPAN_LEN);
     }
-    if (!err && s->has_link)
-        err |= json_array_append_new(
-            links, json_pack("{s:o, s:o}", "traceId", hex_json(s->link_trace_id, TRACE_ID_LEN),
-                             "spanId", hex_json(s->link_span_id, TRACE_SPAN_LEN)));
-    if (!err) {
-        err |= json_object_set_new(o, "traceId", hex_json(s->trace_id, TRACE_ID_LEN));
-        err |= json_object_set_new(o, "spanId", hex_json(s->span_id, TRACE_SPAN_LEN));
-        if (!all_zero(s->parent_id, TRACE_SPAN_LEN))
-            err |= json_object_set_new(o, "parentSpanId", hex_json(s->parent_id, TRACE_SPAN_LEN));
-        err |= json_object_set_new(o, "name", json_string(s->name));
-        err |= json_object_set_new(o, "kind", json_integer(s->kind));
-        err |= json_object_set_new(o, "startTimeUnixNano", u64_json(s->start_ns));
-        err |= json_object_set_new(o, "endTimeUnixNano", u64_json(s->end_ns));
-        err |= json_object_set(o, "attributes", attrs);
-        if (s->has_link)
-            err |= json_object_set(o, "links", links);
-        err |= json_object_set_new(o, "status",
-                                   s->error ? json_pack("{s:i}", "code", 2) : json_object());
+    put_s(o, ",\"name\":\"");
+    put_text(o, span_from_cstr(s->name));
+    snprintf(d, sizeof(d),
+             "\",\"kind\":%d,\"startTimeUnixNano\":\"%" PRIu64 "\",\"endTimeUnixNano\":\"%" PRIu64
+             "\",\"attributes\":[",
+             (int)s->kind, s->start_ns, s->end_ns);
+    put_s(o, d);
+    for (unsigned i = 0; i < s->nattrs; i++) {
+        if (i)
+            put_s(o, ",");
+        put_attr(o, s, &s->attrs[i]);
     }
-    json_decref(attrs);
-    json_decref(links);
-    if (err) {
-        json_decref(o);
-        return NULL;
+    put_s(o, "]");
+    if (s->has_link) {
+        put_s(o, ",\"links\":[{");
+        put_hex(o, "traceId", s->link_trace_id, TRACE_ID_LEN);
+        put_s(o, ",");
+        put_hex(o, "spanId", s->link_span_id, TRACE_SPAN_LEN);
+        put_s(o, "}]");
     }
-    return o;
+    put_s(o, s->error ? ",\"status\":{\"code\":2}}" : ",\"status\":{}}");
 }
 
 char *trace_encode(const struct trace_span *spans, size_t n, const char *version, size_t *ret_len)
 {
-    json_t *list = json_array(), *root;
-    char *text;
-    int err = !list;
+    struct out o = { .b = BUF_INIT(SIZE_MAX) };
+    struct span v = span_from_cstr(version);
 
-    for (size_t i = 0; !err && i < n; i++)
-        err |= json_array_append_new(list, span_json(&spans[i]));
-    root =
-        err ? NULL
-            : json_pack("{s:[{s:{s:[{s:s, s:{s:s}}, {s:s, s:{s:s}}]}, s:[{s:{s:s, s:s}, s:O}]}]}",
-                        "resourceSpans", "resource", "attributes", "key", "service.name", "value",
-                        "stringValue", "idemproxy", "key", "service.version", "value",
-                        "stringValue", version, "scopeSpans", "scope", "name", "idemproxy",
-                        "version", version, "spans", list);
-    json_decref(list);
-    if (!root)
+    put_s(&o, "{\"resourceSpans\":[{\"resource\":{\"attributes\":[{\"key\":\"service.name\","
+              "\"value\":{\"stringValue\":\"idemproxy\"}},{\"key\":\"service.version\","
+              "\"value\":{\"stringValue\":\"");
+    put_text(&o, v);
+    put_s(&o, "\"}}]},\"scopeSpans\":[{\"scope\":{\"name\":\"idemproxy\",\"version\":\"");
+    put_text(&o, v);
+    put_s(&o, "\"},\"spans\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            put_s(&o, ",");
+        put_span(&o, &spans[i]);
+    }
+    put_s(&o, "]}]}]}");
+    put(&o, "", 1); /* a C string too */
+    if (o.err) {
+        buf_done(&o.b);
         return NULL;
-    text = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (text)
-        *ret_len = strlen(text);
-    return text;
+    }
+    *ret_len = o.b.len - 1;
+    return (char *)o.b.data;
 }
