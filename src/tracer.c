@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The exporter thread: takes batches off a ring of spans and posts them. */
+/* The exporter thread: swaps the buffer the request path fills with its own, and posts what it took
+ * in batches. */
 #include "idemproxy/tracer.h"
 
 #include <curl/curl.h>
@@ -15,12 +16,14 @@
 struct tracer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct trace_span *ring; /* <cap> spans; <count> of them from <head> on */
-    size_t cap, head, count;
+    /* Two buffers of <cap> spans: the request path appends to <fill> (under
+     * <mu>, for the copy alone); the thread swaps it with its own, empty,
+     * and sends what it took outside the lock. */
+    struct trace_span *fill, *drain;
+    size_t cap, count;
     bool stopping;
     pthread_t thread;
     /* The thread's own: */
-    struct trace_span *batch; /* TRACER_BATCH spans taken off the ring */
     char *endpoint;
     char *version;
     CURL *easy;
@@ -42,18 +45,18 @@ void tracer_submit(struct tracer *t, const struct trace_span *s)
         metrics_trace_dropped(1);
         return;
     }
-    t->ring[(t->head + t->count) % t->cap] = *s;
+    t->fill[t->count] = *s;
     wake = ++t->count == TRACER_BATCH;
     pthread_mutex_unlock(&t->mu);
     if (wake)
         pthread_cond_signal(&t->cv);
 }
 
-/* Posts the <n> spans of the batch. Returns whether the collector took them. */
-static bool post(struct tracer *t, size_t n)
+/* Posts the <n> spans at <spans>. Returns whether the collector took them. */
+static bool post(struct tracer *t, const struct trace_span *spans, size_t n)
 {
     size_t len = 0;
-    char *body = trace_encode(t->batch, n, t->version, &len);
+    char *body = trace_encode(spans, n, t->version, &len);
     long status = 0;
     CURLcode cc;
 
@@ -80,10 +83,12 @@ static bool post(struct tracer *t, size_t n)
 }
 
 /* Waits until a batch is full, TRACER_FLUSH_MS passed, or the stop; then
- * takes up to a batch off the ring. Called and returns with the lock held. */
+ * takes every span queued: the buffers swap. Called and returns with the
+ * lock held. */
 static size_t take(struct tracer *t)
 {
     struct timespec ts;
+    struct trace_span *full;
     size_t n;
 
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -96,12 +101,29 @@ static size_t take(struct tracer *t)
     while (!t->stopping && t->count < TRACER_BATCH &&
            pthread_cond_timedwait(&t->cv, &t->mu, &ts) == 0)
         ;
-    n = t->count < TRACER_BATCH ? t->count : TRACER_BATCH;
-    for (size_t i = 0; i < n; i++)
-        t->batch[i] = t->ring[(t->head + i) % t->cap];
-    t->head = (t->head + n) % t->cap;
-    t->count -= n;
+    full = t->fill;
+    t->fill = t->drain;
+    t->drain = full;
+    n = t->count;
+    t->count = 0;
     return n;
+}
+
+/* Sends the <n> spans taken, TRACER_BATCH at a time; after a failure while
+ * stopping, the rest is not waited for. Returns whether the last failed. */
+static bool send_taken(struct tracer *t, size_t n, bool stopping, bool failed)
+{
+    for (size_t at = 0; at < n; at += TRACER_BATCH) {
+        size_t k = n - at < TRACER_BATCH ? n - at : TRACER_BATCH;
+
+        if ((stopping && failed) || !post(t, t->drain + at, k)) {
+            metrics_trace_dropped((unsigned)k);
+            failed = true;
+        } else {
+            failed = false;
+        }
+    }
+    return failed;
 }
 
 static void *run(void *arg)
@@ -115,13 +137,7 @@ static void *run(void *arg)
         bool stopping = t->stopping;
 
         pthread_mutex_unlock(&t->mu);
-        /* Stopping after a failed export: the rest is not waited for. */
-        if (n && ((stopping && failed) || !post(t, n))) {
-            metrics_trace_dropped((unsigned)n);
-            failed = true;
-        } else if (n) {
-            failed = false;
-        }
+        failed = send_taken(t, n, stopping, failed);
         pthread_mutex_lock(&t->mu);
     }
     pthread_mutex_unlock(&t->mu);
@@ -133,8 +149,8 @@ static void tracer_free(struct tracer *t)
     curl_slist_free_all(t->headers);
     if (t->easy)
         curl_easy_cleanup(t->easy);
-    free(t->ring);
-    free(t->batch);
+    free(t->fill);
+    free(t->drain);
     free(t->endpoint);
     free(t->version);
     pthread_cond_destroy(&t->cv);
@@ -184,11 +200,11 @@ int tracer_start(const char *endpoint, unsigned queue, const char *version, stru
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     t->cap = queue ? queue : 1;
-    t->ring = calloc(t->cap, sizeof(*t->ring));
-    t->batch = calloc(TRACER_BATCH, sizeof(*t->batch));
+    t->fill = calloc(t->cap, sizeof(*t->fill));
+    t->drain = calloc(t->cap, sizeof(*t->drain));
     t->endpoint = strdup(endpoint);
     t->version = strdup(version);
-    err = t->ring && t->batch && t->endpoint && t->version ? setup_easy(t) : -ENOMEM;
+    err = t->fill && t->drain && t->endpoint && t->version ? setup_easy(t) : -ENOMEM;
     if (err == 0)
         err = -pthread_create(&t->thread, NULL, run, t);
     if (err < 0) {
