@@ -837,8 +837,7 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
     op.take_over = lk->take_over;
     op.about = &lk->about;
     op.tombstones = lk->tombstones;
-    if (lk->trace.len == STORE_TRACE_LEN && lk->trace.base)
-        op.trace = lk->trace; /* another length is kept as none */
+    op.trace = store_lock_trace(lk);
     mop_run(&op);
     return 0;
 }
