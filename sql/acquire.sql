@@ -1,7 +1,10 @@
 -- ACQUIRE: $1 the store key, $2 fingerprint, $3 fencing token, $4 lease
 -- (ms), $5 keep (ms), $6 take over a lapsed lock or an unknown key
 -- (on-unknown-outcome retry; false: a lapsed lock becomes unknown), $7
--- what an unknown record says of its request, $8 look at tombstones.
+-- what an unknown record says of its request, $8 look at tombstones, $9
+-- the acquiring request's trace context ('': none), kept in trace while the
+-- row lives (a take-over writes its own; a lapsed lock made unknown keeps
+-- its holder's).
 -- lua/acquire.lua's state machine: a row that expired counts as none, and
 -- so does a tombstone (a completed row past its answer_until: doc/stores.md,
 -- The table) when not $8.
@@ -15,19 +18,20 @@
 -- again.
 -- Columns: state, changed (this statement made the row), mismatch, mine
 -- (the token is $3), cause, about, head, body, resource, tomb (a
--- tombstone: the answer is not sent).
+-- tombstone: the answer is not sent), trace (the row's trace context; a
+-- lock this statement made unknown keeps its holder's).
 WITH cur AS (
-    SELECT state, fp, token, lease_until, cause, about, head, body, resource,
+    SELECT state, fp, token, lease_until, cause, about, head, body, resource, trace,
            coalesce(answer_until <= now(), false) AS tomb
     FROM idemproxy_keys
     WHERE key = $1 AND expires_at > now() AND ($8::boolean OR NOT coalesce(answer_until <= now(), false))
 ),
 ins AS (
     INSERT INTO idemproxy_keys AS k
-        (key, state, fp, token, changed_at, lease_until, keep_ms, expires_at)
+        (key, state, fp, token, changed_at, lease_until, keep_ms, expires_at, trace)
     SELECT $1::text, 'L', $2::bytea, $3::text, now(),
            now() + $4::bigint * interval '1 millisecond', $5::bigint,
-           now() + ($4::bigint + $5::bigint) * interval '1 millisecond'
+           now() + ($4::bigint + $5::bigint) * interval '1 millisecond', NULLIF($9::text, '')
     WHERE NOT EXISTS (
         SELECT FROM cur
         WHERE fp <> $2::bytea OR state = 'C'
@@ -51,6 +55,8 @@ ins AS (
                      THEN 'holder_lost' END,
         about = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
                      THEN $7::text END,
+        trace = CASE WHEN k.expires_at > now() AND k.state = 'L' AND NOT $6::boolean
+                     THEN k.trace ELSE EXCLUDED.trace END,
         head = NULL,
         body = NULL,
         resource = NULL,
@@ -62,11 +68,12 @@ ins AS (
                 OR (k.state = 'U' AND $6::boolean)))
     RETURNING k.state, true AS changed, false AS mismatch, k.token = $3::text AS mine, k.cause,
               k.about, NULL::bytea AS head, NULL::bytea AS body, NULL::text AS resource,
-              false AS tomb
+              false AS tomb, k.trace
 )
 SELECT * FROM ins
 UNION ALL
 SELECT state, false, fp <> $2::bytea, token = $3::text, cause, about,
-       CASE WHEN NOT tomb THEN head END, CASE WHEN NOT tomb THEN body END, resource, tomb
+       CASE WHEN NOT tomb THEN head END, CASE WHEN NOT tomb THEN body END, resource, tomb,
+       trace
 FROM cur
 WHERE NOT EXISTS (SELECT FROM ins)

@@ -206,6 +206,13 @@ bool store_call_is_valid(struct span key, const struct store_token *tok, store_d
            strnlen(tok->hex, sizeof(tok->hex)) == STORE_TOKEN_HEX;
 }
 
+struct span store_lock_trace(const struct store_lock *lk)
+{
+    if (lk->trace.len != STORE_TRACE_LEN || !lk->trace.base)
+        return (struct span){ .base = NULL, .len = 0 };
+    return lk->trace;
+}
+
 void store_info_done(struct store_info *info)
 {
     free(info->store_key);

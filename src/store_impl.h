@@ -39,6 +39,10 @@ int store_info_list_add(struct store_info_list *l, size_t *cap, const struct sto
  * <done> is set: what every operation needs. */
 bool store_call_is_valid(struct span key, const struct store_token *tok, store_done_fn *done);
 
+/* The trace context to keep for a lock <lk> (store.h, store_lock.trace):
+ * lk->trace when it is STORE_TRACE_LEN bytes long, else none (empty). */
+struct span store_lock_trace(const struct store_lock *lk);
+
 /* An operator call (inspect or purge) queued on the pool: its arguments,
  * copied, and its callback. Both stores run theirs this way. */
 struct store_admin_job {

@@ -382,7 +382,8 @@ struct mentry **store_memory_lookup_live(struct store_memory *st, struct shard *
     return pp;
 }
 
-/* Locks <e> (held by <op>'s shard) for <op>: a new lock, or one taken over. */
+/* Locks <e> (held by <op>'s shard) for <op>: a new lock, or one taken over,
+ * which has room for <op>'s trace context. */
 static void lock_entry(struct mentry *e, const struct mop *op, uint64_t now)
 {
     e->state = MSTATE_LOCKED;
@@ -391,6 +392,10 @@ static void lock_entry(struct mentry *e, const struct mop *op, uint64_t now)
     e->lease_until_ms = now + op->ttl_ms;
     e->keep_ms = op->keep_ms;
     e->expires_ms = e->lease_until_ms + op->keep_ms;
+    assert(op->trace.len <= e->trace_room);
+    if (op->trace.len)
+        memcpy(e->key + e->key_len, op->trace.base, op->trace.len);
+    e->trace_len = (uint8_t)op->trace.len; /* an empty one leaves its room counted until it goes */
 }
 
 /* Makes the locked <e> unknown for <cause>, saying <about> (copied when the
@@ -424,6 +429,17 @@ static void make_unknown(struct store_memory *st, struct mentry *e, enum store_c
     e->bytes += need;
 }
 
+/* Whether <op> takes the lock or unknown record <e> over (on-unknown-outcome
+ * retry): answer_known()'s order. */
+static bool takes_over(const struct mentry *e, const struct mop *op, uint64_t now)
+{
+    if (!op->take_over || memcmp(e->fp, op->fp, FINGERPRINT_LEN) != 0)
+        return false;
+    if (e->state == MSTATE_UNKNOWN)
+        return true;
+    return e->state == MSTATE_LOCKED && !tok_eq(&e->tok, &op->tok) && now >= e->lease_until_ms;
+}
+
 /* Answers an acquire of a key that is already held by <e>; may take it over
  * (returns true: <e> is locked for <op>) or make it unknown. */
 static bool answer_known(struct store_memory *st, struct mentry *e, const struct mop *op,
@@ -439,7 +455,7 @@ static bool answer_known(struct store_memory *st, struct mentry *e, const struct
         res->status = STORE_ACQUIRED; /* sent again: its own lock */
     } else if (e->state == MSTATE_LOCKED && now < e->lease_until_ms) {
         res->status = STORE_IN_FLIGHT;
-    } else if ((e->state == MSTATE_LOCKED || e->state == MSTATE_UNKNOWN) && op->take_over) {
+    } else if (takes_over(e, op, now)) {
         free(e->about);
         e->about = NULL;
         lock_entry(e, op, now); /* its extra bytes stay counted until it goes */
@@ -475,22 +491,126 @@ static struct mentry **acquire_lookup(struct store_memory *st, struct shard *sh,
     return pp;
 }
 
+/* Whether an acquire by <op> of the key whose entry is <e> (NULL: none)
+ * needs bytes of the budget: a new lock, or a take-over whose trace context
+ * needs more room than the entry has. */
+static bool acquire_needs_room(const struct mentry *e, const struct mop *op, uint64_t now)
+{
+    return !e || (op->trace.len > e->trace_room && takes_over(e, op, now));
+}
+
+/* Makes room for <n> bytes of trace context in the lock or unknown record
+ * at <pp> (its shard's lock held), out of bytes of the budget the caller
+ * reserved. Returns 0, -ENOSPC (locks hold half the budget) or -ENOMEM. */
+static int entry_grow_trace(struct store_memory *st, struct mentry **pp, size_t n)
+{
+    struct mentry *e;
+
+    if (!lock_bytes_try(st, n))
+        return -ENOSPC;
+    /* Only its chain leads to a lock or an unknown record: no list, no index. */
+    e = realloc(*pp, sizeof(*e) + (*pp)->key_len + n);
+    if (!e) {
+        atomic_fetch_sub_explicit(&st->lock_bytes, n, memory_order_relaxed);
+        return -ENOMEM;
+    }
+    e->trace_room = (uint8_t)n;
+    e->bytes += n;
+    *pp = e;
+    return 0;
+}
+
+/* Answers <op>, an acquire of the key at <pp> of <sh> (its lock held: let go
+ * here), with what the callback needs copied into <op>; <reserved> bytes of
+ * the budget, reserved for it, go back but for what a take-over's trace
+ * context takes. */
+static int acquire_known(struct store_memory *st, struct shard *sh, struct mentry **pp,
+                         struct mop *op, uint64_t now, size_t reserved, struct store_result *res)
+{
+    size_t len, used = 0;
+    int err;
+
+    if (op->trace.len > (*pp)->trace_room && takes_over(*pp, op, now)) {
+        assert(reserved >= op->trace.len); /* acquire_needs_room() said so */
+        err = entry_grow_trace(st, pp, op->trace.len);
+        if (err < 0) {
+            pthread_mutex_unlock(&sh->mu);
+            store_memory_budget_give_back(st, reserved);
+            return err;
+        }
+        used = op->trace.len;
+    }
+    answer_known(st, *pp, op, now, res);
+    /* Copied: the callback runs once the shard lock is let go. */
+    if (res->status == STORE_UNKNOWN) {
+        len = (*pp)->about ? strlen((*pp)->about) : 0;
+        memcpy(op->about_text, (*pp)->about ? (*pp)->about : "", len + 1);
+        res->about = (struct span){ op->about_text, len };
+    } else if (res->status == STORE_MISMATCH && res->resource.len) {
+        memcpy(op->about_text, res->resource.base, res->resource.len);
+        res->resource.base = op->about_text;
+    }
+    if (res->status != STORE_ACQUIRED && res->status != STORE_EXPIRED && (*pp)->trace_len) {
+        memcpy(op->trace_text, (*pp)->key + (*pp)->key_len, (*pp)->trace_len);
+        res->trace = (struct span){ op->trace_text, (*pp)->trace_len };
+    }
+    pthread_mutex_unlock(&sh->mu);
+    store_memory_budget_give_back(st, reserved - used);
+    return 0;
+}
+
+/* Locks the key of <op> that has no entry, at <pp> of <sh> (its lock held:
+ * let go here), with the <need> bytes of the budget reserved for it. */
+static int acquire_new(struct store_memory *st, struct shard *sh, struct mentry **pp, uint64_t hash,
+                       const struct mop *op, uint64_t now, size_t need)
+{
+    struct mentry *e;
+
+    /* Locks stay within half the budget: see the top of this file. */
+    if (!lock_bytes_try(st, need)) {
+        pthread_mutex_unlock(&sh->mu);
+        store_memory_budget_give_back(st, need);
+        return -ENOSPC;
+    }
+    e = calloc(1, sizeof(*e) + op->key_len + op->trace.len);
+    if (!e) {
+        pthread_mutex_unlock(&sh->mu);
+        atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
+        store_memory_budget_give_back(st, need);
+        return -ENOMEM;
+    }
+    e->hash = hash;
+    e->bytes = need;
+    memcpy(e->fp, op->fp, FINGERPRINT_LEN);
+    e->key_len = op->key_len;
+    memcpy(e->key, op->key, op->key_len);
+    e->trace_room = (uint8_t)op->trace.len;
+    lock_entry(e, op, now);
+    *pp = e;
+    sh->count++;
+    sh->locks++;
+    shard_maybe_grow(sh);
+    pthread_mutex_unlock(&sh->mu);
+    return 0;
+}
+
 static int do_acquire(struct store_memory *st, struct mop *op, struct store_result *res)
 {
     uint64_t hash = siphash(st->seed, op->key, op->key_len), now;
     struct shard *sh = store_memory_shard_of(st, hash);
-    size_t need = store_memory_entry_bytes(op->key_len);
+    size_t need = store_memory_entry_bytes(op->key_len) + op->trace.len;
     bool reserved = budget_try(st, need);
-    struct mentry **pp, *e;
+    struct mentry **pp;
     int err;
 
     pthread_mutex_lock(&sh->mu);
     now = now_ms();
     pp = acquire_lookup(st, sh, hash, op, now);
-    if (!*pp && !reserved) {
+    if (!reserved && acquire_needs_room(*pp, op, now)) {
         /* Full: evict without holding this lock (evicting takes other shard
-         * locks), then look again. A known key never evicts anything, and
-         * neither does a lock that could not be granted anyway. */
+         * locks), then look again. A known key never evicts anything (but
+         * for a take-over's trace context), and neither does a lock that
+         * could not be granted anyway. */
         pthread_mutex_unlock(&sh->mu);
         if (atomic_load_explicit(&st->lock_bytes, memory_order_relaxed) + need > st->max_bytes / 2)
             return -ENOSPC;
@@ -502,49 +622,12 @@ static int do_acquire(struct store_memory *st, struct mop *op, struct store_resu
         now = now_ms();
         pp = acquire_lookup(st, sh, hash, op, now);
     }
-    if (*pp) {
-        answer_known(st, *pp, op, now, res);
-        if (res->status == STORE_UNKNOWN) {
-            /* Copied: the callback runs once the shard lock is let go. */
-            size_t len = (*pp)->about ? strlen((*pp)->about) : 0;
-
-            memcpy(op->about_text, (*pp)->about ? (*pp)->about : "", len + 1);
-            res->about = (struct span){ op->about_text, len };
-        } else if (res->status == STORE_MISMATCH && res->resource.len) {
-            memcpy(op->about_text, res->resource.base, res->resource.len);
-            res->resource.base = op->about_text;
-        }
-        pthread_mutex_unlock(&sh->mu);
-        if (reserved)
-            store_memory_budget_give_back(st, need);
-        return 0;
-    }
-    /* Locks stay within half the budget: see the top of this file. */
-    if (!lock_bytes_try(st, need)) {
-        pthread_mutex_unlock(&sh->mu);
-        store_memory_budget_give_back(st, need);
-        return -ENOSPC;
-    }
-    e = calloc(1, sizeof(*e) + op->key_len);
-    if (!e) {
-        pthread_mutex_unlock(&sh->mu);
-        atomic_fetch_sub_explicit(&st->lock_bytes, need, memory_order_relaxed);
-        store_memory_budget_give_back(st, need);
-        return -ENOMEM;
-    }
-    e->hash = hash;
-    e->bytes = need;
-    lock_entry(e, op, now);
-    memcpy(e->fp, op->fp, FINGERPRINT_LEN);
-    e->key_len = op->key_len;
-    memcpy(e->key, op->key, op->key_len);
-    *pp = e;
-    sh->count++;
-    sh->locks++;
-    shard_maybe_grow(sh);
-    pthread_mutex_unlock(&sh->mu);
-    res->status = STORE_ACQUIRED;
-    return 0;
+    if (*pp)
+        return acquire_known(st, sh, pp, op, now, reserved ? need : 0, res);
+    err = acquire_new(st, sh, pp, hash, op, now, need);
+    if (err == 0)
+        res->status = STORE_ACQUIRED;
+    return err;
 }
 
 /* The state of <key> for the holder of <tok>: -ESTALE, or 0 with <ret_done>
@@ -754,6 +837,7 @@ static int memory_acquire(struct store *base, struct span key, const uint8_t fp[
     op.take_over = lk->take_over;
     op.about = &lk->about;
     op.tombstones = lk->tombstones;
+    op.trace = store_lock_trace(lk);
     mop_run(&op);
     return 0;
 }

@@ -53,8 +53,13 @@ struct mentry {
     uint64_t probe_next_ms, absent_ms;
     struct store_token tok;
     uint8_t fp[FINGERPRINT_LEN];
+    /* The trace context of the request that locked it (store_lock.trace),
+     * <trace_len> bytes (0: none) in <key> after the key, where <trace_room>
+     * bytes are kept for one (counted in <bytes>: an entry without one
+     * costs nothing for it). */
+    uint8_t trace_len, trace_room;
     size_t key_len;
-    char key[];
+    char key[]; /* the key, then the trace context's room */
 };
 
 struct shard {
@@ -112,6 +117,8 @@ struct mop {
     struct record *rec;               /* complete: own reference, handed to the entry */
     const struct store_link *link;    /* complete: borrowed, NULL: none */
     bool tombstones;                  /* acquire: a tombstone is an answer */
+    struct span trace;                /* acquire: borrowed, STORE_TRACE_LEN bytes or empty */
+    char trace_text[STORE_TRACE_LEN]; /* acquire: the key's trace context, for the callback */
     size_t key_len;
     const char *key; /* borrowed from the caller */
 };

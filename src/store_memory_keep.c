@@ -120,7 +120,8 @@ static void update_oldest_tomb(struct shard *sh)
 
 size_t store_memory_tomb_make(struct store_memory *st, struct shard *sh, struct mentry *e)
 {
-    size_t bytes = store_memory_entry_bytes(e->key_len), freed = e->bytes - bytes;
+    /* The trace context's room stays: it is part of the entry's allocation. */
+    size_t bytes = store_memory_entry_bytes(e->key_len) + e->trace_room, freed = e->bytes - bytes;
 
     store_memory_unlink_completed(sh, e);
     if (e->resource)

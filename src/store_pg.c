@@ -56,6 +56,23 @@ static int op_set_about(struct pg_op *op, const struct store_about *about)
     return 0;
 }
 
+/* The trace context <lk> keeps (store_lock_trace()) as a text column takes
+ * it: a traceparent is printable ASCII, and one that is not (no caller
+ * makes one) is kept as none rather than fail the statement (a NUL, bytes
+ * that are not UTF-8). */
+static struct span pg_trace(const struct store_lock *lk)
+{
+    struct span t = store_lock_trace(lk);
+
+    for (size_t i = 0; i < t.len; i++) {
+        unsigned char c = (unsigned char)t.base[i];
+
+        if (c < 0x20 || c > 0x7e)
+            return (struct span){ .base = NULL, .len = 0 };
+    }
+    return t;
+}
+
 /* ---- answers ---- */
 
 /* One row: done; none: the token does not hold the key. */
@@ -114,7 +131,7 @@ static void give_back(const struct pg_op *acq)
 }
 
 /* The acquire's row: state, changed, mismatch, mine, cause, about, head, body,
- * resource, tomb. */
+ * resource, tomb, trace. */
 static int acquire_result(const PGresult *res, struct store_result *r)
 {
     char state = *PQgetvalue(res, 0, 0);
@@ -142,6 +159,8 @@ static int acquire_result(const PGresult *res, struct store_result *r)
     } else {
         return -EPROTO;
     }
+    if (r->status != STORE_ACQUIRED && r->status != STORE_EXPIRED)
+        r->trace = store_pg_field(res, 0, 10); /* the key's, or (became unknown) its holder's */
     return 0;
 }
 
@@ -154,7 +173,7 @@ static void read_acquire(struct pg_op *op, int err, const PGresult *res)
         return;
     }
     if (err == 0)
-        err = PQntuples(res) == 1 && PQnfields(res) == 10 ? acquire_result(res, &r) : -EPROTO;
+        err = PQntuples(res) == 1 && PQnfields(res) == 11 ? acquire_result(res, &r) : -EPROTO;
     if (err < 0 && op->sent)
         give_back(op);
     op->done(op->ctx, err, err == 0 ? &r : NULL);
@@ -190,6 +209,7 @@ static int pg_acquire(struct store *base, struct span key, const uint8_t fp[FING
                       const struct store_token *tok, const struct store_lock *lk,
                       store_done_fn *done, void *ctx)
 {
+    struct span trace;
     struct pg_op *op;
     int err;
 
@@ -211,6 +231,9 @@ static int pg_acquire(struct store *base, struct span key, const uint8_t fp[FING
     store_pg_param_text(op, lk->take_over ? "t" : "f");
     store_pg_param_text(op, op->head.data);
     store_pg_param_text(op, lk->tombstones ? "t" : "f");
+    trace = pg_trace(lk);
+    memcpy(op->trace, trace.base ? trace.base : "", trace.len);
+    store_pg_param_bin(op, op->trace, trace.len); /* as text, raw; '': none */
     return store_pg_op_submit(op);
 }
 
@@ -457,19 +480,20 @@ static int check_schema(struct store_pg *st, char *why, size_t why_len)
         PQclear(r);
         r = PQexec(conn, sql_scripts[SQL_SCHEMA].src);
         if (PQresultStatus(r) == PGRES_COMMAND_OK) {
-            log_info(
-                "PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
-                had ? "added the columns of this version (resource, answer_until, probes...) to"
-                    : "created");
+            log_info("PostgreSQL %s: %s the table " PG_TABLE " (" PG_SCHEMA_FILE ")", st->name,
+                     had ? "added the columns of this version (resource, answer_until, probes..., "
+                           "trace) to"
+                         : "created");
         } else {
-            snprintf(why, why_len,
-                     "the table " PG_TABLE
-                     " %s and this role may not %s (%.*s): have it %s with " PG_SCHEMA_FILE
-                     " (/usr/share/idemproxy/postgresql/schema.sql)",
-                     had ? "lacks a column of this version (resource, answer_until, probes...)"
-                         : "is missing",
-                     had ? "add it" : "create it", (int)strcspn(PQresultErrorMessage(r), "\n"),
-                     PQresultErrorMessage(r), had ? "brought up to date" : "created");
+            snprintf(
+                why, why_len,
+                "the table " PG_TABLE
+                " %s and this role may not %s (%.*s): have it %s with " PG_SCHEMA_FILE
+                " (/usr/share/idemproxy/postgresql/schema.sql)",
+                had ? "lacks a column of this version (resource, answer_until, probes..., trace)"
+                    : "is missing",
+                had ? "add it" : "create it", (int)strcspn(PQresultErrorMessage(r), "\n"),
+                PQresultErrorMessage(r), had ? "brought up to date" : "created");
             err = -EACCES;
         }
     }

@@ -27,10 +27,10 @@
 /* True when the table is there as this version needs it (a table made
  * before resource links lacks their column: schema.sql adds it). */
 #define PG_HAVE_SCHEMA                                                                             \
-    "(to_regclass('" PG_TABLE "') IS NOT NULL AND (SELECT count(*) = 6 FROM pg_attribute WHERE "   \
+    "(to_regclass('" PG_TABLE "') IS NOT NULL AND (SELECT count(*) = 7 FROM pg_attribute WHERE "   \
     "attrelid = to_regclass('" PG_TABLE "') AND attname IN ('resource', 'answer_until', "          \
-    "'probes', 'probe_next', 'probe_result', 'absent_at') AND NOT attisdropped))"
-#define PG_MAX_PARAMS 8
+    "'probes', 'probe_next', 'probe_result', 'absent_at', 'trace') AND NOT attisdropped))"
+#define PG_MAX_PARAMS 9
 #define PG_HEAD_MAX (64u << 20) /* far above what RECORD_MAX_HEADERS headers can need */
 
 struct store_pg;
@@ -67,13 +67,14 @@ struct pg_op {
     char nums[4][24]; /* decimal parameters */
     struct store_token tok;
     uint8_t fp[32];
-    uint64_t ttl_ms;    /* acquire: the lease, a give-back's life */
-    struct buf head;    /* complete, resolve: the encoded head; acquire, unknown: about;
-                           inspect, list: the text parameters */
-    struct record *rec; /* complete, resolve: own reference; its body is a parameter */
-    char *resource;     /* complete: owned, the resource its answer created; NULL: none */
-    bool with_body;     /* inspect */
-    struct span prefix; /* inspect, list_unknown: in <head> */
+    uint64_t ttl_ms;             /* acquire: the lease, a give-back's life */
+    char trace[STORE_TRACE_LEN]; /* acquire: the lock's trace context, a parameter */
+    struct buf head;             /* complete, resolve: the encoded head; acquire, unknown: about;
+                                    inspect, list: the text parameters */
+    struct record *rec;          /* complete, resolve: own reference; its body is a parameter */
+    char *resource;              /* complete: owned, the resource its answer created; NULL: none */
+    bool with_body;              /* inspect */
+    struct span prefix;          /* inspect, list_unknown: in <head> */
     size_t key_len;
     char key[];
 };

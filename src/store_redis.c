@@ -124,6 +124,8 @@ static int script_args(const struct op *op, const char **argv, size_t *lens, int
         lens[argc++] = op->head.len;
         argv[argc] = op->probe ? "1" : "0";
         lens[argc++] = 1;
+        argv[argc] = op->trace; /* "": none */
+        lens[argc++] = op->trace_len;
         return argc;
     case LUA_UNKNOWN:
         argv[argc] = op->tok.hex;
@@ -225,6 +227,8 @@ struct probe {
     void *ctx;
     char *tomb;     /* owned: the tombstone's key */
     bool tomb_seen; /* EXISTS found it: probed again, as its record may have come meanwhile */
+    char trace[STORE_TRACE_LEN]; /* the lock's trace context, <trace_len> bytes (0: none) */
+    size_t trace_len;
     size_t key_len, about_len;
     char bytes[]; /* the store key, then the about text */
 };
@@ -243,6 +247,8 @@ static int probe_submit(struct probe *p, bool probe, store_done_fn *done, void *
     op->keep_ms = p->keep_ms;
     op->take_over = p->take_over;
     op->probe = probe;
+    memcpy(op->trace, p->trace, p->trace_len);
+    op->trace_len = p->trace_len;
     if (buf_append(&op->head, p->bytes + p->key_len, p->about_len) < 0) {
         store_redis_op_free(op);
         return -ENOMEM;
@@ -307,6 +313,7 @@ static int acquire_one_call(struct store *base, struct span key, const uint8_t f
                             const struct store_token *tok, const struct store_lock *lk, char *tomb,
                             store_done_fn *done, void *ctx)
 {
+    struct span trace = store_lock_trace(lk);
     struct op *op;
     int err = store_redis_op_new(store_redis_of(base), LUA_ACQUIRE, key, tok, done, ctx, &op);
 
@@ -320,6 +327,9 @@ static int acquire_one_call(struct store *base, struct span key, const uint8_t f
     op->take_over = lk->take_over;
     op->tomb = tomb;
     op->tomb_len = tomb ? strlen(tomb) : 0;
+    op->trace_len = trace.len;
+    if (trace.len)
+        memcpy(op->trace, trace.base, trace.len);
     if (op_set_about(op, &lk->about) < 0) {
         store_redis_op_free(op);
         return -ENOMEM;
@@ -332,6 +342,7 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
                          store_done_fn *done, void *ctx)
 {
     char about[STORE_ABOUT_MAX], *tomb = NULL;
+    struct span trace;
     struct probe *p;
     size_t n;
     int err;
@@ -348,6 +359,7 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
         atomic_load_explicit(&store_redis_of(base)->mode, memory_order_relaxed) == MODE_SINGLE)
         return acquire_one_call(base, key, fp, tok, lk, tomb, done, ctx);
     n = store_about_format(&lk->about, about, sizeof(about));
+    trace = store_lock_trace(lk);
     p = malloc(sizeof(*p) + key.len + n);
     if (!p) {
         free(tomb);
@@ -366,6 +378,9 @@ static int redis_acquire(struct store *base, struct span key, const uint8_t fp[F
     fingerprint_hex(fp, p->fp);
     memcpy(p->bytes, key.base, key.len);
     memcpy(p->bytes + key.len, about, n);
+    p->trace_len = trace.len;
+    if (trace.len)
+        memcpy(p->trace, trace.base, trace.len);
     err = probe_submit(p, true, on_probed, p);
     if (err < 0)
         probe_free(p);

@@ -201,6 +201,8 @@ struct op {
     uint64_t keep_ms;             /* acquire */
     bool take_over;               /* acquire */
     bool probe;                   /* acquire: no record is "absent" (a tombstone is looked for) */
+    char trace[STORE_TRACE_LEN];  /* acquire: the lock's trace context, <trace_len> bytes */
+    size_t trace_len;             /* 0 (none) or STORE_TRACE_LEN */
     char *tomb; /* acquire, complete: owned, the tombstone's key, a second KEYS of the
                    script on one server; NULL: none (or probed, on a cluster) */
     size_t tomb_len;
@@ -227,10 +229,12 @@ struct op {
  * gone, or -EPROTO. */
 int store_redis_parse_probe(const redisReply *r, struct store_result *res);
 
+#define OP_ARGS_MAX 13 /* the most arguments an op's command has (an acquire's) */
+
 /* The command <op> sends: PING, an operator's command as given, or its
  * script (EVALSHA, or EVAL after NOSCRIPT) on its key, into <argv> and
- * <lens> (12 at least; <ttl> and <keep>, 24 bytes each, hold numbers as
- * text). Returns the count. */
+ * <lens> (OP_ARGS_MAX at least; <ttl> and <keep>, 24 bytes each, hold
+ * numbers as text). Returns the count. */
 int store_redis_op_args(const struct op *op, const char **argv, size_t *lens, char *ttl,
                         char *keep);
 

@@ -56,26 +56,48 @@ static bool reply_str_eq(const redisReply *r, const char *s)
            memcmp(r->str, s, n) == 0;
 }
 
+/* Whether <r> is acquire.lua's answer <word> of <n> elements, maybe
+ * followed by the trace context kept with the key (an older script's has
+ * none). */
+static bool reply_is(const redisReply *r, const char *word, size_t n)
+{
+    return (r->elements == n || r->elements == n + 1) && reply_str_eq(r->element[0], word);
+}
+
+/* The trace context after the <n> elements of <r>'s answer: empty when none. */
+static int reply_trace(const redisReply *r, size_t n, struct span *ret)
+{
+    const redisReply *t = r->elements > n ? r->element[n] : NULL;
+
+    if (t && t->type != REDIS_REPLY_STRING)
+        return -EPROTO;
+    if (t && t->len)
+        *ret = (struct span){ t->str, t->len };
+    return 0;
+}
+
 static int parse_acquire(const redisReply *r, struct store_result *res)
 {
     const redisReply *h, *b;
+    size_t n = 0; /* the elements before a trace context: none for the other answers */
     int err;
 
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1)
         return -EPROTO;
-    if (r->elements == 1 && reply_str_eq(r->element[0], "acquired"))
+    if (r->elements == 1 && reply_str_eq(r->element[0], "acquired")) {
         res->status = STORE_ACQUIRED;
-    else if (r->elements == 1 && reply_str_eq(r->element[0], "absent"))
+    } else if (r->elements == 1 && reply_str_eq(r->element[0], "absent")) {
         res->status = STORE_EXPIRED; /* a probe found no record: store_redis.c reads it so */
-    else if (r->elements == 1 && reply_str_eq(r->element[0], "expired"))
+    } else if (r->elements == 1 && reply_str_eq(r->element[0], "expired")) {
         res->status = STORE_EXPIRED; /* no record, and its tombstone (KEYS[2]) */
-    else if (r->elements == 1 && reply_str_eq(r->element[0], "in_flight"))
+    } else if (reply_is(r, "in_flight", 1)) {
         res->status = STORE_IN_FLIGHT;
-    else if (r->elements == 2 && reply_str_eq(r->element[0], "mismatch") &&
-             r->element[1]->type == REDIS_REPLY_STRING) {
+        n = 1;
+    } else if (reply_is(r, "mismatch", 2) && r->element[1]->type == REDIS_REPLY_STRING) {
         res->status = STORE_MISMATCH;
+        n = 2;
         res->resource = (struct span){ r->element[1]->str, r->element[1]->len };
-    } else if (r->elements == 4 && reply_str_eq(r->element[0], "unknown")) {
+    } else if (reply_is(r, "unknown", 4)) {
         h = r->element[1];
         b = r->element[2];
         if (h->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING ||
@@ -84,7 +106,8 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         res->about = (struct span){ .base = b->str, .len = b->len };
         res->became = reply_str_eq(r->element[3], "1");
         res->status = STORE_UNKNOWN;
-    } else if (r->elements == 3 && reply_str_eq(r->element[0], "completed")) {
+        n = 4;
+    } else if (reply_is(r, "completed", 3)) {
         h = r->element[1];
         b = r->element[2];
         if (h->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING)
@@ -94,10 +117,11 @@ static int parse_acquire(const redisReply *r, struct store_result *res)
         if (err < 0)
             return err == -ENOMEM ? err : -EPROTO;
         res->status = STORE_COMPLETED;
+        n = 3;
     } else {
         return -EPROTO;
     }
-    return 0;
+    return n ? reply_trace(r, n, &res->trace) : 0;
 }
 
 static int parse_ok_or_stale(const redisReply *r, struct store_result *res)
@@ -361,8 +385,8 @@ static void on_asking(void *ctx, int err, const redisReply *reply)
  * other op of this loop turn in one write (pipelining). */
 static int op_send(struct link *k, struct op *op)
 {
-    const char *argv[12];
-    size_t lens[12];
+    const char *argv[OP_ARGS_MAX];
+    size_t lens[OP_ARGS_MAX];
     char ttl[24], keep[24];
     int argc, err;
 

@@ -77,7 +77,7 @@ static void on_acquired(void *ctx, int err, const struct store_result *res)
         free(o);
         return;
     }
-    opened = *res;
+    opened = *res; /* the rest as it came: the trace context is an id, not a secret */
     if (open_answer(o->s, (struct span){ o->key, o->key_len }, res->rec, &rec, why, sizeof(why),
                     id) < 0) {
         opened.status = STORE_UNREADABLE;

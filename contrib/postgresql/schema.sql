@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS idemproxy_keys (
     probes      integer,              -- unknown: the probes of its reconcile claimed (NULL: none)
     probe_next  timestamptz,          -- unknown: no other probe is claimed before this
     probe_result "char",              -- unknown: the last probe's result, 'a' absent or 'f' failed
-    absent_at   timestamptz           -- unknown: the claim of the first absent of the last run
+    absent_at   timestamptz,          -- unknown: the claim of the first absent of the last run
+    trace       text                  -- the trace context (W3C traceparent) of the request that
+                                      -- locked it, while the row lives (NULL: none)
 );
 -- A table made before resource links gets their column.
 DO $$ BEGIN
@@ -45,6 +47,13 @@ DO $$ BEGIN
                    AND attname = 'probes' AND NOT attisdropped) THEN
         ALTER TABLE idemproxy_keys ADD COLUMN probes integer, ADD COLUMN probe_next timestamptz,
             ADD COLUMN probe_result "char", ADD COLUMN absent_at timestamptz;
+    END IF;
+END $$;
+-- A table made before tracing gets its column.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idemproxy_keys'::regclass
+                   AND attname = 'trace' AND NOT attisdropped) THEN
+        ALTER TABLE idemproxy_keys ADD COLUMN trace text;
     END IF;
 END $$;
 -- The background job deletes expired rows in small batches, oldest first.

@@ -12,7 +12,8 @@
 
 struct worker_pool;
 
-/* The bytes one lock of a key of <key_len> bytes costs in the budget. */
+/* The bytes one lock of a key of <key_len> bytes costs in the budget; a
+ * lock with a trace context (store_lock.trace) costs STORE_TRACE_LEN more. */
 size_t store_memory_entry_bytes(size_t key_len);
 
 struct store_memory_stats {

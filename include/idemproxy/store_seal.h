@@ -24,7 +24,9 @@ struct store;
  * (store_info.unreadable). An answer that cannot be sealed is never stored
  * in clear: a bare too-large marker of its status takes its place, which
  * does not open either, so its duplicates are refused and it never runs
- * twice. Returns 0 with the filter in <ret>, or -ENOMEM. */
+ * twice. The trace context of a lock (store_lock.trace) is an id, not a
+ * secret: it is kept in clear and comes back as it went in, with an answer
+ * that does not open too. Returns 0 with the filter in <ret>, or -ENOMEM. */
 int store_seal_new(struct store *inner, struct seal_keys *keys, struct store **ret);
 
 #endif

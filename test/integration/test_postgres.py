@@ -101,10 +101,10 @@ def test_postgres_table_of_an_older_version_gets_the_resource_column(proxy, upst
     r = run_binary(["--upstream", upstream.url, "--store", url], timeout=20)
     err = r.stderr.decode()
     assert r.returncode == 1, err
-    assert "lacks a column of this version (resource, answer_until, probes...) and this role may not add it" in err
+    assert "lacks a column of this version (resource, answer_until, probes..., trace) and this role may not add it" in err
     assert "brought up to date with contrib/postgresql/schema.sql" in err
     p = proxy("--store", pg.url)  # the owner
-    assert "added the columns of this version (resource, answer_until, probes...) to the table idemproxy_keys" in p.stderr()
+    assert "added the columns of this version (resource, answer_until, probes..., trace) to the table idemproxy_keys" in p.stderr()
     executes_then_replays(p, upstream)
     assert pg.sql("SELECT count(*) FROM pg_indexes WHERE indexname = 'idemproxy_keys_resource'") \
         == [(1,)]

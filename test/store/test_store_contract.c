@@ -102,6 +102,7 @@ struct call {
     uint64_t probe_ms;
     unsigned probes;
     char about[STORE_ABOUT_MAX]; /* unknown: its words; mismatch: its resource ("": none) */
+    char trace[64];              /* acquire: the trace context kept with the key ("": none) */
 };
 
 /* What a call gave: <ret> is the call's return, the rest its callback's. */
@@ -116,6 +117,7 @@ struct res {
     uint64_t probe_ms;
     unsigned probes;
     char about[STORE_ABOUT_MAX];
+    char trace[64];
 };
 
 static struct call *call_new(void)
@@ -165,8 +167,18 @@ static void call_done(void *ctx, int err, const struct store_result *res)
         memcpy(c->about, res->resource.base ? res->resource.base : "", res->resource.len);
         c->about[res->resource.len] = '\0';
     }
+    if (res && res->trace.len < sizeof(c->trace)) {
+        memcpy(c->trace, res->trace.base ? res->trace.base : "", res->trace.len);
+        c->trace[res->trace.len] = '\0';
+    } else if (res) {
+        snprintf(c->trace, sizeof(c->trace), "(%zu bytes)", res->trace.len);
+    }
+    /* Only an acquire that found the key gives a trace context back. */
     c->bad_res = (err == 0) != (res != NULL) ||
-                 (res && (res->status == STORE_COMPLETED) != (res->rec != NULL));
+                 (res && (res->status == STORE_COMPLETED) != (res->rec != NULL)) ||
+                 (res && res->trace.len && res->status != STORE_IN_FLIGHT &&
+                  res->status != STORE_MISMATCH && res->status != STORE_UNKNOWN &&
+                  res->status != STORE_COMPLETED && res->status != STORE_UNREADABLE);
     c->same_thread = pthread_equal(pthread_self(), c->caller);
     c->done = true;
     pthread_cond_signal(&c->cv);
@@ -220,6 +232,7 @@ static struct res call_finish(struct call *c, int ret)
     r.probe_ms = c->probe_ms;
     r.probes = c->probes;
     memcpy(r.about, c->about, sizeof(r.about));
+    memcpy(r.trace, c->trace, sizeof(r.trace));
     call_free(c);
     return r;
 }
@@ -790,6 +803,101 @@ static void test_expired_record_leaves_a_tombstone(void)
     store_close(st);
 }
 
+/* Trace contexts (W3C traceparents, STORE_TRACE_LEN bytes) and one a byte short. */
+#define TRACE_A "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+#define TRACE_B "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+#define TRACE_SHORT "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"
+
+/* An acquire that locks with the trace context <trace> ("": none) for a
+ * lease of <lease_ms>, the record kept a minute; a key of tomb_key()'s has
+ * its tombstone looked for (a Redis Cluster: a probe, then the lock). */
+static struct res acquire_traced(struct store *st, const char *key, const uint8_t *fp,
+                                 const struct store_token *tok, uint64_t lease_ms, bool take_over,
+                                 const char *trace)
+{
+    struct call *c = call_new();
+    const struct store_lock lk = { .lease_ms = lease_ms,
+                                   .keep_ms = 60000,
+                                   .take_over = take_over,
+                                   .about = about_payment,
+                                   .tombstones = strncmp(key, "tomb:", 5) == 0,
+                                   .prefix_len = TOMB_PREFIX_LEN,
+                                   .trace = span_from_cstr(trace) };
+
+    return call_finish(c, store_acquire(st, span_from_cstr(key), fp, tok, &lk, call_done, c));
+}
+
+/* Checks that an acquire was answered <want_status> with the trace context <want_trace>. */
+#define CHECK_TRACE(expr, want_status, want_trace)                                                 \
+    do {                                                                                           \
+        struct res r_ = (expr);                                                                    \
+        CHECK_EQ_INT(r_.ret, 0);                                                                   \
+        CHECK_EQ_INT(r_.err, 0);                                                                   \
+        CHECK_EQ_INT(r_.status, (want_status));                                                    \
+        CHECK_EQ_STR(r_.trace, (want_trace));                                                      \
+        record_unref(r_.rec);                                                                      \
+    } while (0)
+
+static void test_trace_context_is_kept_with_the_key(void)
+{
+    struct store *st = store_open();
+    struct store_token t1 = token(), t2 = token(), t3 = token();
+    struct record *rec = sample_record(201, "traced");
+    char k1[160], k2[160], k3[160], k4[160], k5[160];
+
+    _Static_assert(sizeof(TRACE_A) - 1 == STORE_TRACE_LEN, "a traceparent");
+    _Static_assert(sizeof(TRACE_SHORT) - 1 == STORE_TRACE_LEN - 1, "a byte short");
+    /* Written with the lock; every acquire that finds the key gets it, after
+     * complete too; the lock's own token sent again gets none. */
+    key_make(k1, sizeof(k1), "trace");
+    CHECK_TRACE(acquire_traced(st, k1, fp_a, &t1, 10000, true, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k1, fp_a, &t2, 10000, true, TRACE_B), STORE_IN_FLIGHT, TRACE_A);
+    CHECK_TRACE(acquire_traced(st, k1, fp_b, &t2, 10000, true, TRACE_B), STORE_MISMATCH, TRACE_A);
+    CHECK_TRACE(acquire_traced(st, k1, fp_a, &t1, 10000, true, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_RES(complete(st, k1, &t1, rec, 60000), 0, STORE_OK);
+    CHECK_TRACE(acquire_traced(st, k1, fp_a, &t2, 10000, true, TRACE_B), STORE_COMPLETED, TRACE_A);
+    CHECK_TRACE(acquire_traced(st, k1, fp_b, &t2, 10000, true, ""), STORE_MISMATCH, TRACE_A);
+
+    /* Unknown keeps it; a take-over writes its own. The same with a
+     * tombstone looked for. */
+    key_make(k2, sizeof(k2), "trace-unknown");
+    tomb_key(k3, sizeof(k3), "trace-unknown-tomb");
+    for (size_t i = 0; i < 2; i++) {
+        const char *k = i == 0 ? k2 : k3;
+
+        CHECK_TRACE(acquire_traced(st, k, fp_a, &t1, 10000, false, TRACE_A), STORE_ACQUIRED, "");
+        CHECK_RES(mark_unknown(st, k, &t1, STORE_CAUSE_UPSTREAM_TIMEOUT, 60000), 0, STORE_OK);
+        CHECK_TRACE(acquire_traced(st, k, fp_a, &t2, 10000, false, TRACE_B), STORE_UNKNOWN,
+                    TRACE_A);
+        CHECK_TRACE(acquire_traced(st, k, fp_a, &t2, 10000, true, TRACE_B), STORE_ACQUIRED, "");
+        CHECK_TRACE(acquire_traced(st, k, fp_a, &t3, 10000, true, TRACE_A), STORE_IN_FLIGHT,
+                    TRACE_B);
+    }
+
+    /* Lapsed: made unknown by a second acquire, the key keeps its holder's,
+     * not that acquire's; taken over, the new holder's, even none. A
+     * context of another length is kept as none, and a take-over of such a
+     * lock writes its own. */
+    key_make(k2, sizeof(k2), "trace-lost");
+    key_make(k4, sizeof(k4), "trace-taken");
+    key_make(k5, sizeof(k5), "trace-short");
+    CHECK_TRACE(acquire_traced(st, k2, fp_a, &t1, 200, false, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k4, fp_a, &t1, 200, true, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k5, fp_a, &t1, 200, true, TRACE_SHORT), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k5, fp_a, &t2, 200, true, TRACE_B), STORE_IN_FLIGHT, "");
+    sleep_ms(400);
+    CHECK_TRACE(acquire_traced(st, k2, fp_a, &t2, 200, false, TRACE_B), STORE_UNKNOWN, TRACE_A);
+    CHECK_TRACE(acquire_traced(st, k2, fp_a, &t3, 200, false, ""), STORE_UNKNOWN, TRACE_A);
+    CHECK_TRACE(acquire_traced(st, k4, fp_a, &t2, 10000, true, ""), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k4, fp_a, &t3, 10000, true, TRACE_B), STORE_IN_FLIGHT, "");
+    CHECK_RES(complete(st, k4, &t2, rec, 60000), 0, STORE_OK);
+    CHECK_TRACE(acquire_traced(st, k4, fp_a, &t3, 10000, true, TRACE_B), STORE_COMPLETED, "");
+    CHECK_TRACE(acquire_traced(st, k5, fp_a, &t2, 10000, true, TRACE_B), STORE_ACQUIRED, "");
+    CHECK_TRACE(acquire_traced(st, k5, fp_a, &t3, 10000, true, ""), STORE_IN_FLIGHT, TRACE_B);
+    record_unref(rec);
+    store_close(st);
+}
+
 #define RACERS 24
 
 struct racer {
@@ -1063,8 +1171,13 @@ static struct res probe_step(struct store *st, const char *store_key, enum store
                              uint64_t sent_ms, struct record *rec)
 {
     struct call *c = call_new();
-    struct store_probe p = { .step = step, .settle_ms = 300, .every_ms = 400, .attempts = 4,
-                             .sent_ms = sent_ms, .rec = rec, .ttl_ms = 60000 };
+    struct store_probe p = { .step = step,
+                             .settle_ms = 300,
+                             .every_ms = 400,
+                             .attempts = 4,
+                             .sent_ms = sent_ms,
+                             .rec = rec,
+                             .ttl_ms = 60000 };
 
     c->on_pool = true;
     return call_finish(c, store_probe(st, span_from_cstr(store_key), &p, call_done, c));
@@ -1478,6 +1591,52 @@ static void test_memory_counts_keys_headers_and_bodies(void)
     CHECK_RES(release(st, key, &t), 0, STORE_OK);
     CHECK_EQ_INT(mem_stats(st).bytes, per_lock + per_record);
     CHECK_EQ_INT(mem_stats(st).entries, 1);
+    record_unref(rec);
+    store_close(st);
+}
+
+static void test_memory_counts_trace_contexts(void)
+{
+    struct store *st = memory_open(64u << 20);
+    struct store_token t1 = token(), t2 = token();
+    struct record *rec = kib_record();
+    size_t per_lock, per_record = record_mem_bytes(rec);
+    char key[128], tomb[160];
+
+    /* A lock with a trace context counts it; one without costs nothing for it. */
+    key_make(key, sizeof(key), "acct-trace");
+    per_lock = store_memory_entry_bytes(strlen(key));
+    CHECK_TRACE(acquire_traced(st, key, fp_a, &t1, 10000, true, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_EQ_INT(mem_stats(st).bytes, per_lock + STORE_TRACE_LEN);
+    CHECK_EQ_INT(mem_stats(st).lock_bytes, per_lock + STORE_TRACE_LEN);
+    CHECK_RES(release(st, key, &t1), 0, STORE_OK);
+    CHECK_EQ_INT(mem_stats(st).bytes, 0);
+    CHECK_EQ_INT(mem_stats(st).lock_bytes, 0);
+
+    /* A take-over that brings one to a lock that had none: counted with the
+     * lock, then with the record, and given back with it. */
+    CHECK_TRACE(acquire_traced(st, key, fp_a, &t1, 200, true, ""), STORE_ACQUIRED, "");
+    CHECK_EQ_INT(mem_stats(st).bytes, per_lock);
+    sleep_ms(400);
+    CHECK_TRACE(acquire_traced(st, key, fp_a, &t2, 10000, true, TRACE_B), STORE_ACQUIRED, "");
+    CHECK_EQ_INT(mem_stats(st).bytes, per_lock + STORE_TRACE_LEN);
+    CHECK_EQ_INT(mem_stats(st).lock_bytes, per_lock + STORE_TRACE_LEN);
+    CHECK_RES(complete(st, key, &t2, rec, 10000), 0, STORE_OK);
+    CHECK_EQ_INT(mem_stats(st).bytes, per_lock + STORE_TRACE_LEN + per_record);
+    CHECK_EQ_INT(mem_stats(st).lock_bytes, 0);
+    CHECK_TRACE(acquire_traced(st, key, fp_a, &t1, 10000, true, ""), STORE_COMPLETED, TRACE_B);
+    CHECK_RES(purge_call(st, key), 0, STORE_OK);
+    CHECK_EQ_INT(mem_stats(st).bytes, 0);
+
+    /* A tombstone is the entry: its room stays counted until it goes. */
+    tomb_key(tomb, sizeof(tomb), "acct-trace-tomb");
+    CHECK_TRACE(acquire_traced(st, tomb, fp_a, &t1, 10000, true, TRACE_A), STORE_ACQUIRED, "");
+    CHECK_RES(complete_tomb(st, tomb, &t1, rec, 300, 60000), 0, STORE_OK);
+    sleep_ms(500);
+    CHECK_TRACE(acquire_traced(st, tomb, fp_a, &t2, 10000, true, TRACE_B), STORE_EXPIRED, "");
+    CHECK_EQ_INT(mem_stats(st).bytes, store_memory_entry_bytes(strlen(tomb)) + STORE_TRACE_LEN);
+    CHECK_RES(purge_tomb(st, tomb), 0, STORE_OK);
+    CHECK_EQ_INT(mem_stats(st).bytes, 0);
     record_unref(rec);
     store_close(st);
 }
@@ -2282,6 +2441,7 @@ static const struct test contract_tests[] = {
     TEST(test_unknown_record_is_kept_its_ttl_from_its_last_change),
     TEST(test_completed_record_expires_after_its_ttl),
     TEST(test_expired_record_leaves_a_tombstone),
+    TEST(test_trace_context_is_kept_with_the_key),
     TEST(test_concurrent_acquires_have_one_winner),
     TEST(test_free_waits_for_every_callback),
     TEST(test_ready_after_a_successful_call),
@@ -2295,6 +2455,7 @@ static const struct test contract_tests[] = {
 static const struct test memory_tests[] = {
     TEST(test_memory_rejects_bad_arguments),
     TEST(test_memory_counts_keys_headers_and_bodies),
+    TEST(test_memory_counts_trace_contexts),
     TEST(test_memory_evicts_oldest_completed_first),
     TEST(test_memory_never_evicts_a_lock),
     TEST(test_memory_record_over_half_the_budget_is_e2big),
