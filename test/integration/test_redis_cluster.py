@@ -512,7 +512,9 @@ def test_cluster_wait_across_two_proxies_woken_on_every_master_redis(proxy, upst
 def admin_keys(p, method, key, query=""):
     path = "/keys/" + urllib.parse.quote(key, safe="") + query
     st, h, body = p.admin_request(method, path)
-    assert (hone(h, "Content-Type") or "").startswith("application/json"), (st, h)
+    # answers are JSON, errors problem+json (doc/operations.md, The admin listener)
+    want = "application/json" if st < 400 else "application/problem+json"
+    assert (hone(h, "Content-Type") or "").split(";")[0] == want, (st, h)
     return st, json.loads(body)
 
 
