@@ -68,11 +68,12 @@ REQUIRED_PANELS = {
     "Keys with an unknown outcome", "Store keeps its keys through a restart",
     "PostgreSQL connected", "PostgreSQL expired rows deleted", "Answers by status class",
     "Connections refused", "Restarts", "Probes of unknown keys by route and result",
+    "Trace spans dropped",
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# 39 panel targets, 1 annotation query, 2 variable queries: an extraction that
+# 40 panel targets, 1 annotation query, 2 variable queries: an extraction that
 # misses some (or all) of them fails here rather than checking nothing.
-DASHBOARD_QUERIES = 42
+DASHBOARD_QUERIES = 43
 
 # Grafana's variables, as valid PromQL: durations for the built-in ones,
 # a regex matching anything for the dashboard's own (used with =~).
