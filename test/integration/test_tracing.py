@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -137,7 +138,7 @@ def test_answers_that_did_not_run_link_to_the_request_that_did_shared_redis(prox
     ran (its context kept in the key's record)."""
     rx = receiver()
     try:
-        a = proxy("--otlp-endpoint", rx.url, "--upstream-timeout", "2",
+        a = proxy("--otlp-endpoint", rx.url, "--upstream-timeout", "1",
                   "--upstream-late-timeout", "0")
         b = proxy("--otlp-endpoint", rx.url)
         key = new_key()
@@ -191,9 +192,11 @@ def test_a_collector_that_hangs_costs_the_requests_nothing(proxy, upstream):
         dropped = metrics_value(p.metrics(), "idemproxy_trace_spans_dropped_total")
         # 4 spans a request; at most a batch in the air and a queue full kept
         assert dropped >= 60 * 4 - 3 * 8, dropped
-        t0 = time.monotonic()
-        assert p.stop() == 0
-        assert time.monotonic() - t0 < 8, "the exporter held the shutdown up"
+        # At SIGTERM the exporter is still waiting on the collector: what is
+        # queued is dropped once that export fails, not waited for in turn.
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(15) == 0, p.stderr()
+        assert "an export of" in p.stderr()
     finally:
         rx.stop()
 
