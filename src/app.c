@@ -67,13 +67,16 @@ void app_down(struct app *app)
         pipeline_stop(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)
         upstream_free(app->ups[i]);
-    tracer_stop(app->tracer);    /* what the last requests made goes out, bounded */
     worker_pool_free(app->pool); /* runs what is still queued: heartbeats see the stop */
     store_free(app->st);         /* with the loops stopped: finishes on this thread */
     /* Last: a pool thread that answered the last request may still be in the
      * front end's callback until the pool is joined. */
     for (unsigned i = 0; i < app->nloops; i++)
         front_stop(app->fronts[i]);
+    /* After everything that may still end a request (the pool, the store's
+     * last callbacks, the front ends' completions): what they made goes out,
+     * bounded. */
+    tracer_stop(app->tracer);
     front_tls_stop();
     pipeline_free(app->pl);
     for (unsigned i = 0; i < app->nloops; i++)

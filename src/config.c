@@ -339,7 +339,7 @@ static void value_err(const struct opt *o, const char *src, const char *v, int r
 {
     char val[80], expect[640], masked[512];
 
-    if (o->kind == K_URL) {
+    if (o->kind == K_URL || o->kind == K_ENDPOINT) {
         mask_userinfo(v, masked, sizeof(masked));
         v = masked;
     }

@@ -95,6 +95,7 @@ struct front {
 
 /* TLS 1.2 and 1.3 only, GnuTLS's default choices within them. */
 #define FRONT_TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+#define FRONT_SNIFF_MS 1000u
 
 /* Open client sockets of every front end of the process (one per loop, on
  * one port): --max-connections bounds them together. */
@@ -591,8 +592,10 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 /* Lets MHD do what is ready, then arms the timer for when it must run next
  * (connection timeouts, or at once while it has work left over). Loop thread. */
 /* The HTTPS connections whose first bytes had not come: looked at before
- * MHD runs, so before GnuTLS reads them; given up on with the header
- * section's time. */
+ * MHD runs, so before GnuTLS reads them. A client sends its first bytes
+ * (a TLS hello or an HTTP request line) as soon as it connects: one silent
+ * for FRONT_SNIFF_MS is given up on, so that the list, and the recv() calls
+ * each run makes, stay as short as the connections made in that time. */
 static void sniffs_run(struct front *f)
 {
     uint64_t now = now_ms();
@@ -602,7 +605,7 @@ static void sniffs_run(struct front *f)
         struct fconn *c = list_entry(n, struct fconn, sniff);
 
         next = list_next(&f->sniffs, n);
-        if (front_tls_sniff(c->fd) || now - c->started_ms >= f->cfg->client_timeout_ms)
+        if (front_tls_sniff(c->fd) || now - c->started_ms >= FRONT_SNIFF_MS)
             list_remove(&c->sniff);
     }
 }

@@ -76,6 +76,24 @@ static void pair_free(struct pair *p)
     free(p);
 }
 
+/* Whether <p>'s key is its certificate's, as GnuTLS read them. */
+static bool same_key(const struct pair *p)
+{
+    gnutls_pubkey_t pub = NULL;
+    gnutls_datum_t a = { 0 }, b = { 0 };
+    bool same = gnutls_pubkey_init(&pub) == 0 &&
+                gnutls_pubkey_import_privkey(pub, p->key, 0, 0) == 0 &&
+                gnutls_pubkey_export2(pub, GNUTLS_X509_FMT_DER, &a) == 0 &&
+                gnutls_pubkey_export2(p->certs[0].pubkey, GNUTLS_X509_FMT_DER, &b) == 0 &&
+                a.size == b.size && memcmp(a.data, b.data, a.size) == 0;
+
+    gnutls_free(a.data);
+    gnutls_free(b.data);
+    if (pub)
+        gnutls_pubkey_deinit(pub);
+    return same;
+}
+
 /* The pair of cfg's files: checked with OpenSSL first (the same check as at
  * start: readable, parsed, the key the certificate's), then imported. */
 static int pair_load(const struct config *cfg, struct pair **ret, char *why, size_t why_len)
@@ -102,6 +120,8 @@ static int pair_load(const struct config *cfg, struct pair **ret, char *why, siz
         g = gnutls_privkey_import_x509_raw(p->key, &key, GNUTLS_X509_FMT_PEM, NULL, 0);
     wipe(&cert);
     wipe(&key);
+    if (err == 0 && g == 0 && p->ncerts && !same_key(p))
+        g = GNUTLS_E_CERTIFICATE_KEY_MISMATCH; /* the files changed between the two reads */
     if (err < 0 || g < 0) {
         snprintf(why, why_len, "--tls-cert-file %s, --tls-key-file %s: %s", cfg->tls_cert_file,
                  cfg->tls_key_file, err < 0 ? strerror(-err) : gnutls_strerror(g));

@@ -55,6 +55,7 @@ struct xfer {
     size_t head_bytes;     /* of the final answer's header block, as the client will get it */
     bool may_resend;       /* a safe method: curl may retry it on a reused connection found dead */
     unsigned requests;     /* times curl was about to send the request */
+    unsigned tls_gen;      /* the TLS files its handle was configured with (up->tls_gen) */
     struct list_node node; /* in the submit queue, then in the running list */
     struct upstream_watched watch; /* up->watchdog's, out of it while paused */
     struct list_node fresh_node;   /* in up->fresh: its head came in the current read */
@@ -79,6 +80,7 @@ struct curl_client {
     size_t max_capture_bytes;
     struct upstream_options tls;   /* the tls_* options, borrowed */
     struct tls_blobs blobs;        /* loop thread: the TLS files' bytes, as read last */
+    unsigned tls_gen;              /* loop thread: how many times they were read again */
     struct curl_slist *connect_to; /* owned: --upstream-tls-server-name's "name:port:host:port" */
 
     /* Loop thread only: */
@@ -106,8 +108,8 @@ static void xfer_free(struct xfer *x)
     /* A streamed transfer may end paused or cut mid-body: its handle is not
      * trusted to start the next one clean. */
     if (x->easy && !x->streaming && !x->req->body_flow && up->nidle < UPSTREAM_IDLE_HANDLES &&
-        up->idle) {
-        up->idle[up->nidle++] = x->easy; /* configured still: see configure() */
+        up->idle && x->tls_gen == up->tls_gen) { /* a handle of older TLS files goes */
+        up->idle[up->nidle++] = x->easy;         /* configured still: see configure() */
     } else {
         curl_easy_cleanup(x->easy);
     }
@@ -607,6 +609,7 @@ static int xfer_start(struct curl_client *up, struct xfer *x)
 {
     int r;
 
+    x->tls_gen = up->tls_gen; /* the idle handles are all of the files read last */
     if (up->nidle) {
         x->easy = up->idle[--up->nidle];
     } else {
@@ -937,7 +940,8 @@ struct tls_swap {
 };
 
 /* Loop thread: the new bytes in place; the handles kept idle were configured
- * with the old ones, so they go (a running transfer keeps its own). */
+ * with the old ones, so they go, and so do those running now when they end
+ * (a running transfer keeps its own till then). */
 static void swap_blobs(void *ctx)
 {
     struct tls_swap *s = ctx;
@@ -945,6 +949,7 @@ static void swap_blobs(void *ctx)
 
     s->up->blobs = s->blobs;
     s->blobs = old;
+    s->up->tls_gen++; /* the handles running now are not kept when they end */
     while (s->up->nidle)
         curl_easy_cleanup(s->up->idle[--s->up->nidle]);
 }

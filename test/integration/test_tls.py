@@ -184,6 +184,32 @@ def test_sighup_reloads_the_upstream_tls_files(proxy, https_upstream, pki, tmp_p
 
 
 @store_independent
+def test_an_exchange_running_through_a_reload_does_not_keep_the_old_tls_files(
+        proxy, https_upstream, pki, tmp_path):
+    """A transfer that runs while SIGHUP reads the TLS files again ends with
+    the old ones: its handle is not kept for the next exchange, which gets
+    the files read last (here a CA that does not know the upstream)."""
+    import shutil
+    import signal
+
+    from fixtures.probes import start_held
+
+    ca = str(tmp_path / "upstream-ca.pem")
+    shutil.copy(pki.ca_crt, ca)
+    p = proxy("--upstream-tls-ca-file", ca,
+              upstream_url="https://localhost:%d" % https_upstream.port)
+    key = new_key()
+    held = start_held(p, key, upstream=https_upstream)
+    shutil.copy(pki.other_ca_crt, ca)
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_log("the upstream's TLS files read again", timeout=5)
+    https_upstream.release(key)
+    assert held()[0] == 200
+    st, _, body = p.request("GET", "/x")
+    assert st == 502 and b"verification" in body, (st, body)
+
+
+@store_independent
 def test_https_upstream_insecure_warns(proxy, https_upstream):
     p = proxy("--upstream-tls-insecure",
               upstream_url="https://localhost:%d" % https_upstream.port)
