@@ -45,9 +45,8 @@ struct pipeline {
 };
 
 /* A request's part of its trace (pipeline_trace.c; doc/operations.md,
- * Tracing), while tracing is on. */
+ * Tracing), while tracing is on: its context was continued or started. */
 struct pipeline_trace {
-    bool on;              /* a trace context was continued or started */
     struct trace_ctx ctx; /* its trace, the span of the request (SERVER), sampled or not */
     uint8_t parent[TRACE_SPAN_LEN];    /* the client's span; zeros: none */
     uint8_t client[TRACE_SPAN_LEN];    /* the upstream exchange's span (CLIENT) */

@@ -38,7 +38,6 @@ void pipeline_trace_begin(struct pipeline_req *r)
 
     if (!r->pl->tracer || !(t = r->trace = calloc(1, sizeof(*t))))
         return; /* out of memory: this request goes untraced */
-    t->on = true;
     t->start_ns = trace_now_ns();
     if (client_parent(r->rq, &parent)) {
         memcpy(t->ctx.trace_id, parent.trace_id, TRACE_ID_LEN);
@@ -62,24 +61,18 @@ struct span pipeline_trace_acquire(struct pipeline_req *r)
 
 static bool sampled(const struct pipeline_req *r) { return r->trace && (r->trace->ctx.flags & 1); }
 
-/* A CLIENT span, child of the request's, from <start_ns> to now. */
-static void child_span(struct pipeline_req *r, const uint8_t *id, const char *name,
-                       uint64_t start_ns, bool failed, const char *attr, struct span value)
+/* A store call's CLIENT span, child of the request's, from <start_ns> to now. */
+static void store_span(struct pipeline_req *r, const char *name, uint64_t start_ns, bool failed)
 {
     struct trace_span s;
-    uint8_t own[TRACE_SPAN_LEN];
+    uint8_t id[TRACE_SPAN_LEN];
 
-    if (!id) {
-        trace_new_span_id(own);
-        id = own;
-    }
+    trace_new_span_id(id);
     trace_span_init(&s, r->trace->ctx.trace_id, id, r->trace->ctx.span_id, TRACE_KIND_CLIENT,
                     span_from_cstr(name));
     s.start_ns = start_ns;
     s.end_ns = trace_now_ns();
     s.error = failed;
-    if (attr)
-        trace_span_text(&s, attr, value);
     tracer_submit(r->pl->tracer, &s);
 }
 
@@ -94,7 +87,7 @@ void pipeline_trace_acquired(struct pipeline_req *r, const struct store_result *
         t->link[STORE_TRACE_LEN] = '\0';
     }
     if (sampled(r))
-        child_span(r, NULL, "store acquire", t->store_ns, !res, NULL, (struct span){ 0 });
+        store_span(r, "store acquire", t->store_ns, !res);
 }
 
 const char *pipeline_trace_forward(struct pipeline_req *r)
@@ -159,7 +152,7 @@ void pipeline_trace_finish_end(struct pipeline_req *r)
     if (!sampled(r) || !r->trace->finish_op)
         return;
     snprintf(name, sizeof(name), "store %s", r->trace->finish_op);
-    child_span(r, NULL, name, r->trace->finish_ns, false, NULL, (struct span){ 0 });
+    store_span(r, name, r->trace->finish_ns, false);
     r->trace->finish_op = NULL;
 }
 
